@@ -1,0 +1,1 @@
+"""Versioned catalog data (CSV with a source column) and its validating loader."""

@@ -1,0 +1,78 @@
+"""The kplan command line: parse, call a library function, render.
+
+No business logic lives here. Heavy modules (torch, cloud SDKs, scikit-learn, rich) are imported
+inside the commands that need them so that ``kplan --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import typer
+
+from kplan import __version__
+from kplan.errors import KplanError
+
+
+class _KplanGroup(typer.core.TyperGroup):
+    """Top-level group: turns every KplanError into one line plus a hint and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KplanError as err:
+            if ctx.meta.get("kplan.debug"):
+                raise
+            _print_error(err)
+            raise click.exceptions.Exit(err.exit_code) from None
+
+
+def _print_error(err: KplanError) -> None:
+    click.echo(f"error: {err.message}", err=True)
+    if err.hint:
+        click.echo(f"hint: {err.hint}", err=True)
+
+
+app = typer.Typer(
+    cls=_KplanGroup,
+    name="kplan",
+    help="Plan, launch and account for distributed PyTorch training on the cloud, cost-aware.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        click.echo(f"kplan {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback on errors."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    ctx.meta["kplan.debug"] = debug
+
+
+def _register() -> None:
+    from kplan.commands import catalog, estimate, model
+
+    estimate.register(app)
+    app.add_typer(model.app, name="model")
+    app.add_typer(catalog.app, name="catalog")
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app(standalone_mode=True))

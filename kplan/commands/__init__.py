@@ -1,0 +1,1 @@
+"""One module per CLI command group; each is thin and delegates to the library."""

@@ -1,0 +1,5 @@
+"""The planner: pure functions over plain data (no I/O, no network, no printing).
+
+It fits the performance model to measurements and searches every configuration of the catalog
+for predicted step time, time to train and expected cost, returning a Plan.
+"""

@@ -1,0 +1,107 @@
+"""Catalog types: plain, validated data that the planner searches.
+
+Loading and validating files is done by ``kplan.catalogs``; the planner only sees these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Cloud = Literal["aws", "gcp"]
+Market = Literal["on-demand", "spot"]
+CLOUDS: tuple[Cloud, ...] = ("aws", "gcp")
+MARKETS: tuple[Market, ...] = ("on-demand", "spot")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model's published specs."""
+
+    name: str  # canonical short name, e.g. "T4", "A100-80GB", "H100"
+    memory_gb: float
+    fp32_tflops: float  # dense FP32 (non-tensor-core) peak
+    fp16_tflops: float  # dense FP16/BF16 tensor-core peak
+    mem_bw_gbs: float  # HBM/GDDR bandwidth, GB/s
+    source: str
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One VM type: its GPUs, host and network."""
+
+    cloud: Cloud
+    name: str  # e.g. "g4dn.12xlarge", "a2-highgpu-8g", "n1-standard-8+4xT4"
+    gpu: str  # GpuSpec.name
+    gpu_count: int
+    vcpus: int
+    memory_gb: float
+    network_gbps: float  # NIC bandwidth to other instances
+    interconnect: Literal["nvlink", "pcie", "none"]  # between the GPUs of one instance
+    interconnect_gbps: float  # per-GPU intra-node all-reduce bandwidth, Gbit/s
+    source: str
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A price for one instance type in one zone and market."""
+
+    cloud: Cloud
+    instance_type: str
+    region: str
+    zone: str
+    market: Market
+    usd_per_hour: float
+    source: str
+
+
+@dataclass(frozen=True)
+class SpotRate:
+    """Expected spot preemptions per instance-hour for instance types matching a prefix."""
+
+    cloud: Cloud
+    family: str  # instance-type prefix, e.g. "g4dn", "p3", "a2"; "*" is the cloud's default
+    per_hour: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Billing:
+    """A cloud's billing rule: a minimum charge, then per-increment rounding."""
+
+    cloud: Cloud
+    minimum_s: float
+    increment_s: float
+    source: str
+
+    def billed_seconds(self, seconds: float) -> float:
+        """Seconds charged for an instance that ran ``seconds``."""
+        if seconds <= 0:
+            return 0.0
+        billed = max(seconds, self.minimum_s)
+        steps = -(-billed // self.increment_s)  # ceil
+        return float(steps * self.increment_s)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Everything the search needs, validated."""
+
+    gpus: dict[str, GpuSpec]
+    instances: dict[tuple[str, str], InstanceType]  # keyed by (cloud, name)
+    offers: tuple[Offer, ...]
+    spot_rates: tuple[SpotRate, ...]
+    billing: dict[str, Billing]
+    version: str  # e.g. "shipped-2026.11" or "user-2026-11-20"
+    notes: tuple[str, ...] = field(default=())  # rows skipped during validation, with reasons
+
+    def spot_rate(self, cloud: str, instance_type: str) -> SpotRate:
+        """The most specific spot rate for an instance type (longest matching prefix)."""
+        matches = [
+            r
+            for r in self.spot_rates
+            if r.cloud == cloud and (r.family == "*" or instance_type.startswith(r.family))
+        ]
+        if not matches:
+            raise KeyError(f"no spot rate for {cloud}:{instance_type}")
+        return max(matches, key=lambda r: -1 if r.family == "*" else len(r.family))

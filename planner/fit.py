@@ -1,0 +1,200 @@
+"""Fit the step-time model (``perfmodel``) to measured configurations.
+
+Robust by construction: residuals are in log space (relative error), with a soft-L1 loss so a
+noisy row cannot drag the fit; every parameter is bounded; a parameter that the measurements
+cannot identify (inter-node terms from a one-node profile, the two-node factor without both two
+and more nodes, ...) is held at a physical prior instead of wandering. Priors come from the
+gradient size and the catalog's nominal bandwidths when they are known.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.errors import InputError
+from kplan.planner import perfmodel
+from kplan.planner.perfmodel import PerfParams
+from kplan.planner.profile import Measurement
+
+# Priors where the data say nothing. Efficiencies are fractions of nominal link bandwidth that
+# PyTorch DDP typically reaches (assumed; a fit replaces them as soon as the profile measures
+# the link). Latencies per ring hop: NCCL inside a node ~10 us, across nodes over TCP ~50 us.
+PRIOR_ETA_INTRA = 0.5
+PRIOR_ETA_INTER = 0.25
+PRIOR_LAT_INTRA = 10e-6
+PRIOR_LAT_INTER = 50e-6
+PRIOR_ALPHA = 1e-3
+PRIOR_GAMMA = 2.5
+MIN_LOG_SIGMA = 0.05  # never claim better than 5% accuracy
+
+_NAMES = ("compute_a", "compute_b", "gamma", "intra_alpha", "intra_beta", "intra_lat",
+          "inter_alpha", "inter_beta", "inter_lat", "two_node")
+_LOWER = np.array([0.0, 1e-12, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+_UPPER = np.array([1e4, 1e3, 10.0, 1e3, 1e4, 1.0, 1e3, 1e4, 1.0, 3.0])
+
+
+@dataclass(frozen=True)
+class FitInputs:
+    """Measurements as arrays, plus what is known of the hardware."""
+
+    nodes: NDArray[np.float64]
+    workers: NDArray[np.float64]
+    local_batch: NDArray[np.float64]
+    step_time: NDArray[np.float64]
+    sync_time: NDArray[np.float64]  # NaN where not measured
+    accum_steps: NDArray[np.float64]
+
+    @staticmethod
+    def from_measurements(rows: Sequence[Measurement]) -> FitInputs:
+        if not rows:
+            raise InputError("no measurements to fit", hint="give at least one measured row")
+        return FitInputs(
+            nodes=np.array([m.nodes for m in rows], dtype=float),
+            workers=np.array([m.workers for m in rows], dtype=float),
+            local_batch=np.array([m.local_batch for m in rows], dtype=float),
+            step_time=np.array([m.step_time for m in rows], dtype=float),
+            sync_time=np.array(
+                [np.nan if m.sync_time is None else m.sync_time for m in rows], dtype=float
+            ),
+            accum_steps=np.array([m.accum_steps for m in rows], dtype=float),
+        )
+
+
+def _priors(
+    gradient_bytes: float | None, intra_gbps: float | None, inter_gbps: float | None
+) -> NDArray[np.float64]:
+    def beta(gbps: float | None, eta: float) -> float:
+        if gradient_bytes and gbps:
+            return gradient_bytes / (eta * gbps * 1e9 / 8)
+        return 0.0
+
+    return np.array([
+        0.0, 0.0, PRIOR_GAMMA,
+        PRIOR_ALPHA, beta(intra_gbps, PRIOR_ETA_INTRA), PRIOR_LAT_INTRA,
+        PRIOR_ALPHA, beta(inter_gbps, PRIOR_ETA_INTER), PRIOR_LAT_INTER,
+        0.0,
+    ])
+
+
+def _free_mask(d: FitInputs) -> NDArray[np.bool_]:
+    """Which parameters the measurements can identify."""
+    multi = d.workers > 1
+    intra_rows = multi & (d.nodes == 1)
+    inter_rows = multi & (d.nodes > 1)
+    batches = np.unique(d.local_batch)
+    free = np.zeros(len(_NAMES), dtype=bool)
+    free[1] = True  # compute_b
+    free[0] = len(batches) >= 2
+    # gamma needs sync-bearing rows at several batch sizes (overlap changes with compute).
+    free[2] = len(np.unique(d.local_batch[multi])) >= 2
+    if intra_rows.any():
+        free[4] = True
+        ks = np.unique(d.workers[intra_rows])
+        free[3] = free[5] = len(ks) >= 3  # alpha, beta, lat need three worker counts
+    if inter_rows.any():
+        free[7] = True
+        combos = {(int(n), int(k)) for n, k in zip(d.nodes[inter_rows], d.workers[inter_rows],
+                                                    strict=True)}
+        free[6] = len(combos) >= 2
+        free[8] = len({k for _, k in combos}) >= 2
+        ns = set(d.nodes[inter_rows].astype(int))
+        free[9] = 2 in ns and any(n > 2 for n in ns)
+    return free
+
+
+def _initial(d: FitInputs, prior: NDArray[np.float64]) -> NDArray[np.float64]:
+    x = prior.copy()
+    compute = d.step_time / d.accum_steps
+    has_sync = ~np.isnan(d.sync_time)
+    compute = np.where(has_sync, (d.step_time - np.nan_to_num(d.sync_time)) / d.accum_steps,
+                       compute)
+    single = d.workers == 1
+    use = single if single.sum() >= 2 else np.ones_like(single)
+    b = d.local_batch[use]
+    c = compute[use]
+    if len(np.unique(b)) >= 2:
+        slope, intercept = np.polyfit(b, c, 1)
+        slope = max(float(slope), float(np.min(c / b)) * 0.05, 1e-9)
+        intercept = max(float(intercept), 0.0)
+    else:
+        slope, intercept = float(np.mean(c / b)), 0.0
+    x[0], x[1] = intercept, slope
+    multi = d.workers > 1
+    extra = np.maximum(d.step_time / d.accum_steps - (intercept + slope * d.local_batch), 1e-6)
+    for rows, beta_i in ((multi & (d.nodes == 1), 4), (multi & (d.nodes > 1), 7)):
+        if rows.any() and x[beta_i] == 0.0:
+            x[beta_i] = float(np.median(extra[rows])) / 1.5
+    return np.clip(x, _LOWER, _UPPER)
+
+
+def fit_perf_params(
+    rows: Sequence[Measurement] | FitInputs,
+    *,
+    gradient_bytes: float | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+    gpu: str | None = None,
+    gpus_per_node: int | None = None,
+) -> PerfParams:
+    """Least-squares fit of the step-time model in log space (robust soft-L1 loss)."""
+    from scipy.optimize import least_squares  # scipy only on the fitting path
+
+    d = rows if isinstance(rows, FitInputs) else FitInputs.from_measurements(rows)
+    prior = _priors(gradient_bytes, intra_gbps, inter_gbps)
+    free = _free_mask(d)
+    x0 = _initial(d, prior)
+    has_sync = ~np.isnan(d.sync_time)
+    compute_obs = np.maximum((d.step_time - np.nan_to_num(d.sync_time)) / d.accum_steps, 1e-9)
+    log_step = np.log(d.step_time)
+    # Weak pull of each free parameter toward its initial guess keeps flat directions finite.
+    ridge = 1e-3
+    typical = np.full(len(_NAMES), float(np.median(d.step_time)))
+    typical[2] = typical[9] = 1.0  # gamma and two_node are dimensionless
+    typical[5] = typical[8] = 1e-4  # per-hop latencies
+    scale = np.maximum(np.abs(x0), typical)[free]
+
+    def unpack(z: NDArray[np.float64]) -> PerfParams:
+        x = x0.copy()
+        x[free] = z
+        return PerfParams(*x, log_sigma=0.0)  # type: ignore[arg-type]
+
+    def residuals(z: NDArray[np.float64]) -> NDArray[np.float64]:
+        p = unpack(z)
+        pred = perfmodel.step_time(p, d.nodes, d.workers, d.local_batch, d.accum_steps)
+        r_step = np.log(np.maximum(pred, 1e-12)) - log_step
+        tc = perfmodel.compute_time(p, d.local_batch[has_sync])
+        r_comp = 0.5 * (np.log(np.maximum(tc, 1e-12)) - np.log(compute_obs[has_sync]))
+        return np.concatenate([r_step, r_comp, ridge * (z - x0[free]) / scale])
+
+    result = least_squares(
+        residuals, x0[free], bounds=(_LOWER[free], _UPPER[free]), loss="soft_l1",
+        f_scale=0.1, max_nfev=2000,
+    )
+    fitted = unpack(result.x)
+    pred = perfmodel.step_time(fitted, d.nodes, d.workers, d.local_batch, d.accum_steps)
+    resid = np.log(pred) - log_step
+    dof = max(len(resid) - int(free.sum()), 1)
+    sigma = max(math.sqrt(float(np.sum(resid**2)) / dof), MIN_LOG_SIGMA)
+    return PerfParams(
+        *[float(v) for v in np.concatenate([[fitted.compute_a, fitted.compute_b, fitted.gamma],
+                                            _sync_vector(fitted)])],  # type: ignore[arg-type]
+        log_sigma=sigma,
+        gradient_bytes=gradient_bytes,
+        intra_gbps=intra_gbps,
+        inter_gbps=inter_gbps,
+        gpu=gpu,
+        gpus_per_node=gpus_per_node,
+        max_nodes_measured=int(d.nodes.max()),
+        max_workers_measured=int(d.workers.max()),
+        inter_measured=bool((d.nodes > 1).any()),
+    )
+
+
+def _sync_vector(p: PerfParams) -> list[float]:
+    return [p.intra_alpha, p.intra_beta, p.intra_lat, p.inter_alpha, p.inter_beta, p.inter_lat,
+            p.two_node]

@@ -1,0 +1,300 @@
+"""The versioned Profile: what the profiler measured about one training job.
+
+``profile_from_dict`` validates a parsed JSON document and returns a frozen ``Profile``;
+``profile_to_dict`` writes it back. Readers reject unknown major schema versions.
+
+Document shape (``schema`` = ``kplan.profile/1.x``)::
+
+    {
+      "schema": "kplan.profile/1.0",
+      "name": "imagenet-resnet50",
+      "provenance": "how it was measured, by what",
+      "device": {"gpu": "T4", "gpus_per_node": 4, "cloud": "aws", "instance_type": "g4dn.12xlarge",
+                 "fp32_tflops": 7.9, "mem_bw_gbs": 290.0},   # the last two: measured, optional
+      "model": {"gradient_bytes": 102228128},
+      "batch": {"base_global_batch": 200, "max_local_batch": 200},
+      "memory": {"device_memory_gb": 16.0, "static_gb": 1.5, "per_sample_gb": 0.06},   # optional
+      "work": {"dataset_size": 1281167, "epochs": 90},
+      "gns": {"trajectory": [{"progress": 0.0, "noise_scale": 150.0}, ...]},           # optional
+      "measurements": [{"nodes": 1, "workers": 1, "local_batch": 20, "step_time": 0.147,
+                        "sync_time": 0.001, "accum_steps": 1}, ...],
+      "fit": { ...a fitted performance model, see kplan.planner.perfmodel... }         # optional
+    }
+
+``device.gpu`` is a catalog GPU name (e.g. "T4") or "cpu". ``device.fp32_tflops`` and
+``device.mem_bw_gbs``, when present, are what the profiler measured on the device (a matmul and
+a copy benchmark); the planner uses them to predict other devices from an uncatalogued one.
+
+``progress`` in the GNS trajectory is the fraction of training done (0 to 1, in samples at the
+base batch); ``noise_scale`` is the gradient noise scale B_noise at that point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kplan.errors import DataFileError, SchemaVersionError
+
+PROFILE_SCHEMA = "kplan.profile/1.0"
+_PROFILE_KIND = "kplan.profile"
+_SUPPORTED_MAJOR = 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured configuration: the mean of several steps (DESIGN.md measurements CSV)."""
+
+    nodes: int
+    workers: int
+    local_batch: int
+    step_time: float  # seconds per optimizer step, sync included
+    sync_time: float | None = None  # exposed (not overlapped) all-reduce wait, seconds
+    accum_steps: int = 1
+    instance_type: str | None = None
+    gpu: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.workers < self.nodes:
+            raise ValueError(
+                f"nodes={self.nodes}, workers={self.workers}: need 1 <= nodes <= workers"
+            )
+        if self.local_batch < 1:
+            raise ValueError(f"local_batch={self.local_batch} must be >= 1")
+        if self.accum_steps < 1:
+            raise ValueError(f"accum_steps={self.accum_steps} must be >= 1")
+        if not (self.step_time > 0 and math.isfinite(self.step_time)):
+            raise ValueError(f"step_time={self.step_time} must be a positive number")
+        if self.sync_time is not None and not (
+            0 <= self.sync_time <= self.step_time and math.isfinite(self.sync_time)
+        ):
+            raise ValueError(f"sync_time={self.sync_time} must be in [0, step_time]")
+
+
+@dataclass(frozen=True)
+class GnsPoint:
+    progress: float  # fraction of training done, in [0, 1]
+    noise_scale: float  # B_noise, samples
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    provenance: str
+    gpu: str
+    gpus_per_node: int
+    gradient_bytes: float
+    base_global_batch: int
+    max_local_batch: int  # largest per-GPU batch that fits on the profiled GPU
+    dataset_size: int
+    epochs: float
+    measurements: tuple[Measurement, ...]
+    gns: tuple[GnsPoint, ...] = ()
+    cloud: str | None = None
+    instance_type: str | None = None
+    device_memory_gb: float | None = None
+    static_memory_gb: float | None = None
+    per_sample_memory_gb: float | None = None
+    measured_fp32_tflops: float | None = None
+    measured_mem_bw_gbs: float | None = None
+    fit: dict[str, Any] | None = field(default=None, compare=False)
+
+
+def check_schema(doc: Any, kind: str, source: str) -> str:
+    """Check a document's ``schema`` field: ``<kind>/<major>.<minor>`` with a known major."""
+    if not isinstance(doc, dict):
+        raise DataFileError(
+            f"{source}: expected a JSON object, got {type(doc).__name__}",
+            hint=f"the file must be a {kind} document with a 'schema' field",
+        )
+    schema = doc.get("schema")
+    if not isinstance(schema, str) or "/" not in schema:
+        raise DataFileError(
+            f"{source}: missing or malformed 'schema' field ({schema!r})",
+            hint=f"expected something like '{kind}/1.0'",
+        )
+    got_kind, _, version = schema.partition("/")
+    if got_kind != kind:
+        raise DataFileError(
+            f"{source}: this is a {got_kind!r} document, not a {kind!r}",
+            hint="check that you passed the right file",
+        )
+    major_text = version.split(".")[0]
+    if not major_text.isdigit():
+        raise DataFileError(f"{source}: malformed schema version {version!r}", hint="expected 1.0")
+    major = int(major_text)
+    if major != _SUPPORTED_MAJOR:
+        raise SchemaVersionError(
+            f"{source}: {kind} schema version {version} is not supported",
+            hint=f"this kplan reads major version {_SUPPORTED_MAJOR}; upgrade kplan or re-create "
+            "the file",
+        )
+    return version
+
+
+def _get(d: Any, key: str, source: str, where: str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise DataFileError(
+            f"{source}: missing field '{where}{key}'", hint="see `kplan profile --help` for the format"
+        )
+    return d[key]
+
+
+def _num(value: Any, source: str, name: str, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise DataFileError(f"{source}: '{name}' must be a number, got {value!r}", hint="fix the file")
+    if positive and value <= 0:
+        raise DataFileError(f"{source}: '{name}' must be > 0, got {value!r}", hint="fix the file")
+    return float(value)
+
+
+def _int(value: Any, source: str, name: str) -> int:
+    number = _num(value, source, name)
+    if number != int(number):
+        raise DataFileError(f"{source}: '{name}' must be an integer, got {value!r}", hint="fix the file")
+    return int(number)
+
+
+def measurement_from_dict(row: Any, source: str, index: int) -> Measurement:
+    where = f"measurements[{index}]."
+    try:
+        sync = row.get("sync_time") if isinstance(row, dict) else None
+        return Measurement(
+            nodes=_int(_get(row, "nodes", source, where), source, where + "nodes"),
+            workers=_int(_get(row, "workers", source, where), source, where + "workers"),
+            local_batch=_int(_get(row, "local_batch", source, where), source, where + "local_batch"),
+            step_time=_num(_get(row, "step_time", source, where), source, where + "step_time"),
+            sync_time=None if sync is None else _num(sync, source, where + "sync_time", positive=False),
+            accum_steps=_int(row.get("accum_steps", 1), source, where + "accum_steps"),
+            instance_type=row.get("instance_type"),
+            gpu=row.get("gpu"),
+        )
+    except ValueError as err:
+        raise DataFileError(f"{source}: {where[:-1]}: {err}", hint="fix the measurement") from None
+
+
+def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
+    """Validate a parsed Profile document; raise DataFileError naming the bad field."""
+    check_schema(doc, _PROFILE_KIND, source)
+    device = _get(doc, "device", source, "")
+    model = _get(doc, "model", source, "")
+    batch = _get(doc, "batch", source, "")
+    work = _get(doc, "work", source, "")
+    rows = _get(doc, "measurements", source, "")
+    if not isinstance(rows, list) or not rows:
+        raise DataFileError(
+            f"{source}: 'measurements' must be a non-empty list",
+            hint="a profile needs at least one measured step time",
+        )
+    measurements = tuple(measurement_from_dict(r, source, i) for i, r in enumerate(rows))
+    gns_points: list[GnsPoint] = []
+    gns = doc.get("gns")
+    if gns is not None:
+        traj = _get(gns, "trajectory", source, "gns.")
+        if not isinstance(traj, list):
+            raise DataFileError(f"{source}: 'gns.trajectory' must be a list", hint="fix the file")
+        for i, point in enumerate(traj):
+            progress = _num(_get(point, "progress", source, f"gns.trajectory[{i}]."), source,
+                            f"gns.trajectory[{i}].progress", positive=False)
+            if not 0.0 <= progress <= 1.0:
+                raise DataFileError(
+                    f"{source}: gns.trajectory[{i}].progress={progress} is outside [0, 1]",
+                    hint="progress is the fraction of training done",
+                )
+            scale = _num(_get(point, "noise_scale", source, f"gns.trajectory[{i}]."), source,
+                         f"gns.trajectory[{i}].noise_scale")
+            gns_points.append(GnsPoint(progress, scale))
+        gns_points.sort(key=lambda p: p.progress)
+    memory = doc.get("memory") or {}
+    fit = doc.get("fit")
+    if fit is not None and not isinstance(fit, dict):
+        raise DataFileError(f"{source}: 'fit' must be an object", hint="remove it to refit")
+    gpn = _int(_get(device, "gpus_per_node", source, "device."), source, "device.gpus_per_node")
+    base = _int(_get(batch, "base_global_batch", source, "batch."), source, "batch.base_global_batch")
+    max_local = _int(_get(batch, "max_local_batch", source, "batch."), source, "batch.max_local_batch")
+    gpu = _get(device, "gpu", source, "device.")
+    if not isinstance(gpu, str) or not gpu:
+        raise DataFileError(f"{source}: 'device.gpu' must be a GPU name", hint="e.g. \"T4\"")
+    return Profile(
+        name=str(doc.get("name", "profile")),
+        provenance=str(doc.get("provenance", "")),
+        gpu=gpu,
+        gpus_per_node=gpn,
+        gradient_bytes=_num(_get(model, "gradient_bytes", source, "model."), source,
+                            "model.gradient_bytes"),
+        base_global_batch=base,
+        max_local_batch=max_local,
+        dataset_size=_int(_get(work, "dataset_size", source, "work."), source, "work.dataset_size"),
+        epochs=_num(_get(work, "epochs", source, "work."), source, "work.epochs"),
+        measurements=measurements,
+        gns=tuple(gns_points),
+        cloud=device.get("cloud"),
+        instance_type=device.get("instance_type"),
+        device_memory_gb=_opt(memory, "device_memory_gb", source),
+        static_memory_gb=_opt(memory, "static_gb", source),
+        per_sample_memory_gb=_opt(memory, "per_sample_gb", source),
+        measured_fp32_tflops=_opt(device, "fp32_tflops", source, "device"),
+        measured_mem_bw_gbs=_opt(device, "mem_bw_gbs", source, "device"),
+        fit=fit,
+    )
+
+
+def _opt(d: dict[str, Any], key: str, source: str, section: str = "memory") -> float | None:
+    value = d.get(key)
+    return None if value is None else _num(value, source, f"{section}.{key}", positive=False)
+
+
+def profile_to_dict(p: Profile) -> dict[str, Any]:
+    """The JSON document for a Profile (inverse of ``profile_from_dict``)."""
+    doc: dict[str, Any] = {
+        "schema": PROFILE_SCHEMA,
+        "name": p.name,
+        "provenance": p.provenance,
+        "device": {"gpu": p.gpu, "gpus_per_node": p.gpus_per_node},
+        "model": {"gradient_bytes": p.gradient_bytes},
+        "batch": {"base_global_batch": p.base_global_batch, "max_local_batch": p.max_local_batch},
+        "work": {"dataset_size": p.dataset_size, "epochs": p.epochs},
+        "measurements": [
+            {
+                k: v
+                for k, v in {
+                    "nodes": m.nodes,
+                    "workers": m.workers,
+                    "local_batch": m.local_batch,
+                    "step_time": m.step_time,
+                    "sync_time": m.sync_time,
+                    "accum_steps": m.accum_steps,
+                    "instance_type": m.instance_type,
+                    "gpu": m.gpu,
+                }.items()
+                if v is not None
+            }
+            for m in p.measurements
+        ],
+    }
+    if p.cloud:
+        doc["device"]["cloud"] = p.cloud
+    if p.instance_type:
+        doc["device"]["instance_type"] = p.instance_type
+    if p.measured_fp32_tflops is not None:
+        doc["device"]["fp32_tflops"] = p.measured_fp32_tflops
+    if p.measured_mem_bw_gbs is not None:
+        doc["device"]["mem_bw_gbs"] = p.measured_mem_bw_gbs
+    memory = {
+        k: v
+        for k, v in {
+            "device_memory_gb": p.device_memory_gb,
+            "static_gb": p.static_memory_gb,
+            "per_sample_gb": p.per_sample_memory_gb,
+        }.items()
+        if v is not None
+    }
+    if memory:
+        doc["memory"] = memory
+    if p.gns:
+        doc["gns"] = {"trajectory": [{"progress": g.progress, "noise_scale": g.noise_scale}
+                                     for g in p.gns]}
+    if p.fit is not None:
+        doc["fit"] = p.fit
+    return doc

@@ -1,0 +1,1 @@
+"""kplan.runtime."""
