@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import click
+
 import typer
 
 from kplan import __version__
@@ -19,20 +19,20 @@ from kplan.errors import KplanError
 class _KplanGroup(typer.core.TyperGroup):
     """Top-level group: turns every KplanError into one line plus a hint and its exit code."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except KplanError as err:
             if ctx.meta.get("kplan.debug"):
                 raise
             _print_error(err)
-            raise click.exceptions.Exit(err.exit_code) from None
+            raise typer.Exit(err.exit_code) from None
 
 
 def _print_error(err: KplanError) -> None:
-    click.echo(f"error: {err.message}", err=True)
+    typer.echo(f"error: {err.message}", err=True)
     if err.hint:
-        click.echo(f"hint: {err.hint}", err=True)
+        typer.echo(f"hint: {err.hint}", err=True)
 
 
 app = typer.Typer(
@@ -47,7 +47,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        click.echo(f"kplan {__version__}")
+        typer.echo(f"kplan {__version__}")
         raise typer.Exit(0)
 
 
@@ -63,9 +63,10 @@ def _root(
 
 
 def _register() -> None:
-    from kplan.commands import catalog, estimate, model
+    from kplan.commands import catalog, estimate, model, profile
 
     estimate.register(app)
+    profile.register(app)
     app.add_typer(model.app, name="model")
     app.add_typer(catalog.app, name="catalog")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,8 +33,18 @@ PRIOR_ALPHA = 1e-3
 PRIOR_GAMMA = 2.5
 MIN_LOG_SIGMA = 0.05  # never claim better than 5% accuracy
 
-_NAMES = ("compute_a", "compute_b", "gamma", "intra_alpha", "intra_beta", "intra_lat",
-          "inter_alpha", "inter_beta", "inter_lat", "two_node")
+_NAMES = (
+    "compute_a",
+    "compute_b",
+    "gamma",
+    "intra_alpha",
+    "intra_beta",
+    "intra_lat",
+    "inter_alpha",
+    "inter_beta",
+    "inter_lat",
+    "two_node",
+)
 _LOWER = np.array([0.0, 1e-12, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 _UPPER = np.array([1e4, 1e3, 10.0, 1e3, 1e4, 1.0, 1e3, 1e4, 1.0, 3.0])
 
@@ -73,12 +84,20 @@ def _priors(
             return gradient_bytes / (eta * gbps * 1e9 / 8)
         return 0.0
 
-    return np.array([
-        0.0, 0.0, PRIOR_GAMMA,
-        PRIOR_ALPHA, beta(intra_gbps, PRIOR_ETA_INTRA), PRIOR_LAT_INTRA,
-        PRIOR_ALPHA, beta(inter_gbps, PRIOR_ETA_INTER), PRIOR_LAT_INTER,
-        0.0,
-    ])
+    return np.array(
+        [
+            0.0,
+            0.0,
+            PRIOR_GAMMA,
+            PRIOR_ALPHA,
+            beta(intra_gbps, PRIOR_ETA_INTRA),
+            PRIOR_LAT_INTRA,
+            PRIOR_ALPHA,
+            beta(inter_gbps, PRIOR_ETA_INTER),
+            PRIOR_LAT_INTER,
+            0.0,
+        ]
+    )
 
 
 def _free_mask(d: FitInputs) -> NDArray[np.bool_]:
@@ -98,8 +117,10 @@ def _free_mask(d: FitInputs) -> NDArray[np.bool_]:
         free[3] = free[5] = len(ks) >= 3  # alpha, beta, lat need three worker counts
     if inter_rows.any():
         free[7] = True
-        combos = {(int(n), int(k)) for n, k in zip(d.nodes[inter_rows], d.workers[inter_rows],
-                                                    strict=True)}
+        combos = {
+            (int(n), int(k))
+            for n, k in zip(d.nodes[inter_rows], d.workers[inter_rows], strict=True)
+        }
         free[6] = len(combos) >= 2
         free[8] = len({k for _, k in combos}) >= 2
         ns = set(d.nodes[inter_rows].astype(int))
@@ -111,8 +132,9 @@ def _initial(d: FitInputs, prior: NDArray[np.float64]) -> NDArray[np.float64]:
     x = prior.copy()
     compute = d.step_time / d.accum_steps
     has_sync = ~np.isnan(d.sync_time)
-    compute = np.where(has_sync, (d.step_time - np.nan_to_num(d.sync_time)) / d.accum_steps,
-                       compute)
+    compute = np.where(
+        has_sync, (d.step_time - np.nan_to_num(d.sync_time)) / d.accum_steps, compute
+    )
     single = d.workers == 1
     use = single if single.sum() >= 2 else np.ones_like(single)
     b = d.local_batch[use]
@@ -161,7 +183,7 @@ def fit_perf_params(
     def unpack(z: NDArray[np.float64]) -> PerfParams:
         x = x0.copy()
         x[free] = z
-        return PerfParams(*x, log_sigma=0.0)  # type: ignore[arg-type]
+        return _params(x, log_sigma=0.0)
 
     def residuals(z: NDArray[np.float64]) -> NDArray[np.float64]:
         p = unpack(z)
@@ -172,17 +194,20 @@ def fit_perf_params(
         return np.concatenate([r_step, r_comp, ridge * (z - x0[free]) / scale])
 
     result = least_squares(
-        residuals, x0[free], bounds=(_LOWER[free], _UPPER[free]), loss="soft_l1",
-        f_scale=0.1, max_nfev=2000,
+        residuals,
+        x0[free],
+        bounds=(_LOWER[free], _UPPER[free]),
+        loss="soft_l1",
+        f_scale=0.1,
+        max_nfev=2000,
     )
     fitted = unpack(result.x)
     pred = perfmodel.step_time(fitted, d.nodes, d.workers, d.local_batch, d.accum_steps)
     resid = np.log(pred) - log_step
     dof = max(len(resid) - int(free.sum()), 1)
     sigma = max(math.sqrt(float(np.sum(resid**2)) / dof), MIN_LOG_SIGMA)
-    return PerfParams(
-        *[float(v) for v in np.concatenate([[fitted.compute_a, fitted.compute_b, fitted.gamma],
-                                            _sync_vector(fitted)])],  # type: ignore[arg-type]
+    return _params(
+        np.array([getattr(fitted, n) for n in _NAMES]),
         log_sigma=sigma,
         gradient_bytes=gradient_bytes,
         intra_gbps=intra_gbps,
@@ -195,6 +220,10 @@ def fit_perf_params(
     )
 
 
-def _sync_vector(p: PerfParams) -> list[float]:
-    return [p.intra_alpha, p.intra_beta, p.intra_lat, p.inter_alpha, p.inter_beta, p.inter_lat,
-            p.two_node]
+def _params(x: NDArray[np.float64], **meta: Any) -> PerfParams:
+    """PerfParams from the fitted vector (``_NAMES`` order) plus provenance fields."""
+    v = [float(e) for e in x]
+    return PerfParams(
+        compute_a=v[0], compute_b=v[1], gamma=v[2], intra_alpha=v[3], intra_beta=v[4],
+        intra_lat=v[5], inter_alpha=v[6], inter_beta=v[7], inter_lat=v[8], two_node=v[9], **meta
+    )

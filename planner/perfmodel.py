@@ -62,8 +62,18 @@ class PerfParams:
     inter_measured: bool = False  # False: inter-node terms are priors, not fitted
 
     def __post_init__(self) -> None:
-        for name in ("compute_a", "compute_b", "intra_alpha", "intra_beta", "intra_lat",
-                     "inter_alpha", "inter_beta", "inter_lat", "two_node", "log_sigma"):
+        for name in (
+            "compute_a",
+            "compute_b",
+            "intra_alpha",
+            "intra_beta",
+            "intra_lat",
+            "inter_alpha",
+            "inter_beta",
+            "inter_lat",
+            "two_node",
+            "log_sigma",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
@@ -80,13 +90,16 @@ class PerfParams:
                 return None
             return min(1.0, self.gradient_bytes / (gbps * 1e9 / 8) / beta)
 
-        return {"intra": eta(self.intra_beta, self.intra_gbps),
-                "inter": eta(self.inter_beta, self.inter_gbps)}
+        return {
+            "intra": eta(self.intra_beta, self.intra_gbps),
+            "inter": eta(self.inter_beta, self.inter_gbps),
+        }
 
 
 def ring_factor(workers: ArrayLike) -> Array:
     k = np.asarray(workers, dtype=float)
-    return 2.0 * (k - 1.0) / k
+    out: Array = 2.0 * (k - 1.0) / k
+    return out
 
 
 def compute_time(p: PerfParams, local_batch: ArrayLike) -> Array:
@@ -187,3 +200,8 @@ def params_from_dict(doc: Any, source: str = "model") -> PerfParams:
         ) from None
     except ValueError as err:
         raise DataFileError(f"{source}: {err}", hint="refit the model") from None
+
+
+def replace_fields(p: PerfParams, **changes: Any) -> PerfParams:
+    """A copy of ``p`` with some fields changed (validated again)."""
+    return replace(p, **changes)

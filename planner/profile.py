@@ -136,14 +136,17 @@ def check_schema(doc: Any, kind: str, source: str) -> str:
 def _get(d: Any, key: str, source: str, where: str) -> Any:
     if not isinstance(d, dict) or key not in d:
         raise DataFileError(
-            f"{source}: missing field '{where}{key}'", hint="see `kplan profile --help` for the format"
+            f"{source}: missing field '{where}{key}'",
+            hint="see `kplan profile --help` for the format",
         )
     return d[key]
 
 
 def _num(value: Any, source: str, name: str, *, positive: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise DataFileError(f"{source}: '{name}' must be a number, got {value!r}", hint="fix the file")
+        raise DataFileError(
+            f"{source}: '{name}' must be a number, got {value!r}", hint="fix the file"
+        )
     if positive and value <= 0:
         raise DataFileError(f"{source}: '{name}' must be > 0, got {value!r}", hint="fix the file")
     return float(value)
@@ -152,7 +155,9 @@ def _num(value: Any, source: str, name: str, *, positive: bool = True) -> float:
 def _int(value: Any, source: str, name: str) -> int:
     number = _num(value, source, name)
     if number != int(number):
-        raise DataFileError(f"{source}: '{name}' must be an integer, got {value!r}", hint="fix the file")
+        raise DataFileError(
+            f"{source}: '{name}' must be an integer, got {value!r}", hint="fix the file"
+        )
     return int(number)
 
 
@@ -163,9 +168,13 @@ def measurement_from_dict(row: Any, source: str, index: int) -> Measurement:
         return Measurement(
             nodes=_int(_get(row, "nodes", source, where), source, where + "nodes"),
             workers=_int(_get(row, "workers", source, where), source, where + "workers"),
-            local_batch=_int(_get(row, "local_batch", source, where), source, where + "local_batch"),
+            local_batch=_int(
+                _get(row, "local_batch", source, where), source, where + "local_batch"
+            ),
             step_time=_num(_get(row, "step_time", source, where), source, where + "step_time"),
-            sync_time=None if sync is None else _num(sync, source, where + "sync_time", positive=False),
+            sync_time=None
+            if sync is None
+            else _num(sync, source, where + "sync_time", positive=False),
             accum_steps=_int(row.get("accum_steps", 1), source, where + "accum_steps"),
             instance_type=row.get("instance_type"),
             gpu=row.get("gpu"),
@@ -195,15 +204,22 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         if not isinstance(traj, list):
             raise DataFileError(f"{source}: 'gns.trajectory' must be a list", hint="fix the file")
         for i, point in enumerate(traj):
-            progress = _num(_get(point, "progress", source, f"gns.trajectory[{i}]."), source,
-                            f"gns.trajectory[{i}].progress", positive=False)
+            progress = _num(
+                _get(point, "progress", source, f"gns.trajectory[{i}]."),
+                source,
+                f"gns.trajectory[{i}].progress",
+                positive=False,
+            )
             if not 0.0 <= progress <= 1.0:
                 raise DataFileError(
                     f"{source}: gns.trajectory[{i}].progress={progress} is outside [0, 1]",
                     hint="progress is the fraction of training done",
                 )
-            scale = _num(_get(point, "noise_scale", source, f"gns.trajectory[{i}]."), source,
-                         f"gns.trajectory[{i}].noise_scale")
+            scale = _num(
+                _get(point, "noise_scale", source, f"gns.trajectory[{i}]."),
+                source,
+                f"gns.trajectory[{i}].noise_scale",
+            )
             gns_points.append(GnsPoint(progress, scale))
         gns_points.sort(key=lambda p: p.progress)
     memory = doc.get("memory") or {}
@@ -211,18 +227,23 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
     if fit is not None and not isinstance(fit, dict):
         raise DataFileError(f"{source}: 'fit' must be an object", hint="remove it to refit")
     gpn = _int(_get(device, "gpus_per_node", source, "device."), source, "device.gpus_per_node")
-    base = _int(_get(batch, "base_global_batch", source, "batch."), source, "batch.base_global_batch")
-    max_local = _int(_get(batch, "max_local_batch", source, "batch."), source, "batch.max_local_batch")
+    base = _int(
+        _get(batch, "base_global_batch", source, "batch."), source, "batch.base_global_batch"
+    )
+    max_local = _int(
+        _get(batch, "max_local_batch", source, "batch."), source, "batch.max_local_batch"
+    )
     gpu = _get(device, "gpu", source, "device.")
     if not isinstance(gpu, str) or not gpu:
-        raise DataFileError(f"{source}: 'device.gpu' must be a GPU name", hint="e.g. \"T4\"")
+        raise DataFileError(f"{source}: 'device.gpu' must be a GPU name", hint='e.g. "T4"')
     return Profile(
         name=str(doc.get("name", "profile")),
         provenance=str(doc.get("provenance", "")),
         gpu=gpu,
         gpus_per_node=gpn,
-        gradient_bytes=_num(_get(model, "gradient_bytes", source, "model."), source,
-                            "model.gradient_bytes"),
+        gradient_bytes=_num(
+            _get(model, "gradient_bytes", source, "model."), source, "model.gradient_bytes"
+        ),
         base_global_batch=base,
         max_local_batch=max_local,
         dataset_size=_int(_get(work, "dataset_size", source, "work."), source, "work.dataset_size"),
@@ -293,8 +314,9 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
     if memory:
         doc["memory"] = memory
     if p.gns:
-        doc["gns"] = {"trajectory": [{"progress": g.progress, "noise_scale": g.noise_scale}
-                                     for g in p.gns]}
+        doc["gns"] = {
+            "trajectory": [{"progress": g.progress, "noise_scale": g.noise_scale} for g in p.gns]
+        }
     if p.fit is not None:
         doc["fit"] = p.fit
     return doc

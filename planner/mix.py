@@ -1,0 +1,197 @@
+"""Two-type (heterogeneous) clusters: mixed instance types or markets in one region.
+
+With PID-controlled per-worker batches, every worker finishes its micro-batch at the same time
+``T``. Worker type ``t`` computes ``b`` samples in ``a_t + c_t b``, so for ``n_t`` nodes of
+``g_t`` GPUs sharing a micro-step of ``B / s`` samples:
+
+    T = (B / s + sum_t n_t g_t a_t / c_t) / sum_t (n_t g_t / c_t),    b_t = (T - a_t) / c_t
+
+The all-reduce spans every node and runs at the slower group's link. Only pairs among the best
+few candidates of each region are tried, and only each pair's time/cost frontier is kept (a
+dominated configuration can never be chosen).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.planner import costs, efficiency, perfmodel
+from kplan.planner.plan import Group
+
+if TYPE_CHECKING:
+    from kplan.planner.search import Candidate, SearchOptions
+    from kplan.planner.workload import Workload
+
+NODE_COUNTS = np.array([1, 2, 3, 4, 6, 8, 12, 16], dtype=float)
+PER_REGION = 6  # candidates per region considered for pairing
+
+
+@dataclass(frozen=True)
+class ScalarTimeCost:
+    hours: float
+    hours_p90: float
+    cost_usd: float
+    cost_p90_usd: float
+    preemptions: float
+    checkpoint_interval_s: float
+
+
+@dataclass(frozen=True)
+class MixCandidate:
+    cloud: str
+    region: str
+    groups: tuple[Group, ...]
+    nodes: int
+    global_batch: int
+    accum: int
+    local_batches: tuple[int, ...]
+    step_time: float
+    log_sigma: float
+    samples: float
+    tc: ScalarTimeCost
+
+
+def search_mixes(
+    cands: list[Candidate],
+    best_cost: dict[int, float],
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    checkpoint_s: float,
+) -> list[MixCandidate]:
+    by_region: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(cands):
+        if i in best_cost:
+            by_region.setdefault((c.offer.cloud, c.offer.region), []).append(i)
+    out: list[MixCandidate] = []
+    for (cloud, region), members in by_region.items():
+        best = sorted(members, key=lambda i: best_cost[i])[:PER_REGION]
+        for i, j in itertools.combinations(best, 2):
+            out.extend(_pair(cands[i], cands[j], cloud, region, workload, opts, grid, checkpoint_s))
+    return out
+
+
+def _pair(
+    c1: Candidate,
+    c2: Candidate,
+    cloud: str,
+    region: str,
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    checkpoint_s: float,
+) -> list[MixCandidate]:
+    counts = NODE_COUNTS[opts.max_nodes >= NODE_COUNTS]
+    n1, n2, s, batch = (
+        a.ravel()
+        for a in np.meshgrid(
+            counts,
+            counts,
+            np.array(opts.accum_steps, dtype=float),
+            grid.astype(float),
+            indexing="ij",
+        )
+    )
+    keep = n1 + n2 <= opts.max_nodes
+    n1, n2, s, batch = n1[keep], n2[keep], s[keep], batch[keep]
+    p1, p2 = c1.pred.params, c2.pred.params
+    g1, g2 = float(c1.inst.gpu_count), float(c2.inst.gpu_count)
+    w1, w2 = n1 * g1, n2 * g2
+    micro = batch / s
+    t = (micro + w1 * p1.compute_a / p1.compute_b + w2 * p2.compute_a / p2.compute_b) / (
+        w1 / p1.compute_b + w2 / p2.compute_b
+    )
+    b1 = np.ceil((t - p1.compute_a) / p1.compute_b)
+    b2 = np.ceil((t - p2.compute_a) / p2.compute_b)
+    ok = (b1 >= 1) & (b2 >= 1) & (b1 <= c1.pred.max_local_batch) & (b2 <= c2.pred.max_local_batch)
+    ok &= (s == 1) | (
+        np.ceil(batch / (w1 + w2) / (s / 2)) > max(c1.pred.max_local_batch, c2.pred.max_local_batch)
+    )
+    if not ok.any():
+        return []
+    n1, n2, s, batch, t, b1, b2, w1, w2 = (a[ok] for a in (n1, n2, s, batch, t, b1, b2, w1, w2))
+    compute = np.maximum(perfmodel.compute_time(p1, b1), perfmodel.compute_time(p2, b2))
+    nodes, workers = n1 + n2, w1 + w2
+    sync = np.maximum(
+        perfmodel.sync_time(p1, nodes, workers), perfmodel.sync_time(p2, nodes, workers)
+    )
+    step = (s - 1.0) * compute + perfmodel.overlap(compute, sync, p1.gamma)
+    samples = workload.samples_at_base * efficiency.sample_factor(
+        workload.gns, workload.base_batch, batch
+    )
+    steps = np.ceil(samples / batch)
+    sigma = np.full(step.shape, max(p1.log_sigma, p2.log_sigma))
+    price = n1 * c1.offer.usd_per_hour + n2 * c2.offer.usd_per_hour
+    rate = n1 * c1.preempt_per_hour + n2 * c2.preempt_per_hour
+    tc = costs.mixed_time_and_cost(
+        train_seconds=steps * step,
+        usd_per_hour_total=price,
+        preempt_per_hour_total=rate,
+        log_sigma=sigma,
+        checkpoint_s=checkpoint_s,
+        overheads=opts.overheads,
+    )
+    finite = np.flatnonzero(np.isfinite(tc.cost_usd))
+    if finite.size == 0:
+        return []
+    from kplan.planner.search import pareto_front  # local: search imports this module
+
+    front = finite[pareto_front(tc.hours[finite], tc.cost_usd[finite])]
+    out = []
+    for k in front:
+        groups = (
+            Group(
+                c1.offer.instance_type,
+                c1.offer.market,
+                c1.offer.zone,
+                int(n1[k]),
+                int(g1),
+                c1.inst.gpu,
+                int(b1[k]),
+                c1.offer.usd_per_hour,
+            ),
+            Group(
+                c2.offer.instance_type,
+                c2.offer.market,
+                c2.offer.zone,
+                int(n2[k]),
+                int(g2),
+                c2.inst.gpu,
+                int(b2[k]),
+                c2.offer.usd_per_hour,
+            ),
+        )
+        out.append(
+            MixCandidate(
+                cloud=cloud,
+                region=region,
+                groups=groups,
+                nodes=int(nodes[k]),
+                global_batch=int(batch[k]),
+                accum=int(s[k]),
+                local_batches=(int(b1[k]), int(b2[k])),
+                step_time=float(step[k]),
+                log_sigma=float(sigma[k]),
+                samples=float(samples[k]),
+                tc=ScalarTimeCost(
+                    *(
+                        float(getattr(tc, f)[k])
+                        for f in (
+                            "hours",
+                            "hours_p90",
+                            "cost_usd",
+                            "cost_p90_usd",
+                            "preemptions",
+                            "checkpoint_interval_s",
+                        )
+                    )
+                ),
+            )
+        )
+    return [m for m in out if math.isfinite(m.tc.cost_usd)]

@@ -1,0 +1,87 @@
+"""The Plan: the chosen configuration, the best alternatives, the frontier and the reasons."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+PLAN_SCHEMA = "kplan.plan/1.0"
+Objective = Literal["cost", "time", "knee"]
+OBJECTIVES: tuple[Objective, ...] = ("cost", "time", "knee")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Identical instances in one zone and market, with their per-worker batch."""
+
+    instance_type: str
+    market: str
+    zone: str
+    nodes: int
+    gpus_per_node: int
+    gpu: str
+    local_batch: int
+    usd_per_hour: float  # per instance
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One configuration with its predictions. Times in hours, money in USD."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str  # "a+b" for a mixed plan
+    market: str  # "spot", "on-demand" or "mixed"
+    nodes: int
+    workers: int
+    local_batch: int  # of the first group; see ``groups`` for mixed plans
+    accum_steps: int
+    global_batch: int
+    step_time_s: float
+    step_time_p90_s: float
+    steps: int
+    samples: float
+    statistical_efficiency: float
+    throughput_samples_s: float
+    hours: float
+    hours_p90: float
+    cost_usd: float
+    cost_p90_usd: float
+    usd_per_hour: float
+    expected_preemptions: float
+    checkpoint_interval_s: float
+    groups: tuple[Group, ...]
+    gpu: str
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["groups"] = [asdict(g) for g in self.groups]
+        return doc
+
+
+@dataclass(frozen=True)
+class Plan:
+    chosen: PlanRow
+    plans: tuple[PlanRow, ...]
+    frontier: tuple[PlanRow, ...]
+    objective: Objective
+    reason: str
+    considered: int
+    feasible: int
+    notes: tuple[str, ...] = field(default=())
+    uncertainty: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": PLAN_SCHEMA,
+            "objective": self.objective,
+            "reason": self.reason,
+            "uncertainty": self.uncertainty,
+            "considered": self.considered,
+            "feasible": self.feasible,
+            "notes": list(self.notes),
+            "chosen": self.chosen.to_dict(),
+            "plans": [r.to_dict() for r in self.plans],
+            "frontier": [r.to_dict() for r in self.frontier],
+        }

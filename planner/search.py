@@ -1,0 +1,565 @@
+"""Search every configuration of the catalog and choose a plan (pure; numpy vectorised).
+
+Dimensions: cloud, region/zone (the cheapest zone of each allowed region), instance type,
+market, node count, global batch (B0 * 2^(i/2), or B0 alone without a GNS trajectory),
+accumulation steps; then two-type mixes within a region. The global batch is split over the
+workers by the runtime (per-worker batches may differ by one sample), so the step time is set by
+``ceil(B / (k s))`` samples per worker per micro-step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.errors import InfeasibleError, InputError
+from kplan.planner import costs, efficiency, perfmodel
+from kplan.planner.catalog import Catalog, InstanceType, Offer
+from kplan.planner.devices import DeviceModel
+from kplan.planner.mix import MixCandidate, search_mixes
+from kplan.planner.plan import OBJECTIVES, Group, Objective, Plan, PlanRow
+from kplan.planner.workload import InstancePrediction, Workload, for_instance
+
+Array = NDArray[np.float64]
+EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.05  # uncertainty added per doubling past the profile
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    clouds: tuple[str, ...] = ()  # empty: all
+    regions: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    markets: tuple[str, ...] = ("on-demand", "spot")
+    max_nodes: int = 64
+    budget_usd: float | None = None
+    deadline_hours: float | None = None
+    objective: Objective = "cost"
+    accum_steps: tuple[int, ...] = (1, 2, 4, 8)
+    max_batch_multiple: float = 32.0  # largest global batch, as a multiple of B0
+    fixed_global_batch: bool = False
+    mixed: bool = True
+    top: int = 10
+    overheads: costs.Overheads = field(default_factory=costs.Overheads)
+
+    def __post_init__(self) -> None:
+        if self.budget_usd is not None and not self.budget_usd > 0:
+            raise InputError(f"budget {self.budget_usd} must be > 0 USD", hint="e.g. --budget 500")
+        if self.deadline_hours is not None and not self.deadline_hours > 0:
+            raise InputError(
+                f"deadline {self.deadline_hours} must be > 0 hours", hint="e.g. --deadline 24"
+            )
+        if not 1 <= self.max_nodes <= 1024:
+            raise InputError(f"max nodes {self.max_nodes} must be in 1..1024", hint="e.g. 64")
+        if self.objective not in OBJECTIVES:
+            raise InputError(
+                f"unknown objective {self.objective!r}", hint=f"use one of {', '.join(OBJECTIVES)}"
+            )
+        if self.top < 1:
+            raise InputError(f"--top {self.top} must be >= 1", hint="e.g. --top 10")
+        bad = [m for m in self.markets if m not in ("on-demand", "spot")]
+        if bad or not self.markets:
+            raise InputError(f"unknown market {bad}", hint="use spot or on-demand")
+        if not self.accum_steps or min(self.accum_steps) < 1:
+            raise InputError(f"accumulation steps {self.accum_steps} must be >= 1", hint="1")
+        if self.max_batch_multiple < 1:
+            raise InputError(
+                f"max batch multiple {self.max_batch_multiple} must be >= 1", hint="e.g. 32"
+            )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The cheapest zone for one (cloud, region, instance type, market)."""
+
+    offer: Offer
+    inst: InstanceType
+    pred: InstancePrediction
+    preempt_per_hour: float
+    billing_min_s: float
+    billing_increment_s: float
+
+
+@dataclass
+class _Pool:
+    """Evaluated configurations as parallel arrays (one entry per configuration)."""
+
+    cand: list[NDArray[np.int64]] = field(default_factory=list)
+    nodes: list[Array] = field(default_factory=list)
+    batch: list[Array] = field(default_factory=list)
+    local: list[Array] = field(default_factory=list)
+    accum: list[Array] = field(default_factory=list)
+    step: list[Array] = field(default_factory=list)
+    sigma: list[Array] = field(default_factory=list)
+    tc: list[costs.TimeCost] = field(default_factory=list)
+    samples: list[Array] = field(default_factory=list)
+
+    def cat(self, name: str) -> Array:
+        parts = getattr(self, name)
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def candidates(
+    workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOptions
+) -> tuple[list[Candidate], list[str]]:
+    """Filter the catalog and keep the cheapest zone per (cloud, region, type, market)."""
+    notes: list[str] = []
+    _check_filters(catalog, opts)
+    gpus_wanted = {g.lower() for g in opts.gpus}
+    best: dict[tuple[str, str, str, str], Offer] = {}
+    for o in catalog.offers:
+        if opts.clouds and o.cloud not in opts.clouds:
+            continue
+        if opts.regions and o.region not in opts.regions:
+            continue
+        if o.market not in opts.markets:
+            continue
+        inst = catalog.instances.get((o.cloud, o.instance_type))
+        if inst is None or (gpus_wanted and inst.gpu.lower() not in gpus_wanted):
+            continue
+        key = (o.cloud, o.region, o.instance_type, o.market)
+        if key not in best or o.usd_per_hour < best[key].usd_per_hour:
+            best[key] = o
+    preds: dict[tuple[str, str], InstancePrediction] = {}
+    out: list[Candidate] = []
+    for (cloud, _region, itype, market), offer in sorted(best.items()):
+        inst = catalog.instances[(cloud, itype)]
+        if (cloud, itype) not in preds:
+            preds[(cloud, itype)] = for_instance(workload, inst, catalog.gpus[inst.gpu], dm)
+            if preds[(cloud, itype)].max_local_batch < 1:
+                notes.append(f"{itype}: the job does not fit in {inst.gpu} memory")
+        pred = preds[(cloud, itype)]
+        if pred.max_local_batch < 1:
+            continue
+        rate = catalog.spot_rate(cloud, itype).per_hour if market == "spot" else 0.0
+        bill = catalog.billing[cloud]
+        out.append(Candidate(offer, inst, pred, rate, bill.minimum_s, bill.increment_s))
+    return out, notes
+
+
+def _check_filters(catalog: Catalog, opts: SearchOptions) -> None:
+    clouds = {o.cloud for o in catalog.offers}
+    for c in opts.clouds:
+        if c not in clouds:
+            raise InputError(f"unknown cloud {c!r}", hint=f"use one of {', '.join(sorted(clouds))}")
+    regions = {o.region for o in catalog.offers}
+    for r in opts.regions:
+        if r not in regions:
+            raise InputError(
+                f"unknown region {r!r}",
+                hint=f"regions in the catalog: {', '.join(sorted(regions))}",
+            )
+    known = {g.lower(): g for g in catalog.gpus}
+    for g in opts.gpus:
+        if g.lower() not in known:
+            raise InputError(
+                f"unknown GPU {g!r}", hint=f"known GPUs: {', '.join(sorted(catalog.gpus))}"
+            )
+
+
+def batch_grid(workload: Workload, opts: SearchOptions) -> NDArray[np.int64]:
+    """Global batches to try: B0 * 2^(i/2) up to the multiple, or B0 alone."""
+    b0 = workload.base_batch
+    if opts.fixed_global_batch or not workload.gns:
+        return np.array([b0], dtype=np.int64)
+    steps = math.floor(2 * math.log2(opts.max_batch_multiple)) + 1
+    grid = np.unique(np.round(b0 * 2.0 ** (np.arange(steps) / 2.0)).astype(np.int64))
+    return grid
+
+
+def _extrapolation_sigma(p: perfmodel.PerfParams, nodes: Array) -> Array:
+    measured = max(p.max_nodes_measured, 1)
+    doublings = np.log2(np.maximum(nodes / measured, 1.0))
+    out: Array = np.hypot(p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
+    return out
+
+
+def _evaluate_single(
+    i: int,
+    c: Candidate,
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    checkpoint_s: float,
+    pool: _Pool,
+) -> None:
+    g = c.inst.gpu_count
+    nodes, accum, batch = np.meshgrid(
+        np.arange(1, opts.max_nodes + 1, dtype=float),
+        np.array(opts.accum_steps, dtype=float),
+        grid.astype(float),
+        indexing="ij",
+    )
+    nodes, accum, batch = nodes.ravel(), accum.ravel(), batch.ravel()
+    workers = nodes * g
+    local = np.ceil(batch / (workers * accum))
+    ok = (local <= c.pred.max_local_batch) & (batch >= workers * accum)
+    # Accumulation only when a batch does not fit: otherwise it is strictly slower.
+    ok &= (accum == 1) | (np.ceil(batch / (workers * (accum / 2))) > c.pred.max_local_batch)
+    nodes, accum, batch, local, workers = (a[ok] for a in (nodes, accum, batch, local, workers))
+    if nodes.size == 0:
+        return
+    p = c.pred.params
+    step = perfmodel.step_time(p, nodes, workers, local, accum)
+    factor = efficiency.sample_factor(workload.gns, workload.base_batch, batch)
+    samples = workload.samples_at_base * factor
+    steps = np.ceil(samples / batch)
+    sigma = _extrapolation_sigma(p, nodes)
+    tc = costs.time_and_cost(
+        train_seconds=steps * step,
+        instances=nodes,
+        usd_per_hour=c.offer.usd_per_hour,
+        preempt_per_hour=c.preempt_per_hour,
+        log_sigma=sigma,
+        checkpoint_s=checkpoint_s,
+        billing_min_s=c.billing_min_s,
+        billing_increment_s=c.billing_increment_s,
+        overheads=opts.overheads,
+    )
+    pool.cand.append(np.full(nodes.size, i, dtype=np.int64))
+    for name, arr in (
+        ("nodes", nodes),
+        ("batch", batch),
+        ("local", local),
+        ("accum", accum),
+        ("step", step),
+        ("sigma", sigma),
+        ("samples", samples),
+    ):
+        getattr(pool, name).append(arr)
+    pool.tc.append(tc)
+
+
+def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOptions) -> Plan:
+    """Evaluate every configuration and choose one by the objective, within budget/deadline."""
+    cands, notes = candidates(workload, catalog, dm, opts)
+    if not cands:
+        raise InfeasibleError(
+            "no instance type matches the filters and fits the job in GPU memory",
+            hint="relax --cloud/--region/--gpu, or check `kplan catalog list`",
+        )
+    grid = batch_grid(workload, opts)
+    checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
+    pool = _Pool()
+    for i, c in enumerate(cands):
+        _evaluate_single(i, c, workload, opts, grid, checkpoint_s, pool)
+    singles = _Table.from_pool(pool)
+    mixes: list[MixCandidate] = []
+    if opts.mixed:
+        mixes = search_mixes(
+            cands, singles.best_per_candidate(), workload, opts, grid, checkpoint_s
+        )
+    table = singles.with_mixes(mixes)
+    return _choose(table, cands, workload, opts, notes, grid)
+
+
+@dataclass(frozen=True)
+class _Table:
+    cand: NDArray[np.int64]  # candidate index; -1 - j for mix j
+    nodes: Array
+    batch: Array
+    local: Array
+    accum: Array
+    step: Array
+    sigma: Array
+    samples: Array
+    hours: Array
+    hours_p90: Array
+    cost: Array
+    cost_p90: Array
+    preempt: Array
+    tau: Array
+    mixes: tuple[MixCandidate, ...] = ()
+
+    @staticmethod
+    def from_pool(pool: _Pool) -> _Table:
+        def tc(name: str) -> Array:
+            return np.concatenate([getattr(t, name) for t in pool.tc]) if pool.tc else np.zeros(0)
+
+        cand = np.concatenate(pool.cand) if pool.cand else np.zeros(0, dtype=np.int64)
+        return _Table(
+            cand,
+            pool.cat("nodes"),
+            pool.cat("batch"),
+            pool.cat("local"),
+            pool.cat("accum"),
+            pool.cat("step"),
+            pool.cat("sigma"),
+            pool.cat("samples"),
+            tc("hours"),
+            tc("hours_p90"),
+            tc("cost_usd"),
+            tc("cost_p90_usd"),
+            tc("preemptions"),
+            tc("checkpoint_interval_s"),
+        )
+
+    def best_per_candidate(self) -> dict[int, float]:
+        """Cheapest expected cost reached by each single-type candidate."""
+        out: dict[int, float] = {}
+        finite = np.isfinite(self.cost)
+        for i, cost in zip(self.cand[finite], self.cost[finite], strict=True):
+            if cost < out.get(int(i), math.inf):
+                out[int(i)] = float(cost)
+        return out
+
+    def with_mixes(self, mixes: list[MixCandidate]) -> _Table:
+        if not mixes:
+            return self
+        m = mixes
+        extra = {
+            "cand": np.array([-1 - j for j in range(len(m))], dtype=np.int64),
+            "nodes": np.array([x.nodes for x in m], dtype=float),
+            "batch": np.array([x.global_batch for x in m], dtype=float),
+            "local": np.array([x.local_batches[0] for x in m], dtype=float),
+            "accum": np.array([x.accum for x in m], dtype=float),
+            "step": np.array([x.step_time for x in m]),
+            "sigma": np.array([x.log_sigma for x in m]),
+            "samples": np.array([x.samples for x in m]),
+            "hours": np.array([x.tc.hours for x in m]),
+            "hours_p90": np.array([x.tc.hours_p90 for x in m]),
+            "cost": np.array([x.tc.cost_usd for x in m]),
+            "cost_p90": np.array([x.tc.cost_p90_usd for x in m]),
+            "preempt": np.array([x.tc.preemptions for x in m]),
+            "tau": np.array([x.tc.checkpoint_interval_s for x in m]),
+        }
+        fields_ = {k: np.concatenate([getattr(self, k), v]) for k, v in extra.items()}
+        return _Table(**fields_, mixes=tuple(m))
+
+
+def pareto_front(hours: Array, cost: Array) -> NDArray[np.int64]:
+    """Indices of the non-dominated points (less time or less cost), fastest first."""
+    order = np.lexsort((cost, hours))
+    front: list[int] = []
+    best = math.inf
+    for idx in order:
+        if cost[idx] < best:
+            front.append(int(idx))
+            best = float(cost[idx])
+    return np.array(front, dtype=np.int64)
+
+
+def knee_index(hours: Array, cost: Array) -> int:
+    """The frontier point farthest below the chord joining its ends (log-log, normalised)."""
+    if len(hours) <= 2:
+        return int(np.argmin(cost))
+    x, y = np.log(hours), np.log(cost)
+    xn = (x - x.min()) / max(float(np.ptp(x)), 1e-12)
+    yn = (y - y.min()) / max(float(np.ptp(y)), 1e-12)
+    # chord from the fastest (xn=0, yn=1) to the cheapest (xn=1, yn=0): distance below it
+    return int(np.argmax(1.0 - xn - yn))
+
+
+def _choose(
+    t: _Table,
+    cands: list[Candidate],
+    workload: Workload,
+    opts: SearchOptions,
+    notes: list[str],
+    grid: NDArray[np.int64],
+) -> Plan:
+    finite = np.isfinite(t.cost) & np.isfinite(t.hours)
+    if not finite.any():
+        raise InfeasibleError(
+            "no configuration is feasible (spot preemptions too frequent?)",
+            hint="try --on-demand or fewer --max-nodes",
+        )
+    ok = finite.copy()
+    if opts.budget_usd is not None:
+        ok &= t.cost_p90 <= opts.budget_usd
+    if opts.deadline_hours is not None:
+        ok &= t.hours_p90 <= opts.deadline_hours
+    if not ok.any():
+        raise InfeasibleError(*_infeasible_message(t, finite, opts))
+    idx = np.flatnonzero(ok)
+    front = idx[pareto_front(t.hours[idx], t.cost[idx])]
+    if opts.objective == "cost":
+        order = idx[np.lexsort((t.hours[idx], t.cost[idx]))]
+    elif opts.objective == "time":
+        order = idx[np.lexsort((t.cost[idx], t.hours[idx]))]
+    else:
+        knee = front[knee_index(t.hours[front], t.cost[front])]
+        score = _knee_score(t.hours[idx], t.cost[idx], t.hours[front], t.cost[front])
+        order = np.concatenate([[knee], idx[np.argsort(-score)]])
+    rows = _top_distinct(order, t, cands, workload, opts.top)
+    chosen = rows[0]
+    frontier = tuple(_row(int(i), t, cands, workload) for i in front)
+    all_notes = list(notes)
+    if not workload.gns:
+        all_notes.append(
+            "the profile has no gradient noise scale: the global batch is kept at "
+            f"{workload.base_batch}"
+        )
+    if chosen.nodes > t_max_nodes(cands):
+        all_notes.append(
+            f"the chosen plan runs {chosen.nodes} nodes; the profile measured at most "
+            f"{t_max_nodes(cands)}: the prediction extrapolates (uncertainty widened)"
+        )
+    return Plan(
+        chosen=chosen,
+        plans=tuple(rows),
+        frontier=frontier,
+        objective=opts.objective,
+        reason=_reason(chosen, frontier, opts, len(grid)),
+        considered=len(t.cost),
+        feasible=int(ok.sum()),
+        notes=tuple(all_notes),
+        uncertainty=_uncertainty(chosen, workload),
+    )
+
+
+def t_max_nodes(cands: list[Candidate]) -> int:
+    return max(c.pred.params.max_nodes_measured for c in cands)
+
+
+def _knee_score(h: Array, c: Array, fh: Array, fc: Array) -> Array:
+    lx, ly = np.log(fh), np.log(fc)
+    xn = (np.log(h) - lx.min()) / max(float(np.ptp(lx)), 1e-12)
+    yn = (np.log(c) - ly.min()) / max(float(np.ptp(ly)), 1e-12)
+    out: Array = 1.0 - xn - yn
+    return out
+
+
+def _top_distinct(
+    order: NDArray[np.int64], t: _Table, cands: list[Candidate], workload: Workload, top: int
+) -> list[PlanRow]:
+    """The best configuration of each (cloud, instance type(s), market), in objective order."""
+    seen: set[tuple[str, str, str]] = set()
+    rows: list[PlanRow] = []
+    for i in order:
+        row = _row(int(i), t, cands, workload)
+        key = (row.cloud, row.instance_type, row.market)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(row)
+        if len(rows) >= top:
+            break
+    return rows
+
+
+def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanRow:
+    sigma = float(t.sigma[i])
+    step = float(t.step[i])
+    batch = int(t.batch[i])
+    samples = float(t.samples[i])
+    eff = workload.samples_at_base / samples if samples > 0 else 0.0
+    if t.cand[i] >= 0:
+        c = cands[int(t.cand[i])]
+        nodes = int(t.nodes[i])
+        groups: tuple[Group, ...] = (
+            Group(
+                c.offer.instance_type,
+                c.offer.market,
+                c.offer.zone,
+                nodes,
+                c.inst.gpu_count,
+                c.inst.gpu,
+                int(t.local[i]),
+                c.offer.usd_per_hour,
+            ),
+        )
+        cloud: str = c.offer.cloud
+        region, zone = c.offer.region, c.offer.zone
+        market: str = c.offer.market
+        itype, gpu = c.offer.instance_type, c.inst.gpu
+        price = c.offer.usd_per_hour * nodes
+        workers = nodes * c.inst.gpu_count
+    else:
+        mix = t.mixes[-1 - int(t.cand[i])]
+        groups = mix.groups
+        cloud, region, zone = mix.cloud, mix.region, groups[0].zone
+        itype = "+".join(g.instance_type for g in groups)
+        markets = {g.market for g in groups}
+        market = markets.pop() if len(markets) == 1 else "mixed"
+        gpu = "+".join(dict.fromkeys(g.gpu for g in groups))
+        price = sum(g.usd_per_hour * g.nodes for g in groups)
+        nodes = sum(g.nodes for g in groups)
+        workers = sum(g.nodes * g.gpus_per_node for g in groups)
+    return PlanRow(
+        cloud=cloud,
+        region=region,
+        zone=zone,
+        instance_type=itype,
+        market=market,
+        nodes=nodes,
+        workers=workers,
+        local_batch=int(groups[0].local_batch),
+        accum_steps=int(t.accum[i]),
+        global_batch=batch,
+        step_time_s=step,
+        step_time_p90_s=step * math.exp(costs.Z90 * sigma),
+        steps=math.ceil(samples / batch),
+        samples=samples,
+        statistical_efficiency=min(1.0, eff),
+        throughput_samples_s=batch / step,
+        hours=float(t.hours[i]),
+        hours_p90=float(t.hours_p90[i]),
+        cost_usd=float(t.cost[i]),
+        cost_p90_usd=float(t.cost_p90[i]),
+        usd_per_hour=price,
+        expected_preemptions=float(t.preempt[i]),
+        checkpoint_interval_s=float(t.tau[i]),
+        groups=groups,
+        gpu=gpu,
+    )
+
+
+def _infeasible_message(t: _Table, finite: NDArray[np.bool_], o: SearchOptions) -> tuple[str, str]:
+    cheapest = float(np.min(t.cost_p90[finite]))
+    fastest = float(np.min(t.hours_p90[finite]))
+    parts = []
+    if o.budget_usd is not None:
+        parts.append(f"budget ${o.budget_usd:,.2f}")
+    if o.deadline_hours is not None:
+        parts.append(f"deadline {o.deadline_hours:g} h")
+    hint = (
+        f"the cheapest plan costs ${cheapest:,.2f} (p90) and the fastest takes "
+        f"{fastest:.2f} h (p90); raise --budget or --deadline"
+    )
+    if o.budget_usd is not None and o.deadline_hours is not None:
+        hint += ", or drop one of them"
+    return f"no plan meets the {' and '.join(parts)}", hint
+
+
+def _reason(chosen: PlanRow, frontier: tuple[PlanRow, ...], o: SearchOptions, nb: int) -> str:
+    what = (
+        f"{chosen.nodes} x {chosen.instance_type} ({chosen.market}, {chosen.region}), "
+        f"global batch {chosen.global_batch}"
+    )
+    limits = []
+    if o.budget_usd is not None:
+        limits.append(f"p90 cost within ${o.budget_usd:,.2f}")
+    if o.deadline_hours is not None:
+        limits.append(f"p90 time within {o.deadline_hours:g} h")
+    within = f" with {' and '.join(limits)}" if limits else ""
+    if o.objective == "cost":
+        head = f"cheapest plan{within}"
+    elif o.objective == "time":
+        head = f"fastest plan{within}"
+    else:
+        head = f"knee of the time/cost frontier{within}"
+    fast = min(frontier, key=lambda r: r.hours)
+    cheap = min(frontier, key=lambda r: r.cost_usd)
+    tail = ""
+    if chosen is not fast and fast.hours < chosen.hours:
+        tail = (
+            f"; the fastest plan takes {fast.hours:.2f} h for ${fast.cost_usd:,.2f} "
+            f"({fast.cost_usd / max(chosen.cost_usd, 1e-9):.1f}x the cost)"
+        )
+    elif cheap.cost_usd < chosen.cost_usd:
+        tail = f"; the cheapest takes {cheap.hours:.2f} h for ${cheap.cost_usd:,.2f}"
+    return f"{head}: {what}{tail}"
+
+
+def _uncertainty(chosen: PlanRow, workload: Workload) -> str:
+    spread = chosen.step_time_p90_s / chosen.step_time_s - 1.0
+    basis = "fit residuals"
+    if chosen.gpu != workload.ref_gpu.name:
+        basis += f", device model ({workload.ref_gpu.name} -> {chosen.gpu})"
+    return (
+        f"step time p90 is +{spread:.0%} over the expected value ({basis}); the p90 time and "
+        "cost also include the Poisson p90 of spot preemptions"
+    )

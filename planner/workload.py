@@ -1,0 +1,172 @@
+"""What the search needs to know about one job: its fitted model, work and memory.
+
+A ``Workload`` is derived from a ``Profile`` (and, where the profile carries no fit, a fresh
+fit of its measurements). ``for_instance`` predicts the job on another instance type: compute
+through the device-speed model, all-reduce through the catalog's link bandwidths, and the
+largest local batch through a memory model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kplan.errors import InputError
+from kplan.planner import fit, perfmodel
+from kplan.planner.catalog import GpuSpec, InstanceType
+from kplan.planner.devices import DeviceModel, compute_scale
+from kplan.planner.perfmodel import PerfParams
+from kplan.planner.profile import GnsPoint, Profile
+
+# Weights, gradients and two Adam moments in FP32: the static memory of data-parallel
+# training when the profile did not measure it (an upper-end assumption for SGD jobs).
+STATIC_BYTES_PER_GRADIENT_BYTE = 4.0
+USABLE_MEMORY_FRACTION = 0.9  # leave room for the CUDA context, allocator fragmentation
+# Predicting a GPU from a CPU profile crosses architectures: the GPU-fitted device model is
+# far less certain there. Added (in quadrature) to the device model's own log error.
+CPU_TO_GPU_EXTRA_LOG_SIGMA = 0.7
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    params: PerfParams  # fitted on the reference device
+    ref_gpu: GpuSpec
+    base_batch: int  # B0, global
+    samples_at_base: float  # dataset_size * epochs at B0
+    gns: tuple[GnsPoint, ...]
+    gradient_bytes: float
+    max_local_batch_ref: int
+    static_memory_gb: float | None
+    per_sample_memory_gb: float | None
+    ref_is_cpu: bool
+
+    def __post_init__(self) -> None:
+        if self.base_batch < 1:
+            raise ValueError(f"base_batch={self.base_batch} must be >= 1")
+        if not self.samples_at_base > 0:
+            raise ValueError(f"samples_at_base={self.samples_at_base} must be > 0")
+
+
+@dataclass(frozen=True)
+class InstancePrediction:
+    params: PerfParams
+    max_local_batch: int
+    compute_factor: float
+    compute_log_sigma: float
+
+
+def workload_from_profile(
+    profile: Profile,
+    gpus: dict[str, GpuSpec],
+    *,
+    params: PerfParams | None = None,
+    epochs: float | None = None,
+    dataset_size: int | None = None,
+    ref_link_gbps: tuple[float | None, float | None] = (None, None),
+) -> Workload:
+    """Build a Workload; fits the profile's measurements when no model is given."""
+    is_cpu = profile.gpu.lower() == "cpu"
+    if is_cpu:
+        if not (profile.measured_fp32_tflops and profile.measured_mem_bw_gbs):
+            raise InputError(
+                f"profile {profile.name!r} was measured on a CPU without device benchmarks",
+                hint="re-run `kplan profile`; it records the device's FLOP/s and bandwidth",
+            )
+        ref = GpuSpec(
+            "cpu",
+            profile.device_memory_gb or 0.0,
+            profile.measured_fp32_tflops,
+            profile.measured_fp32_tflops,
+            profile.measured_mem_bw_gbs,
+            "measured by kplan profile",
+        )
+    else:
+        key = _lookup(profile.gpu, gpus)
+        ref = gpus[key]
+    if params is None:
+        intra, inter = ref_link_gbps
+        params = fit.fit_perf_params(
+            profile.measurements,
+            gradient_bytes=profile.gradient_bytes,
+            intra_gbps=intra,
+            inter_gbps=inter,
+            gpu=ref.name,
+            gpus_per_node=profile.gpus_per_node,
+        )
+    return Workload(
+        name=profile.name,
+        params=params,
+        ref_gpu=ref,
+        base_batch=profile.base_global_batch,
+        samples_at_base=float(dataset_size or profile.dataset_size)
+        * float(epochs or profile.epochs),
+        gns=profile.gns,
+        gradient_bytes=profile.gradient_bytes,
+        max_local_batch_ref=profile.max_local_batch,
+        static_memory_gb=profile.static_memory_gb,
+        per_sample_memory_gb=profile.per_sample_memory_gb,
+        ref_is_cpu=is_cpu,
+    )
+
+
+def _lookup(name: str, gpus: dict[str, GpuSpec]) -> str:
+    folded = {k.lower().replace("_", "-"): k for k in gpus}
+    key = folded.get(name.lower().replace("_", "-"))
+    if key is None:
+        raise InputError(
+            f"unknown GPU {name!r} in the profile",
+            hint=f"known GPUs: {', '.join(sorted(gpus))}, or 'cpu'",
+        )
+    return key
+
+
+def max_local_batch(w: Workload, gpu: GpuSpec) -> int:
+    """Largest per-GPU batch that fits on ``gpu`` (0 if none does)."""
+    if w.static_memory_gb is not None and w.per_sample_memory_gb:
+        static, per_sample = w.static_memory_gb, w.per_sample_memory_gb
+    elif w.ref_is_cpu or not w.ref_gpu.memory_gb:
+        # No memory measurement to scale: never plan a batch the profile did not run.
+        return w.max_local_batch_ref
+    else:
+        static = STATIC_BYTES_PER_GRADIENT_BYTE * w.gradient_bytes / 1e9
+        usable_ref = USABLE_MEMORY_FRACTION * w.ref_gpu.memory_gb
+        per_sample = max(usable_ref - static, 1e-6) / w.max_local_batch_ref
+    if gpu.name == w.ref_gpu.name:
+        return w.max_local_batch_ref
+    return max(0, math.floor((USABLE_MEMORY_FRACTION * gpu.memory_gb - static) / per_sample))
+
+
+def for_instance(
+    w: Workload, inst: InstanceType, gpu: GpuSpec, dm: DeviceModel
+) -> InstancePrediction:
+    """The job's model on ``inst``: device-scaled compute, catalog link speeds, memory cap."""
+    speed = compute_scale(dm, w.ref_gpu, gpu)
+    extra = math.hypot(speed.log_sigma, CPU_TO_GPU_EXTRA_LOG_SIGMA if w.ref_is_cpu else 0.0)
+    params = perfmodel.transfer(
+        w.params,
+        compute_factor=speed.factor,
+        intra_gbps=inst.interconnect_gbps or None,
+        inter_gbps=inst.network_gbps or None,
+        extra_log_sigma=extra,
+    )
+    bytes_ = w.gradient_bytes
+    if w.params.intra_gbps is None and inst.interconnect_gbps and inst.gpu_count > 1:
+        # The profiled machine's intra-node link is unknown (e.g. CPU workers over gloo): its
+        # all-reduce says nothing about this instance's GPUs, so use the physical prior.
+        params = perfmodel.replace_fields(
+            params,
+            intra_alpha=fit.PRIOR_ALPHA,
+            intra_lat=fit.PRIOR_LAT_INTRA,
+            intra_beta=bytes_ / (fit.PRIOR_ETA_INTRA * inst.interconnect_gbps * 1e9 / 8),
+        )
+    if not w.params.inter_measured and inst.network_gbps:
+        # Inter-node terms were never measured: rebuild them from the prior for this NIC.
+        params = perfmodel.replace_fields(
+            params,
+            inter_alpha=fit.PRIOR_ALPHA,
+            inter_lat=fit.PRIOR_LAT_INTER,
+            two_node=0.0,
+            inter_beta=bytes_ / (fit.PRIOR_ETA_INTER * inst.network_gbps * 1e9 / 8),
+        )
+    return InstancePrediction(params, max_local_batch(w, gpu), speed.factor, extra)

@@ -1,0 +1,1 @@
+"""Offline scripts (fitting shipped models); run as ``python -m scripts.<name>``."""
