@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-
 import typer
 
 from kplan import __version__
@@ -27,6 +26,17 @@ class _KplanGroup(typer.core.TyperGroup):
                 raise
             _print_error(err)
             raise typer.Exit(err.exit_code) from None
+        except Exception as err:
+            # typer's own exits and usage errors pass through; anything else is a bug.
+            if type(err).__module__.startswith(("typer", "click")) or ctx.meta.get("kplan.debug"):
+                raise
+            _print_error(
+                KplanError(
+                    f"internal error: {type(err).__name__}: {err}",
+                    hint="re-run with --debug for the traceback and report it",
+                )
+            )
+            raise typer.Exit(1) from None
 
 
 def _print_error(err: KplanError) -> None:

@@ -105,7 +105,8 @@ def _time_and_cost(
     billing_increment_s: ArrayLike,
     o: Overheads,
 ) -> TimeCost:
-    lam = rate_total / 3600.0  # preemptions per second, whole cluster
+    # preemptions per second, whole cluster (rates below 1e-9/h are no risk at all)
+    lam = np.where(rate_total < 1e-9, 0.0, rate_total) / 3600.0
     c = max(checkpoint_s, 1e-3)
     with np.errstate(divide="ignore", invalid="ignore"):
         tau_spot = np.clip(np.sqrt(2.0 * c / np.where(lam > 0, lam, np.nan)), 60.0, 3600.0)

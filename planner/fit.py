@@ -224,6 +224,15 @@ def _params(x: NDArray[np.float64], **meta: Any) -> PerfParams:
     """PerfParams from the fitted vector (``_NAMES`` order) plus provenance fields."""
     v = [float(e) for e in x]
     return PerfParams(
-        compute_a=v[0], compute_b=v[1], gamma=v[2], intra_alpha=v[3], intra_beta=v[4],
-        intra_lat=v[5], inter_alpha=v[6], inter_beta=v[7], inter_lat=v[8], two_node=v[9], **meta
+        compute_a=v[0],
+        compute_b=v[1],
+        gamma=v[2],
+        intra_alpha=v[3],
+        intra_beta=v[4],
+        intra_lat=v[5],
+        inter_alpha=v[6],
+        inter_beta=v[7],
+        inter_lat=v[8],
+        two_node=v[9],
+        **meta,
     )

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kplan.planner.workload import Workload
 
 NODE_COUNTS = np.array([1, 2, 3, 4, 6, 8, 12, 16], dtype=float)
-PER_REGION = 6  # candidates per region considered for pairing
+PER_REGION = 4  # candidates per region considered for pairing
 
 
 @dataclass(frozen=True)

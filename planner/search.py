@@ -70,6 +70,15 @@ class SearchOptions:
             )
 
 
+def default_objective(budget: float | None, deadline: float | None) -> Objective:
+    """Cheapest within a deadline; fastest within a budget alone; else the frontier's knee."""
+    if deadline is not None:
+        return "cost"
+    if budget is not None:
+        return "time"
+    return "knee"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """The cheapest zone for one (cloud, region, instance type, market)."""
@@ -176,59 +185,79 @@ def _extrapolation_sigma(p: perfmodel.PerfParams, nodes: Array) -> Array:
     return out
 
 
-def _evaluate_single(
-    i: int,
+@dataclass(frozen=True)
+class _TypeGrid:
+    """Every (nodes, accumulation, global batch) of one instance type, with step times."""
+
+    nodes: Array
+    accum: Array
+    batch: Array
+    local: Array
+    step: Array
+    samples: Array
+    train_s: Array
+    sigma: Array
+
+
+def _type_grid(
     c: Candidate,
     workload: Workload,
     opts: SearchOptions,
     grid: NDArray[np.int64],
-    checkpoint_s: float,
-    pool: _Pool,
-) -> None:
+    factors: Array,
+) -> _TypeGrid | None:
     g = c.inst.gpu_count
-    nodes, accum, batch = np.meshgrid(
-        np.arange(1, opts.max_nodes + 1, dtype=float),
-        np.array(opts.accum_steps, dtype=float),
-        grid.astype(float),
-        indexing="ij",
+    nodes, accum, gi = (
+        a.ravel()
+        for a in np.meshgrid(
+            np.arange(1, opts.max_nodes + 1, dtype=float),
+            np.array(opts.accum_steps, dtype=float),
+            np.arange(len(grid)),
+            indexing="ij",
+        )
     )
-    nodes, accum, batch = nodes.ravel(), accum.ravel(), batch.ravel()
+    batch = grid[gi].astype(float)
     workers = nodes * g
     local = np.ceil(batch / (workers * accum))
     ok = (local <= c.pred.max_local_batch) & (batch >= workers * accum)
     # Accumulation only when a batch does not fit: otherwise it is strictly slower.
     ok &= (accum == 1) | (np.ceil(batch / (workers * (accum / 2))) > c.pred.max_local_batch)
-    nodes, accum, batch, local, workers = (a[ok] for a in (nodes, accum, batch, local, workers))
-    if nodes.size == 0:
-        return
+    if not ok.any():
+        return None
+    nodes, accum, batch, local, workers, gi = (
+        a[ok] for a in (nodes, accum, batch, local, workers, gi)
+    )
     p = c.pred.params
     step = perfmodel.step_time(p, nodes, workers, local, accum)
-    factor = efficiency.sample_factor(workload.gns, workload.base_batch, batch)
-    samples = workload.samples_at_base * factor
+    samples = workload.samples_at_base * factors[gi]
     steps = np.ceil(samples / batch)
-    sigma = _extrapolation_sigma(p, nodes)
+    return _TypeGrid(
+        nodes, accum, batch, local, step, samples, steps * step, _extrapolation_sigma(p, nodes)
+    )
+
+
+def _evaluate_single(
+    i: int,
+    c: Candidate,
+    tg: _TypeGrid,
+    opts: SearchOptions,
+    checkpoint_s: float,
+    pool: _Pool,
+) -> None:
     tc = costs.time_and_cost(
-        train_seconds=steps * step,
-        instances=nodes,
+        train_seconds=tg.train_s,
+        instances=tg.nodes,
         usd_per_hour=c.offer.usd_per_hour,
         preempt_per_hour=c.preempt_per_hour,
-        log_sigma=sigma,
+        log_sigma=tg.sigma,
         checkpoint_s=checkpoint_s,
         billing_min_s=c.billing_min_s,
         billing_increment_s=c.billing_increment_s,
         overheads=opts.overheads,
     )
-    pool.cand.append(np.full(nodes.size, i, dtype=np.int64))
-    for name, arr in (
-        ("nodes", nodes),
-        ("batch", batch),
-        ("local", local),
-        ("accum", accum),
-        ("step", step),
-        ("sigma", sigma),
-        ("samples", samples),
-    ):
-        getattr(pool, name).append(arr)
+    pool.cand.append(np.full(tg.nodes.size, i, dtype=np.int64))
+    for name in ("nodes", "batch", "local", "accum", "step", "sigma", "samples"):
+        getattr(pool, name).append(getattr(tg, name))
     pool.tc.append(tc)
 
 
@@ -242,9 +271,16 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
         )
     grid = batch_grid(workload, opts)
     checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
+    factors = efficiency.sample_factor(workload.gns, workload.base_batch, grid)
     pool = _Pool()
+    grids: dict[tuple[str, str], _TypeGrid | None] = {}
     for i, c in enumerate(cands):
-        _evaluate_single(i, c, workload, opts, grid, checkpoint_s, pool)
+        key = (c.offer.cloud, c.offer.instance_type)
+        if key not in grids:
+            grids[key] = _type_grid(c, workload, opts, grid, factors)
+        tg = grids[key]
+        if tg is not None:
+            _evaluate_single(i, c, tg, opts, checkpoint_s, pool)
     singles = _Table.from_pool(pool)
     mixes: list[MixCandidate] = []
     if opts.mixed:
@@ -298,12 +334,12 @@ class _Table:
 
     def best_per_candidate(self) -> dict[int, float]:
         """Cheapest expected cost reached by each single-type candidate."""
-        out: dict[int, float] = {}
-        finite = np.isfinite(self.cost)
-        for i, cost in zip(self.cand[finite], self.cost[finite], strict=True):
-            if cost < out.get(int(i), math.inf):
-                out[int(i)] = float(cost)
-        return out
+        finite = np.isfinite(self.cost) & (self.cand >= 0)
+        if not finite.any():
+            return {}
+        best = np.full(int(self.cand[finite].max()) + 1, np.inf)
+        np.minimum.at(best, self.cand[finite], self.cost[finite])
+        return {i: float(c) for i, c in enumerate(best) if np.isfinite(c)}
 
     def with_mixes(self, mixes: list[MixCandidate]) -> _Table:
         if not mixes:
@@ -331,14 +367,13 @@ class _Table:
 
 def pareto_front(hours: Array, cost: Array) -> NDArray[np.int64]:
     """Indices of the non-dominated points (less time or less cost), fastest first."""
+    if len(hours) == 0:
+        return np.zeros(0, dtype=np.int64)
     order = np.lexsort((cost, hours))
-    front: list[int] = []
-    best = math.inf
-    for idx in order:
-        if cost[idx] < best:
-            front.append(int(idx))
-            best = float(cost[idx])
-    return np.array(front, dtype=np.int64)
+    sorted_cost = cost[order]
+    best_before = np.concatenate([[np.inf], np.minimum.accumulate(sorted_cost)[:-1]])
+    front: NDArray[np.int64] = order[sorted_cost < best_before].astype(np.int64)
+    return front
 
 
 def knee_index(hours: Array, cost: Array) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 import typer
 
 from kplan.errors import InputError
@@ -44,10 +43,10 @@ def estimate_command(
         None, "--spot/--on-demand", help="Only spot or only on-demand (default: both)."
     ),
     max_nodes: int = typer.Option(64, "--max-nodes", help="Most instances in one plan."),
-    objective: str = typer.Option(
-        "cost",
-        help="cost (cheapest in the deadline), time "
-        "(fastest in the budget) or knee (of the frontier).",
+    objective: str | None = typer.Option(
+        None,
+        help="cost (cheapest within the deadline), time (fastest within the budget) or knee "
+        "(of the frontier). Default: cost with --deadline, time with --budget alone, else knee.",
     ),
     fixed_batch: bool = typer.Option(
         False, "--fixed-batch", help="Keep the profile's global batch."
@@ -58,7 +57,7 @@ def estimate_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     from kplan import planning
-    from kplan.planner.search import SearchOptions
+    from kplan.planner.search import SearchOptions, default_objective
 
     if list_examples:
         typer.echo("\n".join(planning.example_names()))
@@ -79,7 +78,7 @@ def estimate_command(
         max_nodes=max_nodes,
         budget_usd=budget,
         deadline_hours=deadline,
-        objective=objective,  # type: ignore[arg-type]  # validated by SearchOptions
+        objective=objective or default_objective(budget, deadline),  # type: ignore[arg-type]
         fixed_global_batch=fixed_batch,
         mixed=mixed,
         top=top,

@@ -15,14 +15,14 @@ def _hours(h: float) -> str:
 
 def _config(r: PlanRow) -> str:
     if len(r.groups) == 1:
-        return f"{r.nodes} x {r.instance_type}"
-    return " + ".join(f"{g.nodes} x {g.instance_type} ({g.market})" for g in r.groups)
+        return f"{r.nodes} x {r.instance_type} {r.market}"
+    return " + ".join(f"{g.nodes} x {g.instance_type} {g.market}" for g in r.groups)
 
 
 def _batch(r: PlanRow) -> str:
     local = "/".join(str(g.local_batch) for g in r.groups)
-    acc = f" x{r.accum_steps} acc" if r.accum_steps > 1 else ""
-    return f"{r.global_batch} ({local}/GPU{acc})"
+    acc = f" x{r.accum_steps}" if r.accum_steps > 1 else ""
+    return f"{r.global_batch} ({local}{acc})"
 
 
 def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
@@ -31,54 +31,48 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
 
     console = Console()
     table = Table(
-        title=f"kplan estimate: {profile_name} (best of each instance type, by {plan.objective})",
+        title=f"{profile_name}: the best plan of each instance type (objective: {plan.objective})",
         title_justify="left",
+        pad_edge=False,
     )
-    for col, justify in (
-        ("#", "right"),
-        ("cloud / region", "left"),
-        ("cluster", "left"),
-        ("market", "left"),
-        ("GPUs", "right"),
-        ("global batch", "right"),
-        ("step s", "right"),
-        ("time (p90)", "right"),
-        ("cost (p90)", "right"),
-        ("$/h", "right"),
-        ("preempt.", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    table.add_column("#", justify="right")
+    table.add_column("cluster")
+    table.add_column("GPUs", justify="right")
+    table.add_column("batch (/GPU)", justify="right")
+    table.add_column("step s", justify="right")
+    table.add_column("time (p90)", justify="right")
+    table.add_column("cost (p90)", justify="right")
     for i, r in enumerate(plan.plans, 1):
-        style = "bold green" if r is plan.chosen else None
         table.add_row(
             str(i),
-            f"{r.cloud} {r.region}",
-            _config(r),
-            r.market,
+            f"{_config(r)}\n[dim]{r.cloud} {r.region}, ${r.usd_per_hour:,.2f}/h, "
+            f"{r.expected_preemptions:.1f} preemptions[/dim]",
             f"{r.workers} {r.gpu}",
             _batch(r),
             f"{r.step_time_s:.3f}",
-            f"{_hours(r.hours)} ({_hours(r.hours_p90)})",
-            f"{_money(r.cost_usd)} ({_money(r.cost_p90_usd)})",
-            f"{r.usd_per_hour:,.2f}",
-            f"{r.expected_preemptions:.1f}",
-            style=style,
+            f"{_hours(r.hours)}\n({_hours(r.hours_p90)})",
+            f"{_money(r.cost_usd)}\n({_money(r.cost_p90_usd)})",
+            style="bold green" if r is plan.chosen else None,
         )
     console.print(table)
     front = Table(
-        title="time/cost frontier (no plan is both faster and cheaper)", title_justify="left"
+        title="time/cost frontier (no other plan is both faster and cheaper)",
+        title_justify="left",
+        pad_edge=False,
     )
-    for col in ("time", "cost", "cluster", "market", "global batch"):
-        front.add_column(col)
+    front.add_column("time", justify="right")
+    front.add_column("cost", justify="right")
+    front.add_column("cluster")
+    front.add_column("batch (/GPU)", justify="right")
     shown = plan.frontier if len(plan.frontier) <= 12 else _thin(plan.frontier, 12)
     for r in shown:
-        front.add_row(_hours(r.hours), _money(r.cost_usd), _config(r), r.market, _batch(r))
+        front.add_row(_hours(r.hours), _money(r.cost_usd), _config(r), _batch(r))
     console.print(front)
     console.print(f"[bold]chosen:[/bold] {plan.reason}")
     console.print(f"[dim]uncertainty: {plan.uncertainty}[/dim]")
     console.print(
-        f"[dim]{plan.considered:,} configurations evaluated, {plan.feasible:,} "
-        f"feasible; catalog {catalog_version}[/dim]"
+        f"[dim]{plan.considered:,} configurations evaluated, {plan.feasible:,} feasible; "
+        f"catalog {catalog_version}[/dim]"
     )
     for note in plan.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
