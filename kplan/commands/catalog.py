@@ -1,0 +1,47 @@
+"""``kplan catalog``: browse the instance, GPU and price catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kplan.catalogs import load_catalog
+from kplan.catalogs.listing import OfferFilter, select_offers
+
+app = typer.Typer(
+    help="Browse the catalog of GPU instance types, prices and spot rates.",
+    no_args_is_help=True,
+)
+
+
+@app.command("list")
+def list_offers(
+    cloud: str | None = typer.Option(None, "--cloud", help="aws or gcp."),
+    region: str | None = typer.Option(None, "--region", help="e.g. us-east-1, us-central1."),
+    gpu: str | None = typer.Option(None, "--gpu", help="e.g. T4, A100-80GB (any case)."),
+    instance_type: str | None = typer.Option(
+        None, "--instance-type", help="e.g. g4dn.12xlarge, n1-standard-8+1xT4."
+    ),
+    market: str | None = typer.Option(None, "--market", help="on-demand or spot."),
+    max_price: float | None = typer.Option(None, "--max-price", help="Most USD per hour."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+    catalog_dir: Path | None = typer.Option(
+        None, "--catalog", help="A catalog directory to use instead of the shipped one."
+    ),
+    show_notes: bool = typer.Option(
+        False, "--notes", help="List the rows the loader dropped or doubted."
+    ),
+) -> None:
+    """List offers (instance type, zone, market, price), cheapest first."""
+    catalog = load_catalog(catalog_dir)
+    wanted = OfferFilter(cloud, region, gpu, instance_type, market, max_price)
+    rows = select_offers(catalog, wanted)
+    from kplan.render import catalog as render
+
+    if as_json:
+        typer.echo(render.offers_json(rows))
+    else:
+        render.print_offers(
+            rows, version=catalog.version, notes=catalog.notes, show_notes=show_notes
+        )

@@ -1,0 +1,76 @@
+"""Render catalog listings: a rich table for people, JSON for programs.
+
+rich is imported inside the functions that draw, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from kplan.catalogs.listing import Listing
+
+NON_TTY_WIDTH = 160  # piped output: wide enough that rows do not wrap
+
+
+def listing_dict(row: Listing) -> dict[str, Any]:
+    """One listing as a flat JSON object."""
+    o, i = row.offer, row.instance
+    return {
+        "cloud": o.cloud,
+        "instance_type": o.instance_type,
+        "gpu": i.gpu,
+        "gpu_count": i.gpu_count,
+        "vcpus": i.vcpus,
+        "memory_gb": i.memory_gb,
+        "network_gbps": i.network_gbps,
+        "interconnect": i.interconnect,
+        "interconnect_gbps": i.interconnect_gbps,
+        "market": o.market,
+        "region": o.region,
+        "zone": o.zone,
+        "usd_per_hour": o.usd_per_hour,
+        "source": o.source,
+    }
+
+
+def offers_json(rows: list[Listing]) -> str:
+    """The listings as a JSON list of objects."""
+    return json.dumps([listing_dict(r) for r in rows], indent=2)
+
+
+def print_offers(
+    rows: list[Listing], *, version: str, notes: tuple[str, ...], show_notes: bool
+) -> None:
+    """Print the listings as a table, with the catalog version and its validation notes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else NON_TTY_WIDTH)
+    table = Table(title=f"catalog {version}: {len(rows)} offer(s)", title_justify="left")
+    right = {"vCPU", "RAM GB", "net Gb/s", "$/h"}
+    for name in ("instance", "GPU", "vCPU", "RAM GB", "net Gb/s", "market", "region/zone", "$/h"):
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
+    for r in rows:
+        o, i = r.offer, r.instance
+        table.add_row(
+            o.instance_type,
+            f"{i.gpu_count}x {i.gpu}",
+            str(i.vcpus),
+            f"{i.memory_gb:g}",
+            f"{i.network_gbps:g}",
+            o.market,
+            f"{o.region}/{o.zone}",
+            f"{o.usd_per_hour:.4f}",
+        )
+    console.print(table if rows else "no offers match these filters")
+    if notes and show_notes:
+        console.print(f"{len(notes)} validation note(s):", highlight=False)
+        for note in notes:
+            console.print(f"  {note}", highlight=False, markup=False)
+    elif notes:
+        console.print(
+            f"{len(notes)} catalog row(s) were dropped or doubted on load; --notes lists them",
+            highlight=False,
+        )
