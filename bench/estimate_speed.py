@@ -50,8 +50,9 @@ def main() -> None:
         f"search core: {configs:,} configurations in {med * 1e3:.0f} ms (median of "
         f"{args.repeat}) = {configs / med:,.0f} configurations/s"
     )
+    median_wall = statistics.median(wall)
     print(
-        f"kplan estimate --example imagenet-resnet50 --json: median wall {statistics.median(wall):.2f} s"
+        f"kplan estimate --example imagenet-resnet50 --json: median wall {median_wall:.2f} s"
         f" (min {min(wall):.2f}, max {max(wall):.2f}) over {args.repeat} runs"
     )
 
