@@ -45,16 +45,26 @@ class Rows:
     def select(self, mask: NDArray[np.bool_]) -> Rows:
         idx = np.flatnonzero(mask)
         return Rows(
-            self.nodes[idx], self.workers[idx], self.max_per_node[idx], self.local_batch[idx],
-            self.step_time[idx], self.sync_time[idx], tuple(self.placement[i] for i in idx),
+            self.nodes[idx],
+            self.workers[idx],
+            self.max_per_node[idx],
+            self.local_batch[idx],
+            self.step_time[idx],
+            self.sync_time[idx],
+            tuple(self.placement[i] for i in idx),
         )
 
 
 def _rows(records: list[tuple[int, int, int, int, float, float, str]]) -> Rows:
     n, k, g, b, t, s, p = zip(*records, strict=True)
     return Rows(
-        np.array(n, dtype=np.int64), np.array(k, dtype=np.int64), np.array(g, dtype=np.int64),
-        np.array(b, dtype=np.int64), np.array(t, dtype=float), np.array(s, dtype=float), tuple(p),
+        np.array(n, dtype=np.int64),
+        np.array(k, dtype=np.int64),
+        np.array(g, dtype=np.int64),
+        np.array(b, dtype=np.int64),
+        np.array(t, dtype=float),
+        np.array(s, dtype=float),
+        tuple(p),
     )
 
 
@@ -64,8 +74,17 @@ def load_placements(model: str, root: Path | None = None) -> Rows:
     with path.open() as f:
         for r in csv.DictReader(f):
             digits = [int(c) for c in r["placement"]]
-            records.append((len(digits), sum(digits), max(digits), int(r["local_bsz"]),
-                            float(r["step_time"]), float(r["sync_time"]), r["placement"]))
+            records.append(
+                (
+                    len(digits),
+                    sum(digits),
+                    max(digits),
+                    int(r["local_bsz"]),
+                    float(r["step_time"]),
+                    float(r["sync_time"]),
+                    r["placement"],
+                )
+            )
     return _rows(records)
 
 
@@ -75,8 +94,17 @@ def load_scalability(model: str, root: Path | None = None) -> Rows:
     with path.open() as f:
         for r in csv.DictReader(f):
             n, k = int(r["num_nodes"]), int(r["num_replicas"])
-            records.append((n, k, -(-k // n), int(r["local_bsz"]), float(r["step_time"]),
-                            float(r["sync_time"]), f"S{n}x{k}"))
+            records.append(
+                (
+                    n,
+                    k,
+                    -(-k // n),
+                    int(r["local_bsz"]),
+                    float(r["step_time"]),
+                    float(r["sync_time"]),
+                    f"S{n}x{k}",
+                )
+            )
     return _rows(records)
 
 
