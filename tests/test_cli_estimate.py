@@ -85,6 +85,21 @@ def test_budget_and_deadline_are_applied() -> None:
     assert doc["chosen"]["hours_p90"] <= 12
 
 
+def test_estimate_profile_without_fit_is_fitted(tmp_path: Path) -> None:
+    from kplan import planning
+    from kplan.planner.profile import profile_to_dict
+
+    doc = profile_to_dict(planning.load_example("deepspeech2"))
+    with_fit = json.loads(_ok(["estimate", "-e", "deepspeech2", "--json", "--no-mixed"]))
+    doc.pop("fit")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    refit = json.loads(_ok(["estimate", "--profile", str(path), "--json", "--no-mixed"]))
+    a, b = with_fit["chosen"], refit["chosen"]
+    assert (a["instance_type"], a["nodes"]) == (b["instance_type"], b["nodes"])
+    assert b["step_time_s"] == pytest.approx(a["step_time_s"], rel=1e-3)
+
+
 def test_estimate_writes_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     _ok(["estimate", "-e", "yolov3", "--out", str(out), "--json"])
