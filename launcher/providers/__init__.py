@@ -1,0 +1,1 @@
+"""Providers by name. Each module imports its cloud SDK inside its functions."""
