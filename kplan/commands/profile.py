@@ -1,0 +1,140 @@
+"""``kplan profile``: measure a training job (or a built-in example) and write its Profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kplan.errors import InputError
+
+_HELP = (
+    "Measure a training job on this machine and write its Profile JSON.\n\n"
+    "Runs SCRIPT (a training script on kplan.runtime; its own flags go after --) or a built-in "
+    "example with local workers: a sweep of per-worker batch sizes, the compute-time fit, "
+    "gradient bytes, all-reduce time, the gradient noise scale, and this device's fp32 TFLOP/s "
+    "and memory bandwidth. `kplan estimate --profile FILE` plans with the result."
+)
+
+
+def profile(
+    argv: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[SCRIPT] [-- ARGS...]", help="Training script and its arguments."),
+    ] = None,
+    *,
+    example: Annotated[
+        str | None,
+        typer.Option("--example", "-e", help="Profile a built-in example instead of a script."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Profile JSON to write (default: NAME.profile.json)."),
+    ] = None,
+    measurements: Annotated[
+        Path | None, typer.Option("--measurements", help="Also write the measurements CSV here.")
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", "-w", help="Local workers (default: 2 on CPU, min(2, GPUs))."),
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    min_local_batch: Annotated[
+        int, typer.Option("--min-local-batch", help="Smallest swept per-worker batch.")
+    ] = 1,
+    max_local_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--max-local-batch",
+            help="Largest swept per-worker batch (default: 64, or the example's); running out "
+            "of memory stops the sweep earlier.",
+        ),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per batch size.")] = 5,
+    warmup_steps: Annotated[
+        int, typer.Option("--warmup-steps", help="Untimed steps per batch size.")
+    ] = 2,
+    gns_steps: Annotated[int, typer.Option("--gns-steps", help="Steps of the GNS run.")] = 20,
+    gns_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--gns-batch", help="Per-worker batch of the GNS run (default: base/workers)."
+        ),
+    ] = None,
+    base_batch: Annotated[
+        int | None, typer.Option("--base-batch", help="Global batch size (required for a script).")
+    ] = None,
+    dataset_size: Annotated[
+        int | None,
+        typer.Option("--dataset-size", help="Samples per epoch (required for a script)."),
+    ] = None,
+    epochs: Annotated[
+        float | None, typer.Option("--epochs", help="Epochs to plan for (default: 1).")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Profile name (default: script stem).")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds for the whole job.")
+    ] = 1800.0,
+    startup_timeout: Annotated[
+        float, typer.Option("--startup-timeout", help="Seconds until the first metrics record.")
+    ] = 180.0,
+    step_timeout: Annotated[
+        float, typer.Option("--step-timeout", help="Longest silence between two records, s.")
+    ] = 120.0,
+    allreduce_bench: Annotated[
+        bool,
+        typer.Option(
+            "--allreduce-bench/--no-allreduce-bench",
+            help="Time an all-reduce of the gradient size after the job (2+ workers).",
+        ),
+    ] = True,
+    keep_logs: Annotated[bool, typer.Option("--keep-logs", help="Keep the job's logs.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON summary, no progress bar.")
+    ] = False,
+) -> None:
+    from kplan.profiler.run import resolve, run_profile
+
+    args = list(argv or [])
+    script = None if example is not None or not args else args.pop(0)
+    req = resolve(
+        script, example, args,
+        device=device, workers=workers, min_local_batch=min_local_batch,
+        max_local_batch=max_local_batch, warmup_steps=warmup_steps, steps_per_batch=steps,
+        gns_steps=gns_steps, gns_batch=gns_batch, base_batch=base_batch,
+        dataset_size=dataset_size, epochs=epochs, name=name, startup_timeout_s=startup_timeout,
+        step_timeout_s=step_timeout, timeout_s=timeout, allreduce_bench=allreduce_bench,
+        keep_workdir=keep_logs,
+    )  # fmt: skip
+    out_path = out if out is not None else Path(f"{req.name}.profile.json")
+    for path in (out_path, measurements):
+        if path is not None and path.is_dir():
+            raise InputError(f"{path} is a folder", hint="give a file name")
+    from kplan.profiler.output import write_measurements, write_profile
+    from kplan.profiler.summary import summary_dict
+
+    if as_json:
+        result = run_profile(req)
+    else:
+        from kplan.render.profile import progress_bar
+
+        with progress_bar(req.name) as on_progress:
+            result = run_profile(req, on_progress)
+    write_profile(out_path, result.profile)
+    if measurements is not None:
+        write_measurements(measurements, result.profile.measurements)
+    summary = summary_dict(result, out_path, measurements)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        from kplan.render.profile import render_summary
+
+        render_summary(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile", help=_HELP, no_args_is_help=False)(profile)

@@ -1,0 +1,228 @@
+"""Turn the metrics stream of a profile run into measurements, fits and a Profile.
+
+Pure: records in, numbers out. Each swept size becomes one measurement: the mean over its
+timed steps on every worker after dropping the slowest fifth (on a shared machine a few steps
+stall for reasons that have nothing to do with the job). The formulas:
+
+- compute time per step ``T_c(b) = a_c + b_c * b`` (least squares over the sweep);
+- memory (CUDA only) ``peak(b) = static + per_sample * b``, and the batch ceiling where the fit
+  reaches 90% of device memory when no size ran out of memory;
+- gradient noise scale ``B_noise = tr(Sigma) / |G|^2`` (samples) from the runtime's running
+  estimates at the end of the GNS run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kplan.errors import JobError
+from kplan.planner.profile import GnsPoint, Measurement
+from kplan.profiler.records import (
+    AllReduceEvent,
+    MemoryEvent,
+    ModelEvent,
+    OomEvent,
+    Record,
+    StepRecord,
+)
+
+GNS_PHASE = "gns"
+
+
+@dataclass(frozen=True)
+class SizeStats:
+    """The timed steps at one local batch, averaged over steps and workers."""
+
+    local_batch: int
+    steps: int  # timed steps (per worker)
+    step_time: float
+    compute_time: float
+    sync_time: float
+    step_time_stdev: float
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    intercept: float  # a_c, seconds
+    slope: float  # b_c, seconds per sample
+    r2: float
+
+    def __call__(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+@dataclass(frozen=True)
+class Analysis:
+    sizes: tuple[SizeStats, ...]
+    compute_fit: LinearFit
+    gradient_bytes: int
+    parameters: int
+    oom_batch: int | None  # smallest local batch that ran out of memory
+    max_local_batch: int
+    gns: float | None
+    gns_steps: int
+    memory_fit: LinearFit | None  # bytes = static + per_sample * b (CUDA)
+    allreduce: AllReduceEvent | None
+    world_size: int
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float], *, nonneg: bool = False) -> LinearFit:
+    """Least-squares line; a single point gives a line through the origin.
+
+    ``nonneg`` keeps both coefficients >= 0 (a time cannot shrink with more samples, nor be
+    negative at batch 0): a negative slope becomes a constant, a negative intercept a line
+    through the origin.
+    """
+    if not xs:
+        raise ValueError("no points to fit")
+    if len(set(xs)) == 1:
+        return LinearFit(0.0, statistics.fmean(ys) / xs[0], 1.0)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    intercept = my - slope * mx
+    if nonneg and slope < 0:
+        slope, intercept = 0.0, my
+    elif nonneg and intercept < 0:
+        slope = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+        intercept = 0.0
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return LinearFit(intercept, slope, 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0)
+
+
+def _timed_steps(steps: list[StepRecord], warmup: int, per_size: int) -> list[StepRecord]:
+    """Drop warm-up steps: those marked so, else the first ``warmup`` of each worker's run."""
+    if any(s.warmup is not None for s in steps):
+        return [s for s in steps if not s.warmup] or steps[-1:]
+    by_rank: dict[int, list[StepRecord]] = defaultdict(list)
+    for s in steps:
+        by_rank[s.rank].append(s)
+    out: list[StepRecord] = []
+    for rank_steps in by_rank.values():
+        rank_steps.sort(key=lambda s: s.step)
+        drop = warmup if len(rank_steps) > per_size else 0
+        out.extend(rank_steps[drop:] or rank_steps[-1:])
+    return out
+
+
+def _trim_slowest(steps: list[StepRecord]) -> list[StepRecord]:
+    """Drop the slowest fifth of the steps (rounded down): a shared machine's hiccups."""
+    ordered = sorted(steps, key=lambda s: s.step_time)
+    return ordered[: len(ordered) - len(ordered) // 5]
+
+
+def size_stats(steps: Sequence[StepRecord], warmup: int, per_size: int) -> tuple[SizeStats, ...]:
+    """Per local batch: means over the timed steps of every worker, slowest fifth dropped."""
+    by_size: dict[int, list[StepRecord]] = defaultdict(list)
+    for s in steps:
+        if s.phase != GNS_PHASE:
+            by_size[s.local_batch].append(s)
+    out = []
+    for b in sorted(by_size):
+        timed = _timed_steps(by_size[b], warmup, per_size)
+        kept = _trim_slowest(timed)
+        times = [s.step_time for s in kept]
+        ranks = {s.rank for s in timed}
+        out.append(
+            SizeStats(
+                local_batch=b,
+                steps=len(timed) // max(1, len(ranks)),
+                step_time=statistics.fmean(times),
+                compute_time=statistics.fmean(s.compute_time for s in kept),
+                sync_time=statistics.fmean(s.sync_time for s in kept),
+                step_time_stdev=statistics.stdev(times) if len(times) > 1 else 0.0,
+            )
+        )
+    return tuple(out)
+
+
+def noise_scale(steps: Sequence[StepRecord]) -> tuple[float | None, int]:
+    """B_noise at the end of the GNS run (rank 0), and how many GNS steps went into it.
+
+    The runtime keeps bias-corrected moving averages of |G|^2 (``grad_sqr``) and tr(Sigma)
+    (``grad_var``) and reports their ratio; its last values are its best estimate.
+    """
+    gns_steps = [s for s in steps if s.phase == GNS_PHASE and s.rank == 0]
+    for s in reversed(gns_steps):
+        if s.grad_sqr is not None and s.grad_var is not None:
+            if s.grad_sqr > 0 and s.grad_var > 0:
+                return s.grad_var / s.grad_sqr, len(gns_steps)
+            return None, len(gns_steps)  # all noise or no noise: no finite scale yet
+        if s.gns is not None and s.gns > 0:
+            return s.gns, len(gns_steps)
+    return None, len(gns_steps)
+
+
+def analyze(records: Sequence[Record], warmup: int, steps_per_batch: int) -> Analysis:
+    """Summarise a finished profile run; JobError if it measured nothing usable."""
+    steps = [r for r in records if isinstance(r, StepRecord)]
+    models = [r for r in records if isinstance(r, ModelEvent)]
+    ooms = [r.local_batch for r in records if isinstance(r, OomEvent)]
+    memory = [r for r in records if isinstance(r, MemoryEvent)]
+    allreduce = [r for r in records if isinstance(r, AllReduceEvent)]
+    sizes = size_stats(steps, warmup, steps_per_batch)
+    if not sizes:
+        hint = (
+            "the smallest batch ran out of memory: lower --min-local-batch"
+            if ooms
+            else ("is the script using kplan.runtime (it reads KPLAN_PROFILE_SCHEDULE)?")
+        )
+        raise JobError("the job finished without timing a single training step", hint=hint)
+    if not models:
+        raise JobError(
+            "the job never reported its gradient size (no 'model' record)",
+            hint="the runtime emits it when the model is wrapped; is the script using it?",
+        )
+    fit = fit_line([s.local_batch for s in sizes], [s.compute_time for s in sizes], nonneg=True)
+    oom = min(ooms) if ooms else None
+    max_local = max(s.local_batch for s in sizes if oom is None or s.local_batch < oom)
+    memory_fit = None
+    by_batch: dict[int, int] = {}
+    for m in memory:
+        if m.local_batch is not None:
+            by_batch[m.local_batch] = max(by_batch.get(m.local_batch, 0), m.peak_bytes)
+    if len(by_batch) >= 2:
+        memory_fit = fit_line(list(by_batch), [float(v) for v in by_batch.values()])
+        totals = [m.total_bytes for m in memory if m.total_bytes]
+        if oom is None and totals and memory_fit.slope > 0:
+            ceiling = int((0.9 * min(totals) - memory_fit.intercept) / memory_fit.slope)
+            max_local = max(max_local, ceiling)
+    gns, gns_used = noise_scale(steps)
+    return Analysis(
+        sizes=sizes,
+        compute_fit=fit,
+        gradient_bytes=models[-1].gradient_bytes,
+        parameters=models[-1].parameters,
+        oom_batch=oom,
+        max_local_batch=max_local,
+        gns=gns,
+        gns_steps=gns_used,
+        memory_fit=memory_fit,
+        allreduce=allreduce[-1] if allreduce else None,
+        world_size=max(s.world_size for s in steps),
+    )
+
+
+def measurements(a: Analysis, gpu: str) -> tuple[Measurement, ...]:
+    """One measurements-CSV row per swept size (a mean over timed steps and workers)."""
+    return tuple(
+        Measurement(
+            nodes=1,
+            workers=a.world_size,
+            local_batch=s.local_batch,
+            step_time=s.step_time,
+            sync_time=min(max(s.sync_time, 0.0), s.step_time),
+            accum_steps=1,
+            gpu=gpu,
+        )
+        for s in a.sizes
+    )
+
+
+def gns_trajectory(a: Analysis) -> tuple[GnsPoint, ...]:
+    """The noise scale at the start of training (a profile sees only the first steps)."""
+    return (GnsPoint(0.0, a.gns),) if a.gns is not None and a.gns > 0 else ()

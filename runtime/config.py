@@ -1,0 +1,102 @@
+"""Every runtime setting in one frozen dataclass; the environment overrides the script's values."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kplan.errors import InputError
+from kplan.runtime import env
+from kplan.runtime.pid import PidConfig
+
+SyncMode = Literal["overlap", "manual"]
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Settings of a :class:`~kplan.runtime.job.Job` (runtime/API.md lists the variables)."""
+
+    global_batch: int | None = None
+    """Global batch to run; None: the script's ``batch_size`` (the base B0)."""
+    accum_steps: int = 1
+    max_local_batch: int | None = None
+    lr_scaling: env.LrRule = "adascale"
+    lr_ramp_steps: int = env.DEFAULT_LR_RAMP_STEPS
+    pid: PidConfig | None = field(default_factory=PidConfig)
+    """None: equal split, no controller."""
+    gns: env.GnsMode = "auto"
+    gns_smoothing: float = 0.99
+    checkpoint_dir: Path | None = None
+    checkpoint_interval: float = env.DEFAULT_CHECKPOINT_INTERVAL
+    checkpoint_steps: int = 0
+    keep_checkpoints: int = 2
+    metrics_path: Path | None = None
+    job_id: str = "local"
+    seed: int = 0
+    max_steps: int | None = None
+    profile: env.ProfileSchedule | None = None
+    sync: SyncMode = "overlap"
+    """``overlap``: all-reduce inside backward (DDP comm hook); ``manual``: after backward."""
+
+    def __post_init__(self) -> None:
+        _positive("global_batch", self.global_batch, allow_none=True)
+        _positive("accum_steps", self.accum_steps)
+        _positive("max_local_batch", self.max_local_batch, allow_none=True)
+        _positive("keep_checkpoints", self.keep_checkpoints)
+        if self.lr_scaling not in env.LR_RULES:
+            raise InputError(f"lr_scaling={self.lr_scaling!r} is not one of {env.LR_RULES}", "")
+        if self.gns not in env.GNS_MODES:
+            raise InputError(f"gns={self.gns!r} is not one of {env.GNS_MODES}", "")
+        if self.sync not in ("overlap", "manual"):
+            raise InputError(f"sync={self.sync!r} is not 'overlap' or 'manual'", "")
+        if not 0.0 <= self.gns_smoothing < 1.0:
+            raise InputError(f"gns_smoothing={self.gns_smoothing} is not in [0, 1)", "")
+        if not math.isfinite(self.checkpoint_interval) or self.checkpoint_interval < 0:
+            raise InputError(f"checkpoint_interval={self.checkpoint_interval} is not >= 0", "")
+        for name in ("lr_ramp_steps", "checkpoint_steps", "seed"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name}={getattr(self, name)} is negative", "use >= 0")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise InputError(f"max_steps={self.max_steps} is negative", "use >= 0")
+
+    @classmethod
+    def from_env(
+        cls, base: RuntimeConfig | None = None, environ: Mapping[str, str] | None = None
+    ) -> RuntimeConfig:
+        """``base`` (the script's settings, or the defaults) with every set variable applied."""
+        base = base or cls()
+        values: dict[str, Any] = {
+            "global_batch": env.global_batch(environ),
+            "accum_steps": env.accum_steps(environ),
+            "max_local_batch": env.max_local_batch(environ),
+            "lr_scaling": env.lr_scaling(environ),
+            "lr_ramp_steps": env.lr_ramp_steps(environ),
+            "gns": env.gns_mode(environ),
+            "checkpoint_dir": env.checkpoint_dir(environ),
+            "checkpoint_interval": env.checkpoint_interval(environ),
+            "checkpoint_steps": env.checkpoint_steps(environ),
+            "metrics_path": env.metrics_path(environ),
+            "seed": env.seed(environ),
+            "max_steps": env.max_steps(environ),
+            "profile": env.profile_schedule(environ),
+        }
+        if env.is_set(env.JOB_ID, environ):
+            values["job_id"] = env.job_id(environ)
+        changes = {k: v for k, v in values.items() if v is not None}
+        pid = env.pid_enabled(environ)
+        if pid is False:
+            changes["pid"] = None
+        elif pid is True and base.pid is None:
+            changes["pid"] = PidConfig()
+        return dataclasses.replace(base, **changes)
+
+
+def _positive(name: str, value: int | None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name}={value!r} is not an integer >= 1", f"set {name} >= 1")

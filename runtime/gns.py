@@ -1,0 +1,136 @@
+"""Gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training").
+
+Notation: G is the true gradient, Σ the per-sample gradient covariance, g_b a mean gradient over
+b samples, so E|g_b|² = |G|² + tr(Σ)/b. The simple noise scale is B_noise = tr(Σ)/|G|².
+
+From one "small" and one "big" measurement, |G|² ≈ (B|g_B|² - b|g_b|²)/(B - b) and
+tr(Σ) ≈ (|g_b|² - |g_B|²)/(1/b - 1/B), both unbiased.
+
+Unequal per-worker batches (derived here). Worker i has b_i samples and a local mean gradient g_i
+with s_i = |g_i|²; the all-reduced gradient is g = Σ (b_i/B) g_i with B = Σ b_i, S = |g|².
+Then E[S] = |G|² + tr(Σ)/B (the b_i/B weights make it the full-batch mean). Take the sample-
+weighted mean of the local norms, s̄ = Σ (b_i/B) s_i: E[s̄] = |G|² + Σ (b_i/B) tr(Σ)/b_i
+= |G|² + k tr(Σ)/B, i.e. a "small" batch of b_eff = B/k. Substituting b_eff:
+
+    |G|²  ≈ (k S - s̄) / (k - 1)          tr(Σ) ≈ B (s̄ - S) / (k - 1)
+
+both unbiased for any split; with equal b_i they are McCandlish's formulas. The same formulas
+serve a single worker whose "workers" are gradient-accumulation micro-batches, or two
+consecutive steps.
+
+Each step gives a very noisy pair; :class:`GnsEstimator` keeps bias-corrected exponential moving
+averages of |G|² and tr(Σ) separately and reports B_noise as the ratio of the averages (a ratio
+of noisy estimates would be biased).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kplan.errors import InputError
+
+
+@dataclass(frozen=True)
+class GnsSample:
+    """One step's unbiased estimates: ``grad_sqr`` of |G|², ``grad_var`` of tr(Σ)."""
+
+    grad_sqr: float
+    grad_var: float
+
+
+def estimate(
+    local_sqr: Sequence[float], local_batch: Sequence[int], global_sqr: float
+) -> GnsSample:
+    """Unbiased |G|² and tr(Σ) from k >= 2 local squared norms and the combined one.
+
+    ``local_sqr[i]`` is |g_i|² of the mean gradient over ``local_batch[i]`` samples, and
+    ``global_sqr`` is |Σ (b_i/B) g_i|² (what weighted all-reduce averaging produces).
+    """
+    k = len(local_sqr)
+    if k != len(local_batch):
+        raise InputError(
+            f"{k} local norms but {len(local_batch)} local batch sizes", "pass one size per norm"
+        )
+    if k < 2:
+        raise InputError(
+            f"GNS needs at least 2 gradients, got {k}", "use 2+ workers or micro-steps"
+        )
+    if any(b < 1 for b in local_batch):
+        raise InputError(f"local batch sizes {list(local_batch)} hold a size below 1", "fix them")
+    total = float(sum(local_batch))
+    mean_small = sum(b * s for b, s in zip(local_batch, local_sqr, strict=True)) / total
+    # |G|^2 ~ (k S - s̄)/(k-1);  tr(Σ) ~ B (s̄ - S)/(k-1)   (see the module docstring)
+    grad_sqr = (k * global_sqr - mean_small) / (k - 1)
+    grad_var = total * (mean_small - global_sqr) / (k - 1)
+    return GnsSample(grad_sqr=grad_sqr, grad_var=grad_var)
+
+
+def adascale_gain(grad_sqr: float, grad_var: float, base_batch: int, batch: int) -> float:
+    """AdaScale gain r = E|g_B0|² / E|g_B|² = (|G|² + tr(Σ)/B0) / (|G|² + tr(Σ)/B), in [1, B/B0].
+
+    Equivalently r = S (B0 + B_noise)/(B + B_noise) with S = B/B0. Falls back to the bounds when
+    the estimates are not yet meaningful (|G|² <= 0 means all noise: r = S).
+    """
+    scale = batch / base_batch
+    var = max(grad_var, 0.0)
+    if grad_sqr <= 0.0:
+        return scale if var > 0.0 else 1.0
+    gain = (grad_sqr + var / base_batch) / (grad_sqr + var / batch)
+    lo, hi = min(1.0, scale), max(1.0, scale)
+    return min(max(gain, lo), hi)
+
+
+class GnsEstimator:
+    """Bias-corrected EMAs of |G|² and tr(Σ); B_noise = EMA(tr Σ) / EMA(|G|²).
+
+    ``smoothing`` is the EMA weight of the past (0.99 averages about the last 200 steps).
+    """
+
+    def __init__(self, smoothing: float = 0.99) -> None:
+        if not 0.0 <= smoothing < 1.0:
+            raise InputError(f"GNS smoothing {smoothing} is not in [0, 1)", "use e.g. 0.99")
+        self.smoothing = smoothing
+        self._sqr = 0.0
+        self._var = 0.0
+        self._weight = 0.0  # 1 - smoothing**n: the Adam-style bias correction
+        self.count = 0
+
+    def update(self, sample: GnsSample) -> None:
+        """Fold in one step's estimates; non-finite samples are skipped."""
+        if not (math.isfinite(sample.grad_sqr) and math.isfinite(sample.grad_var)):
+            return
+        beta = self.smoothing
+        self._sqr = beta * self._sqr + (1.0 - beta) * sample.grad_sqr
+        self._var = beta * self._var + (1.0 - beta) * sample.grad_var
+        self._weight = beta * self._weight + (1.0 - beta)
+        self.count += 1
+
+    @property
+    def grad_sqr(self) -> float | None:
+        """Smoothed |G|², None before the first sample."""
+        return self._sqr / self._weight if self.count else None
+
+    @property
+    def grad_var(self) -> float | None:
+        """Smoothed tr(Σ), None before the first sample."""
+        return self._var / self._weight if self.count else None
+
+    @property
+    def gns(self) -> float | None:
+        """B_noise = tr(Σ)/|G|² in samples; None until both averages are positive."""
+        sqr, var = self.grad_sqr, self.grad_var
+        if sqr is None or var is None or sqr <= 0.0 or var <= 0.0:
+            return None
+        return var / sqr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sqr": self._sqr, "var": self._var, "weight": self._weight, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._sqr = float(state["sqr"])
+        self._var = float(state["var"])
+        self._weight = float(state["weight"])
+        self.count = int(state["count"])

@@ -1,0 +1,83 @@
+"""What a checkpoint holds for a job, and how a restarted job takes it back.
+
+Shared state (rank 0 writes it; every rank reads it): model, optimizer, extras (for example the
+LR scheduler), the step count, the exact data position, the PID split, the GNS averages and the
+LR scaler (its ramp and progress). Per-rank state: the RNG generators. Together they make a
+restarted run continue exactly where the checkpoint was taken: same samples in the same global
+batches, same parameters, same random numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kplan.errors import JobError
+from kplan.runtime import checkpoint as ckpt
+from kplan.runtime import distributed as rdist
+from kplan.runtime.sampler import Position
+
+if TYPE_CHECKING:
+    from kplan.runtime.job import Job
+
+FORMAT = 1
+
+
+def runtime_state(job: Job) -> dict[str, Any]:
+    """The shared part of a checkpoint of ``job`` at the end of its current step."""
+    pos = job._position
+    return {
+        "format": FORMAT,
+        "model": job.module.state_dict(),
+        "optimizer": job.optimizer.state_dict(),
+        "extras": {name: obj.state_dict() for name, obj in job.extras.items()},
+        "runtime": {
+            "step": job.step_count,
+            "epoch": pos.epoch,
+            "offset": pos.offset,
+            "world_size": job.ctx.world_size,
+            "configured_global_batch": job.config.global_batch,
+            "global_batch": job.global_batch,
+            "accum_steps": job.accum_steps,
+            "controller": job._controller.state_dict(),
+            "gns": job._gns.state_dict(),
+            "lr": job._lr.state_dict(),
+        },
+    }
+
+
+def load_into(job: Job, path: Path) -> None:
+    """Restore ``job`` from the checkpoint directory ``path`` (before its first step)."""
+    shared = ckpt.load(path / ckpt.STATE_FILE)
+    if not isinstance(shared, dict) or shared.get("format") != FORMAT:
+        got = shared.get("format") if isinstance(shared, dict) else type(shared).__name__
+        raise JobError(
+            f"checkpoint {path} has format {got}, this kplan reads format {FORMAT}",
+            "use the kplan version that wrote it, or remove the checkpoint directory",
+        )
+    job.module.load_state_dict(shared["model"])
+    job.optimizer.load_state_dict(shared["optimizer"])
+    for name, obj in job.extras.items():
+        if name in shared["extras"]:
+            obj.load_state_dict(shared["extras"][name])
+    rt = shared["runtime"]
+    job.step_count = int(rt["step"])
+    # The micro-step counter restarts at a step boundary (accumulation may differ now).
+    job._position = Position(int(rt["epoch"]), int(rt["offset"]), job.step_count * job.accum_steps)
+    if rt["configured_global_batch"] == job.config.global_batch and int(rt["accum_steps"]) == (
+        job.accum_steps
+    ):  # same launch settings: keep a batch set by set_global_batch()
+        saved = int(rt["global_batch"])
+        if saved != job.global_batch:
+            job._controller.set_total(saved // job.accum_steps)
+            job.global_batch = saved
+    job._controller.load_state_dict(rt["controller"])
+    job._gns.load_state_dict(rt["gns"])
+    job._lr.batch = job.global_batch
+    job._lr.load_state_dict(rt["lr"], job.step_count)
+    job._last_ckpt_step = job.step_count
+    mine = path / ckpt.rank_file(job.ctx.rank)
+    if mine.is_file():
+        ckpt.restore_rng(ckpt.load(mine)["rng"])
+    else:  # no file for this rank (world grew, or storage not shared): deterministic re-seed
+        rdist.seed_all(job.config.seed * 1_000_003 + 7_919 * (job.ctx.rank + 1) + job.step_count)

@@ -1,0 +1,210 @@
+"""The end of one optimizer step (the pipeline is described in job.py's docstring).
+
+Functions over a :class:`~kplan.runtime.job.Job`, kept apart from the loop API to keep both
+readable; they use the job's private state as a friend module.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch  # noqa: TID253 (torch is the runtime's core dependency)
+
+from kplan.runtime import distributed as rdist
+from kplan.runtime import local_gns, profile_steps
+from kplan.runtime.gns import GnsSample, estimate
+
+if TYPE_CHECKING:
+    from kplan.runtime.job import Job
+
+# Slots of the per-step statistics vector, per rank.
+_B, _SQR, _LOSS, _PREV_B, _PREV_T, _TERM, _CKPT = range(7)
+_WIDTH = 7
+
+
+class Preempted(SystemExit):
+    """Raised after the SIGTERM checkpoint: the worker exits with status 143 (128 + SIGTERM)."""
+
+    def __init__(self) -> None:
+        super().__init__(143)
+
+
+def stats_vector(job: Job) -> torch.Tensor:
+    """This rank's slot, in a zero vector with one slot per rank (SUM over ranks = all-gather).
+
+    Slots: local batch (all micro-steps), local |g_i|², mean local loss, the previous step's
+    local batch and compute time (for the PID), SIGTERM flag, checkpoint-due flag (rank 0).
+    """
+    ctx = job.ctx
+    prev_b, prev_t = job._prev_timing or (0.0, 0.0)
+    due = ctx.rank == 0 and checkpoint_due_by_time(job)
+    local_batch = job._step_sizes[ctx.rank] * job.accum_steps
+    flags = [prev_b, prev_t, float(job._sigterm.requested), float(due)]
+    start = ctx.rank * _WIDTH
+    if ctx.device.type == "cpu":  # one tensor from host numbers (reading CPU scalars is free)
+        full = [0.0] * (ctx.world_size * _WIDTH)
+        loss = float(job._loss_sum) / job.accum_steps
+        mine = [float(local_batch), float(job._sync.local_sqr), loss, *flags]
+        full[start : start + _WIDTH] = mine
+        return torch.tensor(full, dtype=torch.float64)
+    # On a GPU the norm and loss stay on the device: reading them would wait for the GPU.
+    slot = torch.tensor([float(local_batch), 0.0, 0.0, *flags], dtype=torch.float64)
+    slot = slot.to(ctx.device, non_blocking=True)
+    slot[_SQR] = job._sync.local_sqr
+    slot[_LOSS] = job._loss_sum / job.accum_steps
+    vec = torch.zeros(ctx.world_size * _WIDTH, dtype=torch.float64, device=ctx.device)
+    vec[start : start + _WIDTH] = slot
+    return vec
+
+
+def finish_step(job: Job) -> None:
+    ctx, s = job.ctx, job.accum_steps
+    sizes = job._step_sizes
+    local_batch = sizes[ctx.rank] * s
+    job._complete_sync()
+    single = None
+    global_sqr = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    if job._measure and ctx.world_size == 1:
+        single = local_gns.single_worker_terms(job)
+    elif job._measure:
+        global_sqr = job._sync.global_sqr()
+
+    # The per-rank slots (an exact all-gather): already reduced with the gradients, or now.
+    vec = job._sync.stats_result
+    work = None
+    if vec is None:
+        vec = stats_vector(job).to(rdist.comm_device(ctx))
+        work = rdist.all_reduce_sum(vec, ctx)
+
+    factor = job._lr.factor(job.step_count, job._gns.grad_sqr, job._gns.grad_var)
+    optimizer_step(job, factor)
+
+    if work is not None:
+        work.wait()
+    flat = vec.tolist()
+    rows = [flat[r * _WIDTH : (r + 1) * _WIDTH] for r in range(ctx.world_size)]
+    compute_time = job._clock.compute_time()
+    end = time.perf_counter()
+    job._prev_timing = (float(local_batch), compute_time)
+
+    update_gns(job, rows, single, float(global_sqr))
+    update_split(job, rows)
+    batches = [row[_B] for row in rows]
+    total = sum(batches)
+    loss = sum(b * row[_LOSS] for b, row in zip(batches, rows, strict=True)) / total
+    step_time = end - (job._last_end if job._last_end is not None else end)
+    record: dict[str, Any] = {
+        "step": job.step_count,
+        "world_size": ctx.world_size,
+        "local_batch": local_batch,
+        "global_batch": int(total),
+        "compute_time": compute_time,
+        "sync_time": max(step_time - compute_time, 0.0),
+        "step_time": step_time,
+        "loss": loss,
+        "gns": job._gns.gns,
+        "grad_sqr": job._gns.grad_sqr,
+        "grad_var": job._gns.grad_var,
+        "lr": job._lr_value,
+        "time": time.time(),
+        "epoch": job._position.epoch,
+        "accum_steps": s,
+    }
+    if job._profile is not None:
+        record["phase"] = job._profile.phase.name
+        record["warmup"] = job._profile.warmup
+    job.metrics.write(record)
+    job.step_count += 1
+
+    if job._profile is not None:
+        profile_steps.profile_step_done(job)
+    else:
+        if job.config.max_steps is not None and job.step_count >= job.config.max_steps:
+            job._stopped = True
+        maybe_checkpoint(job, rows)
+    job._last_end = time.perf_counter()
+
+
+def optimizer_step(job: Job, factor: float) -> None:
+    groups = job.optimizer.param_groups
+    saved = [g["lr"] for g in groups]
+    for g, lr in zip(groups, saved, strict=True):
+        g["lr"] = lr * factor
+    try:
+        job.optimizer.step()
+    finally:
+        for g, lr in zip(groups, saved, strict=True):
+            g["lr"] = lr
+    job.optimizer.zero_grad(set_to_none=True)
+    job._lr_value = float(saved[0]) * factor if saved else None
+
+
+def update_gns(
+    job: Job,
+    rows: list[list[float]],
+    single: tuple[list[torch.Tensor], list[int], torch.Tensor] | None,
+    global_sqr: float,
+) -> None:
+    if not job._measure:
+        return
+    if job.ctx.world_size > 1:
+        local = [row[_SQR] for row in rows]
+        batches = [int(row[_B]) for row in rows]
+        big = global_sqr
+    elif single is not None:
+        local = [float(t) for t in single[0]]
+        batches = single[1]
+        big = float(single[2])
+    else:
+        return
+    if all(math.isfinite(v) for v in [*local, big]):
+        sample: GnsSample = estimate(local, batches, big)
+        job._gns.update(sample)
+
+
+def update_split(job: Job, rows: list[list[float]]) -> None:
+    if not job._pid_on:
+        return
+    prev_b = [row[_PREV_B] for row in rows]
+    if any(b <= 0 for b in prev_b):
+        return
+    sizes = tuple(int(b) // job.accum_steps for b in prev_b)
+    times = [row[_PREV_T] for row in rows]
+    new = job._controller.observe(job.step_count - 1, sizes, times)
+    if new is not None:
+        first = round_up(job._sampler.next_micro, job.accum_steps)
+        job._sampler.set_sizes(first, new)
+        job.metrics.event("batch_sizes", step=first // job.accum_steps, local_batches=list(new))
+
+
+def checkpoint_due_by_time(job: Job) -> bool:
+    interval = job.config.checkpoint_interval
+    if job._store is None or interval <= 0:
+        return False
+    return time.monotonic() - job._last_ckpt_time >= interval
+
+
+def maybe_checkpoint(job: Job, rows: list[list[float]]) -> None:
+    sigterm = any(row[_TERM] > 0 for row in rows)
+    every = job.config.checkpoint_steps
+    reason = None
+    if sigterm:
+        reason = "sigterm"
+    elif rows[0][_CKPT] > 0:
+        reason = "period"
+    elif every and job.step_count % every == 0:
+        reason = "steps"
+    if reason is not None and job._store is not None:
+        job.checkpoint(reason)
+    if sigterm:
+        job._stopped = True
+        job._finished = True
+        job.metrics.event("preempted", step=job.step_count)
+        job.metrics.close()
+        raise Preempted()
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
