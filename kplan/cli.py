@@ -73,10 +73,11 @@ def _root(
 
 
 def _register() -> None:
-    from kplan.commands import catalog, estimate, model, profile
+    from kplan.commands import catalog, estimate, launch, model, profile
 
     estimate.register(app)
     profile.register(app)
+    launch.register(app)
     app.add_typer(model.app, name="model")
     app.add_typer(catalog.app, name="catalog")
 

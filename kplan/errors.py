@@ -50,3 +50,13 @@ class JobError(KplanError):
 
 class CloudError(KplanError):
     """A cloud provider call failed after translation at the provider boundary (exit code 1)."""
+
+
+class CapacityError(CloudError):
+    """The cloud has no capacity for this request now (e.g. AWS InsufficientInstanceCapacity,
+    a GCP stockout): another zone, instance type, market or a later try may succeed."""
+
+
+class QuotaError(CloudError):
+    """An account quota or limit refuses the request: waiting does not help, an increase does
+    (or the other market, whose quota is separate)."""

@@ -1,0 +1,330 @@
+"""``kplan launch``, ``status``, ``logs`` and ``down``: run a plan and keep an eye on it."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kplan.errors import InputError, JobError
+
+if TYPE_CHECKING:
+    from kplan.launcher.jobspec import JobSpec
+    from kplan.launcher.providers import Backend
+    from kplan.launcher.state import JobRecord, StateDB
+
+_LAUNCH_HELP = (
+    "Launch SCRIPT on a cluster and keep it alive within --budget and --deadline.\n\n"
+    "The training script's own flags go after `--`. On aws/gcp the cluster comes from a plan: "
+    "--plan FILE (from `kplan estimate --out`), or a search now from --profile or "
+    "--example-profile. --cloud local (the default) runs --nodes worker groups on this machine. "
+    "The launcher stays in the foreground: it replaces preempted spot instances, accrues the "
+    "ledger, stops the job (with a checkpoint) before the budget or the deadline would be "
+    "crossed, and always tears down."
+)
+
+
+def _home() -> Path:
+    from kplan.launcher.state import kplan_home
+
+    return kplan_home()
+
+
+def _backend(cloud: str, region: str | None, storage: str | None) -> Backend:
+    from kplan.launcher.providers import ProviderSettings, get_backend
+
+    return get_backend(cloud, ProviderSettings(_home(), region, storage))
+
+
+def _db() -> StateDB:
+    from kplan.launcher.state import StateDB
+
+    return StateDB.open()
+
+
+def _job_or_fail(db: StateDB, job_id: str) -> JobRecord:
+    rec = db.job(job_id)
+    if rec is None:
+        raise InputError(f"no job {job_id!r} in {db.path}", hint="`kplan status` lists the jobs")
+    return rec
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM while launching: the first stops the job (checkpoint, teardown); later
+    ones are ignored so that the teardown itself is never cut short."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.seen += 1
+        if self.seen == 1:
+            raise KeyboardInterrupt
+        typer.echo("tearing down; wait for it (or run `kplan down JOB` elsewhere)", err=True)
+
+
+def launch_command(
+    argv: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="SCRIPT [-- ARGS...]", help="Training script and its arguments."),
+    ] = None,
+    *,
+    budget: Annotated[float, typer.Option("--budget", help="Budget in USD (hard limit).")],
+    deadline: Annotated[
+        float | None, typer.Option("--deadline", help="Deadline in hours from now (hard limit).")
+    ] = None,
+    cloud: Annotated[
+        str | None, typer.Option("--cloud", help="local (default), aws or gcp.")
+    ] = None,
+    spot: Annotated[
+        bool | None, typer.Option("--spot/--on-demand", help="Plan only spot or on-demand.")
+    ] = None,
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="Plan JSON from `kplan estimate --out`.")
+    ] = None,
+    example_profile: Annotated[
+        str | None, typer.Option("--example-profile", help="Plan from a built-in profile.")
+    ] = None,
+    profile: Annotated[
+        Path | None, typer.Option("--profile", help="Plan from a profile (kplan profile).")
+    ] = None,
+    region: Annotated[str | None, typer.Option("--region", help="Region to plan in.")] = None,
+    storage: Annotated[
+        str | None, typer.Option("--storage", help="s3://bucket/prefix or gs://bucket/prefix.")
+    ] = None,
+    nodes: Annotated[int, typer.Option("--nodes", help="Local: worker groups.")] = 1,
+    workers_per_node: Annotated[
+        int, typer.Option("--workers-per-node", help="Local: workers per group.")
+    ] = 1,
+    allow_on_demand: Annotated[
+        bool,
+        typer.Option("--allow-on-demand", help="Replace lost spot nodes with on-demand ones."),
+    ] = False,
+    check_interval: Annotated[
+        float | None, typer.Option("--check-interval", help="Seconds between monitor checks.")
+    ] = None,
+    max_restarts: Annotated[
+        int | None, typer.Option("--max-restarts", help="torchrun --max-restarts per node.")
+    ] = None,
+    job_id: Annotated[str | None, typer.Option("--job-id", help="Job id (default: new).")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print every request it would send; send none.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    from kplan.launcher.dryrun import dry_run as plan_requests
+    from kplan.launcher.ledger import billing_for
+    from kplan.launching import LaunchRequest, build_spec
+
+    args = list(argv or [])
+    if not args:
+        raise InputError("give the training script", hint="kplan launch train.py --budget 5")
+    req = LaunchRequest(
+        script=Path(args[0]),
+        args=tuple(args[1:]),
+        budget_usd=budget,
+        deadline_h=deadline,
+        cloud=cloud.lower() if cloud else None,
+        spot=spot,
+        plan_file=plan,
+        profile=profile,
+        example_profile=example_profile,
+        region=region,
+        storage_uri=storage,
+        nodes=nodes,
+        workers_per_node=workers_per_node,
+        allow_on_demand=allow_on_demand,
+        check_interval_s=check_interval,
+        max_restarts=max_restarts,
+        job_id=job_id,
+    )
+    spec = build_spec(req)
+    backend = _backend(spec.cloud, spec.region, spec.storage_uri)
+    billing = billing_for(spec.cloud)
+    doc = plan_requests(spec, backend.storage.uri, billing)
+    if dry_run:
+        if as_json:
+            typer.echo(json.dumps(doc, indent=1))
+        else:
+            from kplan.render.launch import render_dry_run
+
+            render_dry_run(doc)
+        return
+    if not doc["startable"]:
+        raise InputError(
+            f"--budget {budget:g} cannot start this cluster: {doc['guard']}",
+            hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
+        )
+    _run(spec, backend, as_json)
+
+
+def _run(spec: JobSpec, backend: Backend, as_json: bool) -> None:
+    from kplan.launcher.lifecycle import run_job
+    from kplan.render.launch import progress, render_outcome
+
+    db = _db()
+    handler = _Interrupts()
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        outcome = run_job(spec, backend, db, on_event=None if as_json else progress)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        db.close()
+    doc = asdict(outcome)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=1))
+    else:
+        render_outcome(doc)
+    if outcome.status != "succeeded":
+        raise JobError(
+            f"job {outcome.job_id} {outcome.status}: {outcome.reason}",
+            hint=f"see `kplan status {outcome.job_id}` and `kplan logs {outcome.job_id}`",
+        )
+
+
+def status_command(
+    job: Annotated[str | None, typer.Argument(help="Job id (default: every job).")] = None,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until it ends.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    import time
+
+    from kplan.launcher.summary import job_summary
+    from kplan.render.launch import render_job, render_jobs
+
+    if not interval > 0:
+        raise InputError(f"--interval {interval} must be > 0", hint="seconds, e.g. 2")
+    with _db() as db:
+        while True:
+            now = time.time()
+            if job is None:
+                docs = [job_summary(db, j, now, events=0) for j in db.jobs()]
+                if as_json:
+                    typer.echo(json.dumps(docs, indent=1))
+                else:
+                    render_jobs(docs)
+                finished = all(d["status"] not in _ACTIVE for d in docs)
+            else:
+                doc = job_summary(db, _job_or_fail(db, job), now)
+                if as_json:
+                    typer.echo(json.dumps(doc, indent=1))
+                else:
+                    render_job(doc)
+                finished = doc["status"] not in _ACTIVE or doc["launcher"] == "gone"
+            if not watch or finished:
+                return
+            time.sleep(interval)
+
+
+_ACTIVE = ("pending", "provisioning", "running", "recovering", "stopping")
+
+
+def logs_command(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until it ends.")] = False,
+    node: Annotated[int | None, typer.Option("--node", help="Only this node rank.")] = None,
+) -> None:
+    import time
+
+    from kplan.launcher.jobspec import JobSpec
+
+    with _db() as db:
+        rec = _job_or_fail(db, job)
+        spec = JobSpec.from_dict(rec.spec)
+        storage = _backend(rec.cloud, rec.region, spec.storage_uri).storage
+        prefix = f"{job}/logs/" + ("" if node is None else f"node-{node}.log")
+        offsets: dict[str, int] = {}
+        while True:
+            for key in sorted(storage.list_keys(prefix)):
+                data = storage.get_bytes(key) or b""
+                start = offsets.get(key, 0)
+                if len(data) > start:
+                    if len(offsets) > 1 or node is None:
+                        typer.echo(f"==> {key.rsplit('/', 1)[-1]} <==")
+                    typer.echo(data[start:].decode("utf-8", "replace"), nl=False)
+                    offsets[key] = len(data)
+            current = db.job(job)
+            if not follow or current is None or current.terminal:
+                if not offsets:
+                    typer.echo(f"no logs yet for job {job}", err=True)
+                return
+            time.sleep(1.0)
+
+
+def down_command(
+    job: Annotated[str | None, typer.Argument(help="Job id.")] = None,
+    all_jobs: Annotated[bool, typer.Option("--all", help="Every job that may still run.")] = False,
+    cloud: Annotated[
+        str | None,
+        typer.Option("--cloud", help="Cloud of a job missing from the state database."),
+    ] = None,
+    region: Annotated[
+        str | None, typer.Option("--region", help="Region of a job missing from the database.")
+    ] = None,
+    wait: Annotated[
+        float, typer.Option("--wait", help="Seconds to let a live launcher stop by itself.")
+    ] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    from kplan.launcher.clock import SystemClock
+    from kplan.launcher.down import down_job, leftover_jobs
+    from kplan.launcher.jobspec import check_job_id
+    from kplan.launcher.provider import ClusterSpec
+    from kplan.render.launch import render_down
+
+    if (job is None) == (not all_jobs):
+        raise InputError("give a job id or --all", hint="kplan down kp-... or kplan down --all")
+    if not wait >= 0:
+        raise InputError(f"--wait {wait} must be >= 0", hint="seconds")
+    results = []
+    with _db() as db:
+        if job is not None:
+            check_job_id(job)
+            targets = [job]
+        else:
+            targets = leftover_jobs(db)
+        for job_id in targets:
+            rec = db.job(job_id)
+            cluster = None
+            where: str | None
+            if rec is not None:
+                from kplan.launcher.jobspec import JobSpec
+
+                which, where = rec.cloud, rec.region
+                storage = JobSpec.from_dict(rec.spec).storage_uri
+            elif cloud is None:
+                raise InputError(
+                    f"job {job_id!r} is not in {db.path}",
+                    hint="give --cloud (and --region) to find its instances by tag",
+                )
+            else:
+                which, where, storage = cloud.lower(), region, None
+                if region is not None:
+                    cluster = ClusterSpec(job_id=job_id, cloud=which, region=region)
+            backend = _backend(which, where, storage)
+            result = down_job(
+                job_id, backend, db, SystemClock(), wait_launcher_s=wait, cluster=cluster
+            )
+            results.append(asdict(result))
+    if as_json:
+        typer.echo(json.dumps(results, indent=1))
+    else:
+        render_down(results)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("launch", help=_LAUNCH_HELP, no_args_is_help=True)(launch_command)
+    app.command("status", help="Show jobs, or one job's instances, spend and events.")(
+        status_command
+    )
+    app.command("logs", help="Print a job's logs (all nodes, or --node).")(logs_command)
+    app.command("down", help="Terminate a job's instances (idempotent; works without a DB).")(
+        down_command
+    )

@@ -1,0 +1,231 @@
+"""``kplan launch`` as a library call: from the user's flags to a validated ``JobSpec``.
+
+A cloud job takes its nodes, batch and predictions from a Plan: a file written by
+``kplan estimate --out`` (``--plan``) or a search run now from a profile (``--profile`` or
+``--example-profile``), restricted to the cloud and market asked for and to the budget and
+deadline. A local job runs ``--nodes`` worker groups of ``--workers-per-node`` workers on this
+machine, free.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kplan.errors import DataFileError, InputError, SchemaVersionError
+from kplan.io import read_json
+from kplan.launcher.jobspec import CLOUDS, JobSpec, ZoneOffer, check_job_id, nodes_from_plan_row
+from kplan.planner.plan import PLAN_SCHEMA
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    script: Path
+    budget_usd: float
+    args: tuple[str, ...] = ()
+    cloud: str | None = None  # None: the plan's cloud, else local
+    deadline_h: float | None = None
+    spot: bool | None = None  # None: both markets
+    plan_file: Path | None = None
+    profile: Path | None = None
+    example_profile: str | None = None
+    region: str | None = None
+    storage_uri: str | None = None
+    nodes: int = 1  # local only
+    workers_per_node: int = 1  # local only
+    allow_on_demand: bool = False
+    check_interval_s: float | None = None
+    max_restarts: int | None = None
+    job_id: str | None = None
+
+
+def _check_common(req: LaunchRequest) -> None:
+    if not req.script.is_file():
+        raise InputError(f"training script not found: {req.script}", hint="check the path")
+    if not req.budget_usd >= 0:
+        raise InputError(f"--budget {req.budget_usd} must be >= 0", hint="USD, e.g. --budget 20")
+    if req.deadline_h is not None and not req.deadline_h > 0:
+        raise InputError(f"--deadline {req.deadline_h} must be > 0", hint="hours, e.g. 12")
+    if req.cloud is not None and req.cloud not in CLOUDS:
+        raise InputError(f"unknown cloud {req.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
+    if req.job_id is not None:
+        check_job_id(req.job_id)
+    given = [x for x in (req.plan_file, req.profile, req.example_profile) if x is not None]
+    if len(given) > 1:
+        raise InputError(
+            "give at most one of --plan, --profile and --example-profile",
+            hint="--plan reuses a saved plan; the others plan now",
+        )
+
+
+def _options(req: LaunchRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if req.check_interval_s is not None:
+        out["check_interval_s"] = req.check_interval_s
+    if req.max_restarts is not None:
+        out["max_restarts"] = req.max_restarts
+    if req.job_id is not None:
+        out["job_id"] = req.job_id
+    if req.storage_uri is not None:
+        out["storage_uri"] = req.storage_uri
+    return out
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (plus the next few, for later generations: best effort)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_spec(req: LaunchRequest) -> JobSpec:
+    """The job to launch, validated; plans now when the cloud is aws or gcp without --plan."""
+    _check_common(req)
+    plan_doc = read_plan(req.plan_file) if req.plan_file is not None else None
+    cloud = req.cloud or (plan_doc["chosen"]["cloud"] if plan_doc else "local")
+    if cloud == "local":
+        if plan_doc is not None or req.profile or req.example_profile:
+            raise InputError(
+                "plans and profiles are for --cloud aws or gcp; a local job runs on this machine",
+                hint="use --nodes and --workers-per-node for a local job",
+            )
+        if req.region not in (None, "local"):
+            raise InputError(f"the local cloud has no region {req.region!r}", hint="drop --region")
+        options = _options(req)
+        options.setdefault("rdzv_port", free_port())
+        return JobSpec.local(
+            str(req.script.resolve()),
+            req.args,
+            nodes=req.nodes,
+            workers_per_node=req.workers_per_node,
+            budget_usd=req.budget_usd,
+            deadline_h=req.deadline_h,
+            python=sys.executable,
+            **options,
+        )
+    if plan_doc is None:
+        plan_doc = plan_now(req, cloud)
+    return spec_from_plan(req, plan_doc, cloud)
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    doc = read_json(path, "plan")
+    source = str(path)
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(schema, str) or not schema.startswith("kplan.plan/"):
+        raise DataFileError(
+            f"{source}: not a kplan plan (schema {schema!r})",
+            hint="write one with kplan estimate ... --out plan.json",
+        )
+    major = schema.partition("/")[2].split(".")[0]
+    if major != PLAN_SCHEMA.partition("/")[2].split(".")[0]:
+        raise SchemaVersionError(
+            f"{source}: plan schema {schema} is not supported",
+            hint=f"this kplan reads {PLAN_SCHEMA}",
+        )
+    if not isinstance(doc.get("chosen"), dict):
+        raise DataFileError(f"{source}: the plan has no chosen row", hint="re-run kplan estimate")
+    return dict(doc)
+
+
+def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
+    """Search now (``kplan estimate``) for a plan on ``cloud``."""
+    from kplan import planning
+    from kplan.planner.search import SearchOptions, default_objective
+
+    if req.example_profile is None and req.profile is None:
+        raise InputError(
+            f"--cloud {cloud} needs a plan: --plan FILE, --profile FILE or --example-profile NAME",
+            hint="e.g. kplan estimate --profile p.json --cloud aws --out plan.json",
+        )
+    prof = (
+        planning.load_example(req.example_profile)
+        if req.example_profile is not None
+        else planning.load_profile(req.profile)  # type: ignore[arg-type]
+    )
+    markets: tuple[str, ...] = ("on-demand", "spot")
+    if req.spot is not None:
+        markets = ("spot",) if req.spot else ("on-demand",)
+    options = SearchOptions(
+        clouds=(cloud,),
+        regions=(req.region,) if req.region else (),
+        markets=markets,
+        budget_usd=req.budget_usd if req.budget_usd > 0 else None,
+        deadline_hours=req.deadline_h,
+        objective=default_objective(req.budget_usd or None, req.deadline_h),
+        mixed=False,
+    )
+    result = planning.estimate(prof, options)
+    doc = result.plan.to_dict()
+    doc["profile"] = prof.name
+    doc["catalog"] = result.catalog.version
+    return doc
+
+
+def _offers(cloud: str, region: str, types: set[str]) -> tuple[ZoneOffer, ...]:
+    from kplan.catalogs import load_catalog
+
+    out = []
+    for o in load_catalog().offers:
+        if o.cloud == cloud and o.region == region and o.instance_type in types:
+            out.append(ZoneOffer(o.instance_type, o.zone, o.market, o.usd_per_hour))
+    return tuple(out)
+
+
+def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobSpec:
+    row = plan["chosen"]
+    if row.get("cloud") != cloud:
+        raise InputError(
+            f"the plan is for {row.get('cloud')!r}, not --cloud {cloud}",
+            hint="drop --cloud or plan for that cloud",
+        )
+    if req.region is not None and req.region != row.get("region"):
+        raise InputError(
+            f"the plan is for region {row.get('region')!r}, not --region {req.region}",
+            hint="drop --region or plan for that region",
+        )
+    try:
+        nodes = nodes_from_plan_row(row)
+        region = str(row["region"])
+        if req.spot is not None:
+            want = "spot" if req.spot else "on-demand"
+            bad = [n.node_rank for n in nodes if n.market != want]
+            if bad:
+                raise InputError(
+                    f"the plan puts node(s) {bad} on the other market than --{want}",
+                    hint="plan with the same market flag (kplan estimate --spot/--on-demand)",
+                )
+        return JobSpec(
+            job_id=req.job_id or _new_id(),
+            cloud=cloud,
+            region=region,
+            script=str(req.script.resolve()),
+            args=req.args,
+            nodes=nodes,
+            budget_usd=req.budget_usd,
+            deadline_h=req.deadline_h,
+            allow_on_demand=req.allow_on_demand,
+            offers=_offers(cloud, region, {n.instance_type for n in nodes}),
+            global_batch=int(row["global_batch"]),
+            accum_steps=int(row["accum_steps"]),
+            checkpoint_interval_s=float(row["checkpoint_interval_s"]) or None,
+            predicted_hours=float(row["hours"]),
+            predicted_cost_usd=float(row["cost_usd"]),
+            predicted_cost_p90_usd=float(row["cost_p90_usd"]),
+            plan=plan,
+            **{k: v for k, v in _options(req).items() if k != "job_id"},
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise DataFileError(
+            f"the plan's chosen row is malformed ({type(err).__name__}: {err})",
+            hint="re-create it with kplan estimate --out",
+        ) from None
+
+
+def _new_id() -> str:
+    from kplan.launcher.jobspec import new_job_id
+
+    return new_job_id()

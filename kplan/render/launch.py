@@ -1,0 +1,157 @@
+"""Terminal rendering for ``kplan launch``, ``status``, ``logs`` and ``down`` (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+
+from kplan.launcher.state import EventRecord
+
+
+def _money(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.2f}" if x >= 1 else f"${x:,.4f}"
+
+
+def _hours(h: float | None) -> str:
+    return "-" if h is None else (f"{h:,.1f} h" if h >= 10 else f"{h:.2f} h")
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def progress(event: EventRecord) -> None:
+    """One line per launcher event, as it happens."""
+    typer.echo(f"{_clock(event.time)} {event.kind:<12} {event.message}")
+
+
+def render_dry_run(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    console = Console()
+    console.print(
+        f"[bold]dry run[/bold] of job {doc['job']} on {doc['cloud']} {doc['region']}: "
+        f"{len(doc['requests'])} request(s), none sent"
+    )
+    for i, req in enumerate(doc["requests"], 1):
+        call = req["call"]
+        if call == "storage.put_bytes":
+            console.print(f"{i}. {call} {req['key']} ({req['bytes']:,} bytes)")
+        elif call == "provider.prepare":
+            c = req["cluster"]
+            console.print(
+                f"{i}. {call} job={c['job_id']} region={c['region']} ports={c['ports']} "
+                f"placement_group={c['placement_group']}"
+            )
+        else:
+            console.print(f"{i}. {call}:")
+            for inst in req["instances"]:
+                console.print(
+                    f"   {inst['name']}: node {inst['node_rank']} {inst['instance_type']} "
+                    f"{inst['market']} {inst['zone']} tags={inst['tags']}"
+                )
+                console.print(f"   env: {', '.join(sorted(inst['env']))}")
+                lang = "bash" if inst["user_data"].startswith("#!") else "sh"
+                console.print(Syntax(inst["user_data"], lang, word_wrap=True))
+    hours = doc["budget_hours"]
+    console.print(
+        f"cost {_money(doc['usd_per_hour'])}/h; budget {_money(doc['budget_usd'])}"
+        + ("" if hours is None else f" = {_hours(hours)} of this cluster")
+        + f"; guard: {doc['guard']}"
+    )
+
+
+def render_outcome(outcome: dict[str, Any]) -> None:
+    typer.echo(
+        f"job {outcome['job_id']}: {outcome['status']} ({outcome['reason']}); "
+        f"spent {_money(outcome['spend_usd'])} in {_hours(outcome['seconds'] / 3600)}, "
+        f"{outcome['preemptions']} preemption(s)"
+    )
+
+
+def render_jobs(jobs: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not jobs:
+        typer.echo("no jobs")
+        return
+    table = Table(title="kplan jobs", title_justify="left", pad_edge=False)
+    for col in ("job", "status", "cloud", "nodes", "elapsed", "spent", "budget", "predicted"):
+        table.add_column(
+            col,
+            justify="right" if col in ("nodes", "spent", "budget") else "left",
+            no_wrap=col in ("job", "status"),
+        )
+    for j in jobs:
+        status = j["status"] + (" (launcher gone)" if j["launcher"] == "gone" else "")
+        table.add_row(
+            j["id"],
+            status,
+            f"{j['cloud']} {j['region']}",
+            str(j["nodes"]),
+            _hours(j["elapsed_h"]),
+            _money(j["spend_usd"]),
+            _money(j["budget_usd"]),
+            f"{_hours(j['predicted_hours'])} / {_money(j['predicted_cost_usd'])}",
+        )
+    Console().print(table)
+
+
+def render_job(j: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    gone = " [red](launcher gone: run kplan down " + j["id"] + ")[/red]"
+    console.print(
+        f"[bold]{j['id']}[/bold] {j['status']}"
+        + (f" ({j['reason']})" if j["reason"] else "")
+        + (gone if j["launcher"] == "gone" else "")
+    )
+    console.print(
+        f"{j['cloud']} {j['region']}, {j['nodes']} node(s), {j['workers']} worker(s); "
+        f"elapsed {_hours(j['elapsed_h'])}; spent {_money(j['spend_usd'])} of "
+        f"{_money(j['budget_usd'])}"
+        + ("" if j["deadline_h"] is None else f"; deadline {_hours(j['deadline_h'])}")
+        + f"; {j['preemptions']} preemption(s)"
+    )
+    if j["predicted_hours"] is not None:
+        console.print(
+            f"predicted {_hours(j['predicted_hours'])}, {_money(j['predicted_cost_usd'])} "
+            f"(p90 {_money(j['predicted_cost_p90_usd'])})"
+        )
+    table = Table(title="instances", title_justify="left", pad_edge=False)
+    for col in ("id", "node", "type", "market", "zone", "state", "$/h", "billed", "reason"):
+        table.add_column(col, no_wrap=col == "id")
+    billed = {r["instance"]: r for r in j["ledger"]}
+    for i in j["instances"]:
+        row = billed.get(i["id"])
+        table.add_row(
+            i["id"],
+            str(i["node_rank"]),
+            i["type"],
+            i["market"],
+            i["zone"],
+            i["state"],
+            f"{i['price']:.4f}",
+            "-" if row is None else f"{row['billed_seconds']:.0f} s {_money(row['usd'])}",
+            i["reason"] or "",
+        )
+    console.print(table)
+    for e in j["events"]:
+        console.print(f"{_clock(e['time'])} {e['kind']:<12} {e['message']}", highlight=False)
+
+
+def render_down(results: list[dict[str, Any]]) -> None:
+    if not results:
+        typer.echo("nothing to take down")
+    for r in results:
+        what = f"terminated {', '.join(r['terminated'])}" if r["terminated"] else "nothing running"
+        status = f" (job {r['status']})" if r["status"] else ""
+        typer.echo(f"{r['job_id']}: {what}{status}")

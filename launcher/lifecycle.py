@@ -1,0 +1,398 @@
+"""A job from request to teardown: provision, monitor, recover, guard, account, tear down.
+
+``run_job`` is the whole lifecycle (see ``launcher/LIFECYCLE.md``). The state database records
+every step as it happens, so ``kplan status`` and ``kplan down`` work from another process and
+after the launcher died. Teardown always runs (``finally``); a teardown that fails raises a
+``CloudError`` that names the instances left and the command that finishes the job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kplan.errors import CloudError, KplanError
+from kplan.launcher.bootstrap import (
+    CODE_KEY,
+    Rendezvous,
+    instance_name,
+    instance_spec,
+    job_key,
+    pack_code,
+    rendezvous,
+    status_key,
+)
+from kplan.launcher.clock import Clock, SystemClock
+from kplan.launcher.jobspec import JobSpec, NodeSpec
+from kplan.launcher.ledger import BillingRule
+from kplan.launcher.observe import EventSink, Finish, RunState
+from kplan.launcher.providers import Backend
+from kplan.launcher.state import GONE_STATES, InstanceRecord, JobRecord, StateDB
+
+_SIGNAL_EXIT = 128  # exit codes >= this (or < 0): killed by a signal, not a failing script
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: str
+    status: str  # succeeded, failed, stopped, cancelled, error
+    reason: str | None
+    spend_usd: float
+    seconds: float
+    preemptions: int
+
+
+def run_job(
+    spec: JobSpec,
+    backend: Backend,
+    db: StateDB,
+    *,
+    clock: Clock | None = None,
+    billing: BillingRule | None = None,
+    on_event: EventSink | None = None,
+) -> JobOutcome:
+    """Run ``spec`` to its end; never returns with an instance it created still alive."""
+    return _Run(spec, backend, db, clock or SystemClock(), billing, on_event).run()
+
+
+class _Run(RunState):
+    def _create(self) -> None:
+        s = self.spec
+        now = self.clock.now()
+        self.db.create_job(
+            JobRecord(
+                id=s.job_id,
+                status="pending",
+                reason=None,
+                cloud=s.cloud,
+                region=s.region,
+                spec=replace(s, storage_uri=self.storage.uri).to_dict(),
+                plan=s.plan,
+                budget_usd=s.budget_usd,
+                deadline_h=s.deadline_h,
+                predicted_hours=s.predicted_hours,
+                predicted_cost_usd=s.predicted_cost_usd,
+                predicted_cost_p90_usd=s.predicted_cost_p90_usd,
+                launcher_pid=os.getpid(),
+                stop_requested=None,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        self._event(
+            "created",
+            f"job {s.job_id}: {len(s.nodes)} node(s), {s.workers} worker(s) on {s.cloud} "
+            f"{s.region}, budget ${s.budget_usd:,.2f}",
+            {"usd_per_hour": s.usd_per_hour},
+        )
+
+    # --- the lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> JobOutcome:
+        self._create()
+        status, reason = "error", "launcher error"
+        error: BaseException | None = None
+        try:
+            self._prepare()
+            self._provision()
+            status, reason = self._monitor()
+        except Finish as fin:
+            status, reason = fin.status, fin.reason
+        except KeyboardInterrupt:
+            status, reason = "cancelled", "interrupted"
+        except KplanError as err:
+            status, reason, error = "error", err.message, err
+        except Exception as err:
+            status, reason, error = "error", f"{type(err).__name__}: {err}", err
+        self.stopping = True
+        self._status("stopping", reason)
+        self._event("stop", f"stopping: {status} ({reason})", {"status": status})
+        try:
+            self._teardown()
+        except CloudError as err:
+            self._status("error", f"{reason}; teardown failed: {err.message}")
+            self._event("error", err.message)
+            raise
+        self._status(status, reason)
+        spend = self.ledger.spend()
+        self._event(status, f"{status}: {reason}; spent ${spend:,.4f}", {"spend_usd": spend})
+        if error is not None:
+            raise error
+        return JobOutcome(
+            self.spec.job_id,
+            status,
+            reason,
+            spend,
+            self.clock.now() - self.started,
+            self.preemptions,
+        )
+
+    def _prepare(self) -> None:
+        if self.spec.cloud != "local":
+            from pathlib import Path
+
+            code = pack_code(Path(self.spec.script))
+            self.storage.put_bytes(job_key(self.spec.job_id, CODE_KEY), code)
+            self._event("code", f"uploaded the code ({len(code):,} bytes)")
+        self.storage.delete_prefix(job_key(self.spec.job_id, "status/"))
+        self.provider.prepare(self.cluster)
+        self._event("prepare", f"prepared {self.spec.cloud} {self.spec.region}")
+
+    def _rdzv(self, head: bool) -> Rendezvous:
+        return rendezvous(self.spec, self.generation, None if head else self.head_addr)
+
+    def _launch(self, nodes: Sequence[NodeSpec]) -> list[InstanceRecord]:
+        """Request ``nodes`` in one call and record them (ledger rows open at request time)."""
+        specs = []
+        for node in nodes:
+            rank = node.node_rank
+            k = self.launches.get(rank, 0)
+            self.launches[rank] = k + 1
+            name = instance_name(self.spec.job_id, rank, k)
+            self.storage.delete_prefix(status_key(self.spec.job_id, rank))
+            self.finished.pop(rank, None)
+            rdzv = self._rdzv(rank == 0)
+            specs.append(instance_spec(self.spec, node, name, rdzv, self.storage.uri))
+        t_req = self.clock.now()
+        created = self.provider.run_instances(self.cluster, specs)
+        by_name = {i.name: i for i in created}
+        out = []
+        for ispec, node in zip(specs, nodes, strict=True):
+            inst = by_name.get(ispec.name)
+            if inst is None:
+                raise CloudError(
+                    f"the provider returned no instance named {ispec.name}",
+                    hint=f"run `kplan down {self.spec.job_id}` to remove what was created",
+                )
+            rec = InstanceRecord(
+                id=inst.id,
+                job=self.spec.job_id,
+                name=inst.name,
+                node_rank=node.node_rank,
+                cloud=self.spec.cloud,
+                region=self.spec.region,
+                zone=inst.zone or node.zone,
+                type=node.instance_type,
+                market=node.market,
+                price=node.usd_per_hour,
+                state=inst.state,
+                launched_at=t_req,
+            )
+            with self.db.transaction():
+                self.db.add_instance(rec)
+                self.ledger.open(rec)
+            self.records[rec.id] = rec
+            self.current[node.node_rank] = rec.id
+            if inst.private_ip:
+                self.ips[rec.id] = inst.private_ip
+            self._event(
+                "launch",
+                f"node {node.node_rank}: {inst.id} {node.instance_type} {node.market} "
+                f"{rec.zone} ${node.usd_per_hour:.4f}/h",
+                {"instance": inst.id, "name": inst.name, "node_rank": node.node_rank},
+            )
+            out.append(rec)
+        return out
+
+    def _afford(self, prices: Sequence[float], what: str) -> None:
+        """Stop (budget/deadline) unless launching instances at ``prices`` stays in bounds."""
+        decision = self.guard.check(
+            self.ledger.closed_spend(), self._live(), self.clock.now(), prices
+        )
+        if decision.stop:
+            self._event("guard", f"not launching {what}: {decision.message}")
+            raise Finish("stopped", decision.reason or "budget")
+
+    def _launch_rank(self, node: NodeSpec) -> InstanceRecord | None:
+        """Launch one node: its zone first, then other zones, then on-demand (if allowed)."""
+        for cand in self.spec.candidates(node):
+            self._afford([cand.usd_per_hour], f"node {node.node_rank}")
+            try:
+                return self._launch([cand])[0]
+            except CloudError as err:
+                self._event(
+                    "launch-failed",
+                    f"node {node.node_rank} in {cand.zone} ({cand.market}): {err.message}",
+                )
+        return None
+
+    def _provision(self) -> None:
+        """The head first (its private IP is the rendezvous address), then the rest."""
+        self._status("provisioning")
+        nodes = self.spec.nodes
+        self._afford([n.usd_per_hour for n in nodes], "the cluster")
+        self.head_addr = None
+        start = self.clock.now()
+        while self.head_addr is None:
+            head_id = self.current.get(0)
+            head_gone = head_id is None or not self.records[head_id].alive
+            if head_gone and self._launch_rank(nodes[0]) is None:
+                raise CloudError(
+                    "no zone could launch the head node", hint="try another region or type"
+                )
+            if self.clock.now() - start > self.spec.provision_timeout_s:
+                raise CloudError(
+                    f"the head node is not running after {self.spec.provision_timeout_s:.0f} s",
+                    hint="the cloud may lack capacity; try another zone, type or market",
+                )
+            self._tick()
+            rec = self.records[self.current[0]]
+            if rec.state == "running" and self.ips.get(rec.id):
+                self.head_addr = self.ips[rec.id]
+            else:
+                self.clock.sleep(min(self.spec.check_interval_s, 5.0))
+        self.lost.pop(0, None)
+        self._event("head", f"head node running at {self.head_addr}")
+        rest = list(nodes[1:])
+        if rest:
+            self._afford([n.usd_per_hour for n in rest], "the other nodes")
+            try:
+                self._launch(rest)
+            except CloudError as err:
+                self._event("launch-failed", f"nodes 1-{len(nodes) - 1}: {err.message}")
+                now = self.clock.now()
+                for node in rest:
+                    self.lost.setdefault(node.node_rank, (now, "launch failed"))
+        self._status("running")
+
+    # --- monitoring ---------------------------------------------------------------------------
+
+    def _monitor(self) -> tuple[str, str]:
+        ranks = {n.node_rank for n in self.spec.nodes}
+        while True:
+            t0 = self.clock.now()
+            self._tick()
+            now = self.clock.now()
+            for rank, doc in sorted(self.finished.items()):
+                code = int(doc.get("exit_code", 1))
+                if 0 < code < _SIGNAL_EXIT:
+                    return "failed", f"node {rank} exited with code {code}"
+                if code != 0 and rank not in self.lost:  # killed by a signal: replace the node
+                    self._drop(rank, now, f"exited with signal code {code}")
+            done = {r for r, d in self.finished.items() if d.get("exit_code") == 0}
+            if done >= ranks:
+                return "succeeded", "every node finished"
+            if done:
+                if now - (self.first_done or now) >= self.spec.finish_grace_s:
+                    return "succeeded", f"node(s) {sorted(done)} finished"
+            else:
+                self._check_pending(now)
+                if self.lost:
+                    self._recover()
+            self.clock.sleep(self.spec.check_interval_s - (self.clock.now() - t0))
+
+    def _drop(self, rank: int, now: float, why: str) -> None:
+        """Give up on a rank's current instance (terminate it if alive) and mark it lost."""
+        iid = self.current.get(rank)
+        if iid is not None and self.records[iid].alive and iid not in self.terminating:
+            self.terminating.add(iid)
+            self.provider.terminate_instances([iid])
+        self.lost[rank] = (now, why)
+        self._event("lost", f"node {rank}: {why}", {"node_rank": rank, "instance": iid})
+
+    def _check_pending(self, now: float) -> None:
+        for rank, iid in self.current.items():
+            rec = self.records[iid]
+            if rec.state == "pending" and now - rec.launched_at > self.spec.provision_timeout_s:
+                self._drop(rank, now, f"not running after {self.spec.provision_timeout_s:.0f} s")
+
+    def _recover(self) -> None:
+        if self.replacements + len(self.lost) > self.spec.max_replacements:
+            raise Finish(
+                "failed",
+                f"{self.replacements + len(self.lost)} lost instances exceed max_replacements "
+                f"{self.spec.max_replacements}",
+            )
+        self._status("recovering")
+        if 0 in self.lost:
+            self._restart_all()
+        else:
+            for rank in sorted(self.lost):
+                lost_at, _ = self.lost[rank]
+                self.recovering.setdefault(rank, lost_at)
+                if self._launch_rank(self.spec.nodes[rank]) is not None:
+                    self.replacements += 1
+                    del self.lost[rank]
+                else:
+                    self._event("recovery", f"node {rank}: no capacity anywhere; retrying")
+            oldest = min((t for t, _ in self.lost.values()), default=None)
+            if oldest is not None and self.clock.now() - oldest > self.spec.provision_timeout_s:
+                raise Finish("failed", "lost nodes could not be replaced in time")
+        if not self.lost:
+            self._status("running")
+
+    def _restart_all(self) -> None:
+        """The head (and the rendezvous store) is gone: stop every group, start a generation."""
+        lost_at = min(t for t, _ in self.lost.values())
+        alive = [r.id for r in self.records.values() if r.alive]
+        self._event("restart", f"head lost: restarting all nodes ({len(alive)} still alive)")
+        if alive:
+            self.terminating.update(alive)
+            self.provider.terminate_instances(alive)
+        limit = self.clock.now() + self.spec.grace_s + self.spec.teardown_s
+        while any(self.records[i].alive for i in alive) and self.clock.now() < limit:
+            self.clock.sleep(min(self.spec.check_interval_s, 5.0))
+            self._tick()
+        left = [i for i in alive if self.records[i].alive]
+        if left:
+            raise CloudError(
+                f"instances {', '.join(left)} did not terminate for a restart",
+                hint=f"run `kplan down {self.spec.job_id}`",
+            )
+        self.replacements += len(self.lost)
+        self.lost.clear()
+        self.generation += 1
+        for node in self.spec.nodes:
+            self.recovering.setdefault(node.node_rank, lost_at)
+        self._provision()
+
+    # --- teardown -----------------------------------------------------------------------------
+
+    def _teardown(self) -> None:
+        """Terminate everything of the job (by record and by tag) and see it gone."""
+        job_id = self.spec.job_id
+        poll = min(self.spec.check_interval_s, 5.0)
+        limit = self.clock.now() + self.spec.grace_s + self.spec.teardown_s
+        asked: set[str] = set()
+        last_error: CloudError | None = None
+        while True:
+            try:
+                found = self.provider.query_instances(job_id)
+                alive = [i for i in found if i.state not in GONE_STATES]
+                for inst in alive:
+                    self._adopt(inst)
+                self._observe()
+                ids = sorted(
+                    {r.id for r in self.records.values() if r.alive} | {i.id for i in alive}
+                )
+                todo = [i for i in ids if i not in asked]
+                if todo:
+                    self.terminating.update(todo)
+                    self.provider.terminate_instances(todo)
+                    asked.update(todo)
+                    self._event("terminate", f"terminating {', '.join(todo)}")
+                    continue
+                ended = [i.id for i in found if i.state in GONE_STATES and i.id not in asked]
+                if ended:  # a stopped VM still exists (GCP TERMINATED: its disk bills): delete
+                    asked.update(ended)
+                    self.provider.terminate_instances(ended)
+                if not ids:
+                    break
+            except CloudError as err:
+                last_error = err
+                ids = sorted({r.id for r in self.records.values() if r.alive})
+            if self.clock.now() >= limit:
+                why = f" (last error: {last_error.message})" if last_error else ""
+                raise CloudError(
+                    f"job {job_id}: instances {', '.join(ids)} may still be running{why}",
+                    hint=f"run `kplan down {job_id}` to terminate them",
+                )
+            self.clock.sleep(min(poll, max(limit - self.clock.now(), 0.0)))
+        try:
+            self.provider.cleanup(self.cluster)
+        except CloudError as err:
+            raise CloudError(
+                f"job {job_id}: instances are gone but cleanup failed: {err.message}",
+                hint=f"run `kplan down {job_id}` to retry",
+            ) from None

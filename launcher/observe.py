@@ -1,0 +1,224 @@
+"""What a running job knows and how it learns it: instances, node status, ledger, guard.
+
+:class:`RunState` holds a job's state during :func:`kplan.launcher.lifecycle.run_job` and
+implements one monitor check (:meth:`RunState._tick`): a ``kplan down`` request, the provider's
+view of the instances (state changes are recorded, the ledger rows of gone instances closed,
+losses classified), the node status files, the ledger accrual and the guard.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from kplan.errors import CloudError
+from kplan.launcher.bootstrap import cluster_spec, job_key
+from kplan.launcher.clock import Clock
+from kplan.launcher.guard import Guard, Running
+from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.ledger import BillingRule, Ledger, billing_for
+from kplan.launcher.provider import Instance
+from kplan.launcher.providers import Backend
+from kplan.launcher.recovery import work_lost_s
+from kplan.launcher.state import GONE_STATES, EventRecord, InstanceRecord, StateDB
+
+EventSink = Callable[[EventRecord], None]
+_MAX_QUERY_FAILURES = 3
+
+
+class Finish(Exception):
+    """Leave the monitor: the job reached a final status (teardown follows)."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class RunState:
+    """A job's state while it runs; subclassed by the lifecycle, which drives it."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        backend: Backend,
+        db: StateDB,
+        clock: Clock,
+        billing: BillingRule | None,
+        on_event: EventSink | None,
+    ) -> None:
+        self.spec = spec
+        self.provider = backend.provider
+        self.storage = backend.storage
+        self.db = db
+        self.clock = clock
+        self.billing = billing or billing_for(spec.cloud)
+        self.ledger = Ledger(db, spec.job_id, self.billing)
+        self.on_event = on_event
+        self.cluster = cluster_spec(spec, self.storage.uri)
+        self.started = clock.now()
+        deadline = None if spec.deadline_h is None else self.started + spec.deadline_h * 3600
+        self.guard = Guard(spec.budget_usd, deadline, spec.horizon_s, self.billing)
+        self.generation = 0
+        self.head_addr: str | None = None
+        self.current: dict[int, str] = {}  # node rank -> id of its newest instance
+        self.records: dict[str, InstanceRecord] = {}
+        self.ips: dict[str, str] = {}
+        self.launches: dict[int, int] = {}  # node rank -> instances launched for it
+        self.terminating: set[str] = set()
+        self.lost: dict[int, tuple[float, str]] = {}  # rank -> (when, why)
+        self.recovering: dict[int, float] = {}  # rank -> when it was lost
+        self.finished: dict[int, dict[str, Any]] = {}
+        self.first_done: float | None = None
+        self.replacements = 0
+        self.preemptions = 0
+        self.stopping = False
+        self.query_failures = 0
+
+    def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        now = self.clock.now()
+        seq = self.db.add_event(self.spec.job_id, now, kind, message, data)
+        if self.on_event is not None:
+            self.on_event(EventRecord(seq, self.spec.job_id, now, kind, message, data))
+
+    def _status(self, status: str, reason: str | None = None) -> None:
+        self.db.set_status(self.spec.job_id, status, self.clock.now(), reason)
+
+    def _live(self) -> list[Running]:
+        return [Running(r.launched_at, r.price) for r in self.records.values() if r.alive]
+
+    def _observe(self) -> None:
+        """Query the provider; record state changes, close the ledger rows of gone instances."""
+        found = {i.id: i for i in self.provider.query_instances(self.spec.job_id)}
+        now = self.clock.now()
+        self._read_status()
+        for rec in list(self.records.values()):
+            if not rec.alive:
+                continue
+            inst = found.get(rec.id)
+            if inst is not None and inst.private_ip:
+                self.ips[rec.id] = inst.private_ip
+            if inst is not None and inst.state not in GONE_STATES:
+                if inst.state != rec.state:
+                    self.db.update_instance(rec.job, rec.id, inst.state)
+                    self.records[rec.id] = replace(rec, state=inst.state)
+                    self._recovered(self.records[rec.id], now)
+                continue
+            state = inst.state if inst is not None else "terminated"
+            reason = inst.reason if inst is not None else "no longer reported by the provider"
+            if rec.id in self.terminating:
+                reason = reason or "terminated by kplan"
+            ended = replace(rec, state=state, ended_at=now, reason=reason)
+            with self.db.transaction():
+                self.db.update_instance(rec.job, rec.id, state, ended_at=now, reason=reason)
+                self.ledger.close(rec, now)
+            self.records[rec.id] = ended
+            self._ended(ended, now)
+        for inst in found.values():  # tagged with the job but not ours: never leave it running
+            if inst.state not in GONE_STATES and inst.id not in self.records:
+                self._adopt(inst)
+                self._event("stray", f"terminating {inst.id}: not launched by this run")
+                self.terminating.add(inst.id)
+                self.provider.terminate_instances([inst.id])
+
+    def _read_status(self) -> None:
+        """New ``status/node-<rank>.json`` files of the ranks' current instances."""
+        prefix = job_key(self.spec.job_id, "status/")
+        for key in self.storage.list_keys(prefix):
+            name = key.rsplit("/", 1)[-1]
+            if not (name.startswith("node-") and name.endswith(".json")):
+                continue
+            try:
+                rank = int(name[5:-5])
+                if rank in self.finished or rank not in self.current:
+                    continue
+                data = self.storage.get_bytes(key)
+                doc = json.loads(data) if data else None
+                code = int(doc["exit_code"]) if isinstance(doc, dict) else None
+            except (ValueError, TypeError, KeyError, json.JSONDecodeError):
+                continue  # being written, or not ours: read again next check
+            if code is None or not isinstance(doc, dict):
+                continue
+            current = self.records[self.current[rank]].name
+            if doc.get("instance", current) != current:
+                continue  # a late write of an instance this rank no longer runs on
+            self.finished[rank] = doc
+            self._event("node-exit", f"node {rank} exited with code {code}", doc)
+            if code == 0 and self.first_done is None:
+                self.first_done = self.clock.now()
+
+    def _ended(self, rec: InstanceRecord, now: float) -> None:
+        if self.stopping or rec.id in self.terminating:
+            return
+        if self.current.get(rec.node_rank) != rec.id:
+            return
+        status = self.finished.get(rec.node_rank)
+        if status is not None and (status.get("exit_code") == 0 or rec.state != "preempted"):
+            return  # it finished (exit 0), or its exit code decides (in the monitor)
+        kind = "preempted" if rec.state == "preempted" else "lost"
+        if kind == "preempted":
+            self.preemptions += 1
+        self.lost[rec.node_rank] = (now, rec.reason or kind)
+        self._event(
+            kind,
+            f"node {rec.node_rank}: {rec.id} {kind} ({rec.reason or 'no reason given'})",
+            {"instance": rec.id, "node_rank": rec.node_rank, "reason": rec.reason},
+        )
+
+    def _recovered(self, rec: InstanceRecord, now: float) -> None:
+        lost_at = self.recovering.get(rec.node_rank)
+        if rec.state != "running" or lost_at is None or self.current.get(rec.node_rank) != rec.id:
+            return
+        del self.recovering[rec.node_rank]
+        lost_work = work_lost_s(self.storage, self.spec.job_id, lost_at)
+        self._event(
+            "recovered",
+            f"node {rec.node_rank} back on {rec.id} after {now - lost_at:.0f} s",
+            {"node_rank": rec.node_rank, "downtime_s": now - lost_at, "work_lost_s": lost_work},
+        )
+
+    def _tick(self) -> None:
+        """One check: stop request, instances, node status, ledger, guard."""
+        job = self.db.job(self.spec.job_id)
+        if job is not None and job.stop_requested:
+            raise Finish("cancelled", job.stop_requested)
+        try:
+            self._observe()
+            self.query_failures = 0
+        except CloudError as err:  # the provider already retried; give it a few ticks
+            self.query_failures += 1
+            self._event("query-failed", err.message)
+            if self.query_failures >= _MAX_QUERY_FAILURES:
+                raise
+        now = self.clock.now()
+        self.ledger.accrue([r for r in self.records.values() if r.alive], now)
+        decision = self.guard.check(self.ledger.closed_spend(), self._live(), now)
+        if decision.stop:
+            self._event("guard", decision.message, {"projected_usd": decision.projected_usd})
+            raise Finish("stopped", decision.reason or "budget")
+
+    def _adopt(self, inst: Instance) -> None:
+        """Record a live instance carrying the job's tag that this run does not know."""
+        if inst.id in self.records:
+            return
+        price = max((n.usd_per_hour for n in self.spec.nodes), default=0.0)
+        rec = InstanceRecord(
+            id=inst.id,
+            job=self.spec.job_id,
+            name=inst.name,
+            node_rank=inst.node_rank,
+            cloud=self.spec.cloud,
+            region=self.spec.region,
+            zone=inst.zone,
+            type=inst.instance_type,
+            market=inst.market,
+            price=price,
+            state=inst.state,
+            launched_at=min(inst.launched_at or self.started, self.clock.now()),
+        )
+        with self.db.transaction():
+            self.db.add_instance(rec)
+            self.ledger.open(rec)
+        self.records[rec.id] = rec

@@ -1,0 +1,465 @@
+"""The state database: jobs, instances, events and the ledger in one SQLite file (WAL mode).
+
+``$KPLAN_HOME/kplan.db`` (default ``~/.kplan/kplan.db``). The CLI and a running launcher open it
+at the same time: every mutation is one ``BEGIN IMMEDIATE`` transaction, readers never block the
+writer (WAL), and ``synchronous=FULL`` makes a committed transaction survive a kill or a power
+cut. The schema is versioned with ``PRAGMA user_version``; a newer file is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kplan.errors import InputError, KplanError
+
+SCHEMA_VERSION = 1
+GONE_STATES = ("terminated", "preempted")  # instance states that bill nothing more
+TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "cancelled", "error")
+JOB_STATUSES = ("pending", "provisioning", "running", "recovering", "stopping", *TERMINAL_STATUSES)
+
+_SCHEMA_V1 = """
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    reason TEXT,
+    cloud TEXT NOT NULL,
+    region TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    plan TEXT,
+    budget_usd REAL NOT NULL,
+    deadline_h REAL,
+    predicted_hours REAL,
+    predicted_cost_usd REAL,
+    predicted_cost_p90_usd REAL,
+    launcher_pid INTEGER,
+    stop_requested TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE instances (
+    id TEXT NOT NULL,
+    job TEXT NOT NULL REFERENCES jobs(id),
+    name TEXT NOT NULL,
+    node_rank INTEGER NOT NULL,
+    cloud TEXT NOT NULL,
+    region TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    type TEXT NOT NULL,
+    market TEXT NOT NULL,
+    price REAL NOT NULL,
+    state TEXT NOT NULL,
+    launched_at REAL NOT NULL,
+    ended_at REAL,
+    reason TEXT,
+    PRIMARY KEY (job, id)
+);
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL REFERENCES jobs(id),
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL,
+    data TEXT
+);
+CREATE INDEX events_job ON events(job, seq);
+CREATE TABLE ledger (
+    job TEXT NOT NULL REFERENCES jobs(id),
+    instance TEXT NOT NULL,
+    start REAL NOT NULL,
+    "end" REAL NOT NULL,
+    billed_seconds REAL NOT NULL,
+    usd REAL NOT NULL,
+    closed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job, instance)
+);
+"""
+_MIGRATIONS = {1: _SCHEMA_V1}  # version -> script that brings version-1 to version
+
+
+def kplan_home() -> Path:
+    """``$KPLAN_HOME`` or ``~/.kplan``."""
+    raw = os.environ.get("KPLAN_HOME", "").strip()
+    return Path(raw).expanduser() if raw else Path.home() / ".kplan"
+
+
+def default_db_path() -> Path:
+    return kplan_home() / "kplan.db"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    status: str
+    reason: str | None
+    cloud: str
+    region: str
+    spec: dict[str, Any]
+    plan: dict[str, Any] | None
+    budget_usd: float
+    deadline_h: float | None
+    predicted_hours: float | None
+    predicted_cost_usd: float | None
+    predicted_cost_p90_usd: float | None
+    launcher_pid: int | None
+    stop_requested: str | None
+    created_at: float
+    updated_at: float
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    id: str
+    job: str
+    name: str
+    node_rank: int
+    cloud: str
+    region: str
+    zone: str
+    type: str
+    market: str
+    price: float  # USD per hour
+    state: str
+    launched_at: float  # when the launcher asked for it (ledger start)
+    ended_at: float | None = None
+    reason: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Not yet seen gone: pending, running or stopping (billed until terminated)."""
+        return self.state not in GONE_STATES
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    seq: int
+    job: str
+    time: float
+    kind: str
+    message: str
+    data: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    job: str
+    instance: str
+    start: float
+    end: float
+    billed_seconds: float
+    usd: float
+    closed: bool
+
+
+class StateError(KplanError):
+    """The state database cannot be opened or is from a newer kplan."""
+
+
+class StateDB:
+    """One connection to the state database. Not shared between threads."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+        self._depth = 0
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> StateDB:
+        path = default_db_path() if path is None else path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        except (OSError, sqlite3.Error) as err:
+            raise StateError(
+                f"cannot open the state database {path}: {err}",
+                hint="check KPLAN_HOME and the folder's permissions",
+            ) from None
+        conn.row_factory = sqlite3.Row
+        db = cls(conn, path)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            db._migrate()
+        except sqlite3.DatabaseError as err:
+            conn.close()
+            raise StateError(
+                f"{path} is not a kplan state database ({err})",
+                hint="move it away or point KPLAN_HOME elsewhere",
+            ) from None
+        return db
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        with self.transaction():
+            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StateError(
+                    f"{self.path} has schema version {version}; this kplan reads up to "
+                    f"{SCHEMA_VERSION}",
+                    hint="upgrade kplan",
+                )
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version={target}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction (``BEGIN IMMEDIATE``); nested calls join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self._conn.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self._conn.execute("COMMIT")
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+        with self.transaction():
+            return self._conn.execute(sql, params).rowcount
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def create_job(self, job: JobRecord) -> None:
+        if job.status not in JOB_STATUSES:
+            raise ValueError(f"unknown job status {job.status!r}")
+        try:
+            self._write(
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    job.id,
+                    job.status,
+                    job.reason,
+                    job.cloud,
+                    job.region,
+                    json.dumps(job.spec),
+                    None if job.plan is None else json.dumps(job.plan),
+                    job.budget_usd,
+                    job.deadline_h,
+                    job.predicted_hours,
+                    job.predicted_cost_usd,
+                    job.predicted_cost_p90_usd,
+                    job.launcher_pid,
+                    job.stop_requested,
+                    job.created_at,
+                    job.updated_at,
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise InputError(f"job {job.id!r} already exists", hint="use a new job id") from None
+
+    def job(self, job_id: str) -> JobRecord | None:
+        row = self._conn.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if row is None else _job(row)
+
+    def jobs(self) -> list[JobRecord]:
+        rows = self._conn.execute("SELECT * FROM jobs ORDER BY created_at, id").fetchall()
+        return [_job(r) for r in rows]
+
+    def set_status(self, job_id: str, status: str, time: float, reason: str | None = None) -> None:
+        if status not in JOB_STATUSES:
+            raise ValueError(f"unknown job status {status!r}")
+        self._write(
+            "UPDATE jobs SET status=?, reason=COALESCE(?, reason), updated_at=? WHERE id=?",
+            (status, reason, time, job_id),
+        )
+
+    def set_launcher(self, job_id: str, pid: int | None) -> None:
+        self._write("UPDATE jobs SET launcher_pid=? WHERE id=?", (pid, job_id))
+
+    def request_stop(self, job_id: str, reason: str, time: float) -> None:
+        """Ask the job's launcher to stop (read on its next tick)."""
+        self._write(
+            "UPDATE jobs SET stop_requested=?, updated_at=? WHERE id=?", (reason, time, job_id)
+        )
+
+    # --- instances --------------------------------------------------------------------------
+
+    def add_instance(self, inst: InstanceRecord) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO instances VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                inst.id,
+                inst.job,
+                inst.name,
+                inst.node_rank,
+                inst.cloud,
+                inst.region,
+                inst.zone,
+                inst.type,
+                inst.market,
+                inst.price,
+                inst.state,
+                inst.launched_at,
+                inst.ended_at,
+                inst.reason,
+            ),
+        )
+
+    def update_instance(
+        self,
+        job_id: str,
+        instance_id: str,
+        state: str,
+        *,
+        ended_at: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self._write(
+            "UPDATE instances SET state=?, ended_at=COALESCE(ended_at, ?), "
+            "reason=COALESCE(?, reason) WHERE job=? AND id=?",
+            (state, ended_at, reason, job_id, instance_id),
+        )
+
+    def instances(self, job_id: str) -> list[InstanceRecord]:
+        rows = self._conn.execute(
+            "SELECT * FROM instances WHERE job=? ORDER BY launched_at, node_rank, id", (job_id,)
+        ).fetchall()
+        return [_instance(r) for r in rows]
+
+    # --- events -----------------------------------------------------------------------------
+
+    def add_event(
+        self,
+        job_id: str,
+        time: float,
+        kind: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+    ) -> int:
+        with self.transaction():
+            cur = self._conn.execute(
+                "INSERT INTO events (job, time, kind, message, data) VALUES (?,?,?,?,?)",
+                (job_id, time, kind, message, None if data is None else json.dumps(data)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def events(self, job_id: str, after: int = 0) -> list[EventRecord]:
+        rows = self._conn.execute(
+            "SELECT * FROM events WHERE job=? AND seq>? ORDER BY seq", (job_id, after)
+        ).fetchall()
+        return [
+            EventRecord(
+                r["seq"],
+                r["job"],
+                r["time"],
+                r["kind"],
+                r["message"],
+                None if r["data"] is None else json.loads(r["data"]),
+            )
+            for r in rows
+        ]
+
+    # --- ledger -----------------------------------------------------------------------------
+
+    def put_ledger(self, row: LedgerRow) -> None:
+        """Insert or update an open row; a closed row is never changed again."""
+        self._write(
+            'INSERT INTO ledger (job, instance, start, "end", billed_seconds, usd, closed) '
+            "VALUES (?,?,?,?,?,?,?) ON CONFLICT(job, instance) DO UPDATE SET "
+            '"end"=excluded."end", billed_seconds=excluded.billed_seconds, usd=excluded.usd, '
+            "closed=excluded.closed WHERE ledger.closed=0",
+            (
+                row.job,
+                row.instance,
+                row.start,
+                row.end,
+                row.billed_seconds,
+                row.usd,
+                int(row.closed),
+            ),
+        )
+
+    def ledger(self, job_id: str) -> list[LedgerRow]:
+        rows = self._conn.execute(
+            "SELECT * FROM ledger WHERE job=? ORDER BY start, instance", (job_id,)
+        ).fetchall()
+        return [
+            LedgerRow(
+                r["job"],
+                r["instance"],
+                r["start"],
+                r["end"],
+                r["billed_seconds"],
+                r["usd"],
+                bool(r["closed"]),
+            )
+            for r in rows
+        ]
+
+    def spend(self, job_id: str) -> float:
+        """USD billed so far (closed rows plus open rows up to their last accrual)."""
+        row = self._conn.execute(
+            "SELECT COALESCE(SUM(usd), 0) FROM ledger WHERE job=?", (job_id,)
+        ).fetchone()
+        return float(row[0])
+
+
+def _job(r: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=r["id"],
+        status=r["status"],
+        reason=r["reason"],
+        cloud=r["cloud"],
+        region=r["region"],
+        spec=json.loads(r["spec"]),
+        plan=None if r["plan"] is None else json.loads(r["plan"]),
+        budget_usd=r["budget_usd"],
+        deadline_h=r["deadline_h"],
+        predicted_hours=r["predicted_hours"],
+        predicted_cost_usd=r["predicted_cost_usd"],
+        predicted_cost_p90_usd=r["predicted_cost_p90_usd"],
+        launcher_pid=r["launcher_pid"],
+        stop_requested=r["stop_requested"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+    )
+
+
+def _instance(r: sqlite3.Row) -> InstanceRecord:
+    return InstanceRecord(
+        id=r["id"],
+        job=r["job"],
+        name=r["name"],
+        node_rank=r["node_rank"],
+        cloud=r["cloud"],
+        region=r["region"],
+        zone=r["zone"],
+        type=r["type"],
+        market=r["market"],
+        price=r["price"],
+        state=r["state"],
+        launched_at=r["launched_at"],
+        ended_at=r["ended_at"],
+        reason=r["reason"],
+    )

@@ -1,0 +1,55 @@
+"""What ``kplan status`` shows: a job's row, instances, spend and recent events, as plain data."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+from kplan.launcher.state import JobRecord, StateDB
+
+
+def launcher_alive(job: JobRecord) -> bool:
+    """Whether the job's launcher process still runs (on this machine)."""
+    if job.launcher_pid is None or job.terminal:
+        return False
+    try:
+        os.kill(job.launcher_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def job_summary(db: StateDB, job: JobRecord, now: float, events: int = 15) -> dict[str, Any]:
+    """A JSON-ready summary of one job (``events``: how many of the latest to include)."""
+    instances = db.instances(job.id)
+    all_events = db.events(job.id)
+    end = now if not job.terminal else job.updated_at
+    launcher = "done" if job.terminal else ("running" if launcher_alive(job) else "gone")
+    return {
+        "id": job.id,
+        "status": job.status,
+        "reason": job.reason,
+        "launcher": launcher,
+        "cloud": job.cloud,
+        "region": job.region,
+        "script": job.spec.get("script"),
+        "nodes": len(job.spec.get("nodes", [])),
+        "workers": sum(int(n.get("gpus", 1)) for n in job.spec.get("nodes", [])),
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "elapsed_h": max(end - job.created_at, 0.0) / 3600.0,
+        "budget_usd": job.budget_usd,
+        "deadline_h": job.deadline_h,
+        "spend_usd": db.spend(job.id),
+        "predicted_hours": job.predicted_hours,
+        "predicted_cost_usd": job.predicted_cost_usd,
+        "predicted_cost_p90_usd": job.predicted_cost_p90_usd,
+        "alive_instances": sum(1 for i in instances if i.alive),
+        "preemptions": sum(1 for e in all_events if e.kind == "preempted"),
+        "instances": [asdict(i) for i in instances],
+        "ledger": [asdict(r) for r in db.ledger(job.id)],
+        "events": [asdict(e) for e in all_events[-events:]] if events else [],
+    }

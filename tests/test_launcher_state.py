@@ -1,0 +1,176 @@
+"""The state database: schema, transactions, concurrent processes, a writer killed mid-way."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kplan.launcher.state import (
+    SCHEMA_VERSION,
+    InstanceRecord,
+    JobRecord,
+    LedgerRow,
+    StateDB,
+    StateError,
+    default_db_path,
+)
+
+
+def _job(job_id: str = "kp-state-1", t: float = 100.0) -> JobRecord:
+    return JobRecord(
+        id=job_id,
+        status="pending",
+        reason=None,
+        cloud="aws",
+        region="us-east-1",
+        spec={"nodes": [{"gpus": 1}]},
+        plan=None,
+        budget_usd=5.0,
+        deadline_h=2.0,
+        predicted_hours=1.0,
+        predicted_cost_usd=3.0,
+        predicted_cost_p90_usd=4.0,
+        launcher_pid=None,
+        stop_requested=None,
+        created_at=t,
+        updated_at=t,
+    )
+
+
+def test_wal_mode_schema_version_and_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "kplan.db"
+    with StateDB.open(path) as db:
+        db.create_job(_job())
+        inst = InstanceRecord(
+            "i-1", "kp-state-1", "kp-state-1-n0-r0", 0, "aws", "us-east-1", "us-east-1a",
+            "g4dn.xlarge", "spot", 0.2, "running", 100.0,
+        )  # fmt: skip
+        db.add_instance(inst)
+        db.update_instance("kp-state-1", "i-1", "preempted", ended_at=200.0, reason="spot")
+        db.update_instance("kp-state-1", "i-1", "terminated", ended_at=300.0)  # keeps 200, reason
+        db.add_event("kp-state-1", 150.0, "launch", "node 0", {"a": [1, 2]})
+        db.set_status("kp-state-1", "running", 160.0)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+    with StateDB.open(path) as db:
+        job = db.job("kp-state-1")
+        assert job is not None and job.status == "running" and job.spec["nodes"] == [{"gpus": 1}]
+        (got,) = db.instances("kp-state-1")
+        assert (got.state, got.ended_at, got.reason, got.alive) == (
+            "terminated",
+            200.0,
+            "spot",
+            False,
+        )
+        (event,) = db.events("kp-state-1")
+        assert event.data == {"a": [1, 2]}
+        assert db.events("kp-state-1", after=event.seq) == []
+        with pytest.raises(ValueError, match="unknown job status 'bogus'"):
+            db.set_status("kp-state-1", "bogus", 1.0)
+
+
+def test_closed_ledger_rows_never_change(tmp_path: Path) -> None:
+    with StateDB.open(tmp_path / "kplan.db") as db:
+        db.create_job(_job())
+        db.put_ledger(LedgerRow("kp-state-1", "i-1", 0.0, 10.0, 60.0, 0.01, False))
+        db.put_ledger(LedgerRow("kp-state-1", "i-1", 0.0, 90.0, 90.0, 0.02, True))
+        db.put_ledger(LedgerRow("kp-state-1", "i-1", 0.0, 500.0, 500.0, 9.99, False))
+        (row,) = db.ledger("kp-state-1")
+        assert (row.end, row.usd, row.closed) == (90.0, 0.02, True)
+        assert db.spend("kp-state-1") == 0.02
+
+
+def test_a_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
+    with StateDB.open(tmp_path / "kplan.db") as db:
+        db.create_job(_job())
+        with pytest.raises(RuntimeError), db.transaction():
+            db.add_event("kp-state-1", 1.0, "a", "first")
+            db.set_status("kp-state-1", "running", 2.0)
+            raise RuntimeError("boom")
+        assert db.events("kp-state-1") == []
+        job = db.job("kp-state-1")
+        assert job is not None and job.status == "pending"
+
+
+def test_newer_schema_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "kplan.db"
+    StateDB.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StateError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        StateDB.open(path)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StateError, match="is not a kplan state database"):
+        StateDB.open(junk)
+
+
+def test_default_path_follows_kplan_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "h"))
+    assert default_db_path() == tmp_path / "h" / "kplan.db"
+    monkeypatch.delenv("KPLAN_HOME")
+    assert default_db_path() == Path.home() / ".kplan" / "kplan.db"
+
+
+_WRITER = """
+import sys, time
+from kplan.launcher.state import StateDB
+db = StateDB.open(__import__("pathlib").Path(sys.argv[1]))
+print("ready", flush=True)
+for i in range(int(sys.argv[2])):
+    with db.transaction():
+        db.add_event("kp-state-1", time.time(), "tick", sys.argv[3] + str(i))
+        db.set_status("kp-state-1", "running", time.time())
+print("done", flush=True)
+"""
+
+
+def test_two_processes_write_at_once_and_a_killed_writer_loses_nothing_committed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "kplan.db"
+    with StateDB.open(path) as db:
+        db.create_job(_job())
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _WRITER, str(path), "150", tag],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for tag in ("a", "b")
+        ]
+        for i in range(50):  # and this process too
+            db.add_event("kp-state-1", time.time(), "tick", f"main{i}")
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0 and "done" in out
+        messages = [e.message for e in db.events("kp-state-1")]
+        assert len(messages) == 350 and len(set(messages)) == 350
+        # A writer killed with SIGKILL in the middle: every committed event is there.
+        victim = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), "100000", "k"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
+        deadline = time.time() + 60
+        while len(db.events("kp-state-1")) < 400 and time.time() < deadline:
+            time.sleep(0.05)
+        victim.kill()
+        victim.wait(timeout=30)
+        victim.stdout.close()
+    with StateDB.open(path) as db:
+        killed = [e.message for e in db.events("kp-state-1") if e.message.startswith("k")]
+        assert len(killed) >= 50
+        assert killed == [f"k{i}" for i in range(len(killed))]  # a prefix, no gap
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
