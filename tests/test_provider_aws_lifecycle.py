@@ -22,7 +22,16 @@ from kplan.launcher.providers.aws import AwsProvider
 from kplan.launcher.providers.aws_common import AwsConfig
 from kplan.launcher.providers.aws_storage import S3Storage
 from kplan.launcher.state import EventRecord, StateDB
-from tests.aws_server import PROFILE, REGION, ZONE, MotoAws, fake_credentials
+from tests.aws_server import (
+    ACCESS_KEY,
+    PROFILE,
+    REGION,
+    SECRET_KEY,
+    SESSION_TOKEN,
+    ZONE,
+    MotoAws,
+    fake_credentials,
+)
 
 BUCKET = "kplan-acceptance"
 
@@ -122,6 +131,15 @@ def test_spot_interruption_replacement_completion_and_teardown(
     assert all(row.closed for row in db.ledger(spec.job_id))
     assert backend.storage.get_bytes(f"{spec.job_id}/code/job.tar.gz")
     assert moto.leftovers(spec.job_id) == {"instances": [], "security_groups": [], "volumes": []}
+
+    # No secret from the test's credentials reaches the database, the logs, or the bucket
+    # (status files, code, user-data's copies); the DB is checked on disk after closing it.
+    db.close()
+    blobs = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    blobs += [backend.storage.get_bytes(k) or b"" for k in backend.storage.list_keys(spec.job_id)]
+    assert any(b.startswith(b"SQLite format 3") for b in blobs)  # the database was scanned
+    for secret in (ACCESS_KEY, SECRET_KEY, SESSION_TOKEN):
+        assert not any(secret.encode() in b for b in blobs), secret
 
 
 def test_a_stop_request_tears_the_job_down(backend: Backend, moto: MotoAws, tmp_path: Path) -> None:
