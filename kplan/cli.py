@@ -73,11 +73,12 @@ def _root(
 
 
 def _register() -> None:
-    from kplan.commands import catalog, estimate, launch, model, profile
+    from kplan.commands import catalog, estimate, launch, model, profile, report
 
     estimate.register(app)
     profile.register(app)
     launch.register(app)
+    report.register(app)
     app.add_typer(model.app, name="model")
     app.add_typer(catalog.app, name="catalog")
 

@@ -6,6 +6,7 @@ and powers the nodes off. Afterwards nothing carries the job's tag."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -131,6 +132,25 @@ def test_spot_interruption_replacement_completion_and_teardown(
     assert all(row.closed for row in db.ledger(spec.job_id))
     assert backend.storage.get_bytes(f"{spec.job_id}/code/job.tar.gz")
     assert moto.leftovers(spec.job_id) == {"instances": [], "security_groups": [], "volumes": []}
+
+    # The report of this moto-backed job: its total is the ledger's sum exactly (terminal, JSON
+    # and HTML carry the same number), the preemption is itemised, and the on-demand comparison
+    # prices the same billed seconds at the shipped catalog's g5.xlarge on-demand rate.
+    from kplan.launcher.report import build_report, catalog_on_demand
+    from kplan.launcher.report_html import render_html
+
+    rec = db.job(spec.job_id)
+    assert rec is not None
+    report = build_report(db, rec, rec.updated_at, storage=backend.storage,
+                          on_demand_price=catalog_on_demand())  # fmt: skip
+    ledger_sum = math.fsum(row.usd for row in db.ledger(spec.job_id))
+    assert report.total_usd == ledger_sum and ledger_sum > 0
+    assert json.loads(json.dumps(report.to_dict()))["total_usd"] == ledger_sum
+    assert f'data-total-usd="{ledger_sum!r}"' in render_html([report])
+    assert [p.kind for p in report.preemptions] == ["preempted"]
+    assert report.preemptions[0].replacement is not None
+    assert report.on_demand.usd is not None and report.on_demand.usd > ledger_sum
+    assert report.on_demand.savings_usd == pytest.approx(report.on_demand.usd - ledger_sum)
 
     # No secret from the test's credentials reaches the database, the logs, or the bucket
     # (status files, code, user-data's copies); the DB is checked on disk after closing it.

@@ -1,0 +1,88 @@
+"""``kplan report JOB|--all``: predicted against actual time, cost and step time of jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kplan.errors import InputError, KplanError
+
+if TYPE_CHECKING:
+    from kplan.launcher.report import JobReport
+    from kplan.launcher.state import JobRecord, StateDB
+    from kplan.launcher.storage import Storage
+
+
+def _storage(rec: JobRecord) -> tuple[Storage | None, str]:
+    """The job's storage (its metrics), or None and why it cannot be reached."""
+    from kplan.commands.launch import _backend
+    from kplan.launcher.jobspec import JobSpec
+
+    try:
+        spec = JobSpec.from_dict(rec.spec)
+        return _backend(rec.cloud, rec.region, spec.storage_uri).storage, ""
+    except KplanError as err:
+        return None, f"n/a: metrics unreachable ({err.message})"
+
+
+def build(db: StateDB, rec: JobRecord, profile: Path | None) -> JobReport:
+    from kplan.launcher.report import build_report, catalog_on_demand, naive_planner
+
+    storage, note = _storage(rec)
+    return build_report(
+        db,
+        rec,
+        time.time(),
+        storage=storage,
+        storage_note=note,
+        on_demand_price=None if rec.cloud == "local" else catalog_on_demand(),
+        naive=naive_planner(None if profile is None else str(profile)),
+    )
+
+
+def report_command(
+    job: Annotated[str | None, typer.Argument(help="Job id.")] = None,
+    all_jobs: Annotated[bool, typer.Option("--all", help="Every job in the database.")] = False,
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="The job's profile, for the naive-plan comparison."),
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    from kplan.commands.launch import _db, _job_or_fail
+
+    if (job is None) == (not all_jobs):
+        raise InputError("give a job id or --all", hint="kplan report kp-... or kplan report --all")
+    with _db() as db:
+        records = [_job_or_fail(db, job)] if job is not None else db.jobs()
+        reports = [build(db, rec, profile) for rec in records]
+    if html is not None:
+        from kplan.launcher.report_html import render_html
+
+        try:
+            html.write_text(render_html(reports))
+        except OSError as err:
+            raise InputError(f"cannot write {html}: {err}", hint="check the path") from None
+    if as_json:
+        docs = [r.to_dict() for r in reports]
+        typer.echo(json.dumps(docs[0] if job is not None else docs, indent=1))
+    else:
+        from kplan.render.report import render_report
+
+        for r in reports:
+            render_report(r)
+        if html is not None:
+            typer.echo(f"wrote {html}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report", help="Predicted vs actual time, cost and step time of a job.")(
+        report_command
+    )

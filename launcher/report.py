@@ -1,0 +1,452 @@
+"""``kplan report``: what a job was predicted to cost and take, and what it really did.
+
+Built from the state database (job row, instances, events, ledger) and the runtime's metrics
+(``<job>/metrics/*.jsonl`` in the job's storage). Every dollar comes from the ledger: the total
+is the database's own sum (``StateDB.spend``, the number ``kplan status`` and the guard use), the
+breakdowns are the ledger rows grouped by instance, market and zone. Predictions come from the
+plan the job was launched from (``None`` when it had none, e.g. a local job).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
+from kplan.launcher.storage import Storage
+
+T = TypeVar("T")
+MAX_POINTS = 400  # trajectory points kept per series (evenly thinned, last point kept)
+
+
+@dataclass(frozen=True)
+class InstanceSpend:
+    instance: str
+    node_rank: int
+    type: str
+    market: str
+    zone: str
+    usd_per_hour: float
+    state: str
+    reason: str | None
+    start: float
+    end: float
+    billed_seconds: float
+    usd: float
+    closed: bool
+    on_demand_usd_per_hour: float | None  # the catalog's on-demand price (None: not found)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A lost instance and what it cost: lost time (work redone plus the wait for the
+    replacement) at the cluster's price, and the replacement's billed boot."""
+
+    time: float
+    kind: str  # "preempted" or "lost"
+    node_rank: int | None
+    instance: str | None
+    reason: str | None
+    work_lost_s: float | None  # since the last checkpoint (launcher's estimate from metrics)
+    downtime_s: float | None  # loss seen -> replacement running
+    cluster_usd_per_hour: float  # instances billed just before the loss
+    lost_usd: float | None  # (work_lost_s + downtime_s) * cluster price
+    replacement: str | None
+    replacement_boot_s: float | None  # replacement requested -> job recovered
+    replacement_boot_usd: float | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A counterfactual cost; ``usd`` None with ``note`` saying why."""
+
+    usd: float | None
+    savings_usd: float | None  # usd - actual spend (positive: the job was cheaper)
+    note: str
+    hours: float | None = None
+    usd_p90: float | None = None
+    config: str | None = None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    records: int
+    median_s: float
+    mean_s: float
+    p90_s: float
+
+
+@dataclass(frozen=True)
+class Metrics:
+    note: str  # where they came from, or why they are missing
+    steps: int = 0  # optimizer steps recorded by rank 0
+    step_time: StepStats | None = None
+    step_times: list[tuple[int, float]] = field(default_factory=list)  # rank 0 (step, s)
+    global_batch: list[tuple[int, int]] = field(default_factory=list)
+    local_batch: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # by rank
+    gns: list[tuple[int, float]] = field(default_factory=list)
+    checkpoints: int = 0
+    resumes: int = 0
+
+
+@dataclass(frozen=True)
+class JobReport:
+    id: str
+    status: str
+    reason: str | None
+    cloud: str
+    region: str
+    script: str | None
+    created_at: float
+    ended_at: float  # last status change (terminal jobs) or now
+    budget_usd: float
+    deadline_h: float | None
+    actual_hours: float  # wall clock, created_at -> ended_at
+    total_usd: float  # the ledger's sum (StateDB.spend)
+    billed_seconds: float
+    predicted_hours: float | None
+    predicted_hours_p90: float | None
+    predicted_cost_usd: float | None
+    predicted_cost_p90_usd: float | None
+    predicted_step_s: float | None
+    predicted_step_p90_s: float | None
+    instances: list[InstanceSpend]
+    by_instance: dict[str, float]
+    by_market: dict[str, float]
+    by_zone: dict[str, float]
+    cost_curve: list[tuple[float, float]]  # (unix time, cumulative USD), ends at total_usd
+    preemptions: list[Preemption]
+    on_demand: Comparison
+    naive: Comparison
+    metrics: Metrics
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["metrics"]["local_batch"] = {
+            str(k): v for k, v in doc["metrics"]["local_batch"].items()
+        }
+        return doc
+
+
+NaivePlanner = Callable[[JobRecord], Comparison]
+
+
+def build_report(
+    db: StateDB,
+    job: JobRecord,
+    now: float,
+    *,
+    storage: Storage | None = None,
+    storage_note: str = "",
+    on_demand_price: Callable[[InstanceRecord], float | None] | None = None,
+    naive: NaivePlanner | None = None,
+) -> JobReport:
+    """The report of ``job``. ``storage`` holds its metrics (None: ``storage_note`` says why);
+    ``on_demand_price`` looks up an instance's catalog on-demand price; ``naive`` plans the
+    naive alternative (None: not available)."""
+    instances = db.instances(job.id)
+    ledger = db.ledger(job.id)
+    events = db.events(job.id)
+    total = db.spend(job.id)
+    by_id = {i.id: i for i in instances}
+    lookup = on_demand_price or (lambda _inst: None)
+    spends = [_instance_spend(row, by_id.get(row.instance), lookup) for row in ledger]
+    chosen = (job.plan or {}).get("chosen") or {}
+    metrics = read_metrics(storage, job.id) if storage is not None else Metrics(storage_note)
+    end = job.updated_at if job.terminal else now
+    return JobReport(
+        id=job.id,
+        status=job.status,
+        reason=job.reason,
+        cloud=job.cloud,
+        region=job.region,
+        script=job.spec.get("script"),
+        created_at=job.created_at,
+        ended_at=end,
+        budget_usd=job.budget_usd,
+        deadline_h=job.deadline_h,
+        actual_hours=max(end - job.created_at, 0.0) / 3600.0,
+        total_usd=total,
+        billed_seconds=math.fsum(r.billed_seconds for r in ledger),
+        predicted_hours=job.predicted_hours,
+        predicted_hours_p90=_num(chosen.get("hours_p90")),
+        predicted_cost_usd=job.predicted_cost_usd,
+        predicted_cost_p90_usd=job.predicted_cost_p90_usd,
+        predicted_step_s=_num(chosen.get("step_time_s")),
+        predicted_step_p90_s=_num(chosen.get("step_time_p90_s")),
+        instances=spends,
+        by_instance=_group(spends, lambda s: s.instance),
+        by_market=_group(spends, lambda s: s.market),
+        by_zone=_group(spends, lambda s: s.zone),
+        cost_curve=cost_curve(ledger),
+        preemptions=preemptions(events, instances),
+        on_demand=on_demand_comparison(job, spends, total),
+        naive=_naive_savings(job, naive(job) if naive is not None else _no_naive(job), total),
+        metrics=metrics,
+    )
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _instance_spend(
+    row: LedgerRow, inst: InstanceRecord | None, price: Callable[[InstanceRecord], float | None]
+) -> InstanceSpend:
+    return InstanceSpend(
+        instance=row.instance,
+        node_rank=inst.node_rank if inst else -1,
+        type=inst.type if inst else "?",
+        market=inst.market if inst else "?",
+        zone=inst.zone if inst else "?",
+        usd_per_hour=inst.price if inst else 0.0,
+        state=inst.state if inst else "?",
+        reason=inst.reason if inst else None,
+        start=row.start,
+        end=row.end,
+        billed_seconds=row.billed_seconds,
+        usd=row.usd,
+        closed=row.closed,
+        on_demand_usd_per_hour=price(inst) if inst else None,
+    )
+
+
+def _group(
+    spends: Sequence[InstanceSpend], key: Callable[[InstanceSpend], str]
+) -> dict[str, float]:
+    parts: dict[str, list[float]] = defaultdict(list)
+    for s in spends:
+        parts[key(s)].append(s.usd)
+    return {k: math.fsum(v) for k, v in sorted(parts.items())}
+
+
+def cost_curve(ledger: Sequence[LedgerRow]) -> list[tuple[float, float]]:
+    """Cumulative USD at every row boundary, each row's dollars spread evenly over
+    [start, end]; the last point is the ledger's total."""
+    if not ledger:
+        return []
+    times = sorted({r.start for r in ledger} | {r.end for r in ledger})
+
+    def at(t: float) -> float:
+        parts = []
+        for r in ledger:
+            span = r.end - r.start
+            share = 1.0 if span <= 0 or t >= r.end else max(t - r.start, 0.0) / span
+            parts.append(r.usd * share)
+        return math.fsum(parts)
+
+    return [(t, at(t)) for t in times]
+
+
+def preemptions(
+    events: Sequence[EventRecord], instances: Sequence[InstanceRecord]
+) -> list[Preemption]:
+    """Each ``preempted``/``lost`` event, matched with the node's next ``recovered`` event and
+    the replacement instance (the node's next launch)."""
+    out = []
+    for i, ev in enumerate(events):
+        if ev.kind not in ("preempted", "lost"):
+            continue
+        data = ev.data or {}
+        rank = data.get("node_rank")
+        rec = next(
+            (
+                e
+                for e in events[i + 1 :]
+                if e.kind == "recovered" and (e.data or {}).get("node_rank") == rank
+            ),
+            None,
+        )
+        rdata = rec.data or {} if rec else {}
+        work = _num(rdata.get("work_lost_s"))
+        down = _num(rdata.get("downtime_s"))
+        cluster = math.fsum(
+            x.price
+            for x in instances
+            if x.launched_at <= ev.time and (x.ended_at is None or x.ended_at >= ev.time)
+        )
+        lost_s = None if work is None and down is None else (work or 0.0) + (down or 0.0)
+        repl = next(
+            (x for x in instances if x.node_rank == rank and x.launched_at >= ev.time - 1e-9
+             and x.id != data.get("instance")),
+            None,
+        )  # fmt: skip
+        boot_s = max(rec.time - repl.launched_at, 0.0) if rec and repl else None
+        out.append(
+            Preemption(
+                time=ev.time,
+                kind=ev.kind,
+                node_rank=rank if isinstance(rank, int) else None,
+                instance=data.get("instance"),
+                reason=data.get("reason"),
+                work_lost_s=work,
+                downtime_s=down,
+                cluster_usd_per_hour=cluster,
+                lost_usd=None if lost_s is None else lost_s * cluster / 3600.0,
+                replacement=repl.id if repl else None,
+                replacement_boot_s=boot_s,
+                replacement_boot_usd=(
+                    boot_s * repl.price / 3600.0 if boot_s is not None and repl else None
+                ),
+            )
+        )
+    return out
+
+
+def on_demand_comparison(
+    job: JobRecord, spends: Sequence[InstanceSpend], total: float
+) -> Comparison:
+    """The same instances for the same billed seconds at the catalog's on-demand price."""
+    if job.cloud == "local":
+        return Comparison(None, None, "n/a: local instances have no on-demand price")
+    missing = sorted({s.type for s in spends if s.on_demand_usd_per_hour is None})
+    if missing:
+        return Comparison(
+            None, None, f"n/a: no on-demand price in the catalog for {', '.join(missing)}"
+        )
+    usd = math.fsum(s.billed_seconds * (s.on_demand_usd_per_hour or 0.0) / 3600.0 for s in spends)
+    return Comparison(
+        usd, usd - total, "same instances, same billed seconds, at the catalog's on-demand price"
+    )
+
+
+def _naive_savings(job: JobRecord, naive: Comparison, total: float) -> Comparison:
+    if naive.usd is None:
+        return naive
+    if job.status != "succeeded":
+        note = f"{naive.note}; no savings: the job {job.status} before the end of training"
+        return replace(naive, note=note)
+    return replace(naive, savings_usd=naive.usd - total)
+
+
+def _no_naive(job: JobRecord) -> Comparison:
+    if job.plan is None:
+        return Comparison(None, None, "n/a: the job had no plan (no profile to plan from)")
+    return Comparison(None, None, "n/a: the job's profile is not available (give --profile)")
+
+
+def read_metrics(storage: Storage, job_id: str) -> Metrics:
+    """Step records and events of every rank under ``<job>/metrics/``."""
+    records: list[dict[str, Any]] = []
+    for key in sorted(storage.list_keys(f"{job_id}/metrics/")):
+        if not key.endswith(".jsonl"):
+            continue
+        data = storage.get_bytes(key) or b""
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written when the job stopped
+            if isinstance(rec, dict):
+                records.append(rec)
+    if not records:
+        return Metrics(f"no metrics under {storage.uri}/{job_id}/metrics/")
+    steps = [r for r in records if "event" not in r and isinstance(r.get("step"), int)]
+    rank0 = sorted((r for r in steps if r.get("rank", 0) == 0), key=lambda r: r.get("time") or 0)
+    times = [(int(r["step"]), float(r["step_time"])) for r in rank0 if _num(r.get("step_time"))]
+    local: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for r in sorted(steps, key=lambda r: r.get("time") or 0):
+        if isinstance(r.get("local_batch"), int):
+            local[int(r.get("rank", 0))].append((int(r["step"]), int(r["local_batch"])))
+    values = [t for _, t in times]
+    stats = None
+    if values:
+        ordered = sorted(values)
+        stats = StepStats(
+            records=len(values),
+            median_s=statistics.median(values),
+            mean_s=math.fsum(values) / len(values),
+            p90_s=ordered[min(math.ceil(0.9 * len(ordered)) - 1, len(ordered) - 1)],
+        )
+    return Metrics(
+        note=f"{len(records)} records from {storage.uri}/{job_id}/metrics/",
+        steps=len({s for s, _ in times}),
+        step_time=stats,
+        step_times=_thin(times),
+        global_batch=_thin(
+            [(int(r["step"]), int(r["global_batch"])) for r in rank0 if "global_batch" in r]
+        ),
+        local_batch={k: _thin(v) for k, v in sorted(local.items())},
+        gns=_thin([(int(r["step"]), float(r["gns"])) for r in rank0 if _num(r.get("gns"))]),
+        checkpoints=sum(1 for r in records if r.get("event") == "checkpoint"),
+        resumes=sum(1 for r in records if r.get("event") == "resume" and r.get("rank", 0) == 0),
+    )
+
+
+def _thin(points: list[T]) -> list[T]:
+    if len(points) <= MAX_POINTS:
+        return points
+    stride = math.ceil(len(points) / MAX_POINTS)
+    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+
+
+def catalog_on_demand() -> Callable[[InstanceRecord], float | None]:
+    """An instance's on-demand price in the shipped catalog: its zone, else the cheapest zone
+    of its region (None when the catalog has neither)."""
+    from kplan.catalogs import load_catalog
+
+    prices: dict[tuple[str, str, str, str], float] = {}
+    for o in load_catalog().offers:
+        if o.market == "on-demand":
+            prices[(o.cloud, o.region, o.instance_type, o.zone)] = o.usd_per_hour
+            key = (o.cloud, o.region, o.instance_type, "*")
+            prices[key] = min(prices.get(key, math.inf), o.usd_per_hour)
+
+    def price(inst: InstanceRecord) -> float | None:
+        exact = prices.get((inst.cloud, inst.region, inst.type, inst.zone))
+        return exact if exact is not None else prices.get((inst.cloud, inst.region, inst.type, "*"))
+
+    return price
+
+
+def naive_planner(profile_path: str | None = None) -> NaivePlanner:
+    """The naive plan: the profile's base global batch on the cheapest single on-demand instance
+    of the job's cloud that fits (``kplan estimate`` with a fixed batch, one node)."""
+
+    def plan(job: JobRecord) -> Comparison:
+        from kplan import planning
+        from kplan.errors import KplanError
+        from kplan.planner.search import SearchOptions
+
+        if job.cloud == "local":
+            return Comparison(None, None, "n/a: a local job has no cloud to plan on")
+        name = (job.plan or {}).get("profile")
+        try:
+            if profile_path is not None:
+                prof = planning.load_profile(Path(profile_path))
+            elif isinstance(name, str) and name in planning.example_names():
+                prof = planning.load_example(name)
+            else:
+                return _no_naive(job)
+            options = SearchOptions(
+                clouds=(job.cloud,),
+                markets=("on-demand",),
+                max_nodes=1,
+                fixed_global_batch=True,
+                mixed=False,
+                objective="cost",
+            )
+            row = planning.estimate(prof, options).plan.chosen
+        except KplanError as err:
+            return Comparison(None, None, f"n/a: {err.message}")
+        total = None if job.predicted_cost_usd is None else job.predicted_cost_usd
+        return Comparison(
+            usd=row.cost_usd,
+            savings_usd=None,
+            note=(
+                f"predicted for profile {prof.name}: global batch {row.global_batch} on one "
+                f"on-demand {row.instance_type} in {row.region}"
+                + ("" if total is None else f"; the job's own plan predicted ${total:,.2f}")
+            ),
+            hours=row.hours,
+            usd_p90=row.cost_p90_usd,
+            config=f"1x {row.instance_type} on-demand, batch {row.global_batch}",
+        )
+
+    return plan
