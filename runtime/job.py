@@ -404,6 +404,7 @@ class Job:
         self.metrics.event("done", step=self.step_count)
         self._sigterm.uninstall()
         self.metrics.close()
+        rdist.mark_completed()
 
     # --- one micro-step ------------------------------------------------------------------------
 

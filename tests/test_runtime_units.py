@@ -208,7 +208,10 @@ def test_pid_converges_without_oscillation(speed: list[float], alpha: float, see
         history.append(sizes)
     assert sum(sizes) == total
     ideal = [(alpha * 0.01 + b / (v * 1000)) for b, v in zip(sizes, speed, strict=True)]
-    assert max(ideal) / (sum(ideal) / k) - 1 < 0.1  # balanced to within the dead band region
+    # Balanced to within the dead band, up to one sample: batches are integers, so a very slow
+    # worker cannot get closer than one sample's time (1 / speed ms) to the others.
+    one_sample = max(1 / (v * 1000) for v in speed)
+    assert max(ideal) <= 1.1 * (sum(ideal) / k) + one_sample
     late = history[30:]
     for i in range(k):  # no oscillation: the split stays put within 5% after settling
         values = [h[i] for h in late]

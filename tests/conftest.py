@@ -1,0 +1,25 @@
+"""Test-session settings shared by every test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_HOME: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point KPLAN_HOME at a fresh folder: no test reads or writes the developer's ~/.kplan
+    (state database, user catalogs from `kplan catalog update`). Tests that need their own home
+    still set it themselves."""
+    home = tempfile.mkdtemp(prefix="kplan-test-home-")
+    _HOME.append(home)
+    os.environ["KPLAN_HOME"] = home
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for home in _HOME:
+        shutil.rmtree(home, ignore_errors=True)
