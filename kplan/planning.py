@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from kplan.catalogs import load_catalog
+from kplan.catalogs.current import load_current, staleness_note
 from kplan.catalogs.device_model import load_device_model
 from kplan.errors import InputError
 from kplan.io import read_json
@@ -56,7 +56,7 @@ def estimate(
         raise InputError(f"--epochs {epochs} must be > 0", hint="e.g. --epochs 90")
     if dataset_size is not None and dataset_size < 1:
         raise InputError(f"--dataset-size {dataset_size} must be >= 1", hint="samples per epoch")
-    catalog = catalog or load_catalog()
+    catalog = catalog or load_current()
     dm = load_device_model()
     params = None
     if profile.fit is not None:
@@ -75,4 +75,6 @@ def estimate(
         ref_link_gbps=ref_links,
     )
     plan = search(workload, catalog, dm, options)
+    if (stale := staleness_note(catalog.version)) is not None:
+        plan = replace(plan, notes=(*plan.notes, stale))
     return Estimate(plan, workload, catalog, profile)

@@ -82,6 +82,9 @@ class FakeCompute:
         self._pending: dict[tuple[str, str, str], tuple[float, Any]] = {}  # op -> (done at, effect)
         self._ready: dict[tuple[str, str, str], float] = {}  # instance -> running at
         self._ids = itertools.count(4_100_000_000_000_000_001, 7919)
+        # zone -> MachineType / AcceleratorType resources (see add_machine_type)
+        self.machine_types: dict[str, list[Json]] = {}
+        self.accelerator_types: dict[str, list[Json]] = {}
         self._ips = itertools.count(2)
 
     # --- test controls -------------------------------------------------------------------------
@@ -106,6 +109,66 @@ class FakeCompute:
         """Inserts of instances whose name matches regex ``name`` are accepted, then their
         operation ends DONE with ``error.errors[0].code == code`` (no instance is made)."""
         self._insert_errors.append((re.compile(name), code, message, http_status))
+
+    def add_machine_type(
+        self, zone: str, name: str, cpus: int, memory_mb: int, gpus: tuple[str, int] | None = None
+    ) -> None:
+        """A machine type offered in ``zone`` (``gpus``: bundled accelerator type and count)."""
+        mt: Json = {
+            "kind": "compute#machineType",
+            "id": str(next(self._ids)),
+            "name": name,
+            "description": f"{cpus} vCPUs, {memory_mb / 1024:g} GB RAM",
+            "guestCpus": cpus,
+            "memoryMb": memory_mb,
+            "maximumPersistentDisks": 128,
+            "zone": zone,
+            "selfLink": f"{API}/projects/p/zones/{zone}/machineTypes/{name}",
+            "isSharedCpu": False,
+        }
+        if gpus is not None:
+            mt["accelerators"] = [
+                {"guestAcceleratorType": gpus[0], "guestAcceleratorCount": gpus[1]}
+            ]
+        self.machine_types.setdefault(zone, []).append(mt)
+
+    def add_accelerator_type(self, zone: str, name: str, description: str, max_cards: int) -> None:
+        self.accelerator_types.setdefault(zone, []).append(
+            {
+                "kind": "compute#acceleratorType",
+                "id": str(next(self._ids)),
+                "name": name,
+                "description": description,
+                "zone": zone,
+                "maximumCardsPerInstance": max_cards,
+                "selfLink": f"{API}/projects/p/zones/{zone}/acceleratorTypes/{name}",
+            }
+        )
+
+    def aggregated_types(self, project: str, kind: str, query: dict[str, str]) -> Json:
+        """``aggregated/machineTypes`` or ``aggregated/acceleratorTypes``: one page, every zone
+        (a zone with no match gets the API's NO_RESULTS_ON_SCOPE warning)."""
+        terms = parse_filter(query.get("filter", ""))
+        store = self.machine_types if kind == "machineTypes" else self.accelerator_types
+        items: Json = {}
+        for zone, resources in sorted(store.items()):
+            hits = [r for r in resources if matches(r, terms)]
+            if hits:
+                items[f"zones/{zone}"] = {kind: hits}
+            else:
+                items[f"zones/{zone}"] = {
+                    "warning": {
+                        "code": "NO_RESULTS_ON_PAGE",
+                        "message": f"There are no results for scope 'zones/{zone}' on this page.",
+                        "data": [{"key": "scope", "value": f"zones/{zone}"}],
+                    }
+                }
+        return {
+            "kind": f"compute#{kind[0].lower()}{kind[1:-1]}AggregatedList",
+            "id": f"projects/{project}/aggregated/{kind}",
+            "items": items,
+            "selfLink": f"{API}/projects/{project}/aggregated/{kind}",
+        }
 
     def preempt(self, name: str) -> Json:
         """Preempt spot instance ``name``: the instance stops (or, with termination action
@@ -326,6 +389,11 @@ class FakeCompute:
             ("DELETE", z + "/instances/(?P<n>[^/]+)", lambda m: self.delete_instance(*m.groups())),
             ("GET", z + "/instances", lambda m: self._list(m["p"], m["z"], query)),
             ("GET", p + "/aggregated/instances", lambda m: self.aggregated(m["p"], query)),
+            (
+                "GET",
+                p + "/aggregated/(?P<k>machineTypes|acceleratorTypes)",
+                lambda m: self.aggregated_types(m["p"], m["k"], query),
+            ),
             ("GET", z + "/operations/(?P<n>[^/]+)", lambda m: self._op(*m.groups())),
             ("POST", z + "/operations/(?P<n>[^/]+)/wait", lambda m: self.wait_op(*m.groups())),
             ("GET", z + "/operations", lambda m: self.list_ops(m["p"], m["z"], query)),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from kplan.catalogs import load_catalog
+from kplan.catalogs.current import load_current
 from kplan.catalogs.listing import OfferFilter, select_offers
 
 app = typer.Typer(
@@ -27,14 +27,17 @@ def list_offers(
     max_price: float | None = typer.Option(None, "--max-price", help="Most USD per hour."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
     catalog_dir: Path | None = typer.Option(
-        None, "--catalog", help="A catalog directory to use instead of the shipped one."
+        None,
+        "--catalog",
+        help="A catalog directory to use instead of the current one (the newest from "
+        "`kplan catalog update`, else the shipped one).",
     ),
     show_notes: bool = typer.Option(
         False, "--notes", help="List the rows the loader dropped or doubted."
     ),
 ) -> None:
     """List offers (instance type, zone, market, price), cheapest first."""
-    catalog = load_catalog(catalog_dir)
+    catalog = load_current(catalog_dir)
     wanted = OfferFilter(cloud, region, gpu, instance_type, market, max_price)
     rows = select_offers(catalog, wanted)
     from kplan.render import catalog as render
@@ -45,3 +48,42 @@ def list_offers(
         render.print_offers(
             rows, version=catalog.version, notes=catalog.notes, show_notes=show_notes
         )
+
+
+@app.command("update")
+def update(
+    cloud: str = typer.Option(..., "--cloud", help="aws or gcp: the cloud to refresh."),
+    region: list[str] = typer.Option(
+        [], "--region", help="Region to refresh (repeatable; default: the catalog's regions)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+) -> None:
+    """Refresh a cloud's instance types and prices from its APIs into a new current catalog.
+
+    AWS: EC2 DescribeInstanceTypes, DescribeInstanceTypeOfferings, DescribeSpotPriceHistory and
+    the Price List API (credentials as for the AWS CLI). GCP: the Compute API and the Cloud
+    Billing Catalog API (KPLAN_GCP_PROJECT, Application Default Credentials). The new catalog
+    goes to $KPLAN_HOME/catalogs/<date>/ and becomes current only once it validates.
+    """
+    from kplan.catalogs.update import Fetch, update_catalog
+    from kplan.errors import InputError
+
+    name = cloud.strip().lower()
+    fetch: Fetch
+    if name == "aws":
+        from kplan.catalogs.update_aws import fetch_aws
+
+        fetch = fetch_aws
+    elif name == "gcp":
+        from kplan.catalogs.update_gcp import fetch_gcp
+
+        fetch = fetch_gcp
+    else:
+        raise InputError(f"unknown cloud {cloud!r}", hint="--cloud aws or --cloud gcp")
+    result = update_catalog(name, tuple(region), fetch)
+    from kplan.render import catalog as render
+
+    if as_json:
+        typer.echo(render.update_json(result))
+    else:
+        typer.echo(render.update_text(result))

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from kplan.catalogs.listing import Listing
+from kplan.catalogs.update import UpdateResult
 
 NON_TTY_WIDTH = 160  # piped output: wide enough that rows do not wrap
 
@@ -74,3 +75,34 @@ def print_offers(
             f"{len(notes)} catalog row(s) were dropped or doubted on load; --notes lists them",
             highlight=False,
         )
+
+
+def update_dict(result: UpdateResult) -> dict[str, Any]:
+    """What ``kplan catalog update`` did, as a JSON object."""
+    return {
+        "directory": str(result.directory),
+        "version": result.catalog.version,
+        "based_on": result.base,
+        "regions": list(result.regions),
+        "instances_refreshed": result.instances,
+        "offers_refreshed": result.offers,
+        "offers_total": len(result.catalog.offers),
+        "remarks": result.remarks,
+        "notes": list(result.catalog.notes),
+    }
+
+
+def update_json(result: UpdateResult) -> str:
+    return json.dumps(update_dict(result), indent=1)
+
+
+def update_text(result: UpdateResult) -> str:
+    """A few lines for people: what was written, what was refreshed, what was not."""
+    lines = [
+        f"catalog {result.catalog.version} written to {result.directory} (now current)",
+        f"refreshed {result.instances} instance types and {result.offers} offers in "
+        f"{', '.join(result.regions)}; based on {result.base}; "
+        f"{len(result.catalog.offers):,} offers in all, {len(result.catalog.notes)} loader notes",
+    ]
+    lines += [f"note: {r}" for r in result.remarks]
+    return "\n".join(lines)
