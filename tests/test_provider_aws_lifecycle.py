@@ -136,19 +136,26 @@ def test_spot_interruption_replacement_completion_and_teardown(
     # The report of this moto-backed job: its total is the ledger's sum exactly (terminal, JSON
     # and HTML carry the same number), the preemption is itemised, and the on-demand comparison
     # prices the same billed seconds at the shipped catalog's g5.xlarge on-demand rate.
-    from kplan.launcher.report import build_report, catalog_on_demand
+    from kplan.launcher.report import build_report, catalog_on_demand, naive_planner
     from kplan.launcher.report_html import render_html
 
     rec = db.job(spec.job_id)
     assert rec is not None
+    example = Path(__file__).resolve().parents[1] / "planner" / "examples" / "yolov3.json"
     report = build_report(db, rec, rec.updated_at, storage=backend.storage,
-                          on_demand_price=catalog_on_demand())  # fmt: skip
+                          on_demand_price=catalog_on_demand(),
+                          naive=naive_planner(str(example)))  # fmt: skip
     ledger_sum = math.fsum(row.usd for row in db.ledger(spec.job_id))
     assert report.total_usd == ledger_sum and ledger_sum > 0
     assert json.loads(json.dumps(report.to_dict()))["total_usd"] == ledger_sum
     assert f'data-total-usd="{ledger_sum!r}"' in render_html([report])
     assert [p.kind for p in report.preemptions] == ["preempted"]
     assert report.preemptions[0].replacement is not None
+    lost = report.preemptions[0].lost_usd
+    assert lost is not None and 0 < lost < ledger_sum  # lost + down time at the cluster's price
+    naive = report.naive  # the profile's batch on one on-demand AWS instance, as planned
+    assert naive.usd is not None and naive.usd > 0 and naive.config is not None
+    assert naive.savings_usd == pytest.approx(naive.usd - ledger_sum)
     assert report.on_demand.usd is not None and report.on_demand.usd > ledger_sum
     assert report.on_demand.savings_usd == pytest.approx(report.on_demand.usd - ledger_sum)
 
