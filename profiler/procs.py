@@ -14,63 +14,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-_PROC = Path("/proc")
+from kplan.procs import alive, descendants, read_stat
 
+__all__ = ["ProcessTree", "descendants", "is_running", "read_stat"]
 
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    ppid: int
-    state: str  # "R", "S", "Z" (zombie), ...
-    start_ticks: int  # start time since boot, clock ticks: tells a recycled pid apart
-
-
-def read_stat(pid: int) -> ProcStat | None:
-    """The parts of ``/proc/<pid>/stat`` kplan needs; None if there is no such process."""
-    try:
-        text = (_PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) is in parentheses and may contain spaces.
-    rest = text[text.rindex(")") + 2 :].split()
-    return ProcStat(pid=pid, ppid=int(rest[1]), state=rest[0], start_ticks=int(rest[19]))
-
-
-def all_stats() -> list[ProcStat]:
-    out = []
-    for entry in _PROC.iterdir():
-        if entry.name.isdigit():
-            stat = read_stat(int(entry.name))
-            if stat is not None:
-                out.append(stat)
-    return out
-
-
-def descendants(root: int) -> dict[int, int]:
-    """Every living descendant of ``root``: pid -> start ticks."""
-    children: dict[int, list[ProcStat]] = {}
-    for stat in all_stats():
-        children.setdefault(stat.ppid, []).append(stat)
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child.pid not in found:
-                found[child.pid] = child.start_ticks
-                todo.append(child.pid)
-    return found
-
-
-def is_running(pid: int, start_ticks: int | None = None) -> bool:
-    """True if ``pid`` is a live (not zombie) process, the same one if ``start_ticks`` is given."""
-    stat = read_stat(pid)
-    if stat is None or stat.state in ("Z", "X"):
-        return False
-    return start_ticks is None or stat.start_ticks == start_ticks
+# ``is_running`` is the profiler's name for the shared liveness check.
+is_running = alive
 
 
 class ProcessTree:

@@ -22,56 +22,36 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
-PROC = Path("/proc")
+from kplan.procs import PROC, alive, pids, read_stat, start_ticks
+from kplan.procs import descendants as all_descendants
+
+__all__ = [
+    "MARKER",
+    "PROC",
+    "alive",
+    "become_subreaper",
+    "descendants",
+    "kill_all",
+    "living",
+    "marked",
+    "read_stat",
+    "signal_all",
+    "start_ticks",
+    "wait_gone",
+]
+
 MARKER = "KPLAN_LOCAL_INSTANCE"
 """Environment variable carrying ``<instance id>:<token>`` into every process of an instance."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    ppid: int
-    state: str  # "R", "S", "Z" (zombie), ...
-    start_ticks: int  # start time since boot in clock ticks: tells a recycled pid apart
-
-
-def read_stat(pid: int) -> ProcStat | None:
-    """The fields of ``/proc/<pid>/stat`` used here; None when there is no such process."""
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    rest = text[text.rindex(")") + 2 :].split()  # the command (field 2) may hold spaces
-    return ProcStat(pid=pid, ppid=int(rest[1]), state=rest[0], start_ticks=int(rest[19]))
-
-
-def start_ticks(pid: int) -> int | None:
-    stat = read_stat(pid)
-    return None if stat is None else stat.start_ticks
-
-
-def alive(pid: int, ticks: int | None) -> bool:
-    """True if ``pid`` is a live (not zombie) process started at ``ticks`` (any start if None)."""
-    stat = read_stat(pid)
-    if stat is None or stat.state in ("Z", "X"):
-        return False
-    return ticks is None or stat.start_ticks == ticks
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit()]
-
-
 def marked(value: str) -> dict[int, int]:
     """Live processes whose environment holds ``KPLAN_LOCAL_INSTANCE=<value>``: pid -> ticks."""
     needle = f"{MARKER}={value}".encode()
     found: dict[int, int] = {}
-    for pid in _pids():
+    for pid in pids():
         try:
             environ = (PROC / str(pid) / "environ").read_bytes()
         except OSError:  # gone, or not ours to read
@@ -85,19 +65,7 @@ def marked(value: str) -> dict[int, int]:
 
 def descendants(root: int) -> dict[int, int]:
     """Live descendants of ``root``: pid -> start ticks."""
-    children: dict[int, list[ProcStat]] = {}
-    for pid in _pids():
-        stat = read_stat(pid)
-        if stat is not None:
-            children.setdefault(stat.ppid, []).append(stat)
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child.pid not in found:
-                found[child.pid] = child.start_ticks
-                todo.append(child.pid)
-    return {pid: ticks for pid, ticks in found.items() if alive(pid, ticks)}
+    return living(all_descendants(root))
 
 
 def signal_all(pids: dict[int, int], sig: signal.Signals) -> None:
