@@ -33,18 +33,7 @@ PRIOR_ALPHA = 1e-3
 PRIOR_GAMMA = 2.5
 MIN_LOG_SIGMA = 0.05  # never claim better than 5% accuracy
 
-_NAMES = (
-    "compute_a",
-    "compute_b",
-    "gamma",
-    "intra_alpha",
-    "intra_beta",
-    "intra_lat",
-    "inter_alpha",
-    "inter_beta",
-    "inter_lat",
-    "two_node",
-)
+_NAMES = perfmodel.FITTED
 _LOWER = np.array([0.0, 1e-12, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 _UPPER = np.array([1e4, 1e3, 10.0, 1e3, 1e4, 1.0, 1e3, 1e4, 1.0, 3.0])
 

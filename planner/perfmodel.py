@@ -37,6 +37,21 @@ _KIND = "kplan.perfmodel"
 Array = NDArray[np.float64]
 
 
+# The parameters a fit estimates, in the order of its parameter vector.
+FITTED = (
+    "compute_a",
+    "compute_b",
+    "gamma",
+    "intra_alpha",
+    "intra_beta",
+    "intra_lat",
+    "inter_alpha",
+    "inter_beta",
+    "inter_lat",
+    "two_node",
+)
+
+
 @dataclass(frozen=True)
 class PerfParams:
     """Fitted step-time parameters (seconds unless noted)."""
@@ -62,18 +77,7 @@ class PerfParams:
     inter_measured: bool = False  # False: inter-node terms are priors, not fitted
 
     def __post_init__(self) -> None:
-        for name in (
-            "compute_a",
-            "compute_b",
-            "intra_alpha",
-            "intra_beta",
-            "intra_lat",
-            "inter_alpha",
-            "inter_beta",
-            "inter_lat",
-            "two_node",
-            "log_sigma",
-        ):
+        for name in (*(n for n in FITTED if n != "gamma"), "log_sigma"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
