@@ -74,6 +74,21 @@ def price_text(usd: float) -> str:
     return f"{usd:.6f}".rstrip("0").rstrip(".")
 
 
+def offer_record(
+    cloud: str, name: str, region: str, zone: str, market: str, usd: float, src: str
+) -> Record:
+    """One prices.csv row."""
+    return {
+        "cloud": cloud,
+        "instance_type": name,
+        "region": region,
+        "zone": zone,
+        "market": market,
+        "usd_per_hour": price_text(usd),
+        "source": src,
+    }
+
+
 def read_tables(directory: Traversable) -> dict[str, list[Record]]:
     """The rows of a catalog's five CSV files (checked by loading it first)."""
     tables: dict[str, list[Record]] = {}

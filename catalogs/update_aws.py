@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kplan.catalogs.update import Record, Refresh, price_text
+from kplan.catalogs.update import Record, Refresh, offer_record
 from kplan.launcher.providers.aws_common import AwsConfig, Client, Retry, call, make_client_factory
 
 PRICING_REGION = "us-east-1"  # the Price List API's endpoint region
@@ -183,15 +183,7 @@ def _region_offers(
 
 
 def _offer(name: str, region: str, zone: str, market: str, usd: float, src: str) -> Record:
-    return {
-        "cloud": "aws",
-        "instance_type": name,
-        "region": region,
-        "zone": zone,
-        "market": market,
-        "usd_per_hour": price_text(usd),
-        "source": src,
-    }
+    return offer_record("aws", name, region, zone, market, usd, src)
 
 
 def _zone_ids(client: Client) -> dict[str, str]:

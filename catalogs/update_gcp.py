@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kplan.catalogs.update import Record, Refresh, price_text
+from kplan.catalogs.update import Record, Refresh, offer_record
 from kplan.errors import CloudError
 
 COMPUTE_SERVICE = "6F81-5844-456A"
@@ -170,15 +170,7 @@ def _recipe(shape: Shape) -> str:
 
 
 def _offer(name: str, region: str, zone: str, market: str, usd: float, src: str) -> Record:
-    return {
-        "cloud": "gcp",
-        "instance_type": name,
-        "region": region,
-        "zone": zone,
-        "market": market,
-        "usd_per_hour": price_text(usd),
-        "source": src,
-    }
+    return offer_record("gcp", name, region, zone, market, usd, src)
 
 
 # --- Compute API ---------------------------------------------------------------------------
