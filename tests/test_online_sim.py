@@ -1,0 +1,59 @@
+"""The trace-driven simulation of online adaptation (bench/online_sim.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import online_sim
+from bench.online_sim import Progress, SimOptions, hindsight, load_truth, simulate
+from bench.traces import data_root
+
+needs_traces = pytest.mark.skipif(
+    not (data_root() / "traces" / "pollux" / "t4").is_dir(),
+    reason="the Pollux traces (../shared/data) are not here",
+)
+QUICK = SimOptions(replan_every=0.05, chunks=200)
+
+
+@needs_traces
+def test_the_space_and_the_profile_follow_the_protocol() -> None:
+    truth = load_truth("bert")
+    batches = np.array([c.global_batch for c in truth.configs])
+    assert batches.min() >= truth.base_batch and batches.max() <= truth.max_batch
+    assert {m.nodes for m in truth.profile} == {1}  # the profile measures one node only
+    assert max(c.nodes for c in truth.configs) == 16  # scalability rows are in the space
+    prices = np.array([c.usd_per_hour / c.nodes for c in truth.configs])
+    np.testing.assert_allclose(prices, truth.node_price)
+    assert truth.gns[0].progress > 0.0 and truth.gns[-1].progress == pytest.approx(1.0)
+
+
+@needs_traces
+def test_progress_steps_and_advance_are_inverse() -> None:
+    truth = load_truth("cifar10")
+    prog = Progress(truth, 50)
+    n = prog.steps(0.1, 0.37, 1024)
+    assert prog.advance(0.1, n, 1024) == pytest.approx(0.37)
+    # At the base batch one step is one base-batch step of progress.
+    assert prog.steps(0.0, 1.0, truth.base_batch) == pytest.approx(truth.progress)
+    assert prog.steps(0.0, 1.0, 4096) > truth.progress * truth.base_batch / 4096
+
+
+@needs_traces
+def test_online_reaches_the_hindsight_best_on_bert() -> None:
+    r = simulate("bert", QUICK)
+    truth = load_truth("bert")
+    usd, _ = hindsight(truth, Progress(truth, QUICK.chunks), QUICK)
+    assert r.best_usd == pytest.approx(usd.min())
+    assert r.online.trials >= 1
+    assert r.online.explore_usd <= QUICK.overhead * r.static_usd + 1.0
+    assert r.online.cost <= 1.05 * r.best_usd
+    assert r.online.final is not None
+
+
+@needs_traces
+def test_quick_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    results = online_sim.main(["--quick", "--models", "bert"])
+    out = capsys.readouterr().out
+    assert "hindsight best" in out and "bert" in out
+    assert len(results) == 1 and results[0].ratio > 0
