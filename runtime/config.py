@@ -41,6 +41,12 @@ class RuntimeConfig:
     profile: env.ProfileSchedule | None = None
     sync: SyncMode = "overlap"
     """``overlap``: all-reduce inside backward (DDP comm hook); ``manual``: after backward."""
+    epochs_by: env.EpochsBy = "data"
+    """``progress``: ``job.epochs(E)`` runs E x ceil(len(dataset)/B0) base-batch steps."""
+    policies: tuple[str, ...] = ()
+    """Policy specs loaded at start (``KPLAN_POLICIES`` syntax), added to ``Job(policies=)``."""
+    control_path: Path | None = None
+    """The launcher's control file (``KPLAN_CONTROL_PATH``)."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch, allow_none=True)
@@ -51,6 +57,8 @@ class RuntimeConfig:
             raise InputError(f"lr_scaling={self.lr_scaling!r} is not one of {env.LR_RULES}", "")
         if self.gns not in env.GNS_MODES:
             raise InputError(f"gns={self.gns!r} is not one of {env.GNS_MODES}", "")
+        if self.epochs_by not in env.EPOCHS_BY_CHOICES:
+            raise InputError(f"epochs_by={self.epochs_by!r} is not 'data' or 'progress'", "")
         if self.sync not in ("overlap", "manual"):
             raise InputError(f"sync={self.sync!r} is not 'overlap' or 'manual'", "")
         if not 0.0 <= self.gns_smoothing < 1.0:
@@ -83,10 +91,15 @@ class RuntimeConfig:
             "seed": env.seed(environ),
             "max_steps": env.max_steps(environ),
             "profile": env.profile_schedule(environ),
+            "epochs_by": env.epochs_by(environ),
+            "control_path": env.control_path(environ),
         }
         if env.is_set(env.JOB_ID, environ):
             values["job_id"] = env.job_id(environ)
         changes = {k: v for k, v in values.items() if v is not None}
+        extra = env.policies(environ)
+        if extra:
+            changes["policies"] = (*base.policies, *extra)
         pid = env.pid_enabled(environ)
         if pid is False:
             changes["pid"] = None

@@ -8,10 +8,11 @@ This module imports neither torch nor anything heavy: the launcher and the CLI u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -46,13 +47,21 @@ MAX_STEPS = "KPLAN_MAX_STEPS"
 BACKEND = "KPLAN_BACKEND"
 DIST_TIMEOUT = "KPLAN_DIST_TIMEOUT"
 PROFILE_SCHEDULE = "KPLAN_PROFILE_SCHEDULE"
+POLICIES = "KPLAN_POLICIES"
+EPOCHS_BY = "KPLAN_EPOCHS_BY"
+CONTROL_PATH = "KPLAN_CONTROL_PATH"
 
 LrRule = Literal["adascale", "linear", "sqrt", "none"]
 GnsMode = Literal["auto", "sgd", "adam", "off"]
 Backend = Literal["nccl", "gloo"]
+EpochsBy = Literal["data", "progress"]
 LR_RULES: tuple[LrRule, ...] = ("adascale", "linear", "sqrt", "none")
 GNS_MODES: tuple[GnsMode, ...] = ("auto", "sgd", "adam", "off")
 BACKENDS: tuple[Backend, ...] = ("nccl", "gloo")
+EPOCHS_BY_CHOICES: tuple[EpochsBy, ...] = ("data", "progress")
+BUILTIN_POLICIES = ("goodput", "straggler")
+"""Names ``KPLAN_POLICIES`` accepts besides ``file.py:Class`` and ``module:Class``."""
+CONTROL_SCHEMA = "kplan.control/1"
 
 _S = TypeVar("_S", bound=str)
 
@@ -262,6 +271,101 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
     return DEFAULT_DIST_TIMEOUT if value is None else value
 
 
+def policies(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """Adaptation policies to add to the script's (``KPLAN_POLICIES``, comma list); None: none.
+
+    Each item is a built-in name (``goodput``, ``straggler``), ``path/to/file.py:ClassName`` or
+    ``package.module:ClassName``. Only the syntax is checked here; runtime/policy.py loads them.
+    """
+    raw = _raw(POLICIES, environ)
+    if raw is None:
+        return None
+    hint = (
+        f"set {POLICIES} to a comma list of {', '.join(BUILTIN_POLICIES)}, "
+        "path/to/file.py:ClassName or package.module:ClassName"
+    )
+    items = [item.strip() for item in raw.split(",")]
+    for item in items:
+        if item in BUILTIN_POLICIES:
+            continue
+        where, sep, name = item.rpartition(":")
+        if not sep or not where.strip() or not name.isidentifier():
+            raise InputError(f"{POLICIES}={raw!r}: {item!r} is not a policy", hint)
+    return tuple(items)
+
+
+def epochs_by(environ: Mapping[str, str] | None = None) -> EpochsBy | None:
+    """What ``job.epochs(E)`` counts (``KPLAN_EPOCHS_BY``): ``data`` passes (default) or
+    ``progress``: E x ceil(len(dataset)/B0) base-batch-equivalent steps."""
+    return _choice(EPOCHS_BY, environ, EPOCHS_BY_CHOICES)
+
+
+def control_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The launcher's control file (``KPLAN_CONTROL_PATH``, JSON); None: no launcher control."""
+    raw = _raw(CONTROL_PATH, environ)
+    return None if raw is None else Path(raw)
+
+
+@dataclass(frozen=True)
+class Control:
+    """One version of the control file the launcher writes (schema ``kplan.control/1``).
+
+    ``spend_usd`` is what the job had cost at Unix time ``time``; ``usd_per_hour`` the price of
+    the whole cluster now; ``global_batch`` and ``stop`` are commands, applied once per ``seq``.
+    """
+
+    seq: int
+    time: float
+    spend_usd: float
+    budget_usd: float | None
+    usd_per_hour: float
+    deadline_time: float | None
+    global_batch: int | None
+    stop: str | None
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": CONTROL_SCHEMA, **dataclasses.asdict(self)})
+
+
+def parse_control(text: str) -> Control:
+    """A control file's content; InputError naming the problem when it is not one."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"control file is not JSON: {err.msg}", "") from None
+    if not isinstance(data, dict) or data.get("schema") != CONTROL_SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise InputError(f"control file has schema {got!r}, expected {CONTROL_SCHEMA!r}", "")
+
+    def number(key: str, optional: bool = False) -> float | None:
+        value = data.get(key)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(f"control file: {key}={value!r} is not a number", "")
+        if not math.isfinite(value):
+            raise InputError(f"control file: {key}={value!r} is not finite", "")
+        return float(value)
+
+    batch, stop, seq = data.get("global_batch"), data.get("stop"), data.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise InputError(f"control file: seq={seq!r} is not an integer", "")
+    if batch is not None and (not _is_int(batch) or batch < 1):
+        raise InputError(f"control file: global_batch={batch!r} is not an integer >= 1", "")
+    if stop is not None and not isinstance(stop, str):
+        raise InputError(f"control file: stop={stop!r} is not a string", "")
+    return Control(
+        seq=seq,
+        time=number("time") or 0.0,
+        spend_usd=number("spend_usd") or 0.0,
+        budget_usd=number("budget_usd", optional=True),
+        usd_per_hour=number("usd_per_hour") or 0.0,
+        deadline_time=number("deadline_time", optional=True),
+        global_batch=batch,
+        stop=stop,
+    )
+
+
 @dataclass(frozen=True)
 class ProfileSchedule:
     """Profile mode: a sweep over local batches, then GNS steps (see runtime/API.md)."""
@@ -359,6 +463,9 @@ def kplan_environ(
     backend: Backend | None = None,
     dist_timeout: float | None = None,
     profile_schedule: ProfileSchedule | None = None,
+    policies: Sequence[str] | None = None,
+    epochs_by: EpochsBy | None = None,
+    control_path: Path | str | None = None,
 ) -> dict[str, str]:
     """The kplan variables for a worker, as strings; None leaves a variable out.
 
@@ -383,6 +490,9 @@ def kplan_environ(
         BACKEND: backend,
         DIST_TIMEOUT: dist_timeout,
         PROFILE_SCHEDULE: None if profile_schedule is None else profile_schedule.to_json(),
+        POLICIES: None if not policies else ",".join(policies),
+        EPOCHS_BY: epochs_by,
+        CONTROL_PATH: control_path,
     }
     out = {name: str(value) for name, value in values.items() if value is not None}
     for reader in READERS:
@@ -408,5 +518,8 @@ READERS = (
     backend,
     dist_timeout,
     profile_schedule,
+    policies,
+    epochs_by,
+    control_path,
 )
 """Every kplan variable's reader, for validating an environment in one pass."""

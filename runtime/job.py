@@ -19,9 +19,11 @@ One optimizer step, at the end of its last micro-step (``_finish_step``):
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
@@ -36,6 +38,7 @@ from kplan.runtime.gns import GnsEstimator
 from kplan.runtime.lr_scaling import LrScaler
 from kplan.runtime.metrics import MetricsWriter
 from kplan.runtime.pid import BatchController, PidConfig
+from kplan.runtime.policy import Monitor, Policy, PolicyRunner, load_policies
 from kplan.runtime.profile_mode import ProfileRun, is_oom
 from kplan.runtime.resume import load_into, runtime_state
 from kplan.runtime.sampler import GlobalBatchSampler, Position
@@ -78,8 +81,10 @@ class Job:
         extras: Mapping[str, Stateful] | None = None,
         ddp_kwargs: Mapping[str, Any] | None = None,
         config: RuntimeConfig | None = None,
+        policies: Sequence[Policy] = (),
         **loader_kwargs: Any,
     ) -> None:
+        self._started = time.monotonic()
         self.ctx = ctx = rdist.init()
         self.config = cfg = RuntimeConfig.from_env(config)
         self.profiling = cfg.profile is not None
@@ -172,6 +177,16 @@ class Job:
         self._gns = GnsEstimator(cfg.gns_smoothing)
         self._lr = LrScaler(cfg.lr_scaling, self.base_batch, self.global_batch, cfg.lr_ramp_steps)
         self.metrics = MetricsWriter(cfg.metrics_path, ctx.rank, cfg.job_id)
+        # Adaptation: policies (the script's, then KPLAN_POLICIES) and the launcher's control.
+        self._dataset_size = len(dataset)
+        self._local_world_size = env.local_world_size()
+        adapt = not self.profiling
+        self._runner = PolicyRunner(
+            [*policies, *load_policies(cfg.policies)] if adapt else [],
+            rank0=ctx.rank == 0,
+            write_event=lambda **fields: self.metrics.event("policy", **fields),
+            control_path=cfg.control_path if adapt else None,
+        )
 
         # Loop state.
         self.step_count = 0
@@ -198,6 +213,10 @@ class Job:
         self._prev_batch = 0
         self._last_ckpt_step = -1
         self._last_ckpt_time = time.monotonic()
+        self._prev_wall = 0.0
+        self._stop_reason: str | None = None
+        self._progress_target: float | None = None
+        self._hooked_step = -1
 
         self._store: CheckpointStore | None = None
         resumed: str | None = None
@@ -264,14 +283,48 @@ class Job:
     def is_last_micro_step(self) -> bool:
         return self._micro_in_step == self.accum_steps - 1
 
+    @property
+    def policies(self) -> tuple[Policy, ...]:
+        """The adaptation policies running in this job (the script's, then KPLAN_POLICIES)."""
+        return tuple(self._runner.policies)
+
+    @property
+    def monitor(self) -> Monitor:
+        """What the policies saw last (the job's own state before the first step)."""
+        return self._runner.monitor or step_end.base_monitor(self)
+
+    @property
+    def stopped(self) -> str | None:
+        """The reason a policy or the launcher stopped the job, else None."""
+        return self._stop_reason
+
     # --- the loop ------------------------------------------------------------------------------
 
     def epochs(self, total: int) -> Iterator[int]:
-        """Epoch numbers from the resumed epoch up to ``total`` (profile mode: until done)."""
+        """Epoch numbers from the resumed epoch up to ``total`` (profile mode: until done).
+
+        With ``KPLAN_EPOCHS_BY=progress`` the loop runs until ``job.progress`` reaches
+        ``total`` x ceil(len(dataset)/B0) base-batch steps, through as many data passes as that
+        takes (the last one stops mid-epoch).
+        """
         if total < 0:
             raise InputError(f"epochs({total}): the number of epochs is negative", "")
-        while not self._stopped and (self.profiling or self._position.epoch < total):
+        by_progress = self.config.epochs_by == "progress" and not self.profiling
+        target = float(total * math.ceil(self._dataset_size / self.base_batch))
+        if by_progress:
+            self._progress_target = target
+        if not self.profiling:  # the launcher's measure of the work left (launcher/adapt.py)
+            self.metrics.event(
+                "epochs",
+                total=total,
+                by=self.config.epochs_by,
+                target_progress=target,
+                base_batch=self.base_batch,
+                dataset_size=self._dataset_size,
+            )
+        while not self._stopped and self._more_epochs(total):
             epoch = self._position.epoch
+            self._hook("before_epoch")
             self._in_epoch = True
             try:
                 yield epoch
@@ -279,7 +332,24 @@ class Job:
                 self._in_epoch = False
             if self._position.epoch == epoch and not self._stopped:  # the body left early
                 self._position = Position(epoch + 1, 0, self._position.micro)
+            self._hook("after_epoch", epoch)
         self.finish()
+
+    def _more_epochs(self, total: int) -> bool:
+        if self.profiling:
+            return True
+        if self._progress_target is not None:
+            return self.progress < self._progress_target - 1e-9
+        return self._position.epoch < total
+
+    def _hook(self, name: str, epoch: int | None = None) -> None:
+        """Run hook ``name`` of every policy with the latest monitor."""
+        if not self._runner.policies:
+            return
+        m = self.monitor
+        if name.endswith("epoch"):
+            m = dataclasses.replace(m, epoch=self.epoch if epoch is None else epoch)
+        self._runner.call(name, m)
 
     def batches(self) -> Iterator[Any]:
         """This worker's micro-batches for the rest of the current epoch, on its device."""
@@ -298,6 +368,9 @@ class Job:
                 self._restart_sizes = None
                 iterator = iter(self._loader)
             if self._micro_in_step == 0:
+                if self._hooked_step != self.step_count and self._next_step_fits():
+                    self._hooked_step = self.step_count
+                    self._hook("before_step")
                 self._clock.start()
                 if self._last_end is None:
                     self._last_end = time.perf_counter()
@@ -315,6 +388,12 @@ class Job:
         del iterator
         if not self._stopped and self._position.epoch == epoch and self._micro_in_step == 0:
             self._position = Position(epoch + 1, 0, self._position.micro)
+
+    def _next_step_fits(self) -> bool:
+        """Whether the next step's data is in the current epoch (the sampler's own rule)."""
+        pos = self._position
+        need = self.accum_steps * sum(self._sampler.sizes_at(pos.micro))
+        return pos.offset + need <= self._dataset_size
 
     def step(self) -> _StepContext:
         """Context of one micro-step; on leaving the last one of a step, the optimizer steps."""
@@ -401,7 +480,10 @@ class Job:
         self._stopped = True
         if self._store is not None and self._last_ckpt_step != self.step_count:
             self.checkpoint("final")
-        self.metrics.event("done", step=self.step_count)
+        if self._stop_reason is None:
+            self.metrics.event("done", step=self.step_count)
+        else:
+            self.metrics.event("done", step=self.step_count, stopped=self._stop_reason)
         self._sigterm.uninstall()
         self.metrics.close()
         rdist.mark_completed()

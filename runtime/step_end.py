@@ -15,6 +15,7 @@ import torch  # noqa: TID253 (torch is the runtime's core dependency)
 from kplan.runtime import distributed as rdist
 from kplan.runtime import local_gns, profile_steps
 from kplan.runtime.gns import GnsSample, estimate
+from kplan.runtime.policy import Monitor, batch_bounds, finite
 
 if TYPE_CHECKING:
     from kplan.runtime.job import Job
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
 # Slots of the per-step statistics vector, per rank.
 _B, _SQR, _LOSS, _PREV_B, _PREV_T, _TERM, _CKPT = range(7)
 _WIDTH = 7
+# Then one tail that only rank 0 fills (zeros elsewhere, so the SUM keeps its values exact):
+# its pending policy requests (global batch, 0 = none; stop flag), its wall time of the previous
+# step and seconds since start, and the control file's money and time (NaN = unknown).
+_Q_BATCH, _Q_STOP, _Q_WALL, _Q_ELAPSED, _Q_SPEND, _Q_BUDGET, _Q_PRICE, _Q_DEADLINE = range(8)
+_TAIL = 8
 
 
 class Preempted(SystemExit):
@@ -35,28 +41,45 @@ def stats_vector(job: Job) -> torch.Tensor:
     """This rank's slot, in a zero vector with one slot per rank (SUM over ranks = all-gather).
 
     Slots: local batch (all micro-steps), local |g_i|², mean local loss, the previous step's
-    local batch and compute time (for the PID), SIGTERM flag, checkpoint-due flag (rank 0).
+    local batch and compute time (for the PID), SIGTERM flag, checkpoint-due flag (rank 0);
+    then rank 0's tail (policy requests, its clock, the control file's values).
     """
     ctx = job.ctx
     prev_b, prev_t = job._prev_timing or (0.0, 0.0)
-    due = ctx.rank == 0 and checkpoint_due_by_time(job)
+    rank0 = ctx.rank == 0
+    due = rank0 and checkpoint_due_by_time(job)
     local_batch = job._step_sizes[ctx.rank] * job.accum_steps
     flags = [prev_b, prev_t, float(job._sigterm.requested), float(due)]
+    tail = rank0_tail(job) if rank0 else [0.0] * _TAIL
     start = ctx.rank * _WIDTH
+    size = ctx.world_size * _WIDTH + _TAIL
     if ctx.device.type == "cpu":  # one tensor from host numbers (reading CPU scalars is free)
-        full = [0.0] * (ctx.world_size * _WIDTH)
+        full = [0.0] * size
         loss = float(job._loss_sum) / job.accum_steps
         mine = [float(local_batch), float(job._sync.local_sqr), loss, *flags]
         full[start : start + _WIDTH] = mine
+        full[size - _TAIL :] = tail
         return torch.tensor(full, dtype=torch.float64)
     # On a GPU the norm and loss stay on the device: reading them would wait for the GPU.
-    slot = torch.tensor([float(local_batch), 0.0, 0.0, *flags], dtype=torch.float64)
-    slot = slot.to(ctx.device, non_blocking=True)
+    host = torch.tensor([float(local_batch), 0.0, 0.0, *flags, *tail], dtype=torch.float64)
+    slot = host.to(ctx.device, non_blocking=True)
     slot[_SQR] = job._sync.local_sqr
     slot[_LOSS] = job._loss_sum / job.accum_steps
-    vec = torch.zeros(ctx.world_size * _WIDTH, dtype=torch.float64, device=ctx.device)
-    vec[start : start + _WIDTH] = slot
+    vec = torch.zeros(size, dtype=torch.float64, device=ctx.device)
+    vec[start : start + _WIDTH] = slot[:_WIDTH]
+    if rank0:
+        vec[size - _TAIL :] = slot[_WIDTH:]
     return vec
+
+
+def rank0_tail(job: Job) -> list[float]:
+    """Rank 0's tail slots (see ``_Q_*``)."""
+    runner = job._runner
+    req = runner.requests
+    batch = 0.0 if req.batch is None else float(req.batch.batch)
+    stop = 0.0 if req.stop is None else 1.0
+    elapsed = time.monotonic() - job._started
+    return [batch, stop, job._prev_wall, elapsed, *runner.money(time.time())]
 
 
 def finish_step(job: Job) -> None:
@@ -85,6 +108,7 @@ def finish_step(job: Job) -> None:
         work.wait()
     flat = vec.tolist()
     rows = [flat[r * _WIDTH : (r + 1) * _WIDTH] for r in range(ctx.world_size)]
+    tail = flat[ctx.world_size * _WIDTH :]
     compute_time = job._clock.compute_time()
     end = time.perf_counter()
     job._prev_timing = (float(local_batch), compute_time)
@@ -111,6 +135,7 @@ def finish_step(job: Job) -> None:
         "time": time.time(),
         "epoch": job._position.epoch,
         "accum_steps": s,
+        "progress": job.progress,
     }
     if job._profile is not None:
         record["phase"] = job._profile.phase.name
@@ -123,8 +148,124 @@ def finish_step(job: Job) -> None:
     else:
         if job.config.max_steps is not None and job.step_count >= job.config.max_steps:
             job._stopped = True
+        target = job._progress_target
+        if target is not None and job.progress >= target - 1e-9:
+            job._stopped = True
+        adapt(job, rows, tail, loss)
         maybe_checkpoint(job, rows)
+    job._prev_wall = step_time
     job._last_end = time.perf_counter()
+
+
+def adapt(job: Job, rows: list[list[float]], tail: list[float], loss: float) -> None:
+    """Apply rank 0's requests (every rank, same step), run the policies, poll the control."""
+    runner = job._runner
+    rank0 = job.ctx.rank == 0
+    if tail[_Q_BATCH] > 0:
+        apply_batch(job, round(tail[_Q_BATCH]))
+    if tail[_Q_STOP] > 0 and job._stop_reason is None:
+        request = runner.requests.stop
+        job._stop_reason = "stopped on rank 0's request" if request is None else request.reason
+        job._stopped = True
+        if rank0 and request is not None:
+            job.metrics.event(
+                "policy",
+                action="stop",
+                policy=request.policy,
+                reason=request.reason,
+                step=job.step_count,
+            )
+    if runner.policies:
+        runner.call("after_step", monitor(job, rows, tail, loss))
+    if rank0:
+        runner.poll_control(time.monotonic())
+
+
+def apply_batch(job: Job, wanted: int) -> None:
+    """Run global batch ``wanted`` (clamped to what fits) from the first step not yet fetched."""
+    ctx, accum = job.ctx, job.accum_steps
+    request = job._runner.requests.batch
+    job._runner.requests.batch = None
+    lo, hi = batch_bounds(ctx.world_size, accum, job._caps, job._dataset_size)
+    batch = min(max(wanted // accum * accum, lo), hi)
+    if batch == job.global_batch:
+        return
+    previous = job.global_batch
+    first = round_up(job._sampler.next_micro, accum) // accum
+    job.set_global_batch(batch)
+    if ctx.rank == 0 and request is not None:
+        job.metrics.event(
+            "policy",
+            action="set_batch",
+            policy=request.policy,
+            reason=request.reason if batch == wanted else f"{request.reason} (asked {wanted})",
+            step=first,
+            global_batch=batch,
+            previous=previous,
+        )
+
+
+def monitor(job: Job, rows: list[list[float]], tail: list[float], loss: float) -> Monitor:
+    """The policies' view after this step, from all-gathered values only (same on every rank)."""
+    prev_b = [row[_PREV_B] for row in rows]
+    times: tuple[float, ...] | None = tuple(row[_PREV_T] for row in rows)
+    timed: int | None = job.step_count - 2
+    if any(b <= 0 for b in prev_b):
+        prev_b, times, timed = [row[_B] for row in rows], None, None
+    else:
+        job._runner.timing(prev_b, times or (), tail[_Q_WALL])
+    step_time, throughput, sync = job._runner.window_stats(job.global_batch)
+    return base_monitor(
+        job,
+        timed_step=timed,
+        local_batches=tuple(int(b) for b in prev_b),
+        compute_times=times,
+        step_time=step_time,
+        throughput=throughput,
+        sync_time=sync,
+        loss=finite(loss),
+        elapsed_s=tail[_Q_ELAPSED],
+        spend_usd=finite(tail[_Q_SPEND]),
+        budget_usd=finite(tail[_Q_BUDGET]),
+        usd_per_hour=finite(tail[_Q_PRICE]),
+        deadline_s_left=finite(tail[_Q_DEADLINE]),
+    )
+
+
+def base_monitor(job: Job, **fields: Any) -> Monitor:
+    """The Monitor from the job's own (rank-independent) state, no timings; ``fields`` replace."""
+    values: dict[str, Any] = {
+        "step": job.step_count,
+        "epoch": job._position.epoch,
+        "progress": job.progress,
+        "progress_target": job._progress_target,
+        "global_batch": job.global_batch,
+        "base_batch": job.base_batch,
+        "accum_steps": job.accum_steps,
+        "world_size": job.ctx.world_size,
+        "local_world_size": job._local_world_size,
+        "dataset_size": job._dataset_size,
+        "max_local_batches": tuple(job._caps),
+        "pid": job._pid_on,
+        "timed_step": None,
+        "local_batches": tuple(b * job.accum_steps for b in job._step_sizes),
+        "compute_times": None,
+        "step_time": None,
+        "throughput": None,
+        "sync_time": None,
+        "gns": job._gns.gns,
+        "grad_sqr": job._gns.grad_sqr,
+        "grad_var": job._gns.grad_var,
+        "loss": None,
+        "lr": job._lr_value,
+        "elapsed_s": 0.0,
+        "spend_usd": None,
+        "budget_usd": None,
+        "usd_per_hour": None,
+        "deadline_s_left": None,
+    }
+    values.update(fields)
+    return Monitor(**values)
 
 
 def optimizer_step(job: Job, factor: float) -> None:
