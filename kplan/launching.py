@@ -40,6 +40,13 @@ class LaunchRequest:
     check_interval_s: float | None = None
     max_restarts: int | None = None
     job_id: str | None = None
+    adapt: bool = False
+    explore: bool = False
+    max_nodes: int | None = None
+    policies: tuple[str, ...] = ()
+    explore_trials: int | None = None
+    replan_interval_s: float | None = None
+    checkpoint_interval_s: float | None = None
 
 
 def _check_common(req: LaunchRequest) -> None:
@@ -71,6 +78,38 @@ def _options(req: LaunchRequest) -> dict[str, Any]:
         out["job_id"] = req.job_id
     if req.storage_uri is not None:
         out["storage_uri"] = req.storage_uri
+    out["adapt"] = req.adapt
+    out["explore"] = req.explore
+    out["policies"] = tuple(policy_paths(req.policies, req.script, req.cloud or "local"))
+    for name in ("max_nodes", "explore_trials", "replan_interval_s", "checkpoint_interval_s"):
+        value = getattr(req, name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def policy_paths(specs: tuple[str, ...], script: Path, cloud: str) -> list[str]:
+    """``--policy`` values as the workers will see them: a ``FILE.py:Class`` is checked here
+    and made absolute (local) or relative to the script's folder, which is what clouds ship."""
+    out = []
+    for spec in specs:
+        where, sep, name = spec.rpartition(":")
+        if not sep or not where.endswith(".py"):
+            out.append(spec)  # a built-in name or module:Class, checked by the runtime
+            continue
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise InputError(f"--policy {spec}: no file {where}", hint="give FILE.py:ClassName")
+        if cloud == "local":
+            out.append(f"{path}:{name}")
+            continue
+        folder = script.resolve().parent
+        if folder not in path.parents:
+            raise InputError(
+                f"--policy {spec}: the file is outside {folder}, which is what the nodes get",
+                hint="put the policy file beside the training script",
+            )
+        out.append(f"{path.relative_to(folder)}:{name}")
     return out
 
 
@@ -198,6 +237,8 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
                     f"the plan puts node(s) {bad} on the other market than --{want}",
                     hint="plan with the same market flag (kplan estimate --spot/--on-demand)",
                 )
+        opts = {k: v for k, v in _options(req).items() if k != "job_id"}
+        opts.setdefault("checkpoint_interval_s", float(row["checkpoint_interval_s"]) or None)
         return JobSpec(
             job_id=req.job_id or _new_id(),
             cloud=cloud,
@@ -211,12 +252,11 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             offers=_offers(cloud, region, {n.instance_type for n in nodes}),
             global_batch=int(row["global_batch"]),
             accum_steps=int(row["accum_steps"]),
-            checkpoint_interval_s=float(row["checkpoint_interval_s"]) or None,
             predicted_hours=float(row["hours"]),
             predicted_cost_usd=float(row["cost_usd"]),
             predicted_cost_p90_usd=float(row["cost_p90_usd"]),
             plan=plan,
-            **{k: v for k, v in _options(req).items() if k != "job_id"},
+            **opts,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise DataFileError(

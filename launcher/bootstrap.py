@@ -89,6 +89,10 @@ def worker_env(spec: JobSpec, job_dir: str) -> dict[str, str]:
         global_batch=spec.global_batch,
         accum_steps=spec.accum_steps,
         max_local_batch=spec.max_local_batch,
+        policies=spec.policies or None,
+        # a batch change by the launcher keeps the job's statistical target
+        epochs_by="progress" if spec.adapt or spec.explore else None,
+        control_path=f"{job_dir}/control.json",
     )
     return {**env, **EXTRA_ENV}
 
@@ -201,6 +205,8 @@ HEAD_ADDR={head}
 push() {{
   {sync_visible} "$W/ckpt" "$STORE/ckpt" ; {sync} "$STORE/ckpt" "$W/ckpt"
   {sync} "$W/metrics" "$STORE/metrics" ; {cp} "$LOG" "$STORE/logs/node-{rank}.log"
+  {cp} "$STORE/control.json" "$W/.control.json" 2>/dev/null \
+    && mv -f "$W/.control.json" "$W/control.json"
 }}
 status() {{
   python3 -c {q(_STATUS_PY)} "$W/status.json" "$1" {rank} {q(name)}

@@ -104,6 +104,16 @@ class JobSpec:
     image: str | None = None
     storage_uri: str | None = None  # where code, status and logs go (None: the cloud's default)
     python: str = "python3"  # interpreter on the node (local: the launcher's own)
+    # Online adaptation (launcher/adapt.py)
+    adapt: bool = False  # re-plan from the refitted model and resize (--adapt)
+    explore: bool = False  # short trials chosen by Bayesian optimisation first (--explore)
+    max_nodes: int | None = None  # largest node count a resize may reach (None: the plan's)
+    replan_interval_s: float = 60.0
+    replan_margin: float = 0.1  # hysteresis: switch only when better by more than this
+    restart_s: float | None = None  # a restart's cost in seconds (None: a default, then measured)
+    explore_trials: int = 6
+    explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
+    policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
     predicted_hours: float | None = None
     predicted_cost_usd: float | None = None
     predicted_cost_p90_usd: float | None = None
@@ -142,11 +152,38 @@ class JobSpec:
                 raise InputError(f"{name} {value} must be >= 1", hint="or leave it unset")
         if self.checkpoint_interval_s is not None:
             _positive("checkpoint interval", self.checkpoint_interval_s, "seconds")
+        if self.max_nodes is not None and self.max_nodes < len(self.nodes):
+            raise InputError(
+                f"--max-nodes {self.max_nodes} is below the job's {len(self.nodes)} node(s)",
+                hint="give at least the number of nodes the job starts with",
+            )
+        _positive("replan interval", self.replan_interval_s, "seconds")
+        if not (0.0 <= self.replan_margin < 10.0):
+            raise InputError(f"replan margin {self.replan_margin!r} must be in [0, 10)", "e.g. 0.1")
+        if self.restart_s is not None and not (
+            math.isfinite(self.restart_s) and self.restart_s >= 0
+        ):
+            raise InputError(f"restart cost {self.restart_s!r} must be >= 0", hint="seconds")
+        if self.explore_trials < 1:
+            raise InputError(f"--explore-trials {self.explore_trials} must be >= 1", hint="e.g. 6")
+        if not (0.0 < self.explore_overhead <= 1.0):
+            raise InputError(
+                f"--explore-overhead {self.explore_overhead!r} must be in (0, 1]",
+                hint="a fraction of the predicted time left, e.g. 0.1",
+            )
 
     @property
     def horizon_s(self) -> float:
         """From one guard check to the instances being gone if the next check stops the job."""
         return self.check_interval_s + self.grace_s + self.teardown_s
+
+    @property
+    def restart_estimate_s(self) -> float:
+        """What a checkpointed restart costs before one was measured: local processes start in
+        seconds, cloud instances boot and install in minutes."""
+        if self.restart_s is not None:
+            return self.restart_s
+        return 15.0 if self.cloud == "local" else 300.0
 
     @property
     def workers(self) -> int:
@@ -176,6 +213,7 @@ class JobSpec:
         doc.pop("plan")
         doc["nodes"] = [asdict(n) for n in self.nodes]
         doc["args"] = list(self.args)
+        doc["policies"] = list(self.policies)
         doc["offers"] = [asdict(o) for o in self.offers]
         return doc
 
@@ -185,6 +223,7 @@ class JobSpec:
         values = {k: v for k, v in doc.items() if k in known}
         values["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
         values["args"] = tuple(doc.get("args", ()))
+        values["policies"] = tuple(doc.get("policies", ()))
         values["offers"] = tuple(ZoneOffer(**o) for o in doc.get("offers", ()))
         return cls(**values, plan=plan)
 

@@ -259,10 +259,10 @@ class _Run(RunState):
     # --- monitoring ---------------------------------------------------------------------------
 
     def _monitor(self) -> tuple[str, str]:
-        ranks = {n.node_rank for n in self.spec.nodes}
         while True:
             t0 = self.clock.now()
             self._tick()
+            ranks = {n.node_rank for n in self.spec.nodes}
             now = self.clock.now()
             for rank, doc in sorted(self.finished.items()):
                 code = int(doc.get("exit_code", 1))
@@ -280,6 +280,8 @@ class _Run(RunState):
                 self._check_pending(now)
                 if self.lost:
                     self._recover()
+                else:
+                    self._adapt()
             self.clock.sleep(self.spec.check_interval_s - (self.clock.now() - t0))
 
     def _drop(self, rank: int, now: float, why: str) -> None:
@@ -325,8 +327,18 @@ class _Run(RunState):
     def _restart_all(self) -> None:
         """The head (and the rendezvous store) is gone: stop every group, start a generation."""
         lost_at = min(t for t, _ in self.lost.values())
+        self._stop_all("head lost: restarting all nodes")
+        self.replacements += len(self.lost)
+        self.lost.clear()
+        self.generation += 1
+        for node in self.spec.nodes:
+            self.recovering.setdefault(node.node_rank, lost_at)
+        self._provision()
+
+    def _stop_all(self, why: str) -> None:
+        """SIGTERM every live instance (the workers checkpoint) and wait until all are gone."""
         alive = [r.id for r in self.records.values() if r.alive]
-        self._event("restart", f"head lost: restarting all nodes ({len(alive)} still alive)")
+        self._event("restart", f"{why} ({len(alive)} still alive)")
         if alive:
             self.terminating.update(alive)
             self.provider.terminate_instances(alive)
@@ -340,12 +352,80 @@ class _Run(RunState):
                 f"instances {', '.join(left)} did not terminate for a restart",
                 hint=f"run `kplan down {self.spec.job_id}`",
             )
-        self.replacements += len(self.lost)
-        self.lost.clear()
+
+    # --- adaptation ---------------------------------------------------------------------------
+
+    def _adapt(self) -> None:
+        """One adaptation check (launcher/adapt.py), and the change it asks for."""
+        now = self.clock.now()
+        action = self.adapter.tick(now, self.ledger.spend(), self._usd_per_hour())
+        if action is None:
+            return
+        if action.kind == "stop":
+            raise Finish("stopped", f"policy {action.source}: {action.reason}")
+        if action.kind == "batch" and action.global_batch is not None:
+            self._event(
+                "batch",
+                f"global batch -> {action.global_batch} ({action.source}: {action.reason})",
+                {"global_batch": action.global_batch, "source": action.source},
+            )
+            self.adapter.changed(action, now, self.generation, len(self.spec.nodes))
+            self.adapter.tick(now, self.ledger.spend(), self._usd_per_hour())  # write it now
+        elif action.kind == "replace" and action.node_rank is not None:
+            self._drop(action.node_rank, now, f"replaced ({action.source}: {action.reason})")
+            self.adapter.changed(action, now, self.generation, len(self.spec.nodes))
+        elif action.kind == "resize" and action.nodes is not None:
+            why = f"{action.source}: {action.reason}"
+            if self._resize(action.nodes, action.global_batch, why):
+                self.adapter.changed(
+                    action, self.clock.now(), self.generation, len(self.spec.nodes)
+                )
+
+    def _usd_per_hour(self) -> float:
+        return sum(r.price for r in self.records.values() if r.alive)
+
+    def _resize(self, nodes: int, global_batch: int | None, why: str) -> bool:
+        """A checkpointed restart on ``nodes`` nodes of the job's first node type.
+
+        Refused (False, the job goes on as it is) when the budget guard would not let the new
+        cluster start while the old one is still billed until it is gone. Otherwise the workers
+        checkpoint on SIGTERM and the new generation resumes at the step where the old one
+        stopped."""
+        old = len(self.spec.nodes)
+        template = self.spec.nodes[0]
+        new_nodes = tuple(replace(template, node_rank=r) for r in range(nodes))
+        batch = global_batch or self.adapter.obs.view.global_batch or self.spec.global_batch
+        decision = self.guard.check(
+            self.ledger.closed_spend(),
+            self._live(),
+            self.clock.now(),
+            [n.usd_per_hour for n in new_nodes],
+        )
+        if decision.stop:
+            self._event(
+                "resize-refused",
+                f"not resizing {old} -> {nodes} node(s) ({why}): {decision.message}",
+                {"nodes": nodes, "projected_usd": decision.projected_usd},
+            )
+            return False
+        self._event(
+            "resize",
+            f"resizing {old} -> {nodes} node(s), global batch {batch}: {why}",
+            {"from_nodes": old, "nodes": nodes, "global_batch": batch},
+        )
+        self._status("resizing")
+        self._stop_all(f"resize to {nodes} node(s)")
+        for rank in list(self.current):
+            if rank >= nodes:
+                del self.current[rank]
+        self.finished.clear()
+        self.first_done = None
+        self.spec = replace(self.spec, nodes=new_nodes, global_batch=batch)
+        stored = replace(self.spec, storage_uri=self.storage.uri).to_dict()
+        self.db.update_spec(self.spec.job_id, stored)
         self.generation += 1
-        for node in self.spec.nodes:
-            self.recovering.setdefault(node.node_rank, lost_at)
         self._provision()
+        return True
 
     # --- teardown -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from kplan.errors import CloudError
+from kplan.launcher.adapt import Adapter
 from kplan.launcher.bootstrap import cluster_spec, job_key
 from kplan.launcher.clock import Clock
 from kplan.launcher.guard import Guard, Running
@@ -76,6 +77,7 @@ class RunState:
         self.preemptions = 0
         self.stopping = False
         self.query_failures = 0
+        self.adapter = Adapter(spec, self.storage, self._event, self.started)
 
     def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         now = self.clock.now()

@@ -22,7 +22,15 @@ from kplan.errors import InputError, KplanError
 SCHEMA_VERSION = 1
 GONE_STATES = ("terminated", "preempted")  # instance states that bill nothing more
 TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "cancelled", "error")
-JOB_STATUSES = ("pending", "provisioning", "running", "recovering", "stopping", *TERMINAL_STATUSES)
+JOB_STATUSES = (
+    "pending",
+    "provisioning",
+    "running",
+    "recovering",
+    "resizing",
+    "stopping",
+    *TERMINAL_STATUSES,
+)
 
 _SCHEMA_V1 = """
 CREATE TABLE jobs (
@@ -293,6 +301,10 @@ class StateDB:
             "UPDATE jobs SET status=?, reason=COALESCE(?, reason), updated_at=? WHERE id=?",
             (status, reason, time, job_id),
         )
+
+    def update_spec(self, job_id: str, spec: dict[str, Any]) -> None:
+        """The job's spec after the launcher changed it (a resize)."""
+        self._write("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(spec), job_id))
 
     def set_launcher(self, job_id: str, pid: int | None) -> None:
         self._write("UPDATE jobs SET launcher_pid=? WHERE id=?", (pid, job_id))

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from kplan.launcher.state import JobRecord, StateDB
+from kplan.launcher.state import EventRecord, JobRecord, StateDB
 
 
 def launcher_alive(job: JobRecord) -> bool:
@@ -52,4 +52,33 @@ def job_summary(db: StateDB, job: JobRecord, now: float, events: int = 15) -> di
         "instances": [asdict(i) for i in instances],
         "ledger": [asdict(r) for r in db.ledger(job.id)],
         "events": [asdict(e) for e in all_events[-events:]] if events else [],
+        "model": model_summary(all_events),
+        "changes": [
+            {"time": e.time, "kind": e.kind, "message": e.message}
+            for e in all_events
+            if e.kind in ADAPT_EVENTS
+        ],
+    }
+
+
+ADAPT_EVENTS = ("resize", "batch", "replan", "explore", "restarted")
+
+
+def model_summary(events: list[EventRecord]) -> dict[str, Any] | None:
+    """The online model's error against what the job measured (the newest ``model`` event).
+
+    ``error`` is the relative error of the prediction for the newest measured configuration,
+    made before it was measured; ``mape`` the mean absolute error over every configuration
+    measured after the first."""
+    latest = next((e for e in reversed(events) if e.kind == "model" and e.data), None)
+    if latest is None or latest.data is None:
+        return None
+    d = latest.data
+    return {
+        "configs_measured": sum(1 for e in events if e.kind == "model"),
+        "mape": d.get("mape"),
+        "last_error": d.get("error"),
+        "last_config": {k: d.get(k) for k in ("nodes", "workers", "global_batch")},
+        "last_step_time_s": d.get("step_time_s"),
+        "message": latest.message,
     }

@@ -112,6 +112,43 @@ def launch_command(
         int | None, typer.Option("--max-restarts", help="torchrun --max-restarts per node.")
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Job id (default: new).")] = None,
+    adapt: Annotated[
+        bool,
+        typer.Option(
+            "--adapt/--no-adapt",
+            help="Refit the model from the running job and resize when another node count or "
+            "batch is better by a margin (checkpointed restart, inside the budget).",
+        ),
+    ] = False,
+    explore: Annotated[
+        bool,
+        typer.Option(
+            "--explore",
+            help="First run short trials of candidate configurations chosen by Bayesian "
+            "optimisation, then continue on the best one measured.",
+        ),
+    ] = False,
+    max_nodes: Annotated[
+        int | None, typer.Option("--max-nodes", help="Most nodes a resize may use.")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            help="Runtime policy: goodput, straggler, FILE.py:Class or module:Class "
+            "(repeatable; docs/policies.md).",
+        ),
+    ] = None,
+    explore_trials: Annotated[
+        int | None, typer.Option("--explore-trials", help="Most trials of --explore (6).")
+    ] = None,
+    replan_interval: Annotated[
+        float | None, typer.Option("--replan-interval", help="Seconds between re-plans (60).")
+    ] = None,
+    checkpoint_interval: Annotated[
+        float | None,
+        typer.Option("--checkpoint-interval", help="Seconds between checkpoints (the plan's)."),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print every request it would send; send none.")
     ] = False,
@@ -142,6 +179,13 @@ def launch_command(
         check_interval_s=check_interval,
         max_restarts=max_restarts,
         job_id=job_id,
+        adapt=adapt,
+        explore=explore,
+        max_nodes=max_nodes,
+        policies=tuple(policy or ()),
+        explore_trials=explore_trials,
+        replan_interval_s=replan_interval,
+        checkpoint_interval_s=checkpoint_interval,
     )
     spec = build_spec(req)
     backend = _backend(spec.cloud, spec.region, spec.storage_uri)
@@ -223,7 +267,7 @@ def status_command(
             time.sleep(interval)
 
 
-_ACTIVE = ("pending", "provisioning", "running", "recovering", "stopping")
+_ACTIVE = ("pending", "provisioning", "running", "recovering", "resizing", "stopping")
 
 
 def logs_command(

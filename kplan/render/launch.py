@@ -126,6 +126,20 @@ def render_job(j: dict[str, Any]) -> None:
             f"predicted {_hours(j['predicted_hours'])}, {_money(j['predicted_cost_usd'])} "
             f"(p90 {_money(j['predicted_cost_p90_usd'])})"
         )
+    model = j.get("model")
+    if model:
+        mape = model["mape"]
+        console.print(
+            f"online model: {model['configs_measured']} configuration(s) measured; "
+            + (
+                "error not yet known (one configuration)"
+                if mape is None
+                else f"prediction error {mape:.1%} MAPE (predicted before measuring)"
+            ),
+            highlight=False,
+        )
+    for change in j.get("changes", [])[-5:]:
+        console.print(f"{_clock(change['time'])} {change['kind']:<12} {change['message']}")
     table = Table(title="instances", title_justify="left", pad_edge=False)
     for col in ("id", "node", "type", "market", "zone", "state", "$/h", "billed", "reason"):
         table.add_column(col, no_wrap=col == "id")

@@ -1,0 +1,727 @@
+"""Online adaptation in the launcher: what the running job measures, and what to do about it.
+
+Each monitor tick the launcher reads the runtime's new metrics records (``<job>/metrics/`` in the
+job's storage), groups the step records into *segments* (consecutive steps of one configuration:
+nodes, workers, global batch, accumulation), and turns a segment's steady steps into one
+measured configuration (the median step and sync time). That feeds
+:class:`kplan.planner.online.OnlineModel`: its error on each new configuration, predicted before
+the configuration was measured, is recorded as a ``model`` event (``kplan status`` shows it), and
+the model is refitted.
+
+Three behaviours decide what to change, as actions the lifecycle carries out:
+
+- the runtime's policies (``runtime/policy.py``) ask for a resize, a node replacement or a stop
+  through ``policy`` events in the metrics stream;
+- :class:`Replan`, the launcher's own policy: with the refitted model, the measured GNS and the
+  work left, the best configuration (node count, global batch) against the current one, with
+  hysteresis and a restart penalty (``planner.online.replan``);
+- :class:`Explore` (``kplan launch --explore``): short trials chosen by Bayesian optimisation
+  (``planner.explore.Explorer``) before the job commits to a configuration.
+
+A batch change alone goes to the runtime through the control file (no restart); a change of the
+node count or instance type is a checkpointed restart with the new nodes (the lifecycle's
+``_resize``), always through the budget guard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kplan.launcher.bootstrap import job_key
+from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.storage import Storage
+from kplan.planner.explore import Explorer
+from kplan.planner.fit import fit_perf_params
+from kplan.planner.online import Config, OnlineModel, replan
+from kplan.planner.profile import GnsPoint, Measurement
+
+CONTROL_KEY = "control.json"
+CONTROL_SCHEMA = "kplan.control/1"
+STEADY_SKIP = 3  # steps of a segment left out of its measurement (warm-up, the ramp, a restart)
+MIN_STEADY = 5  # steps a segment needs before it counts as a measurement
+BATCH_GRID = (1, 2, 4, 8, 16, 32, 64)  # global batches considered: B0 times these
+
+
+# --- the metrics stream ---------------------------------------------------------------------
+
+
+class MetricsFeed:
+    """The records appended to the job's metrics files since the last poll (whole lines only)."""
+
+    def __init__(self, storage: Storage, job_id: str) -> None:
+        self.storage = storage
+        self.prefix = job_key(job_id, "metrics/")
+        self.offsets: dict[str, int] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for key in self.storage.list_keys(self.prefix):
+            if not key.endswith(".jsonl"):
+                continue
+            start = self.offsets.get(key, 0)
+            data = _read_from(self.storage, key, start)
+            if not data:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue  # a line being written: read it whole next time
+            self.offsets[key] = start + end + 1
+            for line in data[: end + 1].splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn line of a killed writer: skip it
+                if isinstance(rec, dict):
+                    out.append(rec)
+        return out
+
+
+def _read_from(storage: Storage, key: str, start: int) -> bytes:
+    reader = getattr(storage, "read_from", None)
+    if reader is not None:
+        data = reader(key, start)
+        return data if isinstance(data, bytes) else b""
+    whole = storage.get_bytes(key)
+    return b"" if whole is None or len(whole) <= start else whole[start:]
+
+
+# --- segments: one configuration's consecutive steps ----------------------------------------
+
+
+@dataclass
+class Segment:
+    generation: int
+    nodes: int
+    workers: int
+    global_batch: int
+    accum_steps: int
+    first_step: int
+    step_times: list[float] = field(default_factory=list)
+    sync_times: list[float] = field(default_factory=list)
+    reported: int = 0  # steady steps at the last observation
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.nodes, self.workers, self.global_batch, self.accum_steps)
+
+    @property
+    def steady(self) -> int:
+        return max(len(self.step_times) - STEADY_SKIP, 0)
+
+    def measurement(self) -> Measurement | None:
+        """The median of the steady steps, or None while there are too few."""
+        if self.steady < MIN_STEADY:
+            return None
+        steps = self.step_times[STEADY_SKIP:]
+        syncs = self.sync_times[STEADY_SKIP:]
+        step = statistics.median(steps)
+        sync = min(statistics.median(syncs), step) if syncs else None
+        local = max(round(self.global_batch / (self.workers * self.accum_steps)), 1)
+        return Measurement(
+            nodes=self.nodes,
+            workers=self.workers,
+            local_batch=local,
+            step_time=step,
+            sync_time=sync,
+            accum_steps=self.accum_steps,
+        )
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """An action a runtime policy asked the launcher for (a ``policy`` event)."""
+
+    action: str  # resize, replace, stop, set_batch
+    policy: str
+    reason: str
+    step: int | None
+    nodes: int | None = None
+    workers_per_node: int | None = None
+    instance_type: str | None = None
+    node_rank: int | None = None
+    global_batch: int | None = None
+
+    @staticmethod
+    def from_record(rec: dict[str, Any]) -> PolicyRequest | None:
+        action = rec.get("action")
+        if action not in ("resize", "replace", "stop", "set_batch"):
+            return None
+
+        def opt_int(name: str) -> int | None:
+            value = rec.get(name)
+            return int(value) if isinstance(value, int | float) and value >= 0 else None
+
+        step = opt_int("step")
+        return PolicyRequest(
+            action=str(action),
+            policy=str(rec.get("policy") or "policy"),
+            reason=str(rec.get("reason") or ""),
+            step=step,
+            nodes=opt_int("nodes"),
+            workers_per_node=opt_int("workers_per_node"),
+            instance_type=rec.get("instance_type") if rec.get("instance_type") else None,
+            node_rank=opt_int("node_rank"),
+            global_batch=opt_int("global_batch"),
+        )
+
+
+@dataclass
+class JobView:
+    """What the launcher knows of the training, from the metrics (rank 0's step records)."""
+
+    step: int = -1
+    progress: float | None = None
+    target_progress: float | None = None
+    base_batch: int | None = None
+    global_batch: int | None = None
+    world_size: int | None = None
+    gns: float | None = None
+    last_step_time: float | None = None  # wall clock of the newest step record
+    steps_in_generation: int = 0
+
+    @property
+    def remaining_progress(self) -> float | None:
+        if self.progress is None or self.target_progress is None:
+            return None
+        return max(self.target_progress - self.progress, 0.0)
+
+
+class Observer:
+    """Turns metrics records into segments, measurements, the job view and policy requests."""
+
+    def __init__(self) -> None:
+        self.view = JobView()
+        self.segments: list[Segment] = []
+        self.requests: list[PolicyRequest] = []
+        self.generation = 0
+        self.nodes = 1
+
+    def new_generation(self, generation: int, nodes: int) -> None:
+        self.generation = generation
+        self.nodes = nodes
+        self.view.steps_in_generation = 0
+
+    def feed(self, records: Sequence[dict[str, Any]]) -> list[Segment]:
+        """Take new records; return the segments that gained steady steps."""
+        grown: dict[int, Segment] = {}
+        for rec in records:
+            if "event" in rec:
+                self._event(rec)
+                continue
+            if rec.get("rank", 0) != 0 or not isinstance(rec.get("step"), int):
+                continue
+            if rec.get("phase") is not None:
+                continue  # profile mode
+            seg = self._segment(rec)
+            step_time = _num(rec.get("step_time"))
+            if step_time is None or step_time <= 0:
+                continue
+            seg.step_times.append(step_time)
+            sync = _num(rec.get("sync_time"))
+            if sync is not None:
+                seg.sync_times.append(max(sync, 0.0))
+            self._view(rec)
+            grown[id(seg)] = seg
+        return [s for s in grown.values() if s.steady > 0]
+
+    def _segment(self, rec: dict[str, Any]) -> Segment:
+        world = int(rec.get("world_size") or 1)
+        batch = int(rec.get("global_batch") or 0)
+        accum = int(rec.get("accum_steps") or 1)
+        step = int(rec["step"])
+        last = self.segments[-1] if self.segments else None
+        if (
+            last is not None
+            and last.generation == self.generation
+            and (last.workers, last.global_batch, last.accum_steps) == (world, batch, accum)
+            and step >= last.first_step
+        ):
+            return last
+        seg = Segment(self.generation, min(self.nodes, world), world, batch, accum, step)
+        self.segments.append(seg)
+        return seg
+
+    def _view(self, rec: dict[str, Any]) -> None:
+        v = self.view
+        v.step = int(rec["step"])
+        v.global_batch = int(rec.get("global_batch") or 0) or v.global_batch
+        v.world_size = int(rec.get("world_size") or 1)
+        v.progress = _num(rec.get("progress"), v.progress)
+        gns = _num(rec.get("gns"))
+        if gns is not None and gns > 0:
+            v.gns = gns
+        v.last_step_time = _num(rec.get("time"), v.last_step_time)
+        v.steps_in_generation += 1
+
+    def _event(self, rec: dict[str, Any]) -> None:
+        name = rec.get("event")
+        if name == "epochs":  # the job's statistical target (runtime: job.epochs)
+            total = _num(rec.get("target_progress"))
+            if total is not None and total > 0:
+                self.view.target_progress = total
+            base = rec.get("base_batch")
+            if isinstance(base, int) and base > 0:
+                self.view.base_batch = base
+        elif name == "policy" and rec.get("rank", 0) == 0:
+            req = PolicyRequest.from_record(rec)
+            if req is not None and req.action != "set_batch":
+                self.requests.append(req)
+
+    def take_requests(self) -> list[PolicyRequest]:
+        out, self.requests = self.requests, []
+        return out
+
+
+def _num(value: Any, default: float | None = None) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value) if math.isfinite(value) else default
+
+
+# --- the control file (launcher -> runtime) -------------------------------------------------
+
+
+@dataclass
+class Control:
+    """The launcher's side of the control file; ``write`` bumps ``seq`` when a request changes."""
+
+    budget_usd: float | None
+    deadline_time: float | None
+    seq: int = 0
+    global_batch: int | None = None
+    stop: str | None = None
+
+    def request_batch(self, batch: int) -> None:
+        self.global_batch = batch
+        self.seq += 1
+
+    def doc(self, now: float, spend_usd: float, usd_per_hour: float) -> dict[str, Any]:
+        return {
+            "schema": CONTROL_SCHEMA,
+            "seq": self.seq,
+            "time": now,
+            "spend_usd": spend_usd,
+            "budget_usd": self.budget_usd,
+            "usd_per_hour": usd_per_hour,
+            "deadline_time": self.deadline_time,
+            "global_batch": self.global_batch,
+            "stop": self.stop,
+        }
+
+
+def write_control(storage: Storage, job_id: str, doc: dict[str, Any]) -> None:
+    storage.put_bytes(job_key(job_id, CONTROL_KEY), json.dumps(doc).encode())
+
+
+# --- candidate configurations ---------------------------------------------------------------
+
+
+def batch_grid(base: int, current: int | None, max_global: int | None, accum: int = 1) -> list[int]:
+    """Global batches to consider: ``base`` times powers of two, plus the current one."""
+    out = {base * m for m in BATCH_GRID}
+    if current:
+        out.add(current)
+    if max_global is not None:
+        out = {b for b in out if b <= max_global}
+    return sorted(b for b in out if b >= 1 and b % accum == 0) or [base]
+
+
+def candidates(
+    spec: JobSpec, base_batch: int, current_batch: int | None, max_nodes: int
+) -> list[Config]:
+    """Node counts 1..max_nodes of the job's first node type, times the batch grid."""
+    node = spec.nodes[0]
+    accum = spec.accum_steps or 1
+    out = []
+    for n in range(1, max_nodes + 1):
+        workers = n * node.gpus
+        cap = spec.max_local_batch * workers * accum if spec.max_local_batch else None
+        for b in batch_grid(base_batch, current_batch, cap, accum):
+            if b < workers * accum:
+                continue
+            out.append(
+                Config(
+                    nodes=n,
+                    workers=workers,
+                    global_batch=b,
+                    accum_steps=accum,
+                    instance_type=node.instance_type,
+                    market=node.market,
+                    usd_per_hour=n * node.usd_per_hour,
+                )
+            )
+    return out
+
+
+def gns_trajectory(view: JobView) -> tuple[GnsPoint, ...]:
+    """The measured noise scale, held constant over the rest of the job (one point)."""
+    if view.gns is None:
+        return ()
+    return (GnsPoint(progress=0.0, noise_scale=view.gns),)
+
+
+def finish_value(
+    step_time: float,
+    config: Config,
+    *,
+    remaining_progress: float,
+    base_batch: int,
+    gns: Sequence[GnsPoint],
+    objective: str,
+) -> float:
+    """Seconds (objective ``time``) or USD (``cost``) to finish at a measured step time.
+
+    Work left is in base-batch steps; at global batch ``B`` a step does ``B / B0`` of them, less
+    by the statistical efficiency (``planner.efficiency.sample_factor``)."""
+    from kplan.planner.efficiency import sample_factor
+
+    b = config.global_batch
+    factor = float(sample_factor(gns, base_batch, b)) if gns else 1.0
+    if not math.isfinite(factor):
+        factor = 1.0
+    steps = remaining_progress * base_batch * factor / b
+    seconds = steps * step_time
+    if objective == "cost":
+        return seconds * config.usd_per_hour / 3600.0
+    return seconds
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the launcher should change now (the lifecycle carries it out)."""
+
+    kind: str  # resize (checkpointed restart), batch (control file), replace, stop
+    source: str  # replan, explore, or the runtime policy's class name
+    reason: str
+    nodes: int | None = None
+    global_batch: int | None = None
+    node_rank: int | None = None
+
+
+def objective_for(spec: JobSpec) -> str:
+    """As ``kplan estimate``: the cheapest within a deadline, else the fastest within the budget
+    (free machines: always the fastest)."""
+    priced = any(n.usd_per_hour > 0 for n in spec.nodes)
+    return "cost" if priced and spec.deadline_h is not None else "time"
+
+
+EventFn = Callable[[str, str, dict[str, Any]], None]
+
+
+@dataclass
+class Trial:
+    index: int
+    config: Config
+    started: float
+    first_step: int | None = None
+
+
+class Adapter:
+    """The launcher's adaptation loop, one ``tick`` per monitor check (see the module doc)."""
+
+    def __init__(self, spec: JobSpec, storage: Storage, event: EventFn, now: float) -> None:
+        self.spec = spec
+        self.storage = storage
+        self.event = event
+        self.feed = MetricsFeed(storage, spec.job_id)
+        self.obs = Observer()
+        self.obs.new_generation(0, len(spec.nodes))
+        deadline = None if spec.deadline_h is None else now + spec.deadline_h * 3600
+        self.control = Control(spec.budget_usd, deadline)
+        self.model: OnlineModel | None = None
+        self.objective = objective_for(spec)
+        self.last_replan = now
+        self.max_nodes = max(spec.max_nodes or len(spec.nodes), len(spec.nodes))
+        self.restart_s = spec.restart_estimate_s
+        self.restart_asked: float | None = None
+        self.pending: Action | None = None  # an action carried out, waiting for its first step
+        self.measured: dict[tuple[int, int, int, int], Measurement] = {}
+        self.explore = spec.explore
+        self.explorer: Explorer | None = None
+        self.trial: Trial | None = None
+        self.trial_seconds = 0.0
+        self.trials: list[dict[str, Any]] = []
+        self.explore_started = now
+        self.configs: list[Config] = []
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def tick(self, now: float, spend_usd: float, usd_per_hour: float) -> Action | None:
+        grown = self.obs.feed(self.feed.poll())
+        if self.restart_asked is not None and self.obs.view.steps_in_generation > 0:
+            took = now - self.restart_asked
+            self.restart_s = 0.5 * self.restart_s + 0.5 * took
+            self.event("restarted", f"training again {took:.0f} s after the change", {"s": took})
+            self.restart_asked = None
+        for seg in grown:
+            self._measure(seg)
+        write_control(
+            self.storage, self.spec.job_id, self.control.doc(now, spend_usd, usd_per_hour)
+        )
+        for req in self.obs.take_requests():
+            action = self._request(req)
+            if action is not None:
+                return action
+        if self.restart_asked is not None:
+            return None  # a change is under way
+        if self.explore:
+            return self._explore_step(now)
+        if self.spec.adapt and now - self.last_replan >= self.spec.replan_interval_s:
+            self.last_replan = now
+            return self._replan(now, spend_usd)
+        return None
+
+    def changed(self, action: Action, now: float, generation: int, nodes: int) -> None:
+        """The lifecycle carried out ``action`` (a new generation when it restarted)."""
+        if action.kind == "batch" and action.global_batch is not None:
+            self.control.request_batch(action.global_batch)
+        if action.kind in ("resize", "replace"):
+            self.obs.new_generation(generation, nodes)
+            self.restart_asked = now
+            if action.global_batch is not None:
+                self.control.global_batch = None  # the restart sets the batch itself
+
+    # --- measurements and the model ---------------------------------------------------------
+
+    def _measure(self, seg: Segment) -> None:
+        m = seg.measurement()
+        if m is None or (seg.reported and seg.steady < 2 * seg.reported):
+            return
+        seg.reported = seg.steady
+        first = seg.key not in self.measured
+        self.measured[seg.key] = m
+        if self.model is None:
+            self.model = OnlineModel(fit_perf_params([m]))
+        error = self.model.observe(m)
+        self.model.refit()
+        if not first:
+            return
+        err = self.model.error
+        predicted = "" if error is None else f" ({error:+.1%} from the model's prediction)"
+        summary = (
+            ""
+            if err.mape is None
+            else f"; model error {err.mape:.1%} MAPE over {err.n} new configuration(s)"
+        )
+        self.event(
+            "model",
+            f"measured {m.step_time * 1000:.1f} ms/step at {m.nodes} node(s), {m.workers} "
+            f"worker(s), batch {seg.global_batch}{predicted}{summary}",
+            {
+                "nodes": m.nodes,
+                "workers": m.workers,
+                "global_batch": seg.global_batch,
+                "step_time_s": m.step_time,
+                "steps": seg.steady,
+                "error": error,
+                "mape": err.mape,
+                "configs": err.n,
+            },
+        )
+
+    def _current(self) -> Config | None:
+        v = self.obs.view
+        if v.global_batch is None or v.world_size is None:
+            return None
+        node = self.spec.nodes[0]
+        nodes = self.obs.nodes
+        return Config(
+            nodes=nodes,
+            workers=v.world_size,
+            global_batch=v.global_batch,
+            accum_steps=self.spec.accum_steps or 1,
+            instance_type=node.instance_type,
+            market=node.market,
+            usd_per_hour=nodes * node.usd_per_hour,
+        )
+
+    def _ready(self) -> tuple[Config, float, int] | None:
+        v = self.obs.view
+        current = self._current()
+        left = v.remaining_progress
+        base = v.base_batch
+        if self.model is None or current is None or left is None or base is None or left <= 0:
+            return None
+        return current, left, base
+
+    # --- the launcher's policy: re-plan -----------------------------------------------------
+
+    def _replan(self, now: float, spend_usd: float) -> Action | None:
+        ready = self._ready()
+        if ready is None or self.model is None:
+            return None
+        current, left, base = ready
+        cands = candidates(self.spec, base, current.global_batch, self.max_nodes)
+        budget_left = self.spec.budget_usd - spend_usd if self.spec.budget_usd > 0 else None
+        deadline_left = (
+            None if self.control.deadline_time is None else self.control.deadline_time - now
+        )
+        decision = replan(
+            self.model.params,
+            current,
+            cands,
+            remaining_progress=left,
+            base_batch=base,
+            gns=gns_trajectory(self.obs.view),
+            objective=self.objective,
+            restart_s=self.restart_s,
+            margin=self.spec.replan_margin,
+            budget_left_usd=budget_left,
+            deadline_left_s=deadline_left,
+        )
+        if not decision.switch:
+            return None
+        return self._move(decision.best, "replan", decision.reason, decision.gain)
+
+    def _move(self, best: Config, source: str, reason: str, gain: float | None) -> Action:
+        current = self._current()
+        same_nodes = current is not None and best.nodes == current.nodes
+        kind = "batch" if same_nodes else "resize"
+        self.event(
+            source,
+            f"{source}: {kind} to {best.nodes} node(s), batch {best.global_batch}: {reason}",
+            {"nodes": best.nodes, "global_batch": best.global_batch, "gain": gain, "kind": kind},
+        )
+        return Action(kind, source, reason, nodes=best.nodes, global_batch=best.global_batch)
+
+    # --- requests of the runtime's policies -------------------------------------------------
+
+    def _request(self, req: PolicyRequest) -> Action | None:
+        who = f"policy {req.policy}"
+        if req.action == "stop":
+            return Action("stop", req.policy, req.reason or "stopped by a policy")
+        if req.action == "replace" and req.node_rank is not None:
+            if req.node_rank >= len(self.spec.nodes):
+                self.event("policy", f"{who}: no node {req.node_rank} to replace", {})
+                return None
+            return Action("replace", req.policy, req.reason, node_rank=req.node_rank)
+        if req.action == "resize":
+            nodes = req.nodes or self.obs.nodes
+            if req.instance_type and req.instance_type != self.spec.nodes[0].instance_type:
+                self.event(
+                    "policy",
+                    f"{who}: instance type {req.instance_type} is not offered to this job; "
+                    "resizing the node count only",
+                    {},
+                )
+            if not 1 <= nodes <= self.max_nodes:
+                self.event(
+                    "policy",
+                    f"{who}: {nodes} node(s) is outside 1..{self.max_nodes} (--max-nodes)",
+                    {},
+                )
+                return None
+            if nodes == self.obs.nodes:
+                return None
+            return Action("resize", req.policy, req.reason, nodes=nodes)
+        return None
+
+    # --- exploration ------------------------------------------------------------------------
+
+    def _explore_step(self, now: float) -> Action | None:
+        ready = self._ready()
+        if ready is None or self.model is None:
+            return None
+        current, left, base = ready
+        gns = gns_trajectory(self.obs.view)
+        if self.explorer is None:
+            self.configs = candidates(self.spec, base, current.global_batch, self.max_nodes)
+            from kplan.planner.online import evaluate
+
+            prior = evaluate(
+                self.model.params,
+                self.configs,
+                remaining_progress=left,
+                base_batch=base,
+                gns=gns,
+            )
+            values = prior.seconds if self.objective == "time" else prior.cost_usd
+            self.explorer = Explorer(self.configs, values)
+            self.explore_started = now
+            self.trial = Trial(self._index(current), current, now, self.obs.view.step)
+        trial = self.trial
+        if trial is not None:
+            m = self.measured.get(
+                (
+                    trial.config.nodes,
+                    trial.config.workers,
+                    trial.config.global_batch,
+                    trial.config.accum_steps,
+                )
+            )
+            if m is None:
+                return None  # the trial has not measured enough steps yet
+            value = finish_value(
+                m.step_time,
+                trial.config,
+                remaining_progress=left,
+                base_batch=base,
+                gns=gns,
+                objective=self.objective,
+            )
+            spent = now - trial.started
+            self.trial_seconds += spent
+            self.explorer.observe(trial.index, value)
+            self.trials.append(
+                {
+                    "config": trial.config.label,
+                    "step_time_s": m.step_time,
+                    "value": value,
+                    "seconds": spent,
+                }
+            )
+            self.trial = None
+        budget_s = self.spec.explore_overhead * self._best_value_seconds(left, base, gns)
+        nxt = self.explorer.suggest() if self.trial_seconds < budget_s else None
+        if nxt is not None and len(self.trials) < self.spec.explore_trials:
+            cfg = self.configs[nxt]
+            self.trial = Trial(nxt, cfg, now)
+            if cfg.nodes == current.nodes and cfg.global_batch == current.global_batch:
+                return None
+            return self._move(cfg, "explore", f"trial {len(self.trials) + 1}", None)
+        return self._explore_done(now, current)
+
+    def _index(self, config: Config) -> int:
+        for i, c in enumerate(self.configs):
+            if (c.nodes, c.global_batch) == (config.nodes, config.global_batch):
+                return i
+        self.configs.append(config)
+        if self.explorer is not None:
+            self.explorer.add(config)
+        return len(self.configs) - 1
+
+    def _best_value_seconds(self, left: float, base: int, gns: Sequence[GnsPoint]) -> float:
+        if self.model is None or not self.configs:
+            return 0.0
+        from kplan.planner.online import evaluate
+
+        pred = evaluate(
+            self.model.params, self.configs, remaining_progress=left, base_batch=base, gns=gns
+        )
+        return float(min(pred.seconds))
+
+    def _explore_done(self, now: float, current: Config) -> Action | None:
+        self.explore = False
+        assert self.explorer is not None
+        best = self.configs[self.explorer.best()]
+        wall = now - self.explore_started
+        self.event(
+            "explore",
+            f"explored {len(self.trials)} of {len(self.configs)} configurations in {wall:.0f} s; "
+            f"best measured: {best.label}",
+            {
+                "trials": self.trials,
+                "configs": len(self.configs),
+                "seconds": wall,
+                "best": best.label,
+            },
+        )
+        self.last_replan = now
+        if (best.nodes, best.global_batch) == (current.nodes, current.global_batch):
+            return None
+        return self._move(best, "explore", "the best configuration measured", None)

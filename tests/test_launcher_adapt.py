@@ -1,0 +1,153 @@
+"""The launcher's adaptation loop (launcher/adapt.py) on recorded metrics, without workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kplan.launcher.adapt import (
+    Adapter,
+    MetricsFeed,
+    Observer,
+    PolicyRequest,
+    batch_grid,
+    candidates,
+    finish_value,
+)
+from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.storage import LocalStorage
+from kplan.planner.online import Config
+from kplan.planner.profile import GnsPoint
+
+
+def _spec(**options: Any) -> JobSpec:
+    return JobSpec.local("train.py", job_id="kp-test-adapt", **options)
+
+
+def _step(step: int, world: int, batch: int, t: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "step": step,
+        "rank": 0,
+        "world_size": world,
+        "local_batch": batch // world,
+        "global_batch": batch,
+        "accum_steps": 1,
+        "step_time": t,
+        "compute_time": 0.8 * t,
+        "sync_time": 0.2 * t,
+        "progress": step * batch / 32,
+        "gns": 400.0,
+        "time": 1000.0 + step,
+        **extra,
+    }
+
+
+def _append(root: Path, job: str, rank: int, records: list[dict[str, Any]]) -> None:
+    path = root / job / "metrics" / f"rank-{rank}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_feed_reads_only_new_whole_lines(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    feed = MetricsFeed(storage, "kp-test-adapt")
+    assert feed.poll() == []
+    _append(tmp_path, "kp-test-adapt", 0, [_step(0, 1, 32, 0.1)])
+    path = tmp_path / "kp-test-adapt" / "metrics" / "rank-0.jsonl"
+    with open(path, "a") as f:
+        f.write('{"step": 1, "rank"')  # a line being written
+    got = feed.poll()
+    assert [r["step"] for r in got] == [0]
+    with open(path, "a") as f:
+        f.write(': 0, "world_size": 1}\n')
+    assert [r["step"] for r in feed.poll()] == [1]
+    assert feed.poll() == []
+
+
+def test_segments_split_on_config_and_generation() -> None:
+    obs = Observer()
+    obs.new_generation(0, 1)
+    obs.feed([_step(s, 1, 32, 0.10) for s in range(12)])
+    obs.feed([_step(s, 1, 64, 0.15) for s in range(12, 30)])
+    obs.new_generation(1, 2)
+    obs.feed([_step(s, 2, 64, 0.09) for s in range(30, 40)])
+    keys = [s.key for s in obs.segments]
+    assert keys == [(1, 1, 32, 1), (1, 1, 64, 1), (2, 2, 64, 1)]
+    m = obs.segments[1].measurement()
+    assert m is not None and m.step_time == pytest.approx(0.15)
+    assert m.local_batch == 64 and m.sync_time == pytest.approx(0.03)
+    # too few steady steps (3 warm-up steps are left out): no measurement yet
+    short = Observer()
+    short.feed([_step(s, 1, 32, 0.1) for s in range(7)])
+    assert short.segments[0].measurement() is None
+
+
+def test_policy_events_become_requests_and_view_tracks_target() -> None:
+    obs = Observer()
+    obs.feed(
+        [
+            {"event": "epochs", "rank": 0, "target_progress": 500.0, "base_batch": 32},
+            {
+                "event": "policy",
+                "rank": 0,
+                "action": "resize",
+                "nodes": 2,
+                "policy": "P",
+                "reason": "more",
+                "step": 3,
+            },
+            {"event": "policy", "rank": 1, "action": "stop", "policy": "P"},  # not rank 0
+            {"event": "policy", "rank": 0, "action": "bogus"},
+            _step(4, 1, 32, 0.1),
+        ]
+    )
+    reqs = obs.take_requests()
+    assert reqs == [PolicyRequest("resize", "P", "more", 3, nodes=2)]
+    assert obs.take_requests() == []
+    assert obs.view.remaining_progress == pytest.approx(500.0 - 4.0)
+    assert obs.view.base_batch == 32 and obs.view.gns == 400.0
+
+
+def test_batch_grid_and_candidates_respect_memory_and_nodes() -> None:
+    assert batch_grid(32, 48, None)[:3] == [32, 48, 64]
+    assert max(batch_grid(32, None, 256)) == 256
+    spec = _spec(nodes=1, workers_per_node=2, max_local_batch=64, max_nodes=3)
+    cands = candidates(spec, 32, 32, 3)
+    assert {c.nodes for c in cands} == {1, 2, 3}
+    for c in cands:
+        assert c.global_batch <= 64 * c.workers and c.global_batch >= c.workers
+
+
+def test_finish_value_counts_statistical_efficiency() -> None:
+    gns = (GnsPoint(0.0, 100.0),)
+    cfg32 = Config(nodes=1, workers=1, global_batch=32)
+    cfg320 = Config(nodes=1, workers=1, global_batch=320)
+    kw: dict[str, Any] = {"remaining_progress": 1000.0, "base_batch": 32, "objective": "time"}
+    t32 = finish_value(0.1, cfg32, gns=gns, **kw)
+    t320 = finish_value(0.1, cfg320, gns=gns, **kw)
+    assert t32 == pytest.approx(100.0)
+    # 10x the batch at the same step time: 10x fewer steps, but (100+320)/(100+32) more samples
+    assert t320 == pytest.approx(100.0 / 10 * (420 / 132))
+
+
+def test_adapter_reports_model_error_and_writes_control(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    spec = _spec()
+    adapter = Adapter(spec, storage, lambda k, m, d: events.append((k, m, d)), 0.0)
+    job = spec.job_id
+    _append(tmp_path, job, 0, [_step(s, 1, 32, 0.05 + 0.001 * (s % 2)) for s in range(12)])
+    assert adapter.tick(1.0, 0.0, 0.0) is None
+    control = json.loads((tmp_path / job / "control.json").read_text())
+    assert control["schema"] == "kplan.control/1" and control["global_batch"] is None
+    _append(tmp_path, job, 0, [_step(s, 1, 128, 0.14) for s in range(12, 24)])
+    adapter.tick(2.0, 0.0, 0.0)
+    models = [d for k, _, d in events if k == "model"]
+    assert len(models) == 2
+    assert models[0]["error"] is None  # nothing to predict from yet
+    assert models[1]["error"] is not None and models[1]["global_batch"] == 128
