@@ -138,3 +138,43 @@ def test_resize_that_would_break_the_budget_stops_the_job(
     sigterm = [c for c in _events(records, "checkpoint") if c["reason"] == "sigterm"]
     assert sigterm and sigterm[-1]["step"] >= 25  # the work up to the resize is saved
     db.close()
+
+
+def test_docs_example_policy_runs_under_kplan_launch(tmp_path: Path) -> None:
+    """docs/policies.md's example (examples/policies/plateau.py) through `kplan launch --policy`
+    on the local provider: the policy raises the batch, the launcher sees the change in the
+    metrics, the job completes, and `kplan status --json` shows the online model."""
+    import os
+    import subprocess
+
+    kplan = Path(sys.executable).with_name("kplan")
+    policy = ROOT / "examples" / "policies" / "plateau.py"
+    job = "kp-adapt-docs"
+    argv = [str(kplan), "launch", "--cloud", "local", str(SCRIPT), "--budget", "0"]
+    argv += ["--nodes", "1", "--check-interval", "0.5", "--job-id", job]
+    argv += ["--policy", f"{policy.relative_to(ROOT)}:BatchOnPlateau", "--json"]
+    argv += ["--", "--epochs", "3", "--samples", "20000"]
+    env = {**os.environ, "KPLAN_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+    finally:
+        left = kill_leftovers(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not left
+    records = _records(tmp_path, job)
+    changes = [e for e in _events(records, "policy") if e["policy"] == "BatchOnPlateau"]
+    assert changes and changes[0]["action"] == "set_batch"
+    first = changes[0]
+    steps = [r for r in records if "event" not in r and "step" in r]
+    assert {r["global_batch"] for r in steps if r["step"] < first["step"]} == {BATCH}
+    assert {r["global_batch"] for r in steps if r["step"] >= first["step"]} >= {BATCH * 2}
+    status = subprocess.run(
+        [str(kplan), "status", job, "--json"], env=env, capture_output=True, text=True, check=True
+    )
+    doc = json.loads(status.stdout)
+    assert doc["status"] == "succeeded"
+    model = doc["model"]
+    assert model is not None and model["configs_measured"] >= 2  # before and after the change
+    assert model["mape"] is not None  # the second batch was predicted before it was measured
