@@ -58,7 +58,16 @@ def run(mode: str, args: argparse.Namespace, home: Path, tag: str) -> dict[str, 
             continue
     steps = [r for r in records if "event" not in r and "step" in r]
     losses = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]
+    from kplan.launcher.state import StateDB
+
+    with StateDB.open(home / "kplan.db") as db:
+        changes = [
+            f"{e.kind}: {e.message}"
+            for e in db.events(job)
+            if e.kind in ("explore", "batch", "replan", "resize", "model")
+        ]
     return {
+        "changes": changes,
         "mode": mode,
         "wall_s": wall,
         "steps": len(steps),
@@ -90,6 +99,8 @@ def main() -> None:
                     f"loss {r['loss']:.4f}  gns {r['gns']}",
                     flush=True,
                 )
+                for line in r["changes"]:
+                    print(f"    {line}", flush=True)
     for i in range(args.repeat):
         static, adapt = rows[2 * i], rows[2 * i + 1]
         print(f"pair {i}: static / adapt wall = {static['wall_s'] / adapt['wall_s']:.2f}x")

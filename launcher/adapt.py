@@ -584,7 +584,7 @@ class Adapter:
         kind = "batch" if same_nodes else "resize"
         self.event(
             source,
-            f"{source}: {kind} to {best.nodes} node(s), batch {best.global_batch}: {reason}",
+            f"{kind} to {best.nodes} node(s), batch {best.global_batch}: {reason}",
             {"nodes": best.nodes, "global_batch": best.global_batch, "gain": gain, "kind": kind},
         )
         return Action(kind, source, reason, nodes=best.nodes, global_batch=best.global_batch)
