@@ -127,6 +127,16 @@ def test_local_dry_run_shows_the_torchrun_command(home: Path, script: Path) -> N
         ),
         (["{script}", "--budget", "1", "--job-id", "Bad_Id"], ["job id 'Bad_Id' is not valid"]),
         (["{script}", "--budget", "1", "--example-profile", "x"], ["plans and profiles are for"]),
+        (
+            ["{script}", "--budget", "1", "--nodes", "2", "--max-nodes", "1"],
+            ["--max-nodes 1 is below the job's 2 node(s)", "hint:"],
+        ),
+        (["{script}", "--budget", "1", "--explore-trials", "0"], ["--explore-trials 0", "hint:"]),
+        (["{script}", "--budget", "1", "--replan-interval", "0"], ["replan interval 0", "hint:"]),
+        (
+            ["{script}", "--budget", "1", "--policy", "nowhere.py:P"],
+            ["--policy nowhere.py:P: no file nowhere.py", "hint:"],
+        ),
     ],
 )
 def test_launch_bad_input(
