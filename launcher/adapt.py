@@ -37,7 +37,7 @@ from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.storage import Storage
 from kplan.planner.explore import Explorer
 from kplan.planner.fit import fit_perf_params
-from kplan.planner.online import Config, OnlineModel, replan
+from kplan.planner.online import Config, OnlineModel, evaluate, replan, steps_to_finish
 from kplan.planner.profile import GnsPoint, Measurement
 
 CONTROL_KEY = "control.json"
@@ -374,17 +374,14 @@ def finish_value(
     gns: Sequence[GnsPoint],
     objective: str,
 ) -> float:
-    """Seconds (objective ``time``) or USD (``cost``) to finish at a measured step time.
-
-    Work left is in base-batch steps; at global batch ``B`` a step does ``B / B0`` of them, less
-    by the statistical efficiency (``planner.efficiency.sample_factor``)."""
-    from kplan.planner.efficiency import sample_factor
-
+    """Seconds (objective ``time``) or USD (``cost``) to finish at a measured step time
+    (``planner.online.steps_to_finish``; without a usable GNS, full statistical efficiency)."""
     b = config.global_batch
-    factor = float(sample_factor(gns, base_batch, b)) if gns else 1.0
-    if not math.isfinite(factor):
-        factor = 1.0
-    steps = remaining_progress * base_batch * factor / b
+    steps = float(
+        steps_to_finish(b, remaining_progress=remaining_progress, base_batch=base_batch, gns=gns)
+    )
+    if not math.isfinite(steps):
+        steps = remaining_progress * base_batch / b
     seconds = steps * step_time
     if objective == "cost":
         return seconds * config.usd_per_hour / 3600.0
@@ -631,8 +628,6 @@ class Adapter:
         gns = gns_trajectory(self.obs.view)
         if self.explorer is None:
             self.configs = candidates(self.spec, base, current.global_batch, self.max_nodes)
-            from kplan.planner.online import evaluate
-
             prior = evaluate(
                 self.model.params,
                 self.configs,
@@ -698,8 +693,6 @@ class Adapter:
     def _best_value_seconds(self, left: float, base: int, gns: Sequence[GnsPoint]) -> float:
         if self.model is None or not self.configs:
             return 0.0
-        from kplan.planner.online import evaluate
-
         pred = evaluate(
             self.model.params, self.configs, remaining_progress=left, base_batch=base, gns=gns
         )

@@ -318,6 +318,23 @@ def remaining_gns(gns: Sequence[GnsPoint], done_fraction: float) -> tuple[GnsPoi
     return (GnsPoint(0.0, now), *rest)
 
 
+def steps_to_finish(
+    global_batch: ArrayLike,
+    *,
+    remaining_progress: float,
+    base_batch: float,
+    gns: Sequence[GnsPoint],
+    done_fraction: float = 0.0,
+) -> Array:
+    """Optimizer steps at ``global_batch`` to do ``remaining_progress`` base-batch steps: a step
+    does ``B / B0`` of them, less by the statistical efficiency (NaN for ``B != B0`` without a
+    GNS trajectory, as ``efficiency.sample_factor``)."""
+    batch = np.asarray(global_batch, dtype=float)
+    factor = sample_factor(remaining_gns(gns, done_fraction), base_batch, batch)
+    steps: Array = remaining_progress * base_batch * factor / batch
+    return steps
+
+
 def evaluate(
     params: PerfParams,
     configs: Sequence[Config],
@@ -349,8 +366,13 @@ def evaluate(
     price = np.array([c.usd_per_hour for c in configs], dtype=float)
     step = perfmodel.step_time(params, nodes, workers, batch / (workers * accum), accum)
     sigma = _sigma(params, nodes, workers)
-    factor = sample_factor(remaining_gns(gns, done_fraction), base_batch, batch)
-    steps = remaining_progress * base_batch * factor / batch
+    steps = steps_to_finish(
+        batch,
+        remaining_progress=remaining_progress,
+        base_batch=base_batch,
+        gns=gns,
+        done_fraction=done_fraction,
+    )
     restart = np.broadcast_to(np.asarray(restart_s, dtype=float), nodes.shape)
     extra = np.broadcast_to(np.asarray(extra_usd, dtype=float), nodes.shape)
     train = steps * step
