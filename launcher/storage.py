@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kplan.runtime.private import make_dirs, write_private
+
 
 class Storage(Protocol):
     uri: str  # e.g. "file:///home/u/.kplan/jobs", "s3://bucket/prefix", "gs://bucket/prefix"
@@ -43,9 +45,9 @@ class LocalStorage:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)  # 0700; the file 0600 (code, checkpoints, logs)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
+        write_private(tmp, data)
         tmp.replace(path)
 
     def get_bytes(self, key: str) -> bytes | None:

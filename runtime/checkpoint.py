@@ -33,6 +33,7 @@ import numpy as np
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 
 from kplan.errors import JobError
+from kplan.runtime.private import make_dirs, open_private
 
 LATEST = "latest"
 STATE_FILE = "state.pt"
@@ -62,7 +63,7 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> int:
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -148,7 +149,7 @@ class CheckpointStore:
         Every rank must call this at the same step. Returns the final path and bytes written.
         """
         tmp = self._tmp(step)
-        tmp.mkdir(parents=True, exist_ok=True)
+        make_dirs(tmp)  # 0700, files 0600: a checkpoint holds the model
         size = 0
         if shared is not None:
             size += torch_save_atomic(shared, tmp / STATE_FILE)

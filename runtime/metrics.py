@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kplan.errors import InputError
+from kplan.runtime.private import make_dirs, open_private
 
 STEP_KEYS = (
     "step",
@@ -68,8 +69,8 @@ class MetricsWriter:
         self._fd: int | None = None
         if self.path is not None:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                make_dirs(self.path.parent)
+                self._fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)  # 0600
                 atexit.register(self.close)  # a loop left early still gets its last records
             except OSError as err:
                 raise InputError(

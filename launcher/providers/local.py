@@ -62,6 +62,7 @@ from kplan.launcher.providers.local_agent import (
 )
 from kplan.launcher.providers.local_chaos import REASON, SPOT_NOTICE_S, ChaosConfig
 from kplan.launcher.storage import LocalStorage
+from kplan.runtime.private import UMASK, make_dirs, open_private
 
 NAME = "local"
 REGION = "local"
@@ -141,8 +142,8 @@ class LocalProvider:
     def _locked(self, job_id: str) -> Iterator[dict[str, Any]]:
         """The job's state under an exclusive lock; written back if the caller changed it."""
         folder = self.job_dir(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / ".lock", "a+") as lock:
+        make_dirs(folder)
+        with os.fdopen(open_private(folder / ".lock", os.O_RDWR | os.O_APPEND), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             state = read_json(folder / STATE_FILE)
             if state is None:
@@ -329,7 +330,7 @@ class LocalProvider:
         state["next_index"] = index + 1
         instance_id = f"{NAME}-{cluster.job_id}-{index}"
         folder = self.job_dir(cluster.job_id) / instance_id
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder)
         cfg = AgentConfig(
             instance_id=instance_id,
             token=secrets.token_hex(8),
@@ -344,7 +345,7 @@ class LocalProvider:
             chaos_dir=str(self.job_dir(cluster.job_id) / "chaos"),
         )
         write_json(folder / AGENT_FILE, cfg.to_dict())
-        with open(folder / AGENT_LOG, "ab") as log:
+        with os.fdopen(open_private(folder / AGENT_LOG, os.O_WRONLY | os.O_APPEND), "ab") as log:
             agent = subprocess.Popen(
                 [self.python, "-m", "kplan.launcher.providers.local_agent", str(folder)],
                 stdin=subprocess.DEVNULL,
@@ -352,6 +353,7 @@ class LocalProvider:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                umask=UMASK,  # the agent's files and its bootstrap's: 0600
             )
         _AGENTS[agent.pid] = agent
         return {

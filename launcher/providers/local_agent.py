@@ -37,6 +37,7 @@ from typing import Any
 
 from kplan.launcher.providers import local_procs as procs
 from kplan.launcher.providers.local_chaos import REASON, ChaosConfig, claim, claim_preemption
+from kplan.runtime.private import UMASK, open_private, write_private
 
 AGENT_FILE = "agent.json"  # the supervisor's configuration (written by the provider)
 RUN_FILE = "run.json"  # the bootstrap runs: {"pid", "ticks", "time"}
@@ -52,14 +53,14 @@ POLL_S = 0.1
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` atomically."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
+    write_private(tmp, json.dumps(data, sort_keys=True).encode())
     os.replace(tmp, path)
 
 
 def create_json(path: Path, data: dict[str, Any]) -> bool:
     """Create ``path`` atomically unless it exists; True if this call created it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
+    write_private(tmp, json.dumps(data, sort_keys=True).encode())
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -227,11 +228,13 @@ class Supervisor:
         if self._asked():
             return self._finish()
         env = {**os.environ, **self.cfg.env, procs.MARKER: self.cfg.marker}
-        with open(self.folder / OUTPUT_LOG, "ab") as log:
+        log_fd = open_private(self.folder / OUTPUT_LOG, os.O_WRONLY | os.O_APPEND)
+        with os.fdopen(log_fd, "ab") as log:
             self.child = subprocess.Popen(
                 ["/bin/sh", "-c", self.cfg.user_data],
                 env=env,
                 cwd=self.cfg.cwd,
+                umask=UMASK,  # what the bootstrap and the workers write: 0600
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

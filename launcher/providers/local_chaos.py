@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kplan.errors import InputError
+from kplan.runtime.private import make_dirs, open_private
 
 ENV_VAR = "KPLAN_LOCAL_CHAOS"
 SPOT_NOTICE_S = 120.0  # AWS's spot interruption notice
@@ -196,9 +197,9 @@ class ChaosConfig:
 
 def claim(folder: Path, name: str, owner: str) -> bool:
     """Atomically take ``folder/name`` (first caller wins, across processes)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder)
     try:
-        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_private(folder / name, os.O_WRONLY | os.O_EXCL)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as handle:
