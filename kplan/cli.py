@@ -40,9 +40,11 @@ class _KplanGroup(typer.core.TyperGroup):
 
 
 def _print_error(err: KplanError) -> None:
-    typer.echo(f"error: {err.message}", err=True)
+    from kplan.render.text import clean  # a path or a reason may hold escape sequences
+
+    typer.echo(f"error: {clean(err.message)}", err=True)
     if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
+        typer.echo(f"hint: {clean(err.hint)}", err=True)
 
 
 app = typer.Typer(

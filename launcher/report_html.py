@@ -10,6 +10,7 @@ from typing import Any
 
 from kplan.errors import KplanError
 from kplan.launcher.report import Comparison, JobReport
+from kplan.render.text import clean
 
 
 def money(x: float | None) -> str:
@@ -82,11 +83,14 @@ def plots(r: JobReport) -> list[tuple[str, str]]:
     return out
 
 
+def _esc(text: str) -> str:
+    """User and job text for HTML: control characters stripped, then HTML-escaped."""
+    return html.escape(clean(text))
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
-    )
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -101,7 +105,7 @@ def _cmp(c: Comparison) -> str:
 
 
 def section(r: JobReport) -> str:
-    e = html.escape
+    e = _esc
     summary = _table(
         ["", "predicted", "predicted p90", "actual"],
         [

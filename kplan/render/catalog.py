@@ -11,6 +11,7 @@ from typing import Any
 
 from kplan.catalogs.listing import Listing
 from kplan.catalogs.update import UpdateResult
+from kplan.render.text import clean, safe
 
 NON_TTY_WIDTH = 160  # piped output: wide enough that rows do not wrap
 
@@ -49,27 +50,27 @@ def print_offers(
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else NON_TTY_WIDTH)
-    table = Table(title=f"catalog {version}: {len(rows)} offer(s)", title_justify="left")
+    table = Table(title=f"catalog {safe(version)}: {len(rows)} offer(s)", title_justify="left")
     right = {"vCPU", "RAM GB", "net Gb/s", "$/h"}
     for name in ("instance", "GPU", "vCPU", "RAM GB", "net Gb/s", "market", "region/zone", "$/h"):
         table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for r in rows:
         o, i = r.offer, r.instance
         table.add_row(
-            o.instance_type,
-            f"{i.gpu_count}x {i.gpu}",
+            safe(o.instance_type),
+            f"{i.gpu_count}x {safe(i.gpu)}",
             str(i.vcpus),
             f"{i.memory_gb:g}",
             f"{i.network_gbps:g}",
-            o.market,
-            f"{o.region}/{o.zone}",
+            safe(o.market),
+            safe(f"{o.region}/{o.zone}"),
             f"{o.usd_per_hour:.4f}",
         )
     console.print(table if rows else "no offers match these filters")
     if notes and show_notes:
         console.print(f"{len(notes)} validation note(s):", highlight=False)
         for note in notes:
-            console.print(f"  {note}", highlight=False, markup=False)
+            console.print(f"  {clean(note)}", highlight=False, markup=False)
     elif notes:
         console.print(
             f"{len(notes)} catalog row(s) were dropped or doubted on load; --notes lists them",
@@ -105,4 +106,4 @@ def update_text(result: UpdateResult) -> str:
         f"{len(result.catalog.offers):,} offers in all, {len(result.catalog.notes)} loader notes",
     ]
     lines += [f"note: {r}" for r in result.remarks]
-    return "\n".join(lines)
+    return clean("\n".join(lines))

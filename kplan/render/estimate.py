@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kplan.planner.plan import Plan, PlanRow
+from kplan.render.text import safe
 
 
 def _money(x: float) -> str:
@@ -15,8 +16,8 @@ def _hours(h: float) -> str:
 
 def _config(r: PlanRow) -> str:
     if len(r.groups) == 1:
-        return f"{r.nodes} x {r.instance_type} {r.market}"
-    return " + ".join(f"{g.nodes} x {g.instance_type} {g.market}" for g in r.groups)
+        return safe(f"{r.nodes} x {r.instance_type} {r.market}")
+    return safe(" + ".join(f"{g.nodes} x {g.instance_type} {g.market}" for g in r.groups))
 
 
 def _batch(r: PlanRow) -> str:
@@ -31,7 +32,8 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
 
     console = Console()
     table = Table(
-        title=f"{profile_name}: the best plan of each instance type (objective: {plan.objective})",
+        title=f"{safe(profile_name)}: the best plan of each instance type "
+        f"(objective: {safe(plan.objective)})",
         title_justify="left",
         pad_edge=False,
     )
@@ -45,9 +47,9 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
     for i, r in enumerate(plan.plans, 1):
         table.add_row(
             str(i),
-            f"{_config(r)}\n[dim]{r.cloud} {r.region}, ${r.usd_per_hour:,.2f}/h, "
+            f"{_config(r)}\n[dim]{safe(r.cloud)} {safe(r.region)}, ${r.usd_per_hour:,.2f}/h, "
             f"{r.expected_preemptions:.1f} preemptions[/dim]",
-            f"{r.workers} {r.gpu}",
+            f"{r.workers} {safe(r.gpu)}",
             _batch(r),
             f"{r.step_time_s:.3f}",
             f"{_hours(r.hours)}\n({_hours(r.hours_p90)})",
@@ -68,14 +70,14 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
     for r in shown:
         front.add_row(_hours(r.hours), _money(r.cost_usd), _config(r), _batch(r))
     console.print(front)
-    console.print(f"[bold]chosen:[/bold] {plan.reason}")
-    console.print(f"[dim]uncertainty: {plan.uncertainty}[/dim]")
+    console.print(f"[bold]chosen:[/bold] {safe(plan.reason)}")
+    console.print(f"[dim]uncertainty: {safe(plan.uncertainty)}[/dim]")
     console.print(
         f"[dim]{plan.considered:,} configurations evaluated, {plan.feasible:,} feasible; "
-        f"catalog {catalog_version}[/dim]"
+        f"catalog {safe(catalog_version)}[/dim]"
     )
     for note in plan.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {safe(note)}")
 
 
 def _thin(rows: tuple[PlanRow, ...], n: int) -> list[PlanRow]:

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from kplan.launcher.state import EventRecord
+from kplan.render.text import clean, safe
 
 
 def _money(x: float | None) -> str:
@@ -26,7 +27,7 @@ def _clock(t: float) -> str:
 
 def progress(event: EventRecord) -> None:
     """One line per launcher event, as it happens."""
-    typer.echo(f"{_clock(event.time)} {event.kind:<12} {event.message}")
+    typer.echo(f"{_clock(event.time)} {clean(event.kind):<12} {clean(event.message)}")
 
 
 def render_dry_run(doc: dict[str, Any]) -> None:
@@ -35,40 +36,45 @@ def render_dry_run(doc: dict[str, Any]) -> None:
 
     console = Console()
     console.print(
-        f"[bold]dry run[/bold] of job {doc['job']} on {doc['cloud']} {doc['region']}: "
+        f"[bold]dry run[/bold] of job {safe(doc['job'])} on {safe(doc['cloud'])} "
+        f"{safe(doc['region'])}: "
         f"{len(doc['requests'])} request(s), none sent"
     )
     for i, req in enumerate(doc["requests"], 1):
         call = req["call"]
         if call == "storage.put_bytes":
-            console.print(f"{i}. {call} {req['key']} ({req['bytes']:,} bytes)")
+            console.print(f"{i}. {call} {safe(req['key'])} ({req['bytes']:,} bytes)")
         elif call == "provider.prepare":
             c = req["cluster"]
             console.print(
-                f"{i}. {call} job={c['job_id']} region={c['region']} ports={c['ports']} "
-                f"placement_group={c['placement_group']}"
+                f"{i}. {call} job={safe(c['job_id'])} region={safe(c['region'])} "
+                f"ports={safe(c['ports'])} placement_group={safe(c['placement_group'])}"
             )
         else:
             console.print(f"{i}. {call}:")
             for inst in req["instances"]:
                 console.print(
-                    f"   {inst['name']}: node {inst['node_rank']} {inst['instance_type']} "
-                    f"{inst['market']} {inst['zone']} tags={inst['tags']}"
+                    f"   {safe(inst['name'])}: node {inst['node_rank']} "
+                    f"{safe(inst['instance_type'])} {safe(inst['market'])} {safe(inst['zone'])} "
+                    f"tags={safe(inst['tags'])}"
                 )
-                console.print(f"   env: {', '.join(sorted(inst['env']))}")
+                console.print(f"   env: {safe(', '.join(sorted(inst['env'])))}")
                 lang = "bash" if inst["user_data"].startswith("#!") else "sh"
-                console.print(Syntax(inst["user_data"], lang, word_wrap=True))
+                console.print(Syntax(clean(inst["user_data"]), lang, word_wrap=True))
     hours = doc["budget_hours"]
     console.print(
         f"cost {_money(doc['usd_per_hour'])}/h; budget {_money(doc['budget_usd'])}"
         + ("" if hours is None else f" = {_hours(hours)} of this cluster")
-        + f"; guard: {doc['guard']}"
+        + f"; guard: {safe(doc['guard'])}"
     )
+    for note in doc.get("price_notes", ()):
+        console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
 
 
 def render_outcome(outcome: dict[str, Any]) -> None:
     typer.echo(
-        f"job {outcome['job_id']}: {outcome['status']} ({outcome['reason']}); "
+        f"job {clean(outcome['job_id'])}: {clean(outcome['status'])} "
+        f"({clean(outcome['reason'])}); "
         f"spent {_money(outcome['spend_usd'])} in {_hours(outcome['seconds'] / 3600)}, "
         f"{outcome['preemptions']} preemption(s)"
     )
@@ -89,11 +95,11 @@ def render_jobs(jobs: list[dict[str, Any]]) -> None:
             no_wrap=col in ("job", "status"),
         )
     for j in jobs:
-        status = j["status"] + (" (launcher gone)" if j["launcher"] == "gone" else "")
+        status = safe(j["status"]) + (" (launcher gone)" if j["launcher"] == "gone" else "")
         table.add_row(
-            j["id"],
+            safe(j["id"]),
             status,
-            f"{j['cloud']} {j['region']}",
+            safe(f"{j['cloud']} {j['region']}"),
             str(j["nodes"]),
             _hours(j["elapsed_h"]),
             _money(j["spend_usd"]),
@@ -108,14 +114,15 @@ def render_job(j: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    gone = " [red](launcher gone: run kplan down " + j["id"] + ")[/red]"
+    gone = " [red](launcher gone: run kplan down " + safe(j["id"]) + ")[/red]"
     console.print(
-        f"[bold]{j['id']}[/bold] {j['status']}"
-        + (f" ({j['reason']})" if j["reason"] else "")
+        f"[bold]{safe(j['id'])}[/bold] {safe(j['status'])}"
+        + (f" ({safe(j['reason'])})" if j["reason"] else "")
         + (gone if j["launcher"] == "gone" else "")
     )
     console.print(
-        f"{j['cloud']} {j['region']}, {j['nodes']} node(s), {j['workers']} worker(s); "
+        f"{safe(j['cloud'])} {safe(j['region'])}, {j['nodes']} node(s), {j['workers']} "
+        "worker(s); "
         f"elapsed {_hours(j['elapsed_h'])}; spent {_money(j['spend_usd'])} of "
         f"{_money(j['budget_usd'])}"
         + ("" if j["deadline_h"] is None else f"; deadline {_hours(j['deadline_h'])}")
@@ -139,7 +146,10 @@ def render_job(j: dict[str, Any]) -> None:
             highlight=False,
         )
     for change in j.get("changes", [])[-5:]:
-        console.print(f"{_clock(change['time'])} {change['kind']:<12} {change['message']}")
+        console.print(
+            f"{_clock(change['time'])} {safe(change['kind']):<12} {safe(change['message'])}",
+            highlight=False,
+        )
     table = Table(title="instances", title_justify="left", pad_edge=False)
     for col in ("id", "node", "type", "market", "zone", "state", "$/h", "billed", "reason"):
         table.add_column(col, no_wrap=col == "id")
@@ -147,19 +157,21 @@ def render_job(j: dict[str, Any]) -> None:
     for i in j["instances"]:
         row = billed.get(i["id"])
         table.add_row(
-            i["id"],
+            safe(i["id"]),
             str(i["node_rank"]),
-            i["type"],
-            i["market"],
-            i["zone"],
-            i["state"],
+            safe(i["type"]),
+            safe(i["market"]),
+            safe(i["zone"]),
+            safe(i["state"]),
             f"{i['price']:.4f}",
             "-" if row is None else f"{row['billed_seconds']:.0f} s {_money(row['usd'])}",
-            i["reason"] or "",
+            safe(i["reason"] or ""),
         )
     console.print(table)
     for e in j["events"]:
-        console.print(f"{_clock(e['time'])} {e['kind']:<12} {e['message']}", highlight=False)
+        console.print(
+            f"{_clock(e['time'])} {safe(e['kind']):<12} {safe(e['message'])}", highlight=False
+        )
 
 
 def render_down(results: list[dict[str, Any]]) -> None:
@@ -168,4 +180,4 @@ def render_down(results: list[dict[str, Any]]) -> None:
     for r in results:
         what = f"terminated {', '.join(r['terminated'])}" if r["terminated"] else "nothing running"
         status = f" (job {r['status']})" if r["status"] else ""
-        typer.echo(f"{r['job_id']}: {what}{status}")
+        typer.echo(clean(f"{r['job_id']}: {what}{status}"))

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kplan.profiler.job import Progress
+from kplan.render.text import clean, safe
 
 _PHASES = {
     "starting": "starting workers",
@@ -41,10 +42,10 @@ def progress_bar(name: str) -> Iterator[Callable[[Progress], None]]:
         console=console,
         transient=False,
     ) as bar:
-        task = bar.add_task("starting workers", total=None, name=name)
+        task = bar.add_task("starting workers", total=None, name=safe(name))
 
         def update(p: Progress) -> None:
-            label = _PHASES.get(p.phase, p.phase)
+            label = _PHASES.get(p.phase) or safe(p.phase)
             if p.phase == "sweep" and p.local_batch is not None:
                 label += f" (local batch {p.local_batch})"
             if p.phase == "device":
@@ -64,7 +65,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"kplan profile: {summary['name']} ({summary['workers']} workers)")
+    table = Table(title=f"kplan profile: {safe(summary['name'])} ({summary['workers']} workers)")
     for column in ("local batch", "step", "compute", "sync", "samples/s"):
         table.add_column(column, justify="right")
     for row in summary["sweep"]:
@@ -108,4 +109,4 @@ def render_summary(summary: dict[str, Any]) -> None:
     )
     lines.append(f"took          {summary['wall_s']:.1f} s")
     for line in lines:
-        console.print(line, highlight=False)
+        console.print(clean(line), highlight=False, markup=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kplan.launcher.report import JobReport
+from kplan.render.text import safe
 
 
 def render_report(r: JobReport) -> None:
@@ -16,7 +17,8 @@ def render_report(r: JobReport) -> None:
 
     console = Console()
     console.print(
-        f"[bold]{r.id}[/bold] {r.status} ({r.reason or '-'}) on {r.cloud} {r.region}, "
+        f"[bold]{safe(r.id)}[/bold] {safe(r.status)} ({safe(r.reason or '-')}) on "
+        f"{safe(r.cloud)} {safe(r.region)}, "
         f"budget {money(r.budget_usd)}"
     )
     console.print(f"total spend (ledger): [bold]{money(r.total_usd)}[/bold]", highlight=False)
@@ -26,19 +28,19 @@ def render_report(r: JobReport) -> None:
     t.add_row("cost", money(r.predicted_cost_usd), money(r.predicted_cost_p90_usd),
               f"{money(r.total_usd)} ledger, {r.billed_seconds:,.0f} billed s")  # fmt: skip
     t.add_row("step time (s)", opt(r.predicted_step_s, ".4f"), opt(r.predicted_step_p90_s, ".4f"),
-              measured_step(r))  # fmt: skip
+              safe(measured_step(r)))  # fmt: skip
     console.print(t)
     s = Table("instance", "type", "market", "zone", "USD/h", "billed s", "USD", title="spend")
     for i in r.instances:
-        s.add_row(i.instance, i.type, i.market, i.zone, f"{i.usd_per_hour:.4f}",
-                  f"{i.billed_seconds:,.1f}", money(i.usd))  # fmt: skip
+        s.add_row(safe(i.instance), safe(i.type), safe(i.market), safe(i.zone),
+                  f"{i.usd_per_hour:.4f}", f"{i.billed_seconds:,.1f}", money(i.usd))  # fmt: skip
     console.print(s)
     for name, groups in (("market", r.by_market), ("zone", r.by_zone)):
-        parts = ", ".join(f"{k} {money(v)}" for k, v in groups.items())
+        parts = safe(", ".join(f"{k} {money(v)}" for k, v in groups.items()))
         console.print(f"by {name}: {parts or '-'}", highlight=False)
     for p in r.preemptions:
         console.print(
-            f"{p.kind} node {p.node_rank} at +{p.time - r.created_at:.0f} s: work lost "
+            f"{safe(p.kind)} node {p.node_rank} at +{p.time - r.created_at:.0f} s: work lost "
             f"{opt(p.work_lost_s, '.1f')} s, downtime {opt(p.downtime_s, '.1f')} s, "
             f"lost {money(p.lost_usd)} at {p.cluster_usd_per_hour:.4f} USD/h; "
             f"replacement boot {money(p.replacement_boot_usd)}",
@@ -48,10 +50,10 @@ def render_report(r: JobReport) -> None:
         console.print("preemptions: none")
     for name, c in (("on-demand", r.on_demand), ("the naive plan", r.naive)):
         head = "" if c.usd is None else f"{money(c.usd)} (savings {money(c.savings_usd)}): "
-        console.print(f"against {name}: {head}{c.note}", highlight=False)
+        console.print(f"against {name}: {head}{safe(c.note)}", highlight=False)
     m = r.metrics
     console.print(
-        f"metrics: {m.note}; {m.steps} steps, {m.checkpoints} checkpoints, {m.resumes} resumes"
-        + (f", last GNS {m.gns[-1][1]:.1f}" if m.gns else ""),
+        f"metrics: {safe(m.note)}; {m.steps} steps, {m.checkpoints} checkpoints, "
+        f"{m.resumes} resumes" + (f", last GNS {m.gns[-1][1]:.1f}" if m.gns else ""),
         highlight=False,
     )
