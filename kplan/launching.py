@@ -9,6 +9,7 @@ machine, free.
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ from typing import Any
 
 from kplan.errors import DataFileError, InputError, SchemaVersionError
 from kplan.io import read_json
-from kplan.launcher.jobspec import CLOUDS, JobSpec, ZoneOffer, check_job_id, nodes_from_plan_row
+from kplan.launcher.jobspec import (
+    CLOUDS,
+    JobSpec,
+    NodeSpec,
+    ZoneOffer,
+    check_job_id,
+    nodes_from_plan_row,
+)
 from kplan.planner.plan import PLAN_SCHEMA
 
 
@@ -227,8 +235,9 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             hint="drop --region or plan for that region",
         )
     try:
-        nodes = nodes_from_plan_row(row)
+        _check_prices(row)
         region = str(row["region"])
+        nodes, price_notes = reprice_from_catalog(nodes_from_plan_row(row), cloud, region)
         if req.spot is not None:
             want = "spot" if req.spot else "on-demand"
             bad = [n.node_rank for n in nodes if n.market != want]
@@ -256,6 +265,7 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             predicted_cost_usd=float(row["cost_usd"]),
             predicted_cost_p90_usd=float(row["cost_p90_usd"]),
             plan=plan,
+            price_notes=price_notes,
             **opts,
         )
     except (KeyError, TypeError, ValueError) as err:
@@ -263,6 +273,32 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             f"the plan's chosen row is malformed ({type(err).__name__}: {err})",
             hint="re-create it with kplan estimate --out",
         ) from None
+
+
+def _check_prices(row: dict[str, Any]) -> None:
+    """The plan row's money and time fields are finite and >= 0 (the nodes' are checked by
+    ``NodeSpec``)."""
+    for name in ("usd_per_hour", "cost_usd", "cost_p90_usd", "hours"):
+        value = row.get(name)
+        if value is None:
+            continue
+        number = float(value) if isinstance(value, (int, float)) else math.nan
+        if isinstance(value, bool) or not (math.isfinite(number) and number >= 0):
+            raise DataFileError(
+                f"the plan's {name} {value!r} is not a finite number >= 0",
+                hint="re-create the plan with kplan estimate --out",
+            )
+
+
+def reprice_from_catalog(
+    nodes: tuple[NodeSpec, ...], cloud: str, region: str
+) -> tuple[tuple[NodeSpec, ...], tuple[str, ...]]:
+    """The plan's nodes at the higher of the current catalog's and the plan's price
+    (``launcher/pricing.py``), and a note for each price that differs by more than 5%."""
+    from kplan.launcher.pricing import catalog_prices, reprice
+
+    offers, version = catalog_prices(cloud, region)
+    return reprice(nodes, cloud, region, offers, version)
 
 
 def _new_id() -> str:

@@ -114,6 +114,7 @@ class JobSpec:
     explore_trials: int = 6
     explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
     policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
+    price_notes: tuple[str, ...] = ()  # where the plan's prices differ from the catalog's
     predicted_hours: float | None = None
     predicted_cost_usd: float | None = None
     predicted_cost_p90_usd: float | None = None
@@ -214,6 +215,7 @@ class JobSpec:
         doc["nodes"] = [asdict(n) for n in self.nodes]
         doc["args"] = list(self.args)
         doc["policies"] = list(self.policies)
+        doc["price_notes"] = list(self.price_notes)
         doc["offers"] = [asdict(o) for o in self.offers]
         return doc
 
@@ -224,6 +226,7 @@ class JobSpec:
         values["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
         values["args"] = tuple(doc.get("args", ()))
         values["policies"] = tuple(doc.get("policies", ()))
+        values["price_notes"] = tuple(doc.get("price_notes", ()))
         values["offers"] = tuple(ZoneOffer(**o) for o in doc.get("offers", ()))
         return cls(**values, plan=plan)
 

@@ -86,6 +86,8 @@ class _Run(RunState):
             f"{s.region}, budget ${s.budget_usd:,.2f}",
             {"usd_per_hour": s.usd_per_hour},
         )
+        for note in s.price_notes:
+            self._event("price", note)
 
     # --- the lifecycle ------------------------------------------------------------------------
 
