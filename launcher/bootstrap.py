@@ -17,9 +17,7 @@ Nothing here reads the launcher's environment: no credentials reach a node throu
 
 from __future__ import annotations
 
-import io
 import shlex
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -31,9 +29,6 @@ from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec,
 from kplan.runtime.env import kplan_environ
 
 CODE_KEY = "code/job.tar.gz"
-CODE_LIMIT_BYTES = 200 * 1024 * 1024
-_SKIP_DIRS = {".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"}
-_SKIP_SUFFIXES = (".pyc", ".pyo")
 CLOUD_ROOT = "/opt/kplan"  # the job's folder on a cloud node
 SYNC_PERIOD_S = 60
 EXTRA_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -244,30 +239,6 @@ def node_env(spec: JobSpec, storage_uri: str) -> dict[str, str]:
     if spec.cloud == "local":
         return worker_env(spec, str(local_root(storage_uri) / spec.job_id))
     return worker_env(spec, CLOUD_ROOT)
-
-
-def pack_code(script: Path) -> bytes:
-    """The script's folder as a tar.gz (without VCS, virtualenvs and caches)."""
-    if not script.is_file():
-        raise InputError(f"training script not found: {script}", hint="check the path")
-    folder = script.resolve().parent
-    buf = io.BytesIO()
-    total = 0
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(folder.rglob("*")):
-            rel = path.relative_to(folder)
-            if any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES:
-                continue
-            if path.is_symlink() or not path.is_file():
-                continue
-            total += path.stat().st_size
-            if total > CODE_LIMIT_BYTES:
-                raise InputError(
-                    f"{folder} holds more than {CODE_LIMIT_BYTES // 2**20} MiB of files",
-                    hint="put the training script in its own folder; data goes in a bucket",
-                )
-            tar.add(path, arcname=str(rel), recursive=False)
-    return buf.getvalue()
 
 
 def cluster_spec(spec: JobSpec, storage_uri: str) -> ClusterSpec:

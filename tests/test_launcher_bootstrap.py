@@ -18,12 +18,12 @@ from kplan.launcher.bootstrap import (
     cloud_user_data,
     instance_spec,
     local_user_data,
-    pack_code,
     rendezvous,
 )
 from kplan.launcher.dryrun import dry_run
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.ledger import LocalBilling
+from kplan.launcher.packing import pack_code
 
 SECRETS = {
     "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY123456",
@@ -66,7 +66,10 @@ def test_no_credentials_reach_a_node(tmp_path: Path, monkeypatch: pytest.MonkeyP
             ispec = instance_spec(spec, node, "n", rendezvous(spec, 0, host), uri)
             assert all(k.startswith(("KPLAN_", "TORCH_")) for k in ispec.env), ispec.env
             texts += [ispec.user_data, json.dumps(dict(ispec.env)), json.dumps(dict(ispec.tags))]
-        texts.append(json.dumps(dry_run(spec, uri, LocalBilling())))
+        doc = dry_run(spec, uri, LocalBilling())
+        code = doc.pop("code")  # file names and sizes only; its key names say "secrets"
+        assert code is None or code["files"] == [{"path": "train.py", "bytes": 12}]
+        texts.append(json.dumps(doc))
     blob = "\n".join(texts)
     for key, value in SECRETS.items():
         assert key not in blob and value not in blob
@@ -137,7 +140,7 @@ def test_the_aws_bootstrap_runs_a_real_torchrun_and_reports(tmp_path: Path) -> N
     bucket = tmp_path / "s3"
     code = bucket / "b" / "p" / spec.job_id / CODE_KEY
     code.parent.mkdir(parents=True)
-    code.write_bytes(pack_code(Path(spec.script)))
+    code.write_bytes(pack_code(Path(spec.script)).data)
     stubs = tmp_path / "bin"
     stubs.mkdir()
     _stub(stubs, "aws", _AWS_STUB)

@@ -44,6 +44,11 @@ def render_dry_run(doc: dict[str, Any]) -> None:
         call = req["call"]
         if call == "storage.put_bytes":
             console.print(f"{i}. {call} {safe(req['key'])} ({req['bytes']:,} bytes)")
+            if doc.get("code"):  # what that upload holds (kplan.launcher.packing)
+                from kplan.render.code_upload import code_lines
+
+                for line in code_lines(doc["code"]):
+                    console.print(line, highlight=False, soft_wrap=True)
         elif call == "provider.prepare":
             c = req["cluster"]
             console.print(
