@@ -2,7 +2,9 @@
 
 Builds the same ``ClusterSpec`` and ``InstanceSpec`` objects as :func:`run_job` (the head with
 its own rendezvous, the other nodes pointing at ``<head private ip>``) and the storage writes,
-without calling a single provider verb or storage write.
+without calling a single provider verb or storage write. On a cloud, ``code`` says what the
+code upload would hold (:class:`~kplan.launcher.packing.PackedCode`: every file with its size,
+the secret-looking files and the links left out).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from kplan.launcher.bootstrap import (
     instance_name,
     instance_spec,
     job_key,
-    pack_code,
     rendezvous,
 )
 from kplan.launcher.guard import Guard
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.ledger import BillingRule
+from kplan.launcher.packing import pack_code
 from kplan.launcher.provider import InstanceSpec
 
 HEAD_PLACEHOLDER = "<head-private-ip>"
@@ -38,10 +40,16 @@ def _instance_doc(spec: InstanceSpec) -> dict[str, Any]:
 def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, Any]:
     """The requests, in order, and what the guard would allow (nothing is sent)."""
     requests: list[dict[str, Any]] = []
-    if spec.cloud != "local":
-        size = len(pack_code(Path(spec.script)))
+    code: dict[str, Any] | None = None
+    if spec.cloud != "local":  # local runs the script in place: nothing is uploaded
+        packed = pack_code(Path(spec.script))
+        code = packed.to_dict()
         requests.append(
-            {"call": "storage.put_bytes", "key": job_key(spec.job_id, CODE_KEY), "bytes": size}
+            {
+                "call": "storage.put_bytes",
+                "key": job_key(spec.job_id, CODE_KEY),
+                "bytes": packed.archive_bytes,
+            }
         )
     cluster = cluster_spec(spec, storage_uri)
     requests.append({"call": "provider.prepare", "cluster": asdict(cluster)})
@@ -72,6 +80,7 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, 
         "cloud": spec.cloud,
         "region": spec.region,
         "requests": requests,
+        "code": code,  # what the upload holds: every file, and the secrets left out
         "usd_per_hour": per_hour,
         "budget_usd": spec.budget_usd,
         "budget_hours": None if per_hour == 0 else spec.budget_usd / per_hour,

@@ -19,7 +19,6 @@ from kplan.launcher.bootstrap import (
     instance_name,
     instance_spec,
     job_key,
-    pack_code,
     rendezvous,
     status_key,
 )
@@ -134,9 +133,17 @@ class _Run(RunState):
         if self.spec.cloud != "local":
             from pathlib import Path
 
+            from kplan.launcher.packing import pack_code
+
             code = pack_code(Path(self.spec.script))
-            self.storage.put_bytes(job_key(self.spec.job_id, CODE_KEY), code)
-            self._event("code", f"uploaded the code ({len(code):,} bytes)")
+            self.storage.put_bytes(job_key(self.spec.job_id, CODE_KEY), code.data)
+            self._event(
+                "code",
+                f"uploaded the code: {len(code.files):,} file(s), {code.total_bytes:,} bytes "
+                f"({code.archive_bytes:,} packed); left out {len(code.skipped_secrets)} "
+                "secret-looking path(s)",
+                {"files": len(code.files), "skipped_secrets": list(code.skipped_secrets)},
+            )
         self.storage.delete_prefix(job_key(self.spec.job_id, "status/"))
         self.provider.prepare(self.cluster)
         self._event("prepare", f"prepared {self.spec.cloud} {self.spec.region}")
