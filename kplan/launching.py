@@ -55,6 +55,10 @@ class LaunchRequest:
     explore_trials: int | None = None
     replan_interval_s: float | None = None
     checkpoint_interval_s: float | None = None
+    network: str | None = None  # gcp: VPC network
+    subnet: str | None = None  # gcp: subnetwork
+    service_account: str | None = None  # gcp: the instances' service account
+    external_ip: bool = True  # gcp: False gives the instances no public IP
 
 
 def _check_common(req: LaunchRequest) -> None:
@@ -87,6 +91,11 @@ def _options(req: LaunchRequest) -> dict[str, Any]:
     if req.storage_uri is not None:
         out["storage_uri"] = req.storage_uri
     out["adapt"] = req.adapt
+    for name in ("network", "subnet", "service_account"):  # gcp only (_check_gcp_placement)
+        if getattr(req, name) is not None:
+            out[name] = getattr(req, name)
+    if not req.external_ip:
+        out["external_ip"] = False
     out["explore"] = req.explore
     out["policies"] = tuple(policy_paths(req.policies, req.script, req.cloud or "local"))
     for name in ("max_nodes", "explore_trials", "replan_interval_s", "checkpoint_interval_s"):
@@ -141,6 +150,7 @@ def build_spec(req: LaunchRequest) -> JobSpec:
             )
         if req.region not in (None, "local"):
             raise InputError(f"the local cloud has no region {req.region!r}", hint="drop --region")
+        _check_gcp_placement(req, cloud)
         options = _options(req)
         options.setdefault("rdzv_port", free_port())
         return JobSpec.local(
@@ -153,9 +163,34 @@ def build_spec(req: LaunchRequest) -> JobSpec:
             python=sys.executable,
             **options,
         )
+    _check_gcp_placement(req, cloud)
     if plan_doc is None:
         plan_doc = plan_now(req, cloud)
     return spec_from_plan(req, plan_doc, cloud)
+
+
+def _check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
+    """--network, --subnet, --service-account and --no-external-ip: GCP only, well formed."""
+    given = [
+        flag
+        for flag, value in (
+            ("--network", req.network),
+            ("--subnet", req.subnet),
+            ("--service-account", req.service_account),
+        )
+        if value is not None
+    ] + ([] if req.external_ip else ["--no-external-ip"])
+    if given and cloud != "gcp":
+        raise InputError(
+            f"{', '.join(given)}: for --cloud gcp only",
+            hint="on AWS set KPLAN_AWS_VPC, KPLAN_AWS_SUBNET and KPLAN_AWS_INSTANCE_PROFILE",
+        )
+    from kplan.launcher.providers.gcp_config import check_network, check_service_account
+
+    if req.network is not None or req.subnet is not None:
+        check_network(req.network or "default", req.subnet)
+    if req.service_account is not None:
+        check_service_account(req.service_account)
 
 
 def read_plan(path: Path) -> dict[str, Any]:

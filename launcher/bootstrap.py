@@ -249,6 +249,10 @@ def cluster_spec(spec: JobSpec, storage_uri: str) -> ClusterSpec:
         ports=(spec.rdzv_port, spec.rdzv_port + 200),
         placement_group=len(spec.nodes) > 1 and spec.cloud != "local",
         storage_uri=None if spec.cloud == "local" else storage_uri,
+        network=spec.network,
+        subnet=spec.subnet,
+        service_account=spec.service_account,
+        external_ip=spec.external_ip,
     )
 
 

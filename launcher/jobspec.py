@@ -103,6 +103,11 @@ class JobSpec:
     checkpoint_interval_s: float | None = None
     image: str | None = None
     storage_uri: str | None = None  # where code, status and logs go (None: the cloud's default)
+    # GCP placement and identity (ClusterSpec): None/True keep the provider's configuration.
+    network: str | None = None
+    subnet: str | None = None
+    service_account: str | None = None
+    external_ip: bool = True
     python: str = "python3"  # interpreter on the node (local: the launcher's own)
     # Online adaptation (launcher/adapt.py)
     adapt: bool = False  # re-plan from the refitted model and resize (--adapt)

@@ -39,6 +39,11 @@ class ClusterSpec:
     ssh_cidr: str | None = None  # open SSH only when asked, and only from this CIDR
     placement_group: bool = False  # multi-node: cluster placement (AWS) / compact policy (GCP)
     storage_uri: str | None = None  # s3://bucket/prefix or gs://bucket/prefix (code, checkpoints)
+    # Where the instances sit and as whom they run (GCP; None: the provider's configuration).
+    network: str | None = None  # VPC network name or path
+    subnet: str | None = None  # subnetwork name (in the region) or path
+    service_account: str | None = None  # email of the instances' service account
+    external_ip: bool = True  # False: no public IP (the subnet needs Cloud NAT / Private Access)
 
 
 @dataclass(frozen=True)

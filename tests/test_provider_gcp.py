@@ -14,7 +14,7 @@ from kplan.errors import CloudError, InputError
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.providers import gcp_errors
 from kplan.launcher.providers.gcp import GcpProvider
-from kplan.launcher.providers.gcp_config import GcpConfig, network_tag
+from kplan.launcher.providers.gcp_config import NODE_SCOPES, GcpConfig, network_tag
 from tests.gcp_server import FakeCompute
 
 PROJECT = "kplan-test-1"
@@ -109,9 +109,7 @@ def test_spot_insert_sends_spot_scheduling_labels_metadata_and_gpus(
     meta = metadata(body)
     assert meta["startup-script"] == "#!/bin/bash\necho node 0\n"
     assert not any("key" in k or "secret" in k or "token" in k for k in meta)
-    assert body["serviceAccounts"] == [
-        {"email": "default", "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
-    ]
+    assert body["serviceAccounts"] == [{"email": "default", "scopes": list(NODE_SCOPES)}]
     assert body["guestAccelerators"] == [
         {"acceleratorType": f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 1}
     ]
@@ -378,3 +376,78 @@ def test_no_credentials_is_a_cloud_error_with_a_login_hint(monkeypatch: pytest.M
     with pytest.raises(CloudError, match="credentials") as info:
         gcp.query_instances(JOB)
     assert "gcloud auth application-default login" in info.value.hint
+
+
+# --- least privilege: scopes, service account, network, external IP --------------------------
+
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+LOGGING_SCOPE = "https://www.googleapis.com/auth/logging.write"
+ACCOUNT = "kplan-nodes@kplan-test-1.iam.gserviceaccount.com"
+
+
+def _inserted(fake: FakeCompute, kind: str) -> list[dict[str, Any]]:
+    bodies = [s.body for s in fake.requests if s.method == "POST" and s.path.endswith(f"/{kind}")]
+    return [b for b in bodies if b is not None]
+
+
+def test_nodes_get_only_the_storage_and_logging_scopes_by_default(
+    gcp: GcpProvider, fake: FakeCompute
+) -> None:
+    gcp.prepare(cluster())
+    gcp.run_instances(cluster(), [spec(0)])
+    (body,) = _inserted(fake, "instances")
+    (account,) = body["serviceAccounts"]
+    assert account["email"] == "default"
+    assert sorted(account["scopes"]) == [STORAGE_SCOPE, LOGGING_SCOPE]
+    assert not any("cloud-platform" in scope for scope in account["scopes"])
+    (nic,) = body["networkInterfaces"]
+    assert nic["network"] == f"projects/{PROJECT}/global/networks/default"
+    assert "subnetwork" not in nic
+    assert nic["accessConfigs"] == [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+
+
+def test_the_jobs_service_account_network_subnet_and_no_external_ip_reach_the_api(
+    gcp: GcpProvider, fake: FakeCompute
+) -> None:
+    placed = ClusterSpec(
+        job_id=JOB,
+        cloud="gcp",
+        region="us-central1",
+        network="kplan-vpc",
+        subnet="kplan-us-central1",
+        service_account=ACCOUNT,
+        external_ip=False,
+    )
+    gcp.prepare(placed)
+    made = gcp.run_instances(placed, [spec(0), spec(1)])
+    bodies = _inserted(fake, "instances")
+    assert len(bodies) == 2
+    for body in bodies:
+        assert body["serviceAccounts"] == [
+            {"email": ACCOUNT, "scopes": [STORAGE_SCOPE, LOGGING_SCOPE]}
+        ]
+        (nic,) = body["networkInterfaces"]
+        assert nic["network"] == f"projects/{PROJECT}/global/networks/kplan-vpc"
+        assert nic["subnetwork"] == (
+            f"projects/{PROJECT}/regions/us-central1/subnetworks/kplan-us-central1"
+        )
+        assert "accessConfigs" not in nic  # no public IP at all
+    (rule,) = _inserted(fake, "firewalls")
+    assert rule["network"] == f"projects/{PROJECT}/global/networks/kplan-vpc"
+    assert all(i.public_ip is None for i in made)
+
+
+def test_a_bad_service_account_or_network_fails_before_any_request(
+    gcp: GcpProvider, fake: FakeCompute
+) -> None:
+    for bad, message in (
+        ({"service_account": "robot"}, "'robot' is not an email"),
+        ({"network": "My VPC"}, "'My VPC' is not a network"),
+        ({"subnet": "sub/../x"}, "is not a subnetwork"),
+    ):
+        placed = ClusterSpec(job_id=JOB, cloud="gcp", region="us-central1", **bad)  # type: ignore[arg-type]
+        with pytest.raises(InputError, match=message):
+            gcp.run_instances(placed, [spec(0)])
+        with pytest.raises(InputError, match=message):
+            gcp.prepare(placed)
+    assert fake.requests == []

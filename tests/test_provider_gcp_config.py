@@ -41,6 +41,35 @@ def test_config_is_validated_with_the_bad_value_echoed() -> None:
     assert ok.subnetwork_path("us-central1") is None
 
 
+def test_nodes_scopes_are_storage_and_logging_only() -> None:
+    config = GcpConfig(project="kplan-test-1")
+    assert config.scopes == (
+        "https://www.googleapis.com/auth/devstorage.read_write",
+        "https://www.googleapis.com/auth/logging.write",
+    )
+    assert config.external_ip and config.network == "default"
+
+
+def test_network_subnet_and_external_ip_from_the_environment() -> None:
+    env = {
+        "KPLAN_GCP_PROJECT": "kplan-test-1",
+        "KPLAN_GCP_NETWORK": "projects/shared-vpc-1/global/networks/ml",
+        "KPLAN_GCP_SUBNETWORK": "projects/shared-vpc-1/regions/us-central1/subnetworks/ml-a",
+        "KPLAN_GCP_EXTERNAL_IP": "0",
+    }
+    config = GcpConfig.from_env(env)
+    assert config.network_path() == "projects/shared-vpc-1/global/networks/ml"
+    assert config.subnetwork_path("us-central1") == env["KPLAN_GCP_SUBNETWORK"]
+    assert config.external_ip is False
+    with pytest.raises(InputError, match="KPLAN_GCP_EXTERNAL_IP='maybe' is not 0 or 1"):
+        GcpConfig.from_env({**env, "KPLAN_GCP_EXTERNAL_IP": "maybe"})
+    with pytest.raises(InputError, match="'ml vpc' is not a network name"):
+        GcpConfig.from_env({**env, "KPLAN_GCP_NETWORK": "ml vpc"})
+    # the credentials' project fills in when no variable names one; a variable wins
+    assert GcpConfig.from_env({}, default_project="adc-project-1").project == "adc-project-1"
+    assert GcpConfig.from_env(env, default_project="adc-project-1").project == "kplan-test-1"
+
+
 def test_config_from_the_environment() -> None:
     with pytest.raises(InputError, match="no GCP project"):
         GcpConfig.from_env({})
@@ -152,12 +181,22 @@ def test_gcs_errors_are_cloud_errors(gcs: tuple[FakeGCS, str]) -> None:
         make_storage(url, "s3://kplan-bucket")
 
 
+USER_ADC = (
+    '{"type": "authorized_user", "client_id": "kplan-test.apps.googleusercontent.com", '
+    '"client_secret": "not-a-secret", "refresh_token": "not-a-token"}'
+)
+
+
 def test_factory_needs_a_project_and_a_bucket(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for var in ("KPLAN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("KPLAN_GCP_STORAGE_URI", raising=False)
+    monkeypatch.delenv("KPLAN_GCP_ANONYMOUS", raising=False)
+    key = tmp_path / "adc.json"  # user credentials: loading them needs no network
+    key.write_text(USER_ADC)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
     with pytest.raises(InputError, match="no GCP project"):
         get_backend("gcp", ProviderSettings(home=tmp_path))
     monkeypatch.setenv("KPLAN_GCP_PROJECT", "kplan-test-1")

@@ -7,7 +7,7 @@ import signal
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -149,8 +149,35 @@ def launch_command(
         float | None,
         typer.Option("--checkpoint-interval", help="Seconds between checkpoints (the plan's)."),
     ] = None,
+    network: Annotated[
+        str | None, typer.Option("--network", help="gcp: VPC network (default: default).")
+    ] = None,
+    subnet: Annotated[
+        str | None, typer.Option("--subnet", help="gcp: subnetwork of --network in the region.")
+    ] = None,
+    service_account: Annotated[
+        str | None,
+        typer.Option(
+            "--service-account",
+            help="gcp: email of the nodes' service account (default: the project's default "
+            "one); they get only the storage and logging scopes.",
+        ),
+    ] = None,
+    external_ip: Annotated[
+        bool,
+        typer.Option(
+            "--external-ip/--no-external-ip",
+            help="gcp: give nodes a public IP; without one the subnet needs Cloud NAT and "
+            "Private Google Access for the bootstrap.",
+        ),
+    ] = True,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print every request it would send; send none.")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print every request it would send; send none (offline: no credentials or "
+            "cloud SDK needed).",
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -186,25 +213,70 @@ def launch_command(
         explore_trials=explore_trials,
         replan_interval_s=replan_interval,
         checkpoint_interval_s=checkpoint_interval,
+        network=network,
+        subnet=subnet,
+        service_account=service_account,
+        external_ip=external_ip,
     )
     spec = build_spec(req)
-    backend = _backend(spec.cloud, spec.region, spec.storage_uri)
     billing = billing_for(spec.cloud)
-    doc = plan_requests(spec, backend.storage.uri, billing)
-    if dry_run:
+    if dry_run:  # offline: no provider, no cloud SDK, no credentials (placeholders instead)
+        target = _offline_target(spec)
+        doc = plan_requests(spec, target["storage_uri"], billing)
+        doc["target"] = target
         if as_json:
             typer.echo(json.dumps(doc, indent=1))
         else:
             from kplan.render.launch import render_dry_run
 
             render_dry_run(doc)
+            _echo_target(spec.cloud, target)
         return
+    backend = _backend(spec.cloud, spec.region, spec.storage_uri)  # checks credentials first
+    doc = plan_requests(spec, backend.storage.uri, billing)
     if not doc["startable"]:
         raise InputError(
             f"--budget {budget:g} cannot start this cluster: {doc['guard']}",
             hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
         )
     _run(spec, backend, as_json)
+
+
+def _offline_target(spec: JobSpec) -> dict[str, Any]:
+    """Where a dry run says the job would go, without a provider: the cloud module's
+    ``offline_target`` (marked placeholders for the account, project or bucket it cannot know
+    offline), or the local backend's own storage."""
+    import importlib
+
+    from kplan.launcher.bootstrap import cluster_spec
+    from kplan.launcher.providers import ProviderSettings
+
+    if spec.cloud == "local":
+        return {"storage_uri": _backend("local", spec.region, spec.storage_uri).storage.uri}
+    module = importlib.import_module(f"kplan.launcher.providers.{spec.cloud}")
+    settings = ProviderSettings(_home(), spec.region, spec.storage_uri)
+    target: dict[str, Any] = module.offline_target(settings, cluster_spec(spec, ""))
+    return target
+
+
+def _echo_target(cloud: str, target: dict[str, Any]) -> None:
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return ", ".join(value) if isinstance(value, list) else str(value)
+
+    skip = ("placeholders", "needs")
+    shown = [
+        f"{k.replace('_', ' ')} {text(v)}"
+        for k, v in target.items()
+        if k not in skip and v is not None
+    ]
+    if cloud != "local":
+        typer.echo(f"{cloud}: " + "; ".join(shown))
+    if target.get("placeholders"):
+        typer.echo("placeholders, not real values: " + ", ".join(target["placeholders"]))
+    if target.get("needs"):
+        typer.echo(f"a real launch needs: {target['needs']}")
 
 
 def _run(spec: JobSpec, backend: Backend, as_json: bool) -> None:

@@ -31,7 +31,9 @@ from kplan.launcher.providers.aws_common import (
     Retry,
     Tolerated,
     call,
+    check_credentials,
     make_client_factory,
+    sdk_installed,
 )
 from kplan.launcher.providers.aws_secrets import CredentialGuard
 from kplan.launcher.providers.aws_shapes import (
@@ -419,6 +421,7 @@ def create(settings: ProviderSettings) -> Backend:
     from kplan.launcher.providers.aws_storage import S3Storage, default_storage_uri
 
     config = config_from_env(settings.region)
+    check_credentials(config)  # before any client, bucket or job: no credentials fails now
     factory = make_client_factory(config)
     uri = settings.storage_uri or os.environ.get("KPLAN_AWS_STORAGE_URI") or None
     if uri is None:
@@ -428,3 +431,49 @@ def create(settings: ProviderSettings) -> Backend:
     else:
         storage = S3Storage(uri, config, client_factory=factory)
     return Backend(AwsProvider(config, client_factory=factory), storage)
+
+
+ACCOUNT_PLACEHOLDER = "<aws-account-id>"
+
+
+def security_group_text(cluster: ClusterSpec | None) -> str:
+    """The job's security group in words (what ``prepare`` makes: see ``ingress_rules``)."""
+    ports = (
+        "the job's ports" if cluster is None else f"TCP+UDP {cluster.ports[0]}-{cluster.ports[1]}"
+    )
+    ssh = (
+        "no SSH"
+        if cluster is None or cluster.ssh_cidr is None
+        else f"SSH from {cluster.ssh_cidr} only"
+    )
+    return f"ingress {ports} only from members of the job's own security group; {ssh}"
+
+
+def offline_target(
+    settings: ProviderSettings,
+    cluster: ClusterSpec | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """What ``kplan launch --dry-run`` shows for AWS, with no SDK, credentials or network: the
+    account is a marked placeholder, the storage the one given or the default bucket's name."""
+    from kplan.launcher.providers.aws_storage import parse_s3_uri
+
+    env = os.environ if environ is None else environ
+    config = config_from_env(settings.region, env)
+    uri = settings.storage_uri or env.get("KPLAN_AWS_STORAGE_URI") or None
+    placeholders = [ACCOUNT_PLACEHOLDER]
+    if uri is None:
+        uri = f"s3://kplan-{ACCOUNT_PLACEHOLDER}-{config.region}/jobs"
+    else:
+        parse_s3_uri(uri)
+    return {
+        "account": ACCOUNT_PLACEHOLDER,
+        "storage_uri": uri,
+        "placeholders": placeholders,
+        "instance_profile": config.instance_profile,
+        "vpc": config.vpc_id or "the region's default VPC",
+        "subnet": config.subnet_id,
+        "security_group": security_group_text(cluster),
+        "needs": ("" if sdk_installed("boto3") else "pip install 'kplan[aws]'; ")
+        + "AWS credentials (aws configure)",
+    }

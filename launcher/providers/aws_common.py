@@ -306,3 +306,71 @@ def _translate_botocore(exc: BaseException, action: str) -> CloudError:
     else:
         hint = "re-run with --debug for the traceback"
     return CloudError(text, hint=hint)
+
+
+# botocore's credential providers (``CredentialResolver.providers[i].METHOD``), in its order.
+_CHAIN_NAMES = {
+    "env": "env vars AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
+    "assume-role": "assume-role profile",
+    "assume-role-with-web-identity": "web identity",
+    "sso": "SSO",
+    "login": "aws login",
+    "shared-credentials-file": "~/.aws/credentials",
+    "custom-process": "credential_process",
+    "config-file": "~/.aws/config",
+    "ec2-credentials-file": "/etc/boto.cfg",
+    "boto-config": "boto config",
+    "container-role": "container role",
+    "iam-role": "EC2 instance metadata",
+}
+MISSING_SDK_HINT = "pip install 'kplan[aws]' (boto3); `kplan launch --dry-run` needs no SDK"
+
+
+def sdk_installed(module: str) -> bool:
+    """Whether ``module`` (``boto3``, ``google.cloud.compute_v1``) can be imported; loads
+    nothing but its parent packages."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a None in sys.modules
+        return False
+
+
+def check_credentials(config: AwsConfig) -> None:
+    """InputError unless botocore's credential chain resolves credentials now.
+
+    Runs before any client or job exists, so a launch without credentials fails in about a
+    second instead of on its first call. The instance-metadata probe is bounded (1 s, one
+    attempt); ``AWS_EC2_METADATA_DISABLED=true`` skips it as botocore itself does.
+    """
+    try:
+        import botocore.session
+        from botocore.exceptions import BotoCoreError, ProfileNotFound
+    except ModuleNotFoundError:
+        raise InputError("the aws provider needs boto3, not installed", MISSING_SDK_HINT) from None
+    try:
+        core = botocore.session.Session(profile=config.profile)
+        core.set_config_variable("metadata_service_timeout", 1)
+        core.set_config_variable("metadata_service_num_attempts", 1)
+        resolver = core.get_component("credential_provider")
+        found = resolver.load_credentials()
+    except ProfileNotFound as exc:
+        raise InputError(
+            f"AWS profile not found: {exc}",
+            "set AWS_PROFILE to a profile of ~/.aws/config (`aws configure --profile NAME`), "
+            "or unset it",
+        ) from None
+    except BotoCoreError as exc:  # a broken config file, an SSO token gone, ...
+        raise InputError(
+            f"AWS credentials could not be loaded: {type(exc).__name__}: {exc}",
+            "fix the AWS configuration (`aws sts get-caller-identity` shows the problem)",
+        ) from None
+    if found is not None:
+        return
+    tried = [_CHAIN_NAMES.get(p.METHOD, p.METHOD) for p in resolver.providers]
+    raise InputError(
+        "no AWS credentials found; botocore's chain tried " + ", ".join(tried),
+        "run `aws configure` (or `aws sso login`), set AWS_PROFILE, or export "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `kplan launch --dry-run` needs none",
+    )

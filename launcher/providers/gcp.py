@@ -18,8 +18,10 @@ Settings come from the environment, read by :func:`create` (see ``GcpConfig.from
 ``KPLAN_GCP_PROJECT`` and the optional ``KPLAN_GCP_*`` values, ``KPLAN_GCP_STORAGE_URI``
 (``gs://bucket/prefix``), and ``KPLAN_GCP_ANONYMOUS=1`` for a local test server only.
 ``KPLAN_GCS_ENDPOINT`` points Cloud Storage at a local test server too. Credentials come from
-Application Default Credentials, never from kplan; the instances get theirs from their service
-account. The calls themselves (retries, operation waits) are in ``gcp_api``.
+Application Default Credentials, never from kplan, checked by :func:`create` before anything
+else (``gcp_auth``: a missing credential fails in a second, with no job made); the instances
+get theirs from their service account, with the storage and logging scopes only. The calls
+themselves (retries, operation waits) are in ``gcp_api``.
 
 Not done: ``ClusterSpec.placement_group`` (a compact placement resource policy) is ignored, so
 nodes share a zone but not necessarily a rack.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kplan.errors import CloudError, InputError
@@ -37,6 +39,7 @@ from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.provider import TAG_JOB, ClusterSpec, Instance, InstanceSpec
 from kplan.launcher.providers import gcp_errors
 from kplan.launcher.providers.gcp_api import PREEMPTION, ComputeApi, down_hint, split_id
+from kplan.launcher.providers.gcp_auth import find_credentials, sdk_installed
 from kplan.launcher.providers.gcp_build import (
     STATES,
     STOPPED_STATES,
@@ -44,10 +47,29 @@ from kplan.launcher.providers.gcp_build import (
     build_instance,
     to_instance,
 )
-from kplan.launcher.providers.gcp_config import GcpConfig, firewall_names, label_value
+from kplan.launcher.providers.gcp_config import (
+    PROJECT_ENV,
+    GcpConfig,
+    firewall_names,
+    label_value,
+)
 
 if TYPE_CHECKING:
     from kplan.launcher.providers import Backend, ProviderSettings
+
+
+def config_for(base: GcpConfig, cluster: ClusterSpec | None) -> GcpConfig:
+    """``base`` with the job's own network, subnet, service account and external IP choice
+    (``kplan launch --network/--subnet/--service-account/--no-external-ip``)."""
+    if cluster is None:
+        return base
+    return dataclasses.replace(
+        base,
+        network=cluster.network or base.network,
+        subnetwork=cluster.subnet or base.subnetwork,
+        service_account=cluster.service_account or base.service_account,
+        external_ip=base.external_ip and cluster.external_ip,
+    )
 
 
 class GcpProvider:
@@ -112,13 +134,16 @@ class GcpProvider:
             self._seen.pop(instance_id, None)
         return failed
 
+    def config_for(self, cluster: ClusterSpec) -> GcpConfig:
+        return config_for(self.config, cluster)
+
     # --- the verbs -------------------------------------------------------------------------
 
     def prepare(self, cluster: ClusterSpec) -> None:
         """Create the job's firewall rules (an existing rule of the same name is kept)."""
         made: list[str] = []
         try:
-            for rule in build_firewalls(cluster, self.config):
+            for rule in build_firewalls(cluster, self.config_for(cluster)):
                 if self.api.insert_firewall(rule):
                     made.append(rule.name)
         except CloudError as exc:
@@ -136,7 +161,8 @@ class GcpProvider:
     def run_instances(self, cluster: ClusterSpec, specs: Sequence[InstanceSpec]) -> list[Instance]:
         """Insert every instance, then wait for the inserts; on any failure delete them all."""
         self._jobs[label_value(cluster.job_id)] = cluster.job_id
-        bodies = [(spec, build_instance(spec, self.config)) for spec in specs]  # may raise
+        config = self.config_for(cluster)
+        bodies = [(spec, build_instance(spec, config)) for spec in specs]  # may raise
         started: list[tuple[str, str]] = []  # (zone, name) of each accepted insert
         try:
             ops: list[tuple[str, Any, str]] = []
@@ -274,12 +300,15 @@ def create(settings: ProviderSettings) -> Backend:
     from kplan.launcher.providers import Backend
     from kplan.launcher.providers.gcp_storage import GCSStorage
 
-    config = GcpConfig.from_env()
-    credentials = None
+    credentials: Any
+    project: str | None = None
     if os.environ.get("KPLAN_GCP_ANONYMOUS") == "1":  # a local test server takes no credentials
         from google.auth.credentials import AnonymousCredentials
 
         credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    else:  # before any client, bucket or job: no credentials fails now, in a second at most
+        credentials, project = find_credentials()
+    config = GcpConfig.from_env(default_project=project)
     uri = settings.storage_uri or os.environ.get("KPLAN_GCP_STORAGE_URI")
     if not uri:
         raise InputError(
@@ -295,3 +324,44 @@ def create(settings: ProviderSettings) -> Backend:
         backoff_s=config.backoff_s,
     )
     return Backend(GcpProvider(config, credentials=credentials), storage)
+
+
+PROJECT_PLACEHOLDER = "<gcp-project>"
+BUCKET_PLACEHOLDER = "gs://<your-bucket>/kplan"
+
+
+def offline_target(
+    settings: ProviderSettings,
+    cluster: ClusterSpec | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """What ``kplan launch --dry-run`` shows for GCP, with no SDK, credentials or network: the
+    project and bucket from the environment or as marked placeholders, and the instances'
+    identity and network as a launch would set them."""
+    from kplan.launcher.providers.gcp_storage import parse_gs_uri
+
+    env = os.environ if environ is None else environ
+    placeholders = []
+    project = next((env[var] for var in PROJECT_ENV if env.get(var)), None)
+    if project is None:
+        project = PROJECT_PLACEHOLDER
+        placeholders.append(PROJECT_PLACEHOLDER)
+    config = config_for(GcpConfig.from_env(env, default_project="kplan-placeholder"), cluster)
+    uri = settings.storage_uri or env.get("KPLAN_GCP_STORAGE_URI") or None
+    if uri is None:
+        uri = BUCKET_PLACEHOLDER
+        placeholders.append(BUCKET_PLACEHOLDER)
+    else:
+        parse_gs_uri(uri)
+    return {
+        "project": project,
+        "storage_uri": uri,
+        "placeholders": placeholders,
+        "service_account": config.service_account,
+        "scopes": list(config.scopes),
+        "network": config.network,
+        "subnet": config.subnetwork,
+        "external_ip": config.external_ip,
+        "needs": ("" if sdk_installed("google.cloud.compute_v1") else "pip install 'kplan[gcp]'; ")
+        + "Google credentials (gcloud auth application-default login)",
+    }

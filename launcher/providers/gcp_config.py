@@ -38,7 +38,16 @@ PROJECT_ENV = ("KPLAN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJE
 # Deep Learning VM images ship the NVIDIA driver installer (metadata install-nvidia-driver) and
 # a CUDA toolkit; kplan's bootstrap installs torch itself. Override with GcpConfig.image.
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+# What the bootstrap needs and no more: read the code and write status, logs and checkpoints in
+# the job's bucket (gsutil), and write logs. Not cloud-platform, which lets anything on the VM
+# use every API the service account's IAM roles allow.
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+LOGGING_SCOPE = "https://www.googleapis.com/auth/logging.write"
+NODE_SCOPES = (STORAGE_SCOPE, LOGGING_SCOPE)
+_NETWORK_PATH = re.compile(r"projects/[-a-z0-9.:]+/global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_SUBNET_PATH = re.compile(
+    r"projects/[-a-z0-9.:]+/regions/[a-z0-9-]+/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,11 @@ class GcpConfig:
     project: str
     """The Google Cloud project id that owns (and pays for) every resource."""
     network: str = "default"
-    """VPC network: a name in ``project`` or a ``projects/.../global/networks/...`` path."""
+    """VPC network: a name in ``project`` or a ``projects/.../global/networks/...`` path
+    (``kplan launch --network``). The job's firewall rules are made in it."""
     subnetwork: str | None = None
-    """Subnetwork name (in the instance's region) or path; None: the network's auto subnet."""
+    """Subnetwork name (in the instance's region, of ``network``) or path; None: the network's
+    auto subnet (``kplan launch --subnet``)."""
     image: str = DEFAULT_IMAGE
     """Boot image or image family path, used when an ``InstanceSpec`` names none."""
     disk_size_gb: int = 200
@@ -58,8 +69,11 @@ class GcpConfig:
     service_account: str | None = "default"
     """Email of the service account the instances run as ("default": the project's Compute
     Engine default account; None: none, so the instances cannot reach Cloud Storage). Its
-    access comes from IAM: no key or credential ever goes into instance metadata."""
-    scopes: tuple[str, ...] = (CLOUD_PLATFORM_SCOPE,)
+    access comes from IAM: no key or credential ever goes into instance metadata. Give a
+    dedicated account with roles/storage.objectAdmin on the job's bucket only
+    (``kplan launch --service-account``, ``KPLAN_GCP_SERVICE_ACCOUNT``)."""
+    scopes: tuple[str, ...] = NODE_SCOPES
+    """OAuth scopes of the instances' token: an upper bound on what IAM lets them do."""
     termination_action: TerminationAction = "STOP"
     """What GCP does to a preempted spot instance. STOP (default) keeps the stopped instance,
     labels and all, until kplan deletes it, so ``query_instances`` reports the preemption
@@ -68,7 +82,8 @@ class GcpConfig:
     replaces the node)."""
     external_ip: bool = True
     """Give each instance an ephemeral public IP (package downloads need one without Cloud NAT);
-    the firewall rules decide what may reach it."""
+    the firewall rules decide what may reach it. False (``--no-external-ip``): the subnet then
+    needs Cloud NAT (for the package index) and Private Google Access (for the bucket)."""
     api_endpoint: str | None = None
     """Compute API endpoint; None: Google's. Tests point it at a local server."""
     request_timeout_s: float = 60.0
@@ -91,14 +106,8 @@ class GcpConfig:
                 f"GCP termination action {self.termination_action!r} is neither STOP nor DELETE",
                 "Set termination_action to 'STOP' (default) or 'DELETE'.",
             )
-        if self.service_account not in (None, "default") and not _EMAIL_RE.fullmatch(
-            self.service_account
-        ):
-            raise InputError(
-                f"GCP service account {self.service_account!r} is not an email address",
-                "Give the account's email, 'default' for the Compute Engine default account, "
-                "or None for no account.",
-            )
+        if self.service_account is not None:
+            check_service_account(self.service_account)
         if self.disk_size_gb < 10:
             raise InputError(
                 f"GCP boot disk size {self.disk_size_gb} GB is below the 10 GB minimum",
@@ -118,19 +127,30 @@ class GcpConfig:
             )
         for key, value in self.extra_labels.items():
             check_label(key, value)
+        check_network(self.network, self.subnetwork)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> GcpConfig:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, default_project: str | None = None
+    ) -> GcpConfig:
         """A config from the environment: the project from KPLAN_GCP_PROJECT (or
-        GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT), and optionally KPLAN_GCP_ENDPOINT,
-        KPLAN_GCP_NETWORK, KPLAN_GCP_SUBNETWORK, KPLAN_GCP_IMAGE, KPLAN_GCP_SERVICE_ACCOUNT
-        (an email, ``default`` or ``none``) and KPLAN_GCP_TERMINATION_ACTION (STOP, DELETE)."""
+        GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT; else ``default_project``, the one of the
+        credentials), and optionally KPLAN_GCP_ENDPOINT, KPLAN_GCP_NETWORK,
+        KPLAN_GCP_SUBNETWORK, KPLAN_GCP_IMAGE, KPLAN_GCP_SERVICE_ACCOUNT (an email, ``default``
+        or ``none``), KPLAN_GCP_EXTERNAL_IP (``0`` for none) and KPLAN_GCP_TERMINATION_ACTION
+        (STOP, DELETE)."""
         env = os.environ if environ is None else environ
-        project = next((env[var] for var in PROJECT_ENV if env.get(var)), None)
+        project = next((env[var] for var in PROJECT_ENV if env.get(var)), default_project)
         if project is None:
             raise InputError(
                 "no GCP project given",
                 f"Set {PROJECT_ENV[0]} (or GOOGLE_CLOUD_PROJECT) to your project id.",
+            )
+        external = env.get("KPLAN_GCP_EXTERNAL_IP", "1").strip().lower()
+        if external not in ("0", "1", "true", "false", "yes", "no"):
+            raise InputError(
+                f"KPLAN_GCP_EXTERNAL_IP={external!r} is not 0 or 1",
+                "Set KPLAN_GCP_EXTERNAL_IP=0 for instances without a public IP, or unset it.",
             )
         account = env.get("KPLAN_GCP_SERVICE_ACCOUNT", "default")
         action = env.get("KPLAN_GCP_TERMINATION_ACTION", "STOP").upper()
@@ -142,6 +162,7 @@ class GcpConfig:
             image=env.get("KPLAN_GCP_IMAGE") or DEFAULT_IMAGE,
             service_account=None if account.lower() == "none" else account,
             termination_action=action,  # type: ignore[arg-type]  # checked in __post_init__
+            external_ip=external in ("1", "true", "yes"),
         )
 
     def network_path(self) -> str:
@@ -153,6 +174,34 @@ class GcpConfig:
         if self.subnetwork is None or "/" in self.subnetwork:
             return self.subnetwork
         return f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
+
+
+def check_service_account(account: str) -> None:
+    """InputError unless ``account`` is an email address or ``default``."""
+    if account != "default" and not _EMAIL_RE.fullmatch(account):
+        raise InputError(
+            f"GCP service account {account!r} is not an email address",
+            "Give the account's email (NAME@PROJECT.iam.gserviceaccount.com), or 'default' "
+            "for the Compute Engine default account.",
+        )
+
+
+def check_network(network: str, subnetwork: str | None) -> None:
+    """InputError unless ``network`` (and ``subnetwork``) are a resource name or path."""
+    if not (NAME_RE.fullmatch(network) or _NETWORK_PATH.fullmatch(network)):
+        raise InputError(
+            f"GCP network {network!r} is not a network name or path",
+            "Give a VPC network name (e.g. --network kplan-vpc) or "
+            "projects/PROJECT/global/networks/NAME.",
+        )
+    if subnetwork is not None and not (
+        NAME_RE.fullmatch(subnetwork) or _SUBNET_PATH.fullmatch(subnetwork)
+    ):
+        raise InputError(
+            f"GCP subnetwork {subnetwork!r} is not a subnetwork name or path",
+            "Give a subnetwork name in the job's region (e.g. --subnet kplan-us-central1) or "
+            "projects/PROJECT/regions/REGION/subnetworks/NAME.",
+        )
 
 
 def check_label(key: str, value: str) -> None:
