@@ -193,13 +193,13 @@ def _read_ignore(path: Path) -> str:
 
 def is_secret(parts: tuple[str, ...]) -> bool:
     """A credential or secret by its name (``parts``: the path from the packed folder)."""
-    name = parts[-1]
-    low = name.lower()
-    if name in SECRET_NAMES or any(fnmatchcase(low, g) for g in SECRET_GLOBS):
+    lowered = tuple(part.lower() for part in parts)  # case-insensitive file systems too
+    low = lowered[-1]
+    if low in SECRET_NAMES or any(fnmatchcase(low, g) for g in SECRET_GLOBS):
         return True
     if low.startswith("id_") and not low.endswith(_CODE_SUFFIXES):
         return True
-    return any(parts[-len(p) :] == p for p in SECRET_PATHS if len(parts) >= len(p))
+    return any(lowered[-len(p) :] == p for p in SECRET_PATHS if len(lowered) >= len(p))
 
 
 def _is_noise(name: str, is_dir: bool) -> bool:

@@ -109,7 +109,8 @@ def test_a_nested_ignore_file_is_anchored_to_its_folder_and_comes_later() -> Non
 SECRETS = [
     ".aws", ".ssh", ".gnupg", ".kube", ".netrc", ".pypirc", ".env", ".env.local", ".envrc",
     "server.pem", "tls.key", "cert.p12", "credentials", "credentials.json", "id_rsa",
-    "id_ed25519.pub", ".docker/config.json", ".config/gcloud", "CREDENTIALS.txt",
+    "id_ed25519.pub", ".docker/config.json", ".config/gcloud", "CREDENTIALS.txt", ".SSH",
+    "x/.Docker/Config.json",
 ]  # fmt: skip
 NOT_SECRETS = ["train.py", "id_map.py", "keys.py", "environment.yml", "docker/config.json",
                "config/gcloud", "my.env.py", "pem.txt"]  # fmt: skip
