@@ -58,13 +58,12 @@ def clear_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 # The CLI in a subprocess; ``block`` makes the cloud SDKs unimportable (a planner-only install)
-# and any provider construction an error.
+# and ``refuse`` any provider construction an error.
 _RUN = """
 import sys
-block = {block!r}
-for name in block:
+for name in {block!r}:
     sys.modules[name] = None
-if block:
+if {refuse!r}:
     import kplan.launcher.providers as providers
 
     def refuse(*args, **kwargs):
@@ -78,11 +77,11 @@ main()
 
 
 def kplan(
-    args: list[str], env: dict[str, str], *, block: tuple[str, ...] = ()
+    args: list[str], env: dict[str, str], *, block: tuple[str, ...] = (), refuse: bool = False
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", _RUN.format(block=block, args=args)],
+        [sys.executable, "-c", _RUN.format(block=block, refuse=refuse, args=args)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -185,6 +184,19 @@ def test_a_launch_without_credentials_fails_fast_and_records_no_job(
     assert json.loads(status.stdout) == []  # no job, so nothing to clean
 
 
+@pytest.mark.parametrize("cloud", ["gcp", "aws"])
+def test_a_launch_on_a_planner_only_install_says_which_extra_to_install(
+    cloud: str, tmp_path: Path
+) -> None:
+    env = clean_env(tmp_path, KPLAN_GCP_PROJECT="kplan-test-1")
+    done, _ = kplan(["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS], env, block=SDK_MODULES)
+    assert done.returncode == 2, done.stderr
+    assert f"pip install 'kplan[{cloud}]'" in done.stderr
+    assert "not installed" in done.stderr and "Traceback" not in done.stderr
+    status, _ = kplan(["status", "--json"], env)
+    assert json.loads(status.stdout) == []
+
+
 # --- dry run: offline, no credentials, no SDK -----------------------------------------------
 
 
@@ -200,7 +212,7 @@ def test_dry_run_works_offline_without_credentials_or_sdk(
 ) -> None:
     env = clean_env(tmp_path)
     args = ["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS, "--dry-run"]
-    done, _ = kplan([*args, "--json"], env, block=SDK_MODULES)
+    done, _ = kplan([*args, "--json"], env, block=SDK_MODULES, refuse=True)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     target = doc["target"]
@@ -209,7 +221,7 @@ def test_dry_run_works_offline_without_credentials_or_sdk(
     prepare = next(r for r in doc["requests"] if r["call"] == "provider.prepare")
     assert prepare["cluster"]["storage_uri"] == target["storage_uri"]
     assert placeholders[-1] in target["storage_uri"]
-    text, _ = kplan(args, env, block=SDK_MODULES)
+    text, _ = kplan(args, env, block=SDK_MODULES, refuse=True)
     assert text.returncode == 0, text.stderr
     assert "placeholders, not real values: " + ", ".join(placeholders) in text.stdout
     assert f"a real launch needs: {extra}" in text.stdout

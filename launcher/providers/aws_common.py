@@ -345,6 +345,7 @@ def check_credentials(config: AwsConfig) -> None:
     attempt); ``AWS_EC2_METADATA_DISABLED=true`` skips it as botocore itself does.
     """
     try:
+        import boto3  # noqa: F401  # the clients need it; botocore alone is not enough
         import botocore.session
         from botocore.exceptions import BotoCoreError, ProfileNotFound
     except ModuleNotFoundError:

@@ -87,6 +87,10 @@ def find_credentials(environ: Mapping[str, str] | None = None) -> tuple[Any, str
     """``(credentials, project or None)`` from Application Default Credentials, in about a
     second at most; InputError naming the chain it tried when none are found."""
     env = os.environ if environ is None else environ
+    if not sdk_installed("google.cloud.compute_v1"):
+        raise InputError(
+            "the gcp provider needs google-cloud-compute, not installed", MISSING_SDK_HINT
+        )
     try:
         import google.auth
         from google.auth import exceptions
