@@ -55,6 +55,9 @@ class LaunchRequest:
     explore_trials: int | None = None
     replan_interval_s: float | None = None
     checkpoint_interval_s: float | None = None
+    image: str | None = None  # clouds: the nodes' boot image
+    pip_index_url: str | None = None  # clouds: the nodes' pip --index-url
+    install_deps: bool = True  # clouds: False when the image already has torch etc.
     network: str | None = None  # gcp: VPC network
     subnet: str | None = None  # gcp: subnetwork
     service_account: str | None = None  # gcp: the instances' service account
@@ -150,6 +153,11 @@ def build_spec(req: LaunchRequest) -> JobSpec:
             )
         if req.region not in (None, "local"):
             raise InputError(f"the local cloud has no region {req.region!r}", hint="drop --region")
+        if req.image is not None or req.pip_index_url is not None or not req.install_deps:
+            raise InputError(
+                "--image, --pip-index-url and --no-install-deps are for --cloud aws or gcp",
+                hint="a local job runs this machine's own Python and kplan",
+            )
         _check_gcp_placement(req, cloud)
         options = _options(req)
         options.setdefault("rdzv_port", free_port())
@@ -163,10 +171,11 @@ def build_spec(req: LaunchRequest) -> JobSpec:
             python=sys.executable,
             **options,
         )
+    _check_node_install(req)
     _check_gcp_placement(req, cloud)
     if plan_doc is None:
         plan_doc = plan_now(req, cloud)
-    return spec_from_plan(req, plan_doc, cloud)
+    return with_node_install(spec_from_plan(req, plan_doc, cloud), req)
 
 
 def _check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
@@ -191,6 +200,40 @@ def _check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
         check_network(req.network or "default", req.subnet)
     if req.service_account is not None:
         check_service_account(req.service_account)
+
+
+def _check_node_install(req: LaunchRequest) -> None:
+    from kplan.launcher.wheel import check_index_url
+
+    if req.pip_index_url is not None:
+        check_index_url(req.pip_index_url)
+    image = req.image
+    if image is not None and not (
+        0 < len(image) <= 1024 and all(c.isprintable() and not c.isspace() for c in image)
+    ):
+        raise InputError(
+            f"--image {image[:80]!r} is not an image name",
+            hint="an AMI id (ami-...) or resolve:ssm:<parameter>; a GCP image or family path",
+        )
+
+
+def with_node_install(spec: JobSpec, req: LaunchRequest) -> JobSpec:
+    """``spec`` with what its nodes install: the wheel of this kplan (built now or reused from
+    the cache, launcher/wheel.py) and the dependencies pinned to this machine's versions."""
+    from dataclasses import replace
+
+    from kplan.launcher.wheel import build_wheel, node_requirements
+
+    wheel = build_wheel()
+    return replace(
+        spec,
+        kplan_wheel=str(wheel.path),
+        kplan_wheel_sha256=wheel.sha256,
+        node_requirements=node_requirements(),
+        pip_index_url=req.pip_index_url,
+        install_deps=req.install_deps,
+        image=req.image or spec.image,
+    )
 
 
 def read_plan(path: Path) -> dict[str, Any]:

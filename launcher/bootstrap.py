@@ -4,10 +4,13 @@
   script's folder, appends its output to ``<job>/logs/node-<rank>.log``, forwards SIGTERM to
   torchrun (which forwards it to the workers: they checkpoint) and writes
   ``<job>/status/node-<rank>.json`` when torchrun exits.
-- clouds: a cloud-init / startup-script (bash) that installs kplan, fetches the packed code from
-  the job's bucket (``aws s3 cp`` / ``gsutil cp``), restores the checkpoints, runs torchrun with
-  rendezvous on the head's private IP, syncs checkpoints, metrics and the log to the bucket
-  every minute, uploads the status file and powers the machine off.
+- clouds: a cloud-init / startup-script (bash) that installs the launcher's own kplan (its
+  wheel from the job's bucket, sha256-checked: :func:`install_kplan`, ``launcher/wheel.py``),
+  fetches the packed code from the job's bucket (``aws s3 cp`` / ``gsutil cp``), restores the
+  checkpoints, runs torchrun with rendezvous on the head's private IP, syncs checkpoints,
+  metrics and the log to the bucket every minute, uploads the status file and powers the
+  machine off. Exit codes of a failed start: 96 kplan's wheel missing or tampered with, 97 pip
+  could not install it, 98 the code could not be fetched, 99 ``requirements.txt`` failed.
 
 The environment comes from :func:`kplan.runtime.env.kplan_environ`, plus
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (elastic restarts with gloo reconnect only with it).
@@ -20,12 +23,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
-from kplan import __version__
 from kplan.errors import InputError
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
+from kplan.launcher.storage import Storage
 from kplan.runtime.env import kplan_environ
 
 CODE_KEY = "code/job.tar.gz"
@@ -208,8 +212,8 @@ status() {{
   {cp} "$W/status.json" "$STORE/status/node-{rank}.json"
 }}
 fail() {{ status "$1"; poweroff; exit "$1"; }}
-python3 -m pip install --quiet --upgrade pip 'kplan[torch]=={__version__}' || fail 97
-{cp} "$STORE/{CODE_KEY}" "$W/job.tar.gz" && tar -xzf "$W/job.tar.gz" -C "$W/code" \\
+{install_kplan(spec, cp)}{cp} "$STORE/{CODE_KEY}" "$W/job.tar.gz" \\
+  && tar -xzf "$W/job.tar.gz" -C "$W/code" \\
   || fail 98
 if [ -f "$W/code/requirements.txt" ]; then
   python3 -m pip install --quiet -r "$W/code/requirements.txt" || fail 99
@@ -226,6 +230,83 @@ push
 status "$code"
 poweroff
 """
+
+
+def wheel_key(spec: JobSpec) -> str | None:
+    """The bucket key (under the job's prefix) of the kplan wheel the nodes install."""
+    if spec.kplan_wheel is None:
+        return None
+    return f"code/{Path(spec.kplan_wheel).name}"
+
+
+def wheel_upload(spec: JobSpec) -> dict[str, Any] | None:
+    """The wheel's upload as ``--dry-run`` shows it (None: the job ships none)."""
+    key = wheel_key(spec)
+    if key is None or spec.kplan_wheel is None:
+        return None
+    try:
+        size: int | None = Path(spec.kplan_wheel).stat().st_size
+    except OSError:
+        size = None
+    return {
+        "call": "storage.put_bytes",
+        "key": job_key(spec.job_id, key),
+        "bytes": size,
+        "from": spec.kplan_wheel,
+        "sha256": spec.kplan_wheel_sha256,
+        "installs_with": list(spec.node_requirements) if spec.install_deps else ["--no-deps"],
+        "pip_index_url": spec.pip_index_url,
+    }
+
+
+def ship_wheel(spec: JobSpec, storage: Storage) -> str | None:
+    """Upload the job's kplan wheel to ``<job>/code/<name>`` after checking its sha256; the
+    event text, or None when the job ships none (the nodes then fail with exit code 96)."""
+    key = wheel_key(spec)
+    if key is None or spec.kplan_wheel is None or spec.kplan_wheel_sha256 is None:
+        return None
+    from kplan.launcher.wheel import read_wheel
+
+    data = read_wheel(spec.kplan_wheel, spec.kplan_wheel_sha256)
+    storage.put_bytes(job_key(spec.job_id, key), data)
+    sha = spec.kplan_wheel_sha256[:12]
+    return f"uploaded kplan's wheel {Path(key).name} ({len(data):,} bytes, sha256 {sha}...)"
+
+
+def install_kplan(spec: JobSpec, cp: str) -> str:
+    """Bash that installs the launcher's kplan on a node: the wheel from the job's bucket,
+    checked against its sha256, with the dependencies pinned to the launcher's versions from
+    the node's index (or ``--pip-index-url``), or none (``install_deps`` False: the image has
+    them). Never ``pip install kplan`` by name: a package of that name on an index is not ours.
+
+    Exit codes: 96 the wheel is missing or does not match its sha256, 97 pip failed."""
+    q = shlex.quote
+    key = wheel_key(spec)
+    if key is None or spec.kplan_wheel_sha256 is None:
+        return 'echo "kplan: this job ships no kplan wheel; launch it with kplan launch"; fail 96\n'
+    pip_env = "export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore\n"
+    # images whose python3 is the system's (PEP 668) refuse pip without it; older pip ignores it
+    pip_env += "export PIP_BREAK_SYSTEM_PACKAGES=1\n"
+    if spec.pip_index_url is not None:
+        pip_env += f"export PIP_INDEX_URL={q(spec.pip_index_url)}\n"
+    if spec.install_deps:
+        deps = "".join(f" {q(r)}" for r in spec.node_requirements)
+    else:
+        deps = " --no-deps"
+    return (
+        f"{pip_env}"
+        "python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \\\n"
+        '  || { echo "kplan: the node needs python3 >= 3.11 (use --image)"; fail 97; }\n'
+        "python3 -m pip --version >/dev/null 2>&1 || python3 -m ensurepip --upgrade \\\n"
+        '  || { echo "kplan: the node\'s python3 has no pip (use --image)"; fail 97; }\n'
+        # the name and the sha256 were validated (JobSpec): no quoting needed inside "..."
+        f'mkdir -p "$W/wheel"; WHEEL="$W/wheel/{Path(key).name}"\n'
+        f'{cp} "$STORE/{key}" "$WHEEL" \\\n'
+        '  || { echo "kplan: cannot fetch the kplan wheel from the bucket"; fail 96; }\n'
+        f'echo "{spec.kplan_wheel_sha256}  $WHEEL" | sha256sum --check --status \\\n'
+        '  || { echo "kplan: the kplan wheel does not match its sha256"; fail 96; }\n'
+        f'python3 -m pip install --quiet "$WHEEL"{deps} || fail 97\n'
+    )
 
 
 def user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, storage_uri: str) -> str:

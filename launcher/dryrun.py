@@ -20,6 +20,7 @@ from kplan.launcher.bootstrap import (
     instance_spec,
     job_key,
     rendezvous,
+    wheel_upload,
 )
 from kplan.launcher.guard import Guard
 from kplan.launcher.jobspec import JobSpec
@@ -51,6 +52,9 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, 
                 "bytes": packed.archive_bytes,
             }
         )
+        wheel = wheel_upload(spec)  # the kplan the nodes install
+        if wheel is not None:
+            requests.append(wheel)
     cluster = cluster_spec(spec, storage_uri)
     requests.append({"call": "provider.prepare", "cluster": asdict(cluster)})
     head = spec.nodes[0]

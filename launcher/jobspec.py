@@ -16,6 +16,7 @@ from typing import Any
 
 from kplan.errors import InputError
 from kplan.launcher.provider import Market
+from kplan.launcher.wheel import check_index_url, check_node_install
 
 _JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
 CLOUDS = ("local", "aws", "gcp")
@@ -102,6 +103,13 @@ class JobSpec:
     max_local_batch: int | None = None
     checkpoint_interval_s: float | None = None
     image: str | None = None
+    # How nodes get kplan (launcher/wheel.py): the wheel of the launcher's own kplan, shipped
+    # through the bucket; its dependencies from the node's index, pinned, or from the image.
+    kplan_wheel: str | None = None  # the wheel file on the launcher's machine
+    kplan_wheel_sha256: str | None = None
+    node_requirements: tuple[str, ...] = ()  # pip requirements installed with it (pinned)
+    pip_index_url: str | None = None  # pip --index-url on the nodes (None: the node's default)
+    install_deps: bool = True  # False: the image has the dependencies (pip install --no-deps)
     storage_uri: str | None = None  # where code, status and logs go (None: the cloud's default)
     # GCP placement and identity (ClusterSpec): None/True keep the provider's configuration.
     network: str | None = None
@@ -170,6 +178,9 @@ class JobSpec:
             math.isfinite(self.restart_s) and self.restart_s >= 0
         ):
             raise InputError(f"restart cost {self.restart_s!r} must be >= 0", hint="seconds")
+        check_node_install(self.kplan_wheel, self.kplan_wheel_sha256, self.node_requirements)
+        if self.pip_index_url is not None:
+            check_index_url(self.pip_index_url)
         if self.explore_trials < 1:
             raise InputError(f"--explore-trials {self.explore_trials} must be >= 1", hint="e.g. 6")
         if not (0.0 < self.explore_overhead <= 1.0):
@@ -220,6 +231,7 @@ class JobSpec:
         doc["nodes"] = [asdict(n) for n in self.nodes]
         doc["args"] = list(self.args)
         doc["policies"] = list(self.policies)
+        doc["node_requirements"] = list(self.node_requirements)
         doc["price_notes"] = list(self.price_notes)
         doc["offers"] = [asdict(o) for o in self.offers]
         return doc
@@ -231,6 +243,7 @@ class JobSpec:
         values["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
         values["args"] = tuple(doc.get("args", ()))
         values["policies"] = tuple(doc.get("policies", ()))
+        values["node_requirements"] = tuple(doc.get("node_requirements", ()))
         values["price_notes"] = tuple(doc.get("price_notes", ()))
         values["offers"] = tuple(ZoneOffer(**o) for o in doc.get("offers", ()))
         return cls(**values, plan=plan)

@@ -144,6 +144,11 @@ class _Run(RunState):
                 "secret-looking path(s)",
                 {"files": len(code.files), "skipped_secrets": list(code.skipped_secrets)},
             )
+            from kplan.launcher.bootstrap import ship_wheel
+
+            shipped = ship_wheel(self.spec, self.storage)  # the kplan the nodes install
+            if shipped is not None:
+                self._event("code", shipped)
         self.storage.delete_prefix(job_key(self.spec.job_id, "status/"))
         self.provider.prepare(self.cluster)
         self._event("prepare", f"prepared {self.spec.cloud} {self.spec.region}")

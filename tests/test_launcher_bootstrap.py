@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +18,15 @@ from kplan.launcher.bootstrap import (
     instance_spec,
     local_user_data,
     rendezvous,
+    ship_wheel,
 )
 from kplan.launcher.dryrun import dry_run
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.ledger import LocalBilling
 from kplan.launcher.packing import pack_code
+from kplan.launcher.storage import LocalStorage
+from kplan.launcher.wheel import build_wheel
+from tests.bootstrap_shims import node_tools, write_tool
 
 SECRETS = {
     "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY123456",
@@ -109,27 +112,6 @@ ckpt = Path(os.environ["KPLAN_CHECKPOINT_DIR"])
 print("trained rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
 """
 
-_AWS_STUB = r"""#!/bin/bash
-# aws s3 cp|sync SRC DST [--flags [value]]: a bucket in $FAKE_S3
-shift; verb=$1; shift; pos=()
-while [ $# -gt 0 ]; do
-  case "$1" in --exclude) shift 2;; --*) shift;; *) pos+=("$1"); shift;; esac
-done
-map() { case "$1" in s3://*) echo "$FAKE_S3/${1#s3://}";; *) echo "$1";; esac; }
-src=$(map "${pos[0]}"); dst=$(map "${pos[1]}")
-if [ "$verb" = cp ]; then
-  [ -f "$src" ] || exit 1; mkdir -p "$(dirname "$dst")"; cp "$src" "$dst"
-else
-  mkdir -p "$dst"; if [ -d "$src" ]; then cp -r "$src/." "$dst/"; fi
-fi
-"""
-
-
-def _stub(folder: Path, name: str, text: str) -> None:
-    path = folder / name
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
 
 @pytest.mark.slow
 def test_the_aws_bootstrap_runs_a_real_torchrun_and_reports(tmp_path: Path) -> None:
@@ -137,17 +119,23 @@ def test_the_aws_bootstrap_runs_a_real_torchrun_and_reports(tmp_path: Path) -> N
     bucket, torchrun trains, checkpoints and the log are synced, the status uploaded."""
     spec = _cloud_spec(tmp_path, "aws", nodes=1)
     Path(spec.script).write_text(_TRAIN)
+    wheel = build_wheel(tmp_path / "home")
+    spec = JobSpec.from_dict(
+        {
+            **spec.to_dict(),
+            "kplan_wheel": str(wheel.path),
+            "kplan_wheel_sha256": wheel.sha256,
+            "node_requirements": ["torch==2.0.1", "numpy==1.26.4"],
+        }
+    )
     bucket = tmp_path / "s3"
     code = bucket / "b" / "p" / spec.job_id / CODE_KEY
     code.parent.mkdir(parents=True)
     code.write_bytes(pack_code(Path(spec.script)).data)
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    _stub(stubs, "aws", _AWS_STUB)
-    _stub(stubs, "hostname", "#!/bin/sh\necho 127.0.0.1\n")
-    _stub(stubs, "poweroff", f"#!/bin/sh\ntouch {tmp_path}/powered-off\n")
+    assert ship_wheel(spec, LocalStorage(bucket / "b" / "p")) is not None
+    stubs = node_tools(tmp_path / "bin", tmp_path / "powered-off")
     real = shutil.which("python3", path=str(Path(sys.executable).parent)) or sys.executable
-    _stub(
+    write_tool(
         stubs,
         "python3",
         f'#!/bin/bash\nif [ "$1 $2" = "-m pip" ]; then\n'
@@ -173,4 +161,6 @@ def test_the_aws_bootstrap_runs_a_real_torchrun_and_reports(tmp_path: Path) -> N
     assert (store / "ckpt" / "step-1" / "rank-1.pt").read_text() == "w"
     assert "trained rank 0" in (store / "logs" / "node-0.log").read_text()
     assert (tmp_path / "powered-off").exists()
-    assert "kplan[torch]==" in (tmp_path / "pip.log").read_text()
+    pip_log = (tmp_path / "pip.log").read_text()  # the shipped wheel, never kplan by name
+    assert f"install --quiet {node_root}/wheel/{wheel.name} torch==2.0.1 numpy==1.26.4" in pip_log
+    assert "kplan[" not in pip_log and " kplan " not in pip_log

@@ -73,9 +73,11 @@ def test_dry_run_sends_nothing(
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     calls = [r["call"] for r in doc["requests"]]
-    expected = ["storage.put_bytes", "provider.prepare", "provider.run_instances"]
-    assert calls[:3] == expected
-    launched = [i for r in doc["requests"][2:] for i in r["instances"]]
+    # the code, then the wheel of this kplan that the nodes install (launcher/wheel.py)
+    expected = ["storage.put_bytes"] * 2 + ["provider.prepare", "provider.run_instances"]
+    assert calls[:4] == expected
+    assert doc["requests"][1]["key"].endswith("/code/kplan-0.1.0-py3-none-any.whl")
+    launched = [i for r in doc["requests"][3:] for i in r["instances"]]
     assert len(launched) == chosen["nodes"]
     assert {i["instance_type"] for i in launched} == {chosen["instance_type"]}
     assert all(i["market"] == "spot" for i in launched)

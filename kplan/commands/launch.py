@@ -149,6 +149,31 @@ def launch_command(
         float | None,
         typer.Option("--checkpoint-interval", help="Seconds between checkpoints (the plan's)."),
     ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            help="aws/gcp: the nodes' boot image (AMI id or resolve:ssm:NAME; GCP image or "
+            "family path). Default: the cloud's Deep Learning image.",
+        ),
+    ] = None,
+    pip_index_url: Annotated[
+        str | None,
+        typer.Option(
+            "--pip-index-url",
+            help="aws/gcp: the index (pip --index-url; http(s):// or file://, no password in "
+            "it) the nodes install torch and kplan's dependencies from. kplan itself always "
+            "comes from the job's bucket, built from this kplan.",
+        ),
+    ] = None,
+    install_deps: Annotated[
+        bool,
+        typer.Option(
+            "--install-deps/--no-install-deps",
+            help="aws/gcp: install torch and kplan's dependencies on the nodes, pinned to this "
+            "machine's versions; --no-install-deps when --image already has them.",
+        ),
+    ] = True,
     network: Annotated[
         str | None, typer.Option("--network", help="gcp: VPC network (default: default).")
     ] = None,
@@ -213,6 +238,9 @@ def launch_command(
         explore_trials=explore_trials,
         replan_interval_s=replan_interval,
         checkpoint_interval_s=checkpoint_interval,
+        image=image,
+        pip_index_url=pip_index_url,
+        install_deps=install_deps,
         network=network,
         subnet=subnet,
         service_account=service_account,

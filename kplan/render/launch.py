@@ -43,8 +43,16 @@ def render_dry_run(doc: dict[str, Any]) -> None:
     for i, req in enumerate(doc["requests"], 1):
         call = req["call"]
         if call == "storage.put_bytes":
-            console.print(f"{i}. {call} {safe(req['key'])} ({req['bytes']:,} bytes)")
-            if doc.get("code"):  # what that upload holds (kplan.launcher.packing)
+            size = "?" if req.get("bytes") is None else f"{req['bytes']:,}"
+            console.print(f"{i}. {call} {safe(req['key'])} ({size} bytes)")
+            if req.get("sha256"):  # kplan's wheel for the nodes (kplan.launcher.wheel)
+                index = req.get("pip_index_url") or "the node's default index"
+                console.print(
+                    f"   kplan for the nodes, sha256 {safe(req['sha256'])}; pip installs it with "
+                    f"{safe(' '.join(req['installs_with']) or 'nothing')} from {safe(index)}",
+                    highlight=False,
+                )
+            elif doc.get("code"):  # what that upload holds (kplan.launcher.packing)
                 from kplan.render.code_upload import code_lines
 
                 for line in code_lines(doc["code"]):
