@@ -2,9 +2,10 @@
 
 A cloud job ships the script's folder as ``<job>/code/job.tar.gz``. Only code goes:
 
-- ``.gitignore`` and ``.kplanignore`` files (the folder's own and nested ones, same syntax) are
-  honoured with git's pattern rules: ``#`` comments, ``!`` negation, ``*`` / ``?`` / ``[...]``
-  within one path segment, ``**`` across segments, a leading or inner ``/`` anchors the pattern
+- ``.gitignore`` and ``.kplanignore`` files (the folder's own and nested ones, and inside a git
+  work tree those of the folders above it up to its top, as git does; same syntax) are honoured
+  with git's pattern rules: ``#`` comments, ``!`` negation, ``*`` / ``?`` / ``[...]`` within one
+  path segment, ``**`` across segments, a leading or inner ``/`` anchors the pattern
   to the ignore file's folder, a trailing ``/`` matches directories only. The last matching rule
   wins; a deeper file's rules come after its parents', ``.kplanignore`` after ``.gitignore``.
   As in git, nothing inside an ignored directory can be re-included.
@@ -236,6 +237,17 @@ def code_folder(script: Path) -> Path:
 # --- the packer ----------------------------------------------------------------------------
 
 
+def _repo_top(folder: Path) -> Path:
+    """The top of the git work tree holding ``folder`` (``folder`` itself when there is none)."""
+    home = _home()
+    for d in (folder, *folder.parents):
+        if (d / ".git").exists():
+            return d
+        if d == home:
+            break
+    return folder
+
+
 class _Packer:
     def __init__(self, folder: Path, script: Path, limit_bytes: int, limit_files: int) -> None:
         self.folder = folder
@@ -247,6 +259,18 @@ class _Packer:
         self.secrets: list[str] = []
         self.links: list[str] = []
         self.ignored = 0
+        # Inside a git work tree the ignore files of the folders above apply too, as in git:
+        # rules and paths are then relative to the work tree's top.
+        top = _repo_top(folder)
+        self.prefix = folder.relative_to(top).parts
+
+    def _ancestor_rules(self) -> list[IgnoreRule]:
+        rules: list[IgnoreRule] = []
+        for i in range(len(self.prefix)):
+            here = self.folder.parents[len(self.prefix) - 1 - i]
+            for name in IGNORE_FILES:
+                rules += parse_ignore(_read_ignore(here / name), self.prefix[:i])
+        return rules
 
     def _too_big(self, what: str) -> InputError:
         return InputError(
@@ -258,13 +282,13 @@ class _Packer:
     def pack(self) -> PackedCode:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-            stack: list[tuple[tuple[str, ...], list[IgnoreRule]]] = [((), [])]
+            stack: list[tuple[tuple[str, ...], list[IgnoreRule]]] = [((), self._ancestor_rules())]
             while stack:
                 rel, inherited = stack.pop()
                 here = self.folder.joinpath(*rel)
                 rules = list(inherited)
                 for name in IGNORE_FILES:
-                    rules += parse_ignore(_read_ignore(here / name), rel)
+                    rules += parse_ignore(_read_ignore(here / name), self.prefix + rel)
                 try:
                     entries = sorted(os.scandir(here), key=lambda e: e.name, reverse=True)
                 except OSError as err:
@@ -305,7 +329,7 @@ class _Packer:
         if _is_noise(entry.name, is_dir):
             return
         is_script = parts == (self.script.name,)
-        if not is_script and is_ignored(rules, parts, is_dir):
+        if not is_script and is_ignored(rules, self.prefix + parts, is_dir):
             self.ignored += 1
             return
         if is_link:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,6 +199,75 @@ def _all_bytes(packed: PackedCode) -> bytes:
             fh = tar.extractfile(member)
             out += fh.read() if fh else b""
     return out
+
+
+GIT_TREE = {
+    "train.py": "", "util.py": "", "a.log": "", "deep/er/b.log": "", "deep/er/keep.log": "",
+    "build/x.o": "", "src/build/y.py": "", "doc/out": "", "x/doc/out": "", "cache/c": "",
+    "z/cache": "", "run7/r": "", "runa/r": "", "logs/l": "", "a/b/logs/l": "", "m/z": "",
+    "m/b/c/z": "", "n/m/z": "", "out/keep.txt": "", "out/drop.txt": "", "out/sub/deep.txt": "",
+    "w/ckpt/best.ckpt": "", "w/last.ckpt": "", "w/best.ckpt": "", "file1.txt": "",
+    "file10.txt": "", "sp ace.txt": "", "sub/raw/r.csv": "", "raw/r.csv": "", "sub/keep.csv": "",
+    "sub/other.csv": "", "keep.csv": "", "sub/inner/e.tmp": "", "sub/inner/f.py": "",
+    "#hash": "", "!bang": "", "star*name": "", "starxname": "",
+    ".gitignore": (
+        "*.log\n!keep.log\n/build\ndoc/out\ncache/\nrun[0-9]/\n**/logs\nm/**/z\nout/*\n"
+        "!out/keep.txt\nw/**/*.ckpt\n!w/best.ckpt\nfile?.txt\nsp\\ ace.txt\n*.csv\n"
+        "\\#hash\n\\!bang\nstar\\*name\n# a comment\n\n"
+    ),
+    "sub/.gitignore": "/raw\n!keep.csv\n*.tmp\n",
+}  # fmt: skip
+
+
+def test_the_packer_ships_what_git_calls_not_ignored(tmp_path: Path) -> None:
+    """The same tree through real git (`git ls-files --others --exclude-standard`)."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    root = tmp_path / "repo"
+    _write(root, GIT_TREE)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": os.devnull}  # fmt: skip
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [git, *args], cwd=root, env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run("init", "-q")
+    by_git = set(run("ls-files", "--others", "--exclude-standard").splitlines())
+    assert "train.py" in by_git and "a.log" not in by_git  # git did read the rules
+    assert len(by_git) == 16, sorted(by_git)  # 40 files, 24 of them ignored
+    assert {p for p, _ in pack_code(root / "train.py").files} == by_git
+
+
+def test_ignore_files_above_the_folder_apply_inside_a_git_work_tree(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _write(
+        repo,
+        {
+            ".git/HEAD": "ref: refs/heads/main\n",
+            ".gitignore": "*.ckpt\n/train/local/\nlocal/\n",
+            ".kplanignore": "train/data/\n",
+            "train/train.py": "x = 1\n",
+            "train/model.py": "m = 1\n",
+            "train/a.ckpt": "weights",
+            "train/local/l.py": "l",
+            "train/data/d.bin": "d",
+        },
+    )
+    packed = pack_code(repo / "train" / "train.py")
+    assert [p for p, _ in packed.files] == ["model.py", "train.py"]
+    assert packed.ignored == 3
+    # Outside a work tree the folders above are not looked at (git would not either).
+    plain = tmp_path / "plain"
+    _write(plain, {".gitignore": "*.py\n", "train/train.py": "x\n", "train/util.py": "u\n"})
+    assert [p for p, _ in pack_code(plain / "train" / "train.py").files] == [
+        "train.py",
+        "util.py",
+    ]
 
 
 def test_the_script_ships_even_when_an_ignore_rule_matches_it(tmp_path: Path) -> None:
