@@ -30,6 +30,11 @@ class _KplanGroup(typer.core.TyperGroup):
             # typer's own exits and usage errors pass through; anything else is a bug.
             if type(err).__module__.startswith(("typer", "click")) or ctx.meta.get("kplan.debug"):
                 raise
+            if type(err).__module__ == "sqlite3":
+                # The state database went bad after it was opened (a check at open refuses a
+                # damaged file): not a kplan bug, and not the user's input either.
+                _print_error(_state_db_error(err))
+                raise typer.Exit(2) from None
             _print_error(
                 KplanError(
                     f"internal error: {type(err).__name__}: {err}",
@@ -39,12 +44,29 @@ class _KplanGroup(typer.core.TyperGroup):
             raise typer.Exit(1) from None
 
 
+def _state_db_error(err: Exception) -> KplanError:
+    from kplan.launcher.state import default_db_path
+
+    path = default_db_path()
+    if "locked" in str(err) or "busy" in str(err):
+        return KplanError(
+            f"the state database {path} is locked ({err})",
+            hint="another kplan holds it; try again in a moment",
+        )
+    return KplanError(
+        f"the state database {path} cannot be read: {type(err).__name__}: {err}",
+        hint=f"move {path} away (or point KPLAN_HOME elsewhere); `kplan down JOB --cloud C "
+        "--region R` still finds a job's instances by its tag",
+    )
+
+
 def _print_error(err: KplanError) -> None:
     from kplan.render.text import clean  # a path or a reason may hold escape sequences
 
-    typer.echo(f"error: {clean(err.message)}", err=True)
+    # One line each, whatever the message holds (a multi-line SQLite or OS error text).
+    typer.echo(f"error: {' '.join(clean(err.message).splitlines())}", err=True)
     if err.hint:
-        typer.echo(f"hint: {clean(err.hint)}", err=True)
+        typer.echo(f"hint: {' '.join(clean(err.hint).splitlines())}", err=True)
 
 
 app = typer.Typer(

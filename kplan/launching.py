@@ -75,12 +75,51 @@ def _check_common(req: LaunchRequest) -> None:
         raise InputError(f"unknown cloud {req.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
     if req.job_id is not None:
         check_job_id(req.job_id)
+    _check_numbers(req)
     given = [x for x in (req.plan_file, req.profile, req.example_profile) if x is not None]
     if len(given) > 1:
         raise InputError(
             "give at most one of --plan, --profile and --example-profile",
             hint="--plan reuses a saved plan; the others plan now",
         )
+
+
+def _check_numbers(req: LaunchRequest) -> None:
+    """Every numeric launch flag finite and below a sane bound (issue 10: --budget inf, --nodes
+    100000 on this machine); ``JobSpec`` checks the lower bounds with its own messages."""
+    from kplan import flags
+
+    lowest = -(2**62)
+
+    flags.number("--budget", req.budget_usd, low_open=False, high=flags.MAX_USD, hint="USD")
+    flags.number("--deadline", req.deadline_h, low=-math.inf, high=flags.MAX_HOURS, hint="hours")
+    local = req.cloud in (None, "local") and req.plan_file is None
+    flags.integer(
+        "--nodes",
+        req.nodes,
+        low=lowest,
+        high=flags.MAX_LOCAL_NODES if local else flags.MAX_NODES,
+        hint="worker groups on this machine" if local else "",
+    )
+    flags.integer(
+        "--workers-per-node",
+        req.workers_per_node,
+        low=lowest,
+        high=flags.MAX_LOCAL_WORKERS if local else 1024,
+        hint="workers (processes) per group",
+    )
+    flags.integer("--max-nodes", req.max_nodes, low=lowest, high=flags.MAX_NODES)
+    flags.integer("--max-restarts", req.max_restarts, low=lowest, high=10_000)
+    flags.integer("--explore-trials", req.explore_trials, low=lowest, high=1000)
+    for flag, seconds in (
+        ("--check-interval", req.check_interval_s),
+        ("--replan-interval", req.replan_interval_s),
+        ("--checkpoint-interval", req.checkpoint_interval_s),
+    ):
+        flags.number(flag, seconds, low=-math.inf, high=flags.MAX_SECONDS, hint="seconds")
+    for flag, value in (("--region", req.region), ("--storage", req.storage_uri)):
+        flags.text(flag, value)
+    flags.text("--example-profile", req.example_profile)
 
 
 def _options(req: LaunchRequest) -> dict[str, Any]:
@@ -115,6 +154,12 @@ def policy_paths(specs: tuple[str, ...], script: Path, cloud: str) -> list[str]:
     for spec in specs:
         where, sep, name = spec.rpartition(":")
         if not sep or not where.endswith(".py"):
+            dotted = where.split(".") if sep else [spec]
+            if not all(p.isidentifier() for p in dotted) or (sep and not name.isidentifier()):
+                raise InputError(
+                    f"--policy {spec[:80]!r} is not a name, FILE.py:Class or module:Class",
+                    hint="e.g. --policy goodput or --policy policies.py:Plateau",
+                )
             out.append(spec)  # a built-in name or module:Class, checked by the runtime
             continue
         path = Path(where).resolve()
@@ -253,7 +298,49 @@ def read_plan(path: Path) -> dict[str, Any]:
         )
     if not isinstance(doc.get("chosen"), dict):
         raise DataFileError(f"{source}: the plan has no chosen row", hint="re-run kplan estimate")
+    check_plan_row(doc["chosen"], source)
     return dict(doc)
+
+
+def check_plan_row(row: dict[str, Any], source: str) -> None:
+    """The chosen row's counts are bounded integers that agree (a plan of 10**7 nodes, a bool
+    batch or a group list that is not one are refused before anything loops over them)."""
+    from kplan import flags
+
+    def count(where: dict[str, Any], key: str, high: int, name: str) -> int:
+        value = where.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            raise DataFileError(
+                f"{source}: the plan's {name} {str(value)[:40]!r} is not an integer in [1, {high}]",
+                hint="re-create the plan with kplan estimate --out",
+            )
+        return value
+
+    groups = row.get("groups")
+    if not isinstance(groups, list) or not 1 <= len(groups) <= 64:
+        raise DataFileError(
+            f"{source}: the plan's chosen.groups is not a list of 1 to 64 groups",
+            hint="re-create the plan with kplan estimate --out",
+        )
+    total = 0
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict):
+            raise DataFileError(f"{source}: chosen.groups[{i}] is not an object", hint="")
+        total += count(g, "nodes", flags.MAX_NODES, f"chosen.groups[{i}].nodes")
+        count(g, "gpus_per_node", 64, f"chosen.groups[{i}].gpus_per_node")
+        price = g.get("usd_per_hour")
+        if isinstance(price, bool) or not isinstance(price, int | float) or not price >= 0:
+            raise DataFileError(
+                f"{source}: chosen.groups[{i}].usd_per_hour {str(price)[:40]!r} is not a price",
+                hint="re-create the plan with kplan estimate --out",
+            )
+    if count(row, "nodes", flags.MAX_NODES, "chosen.nodes") != total:
+        raise DataFileError(
+            f"{source}: chosen.nodes {row['nodes']} is not the sum of its groups' ({total})",
+            hint="re-create the plan with kplan estimate --out",
+        )
+    count(row, "global_batch", flags.MAX_BATCH, "chosen.global_batch")
+    count(row, "accum_steps", flags.MAX_BATCH, "chosen.accum_steps")
 
 
 def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:

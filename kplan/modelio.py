@@ -16,7 +16,14 @@ from kplan.io import cell_number, read_csv_rows, read_json
 from kplan.planner import perfmodel
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.perfmodel import PerfParams, params_from_dict
-from kplan.planner.profile import Measurement
+from kplan.planner.profile import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_NODES,
+    MAX_SECONDS,
+    MAX_WORKERS,
+    Measurement,
+)
 
 MEASUREMENT_REQUIRED = ("nodes", "workers", "local_batch", "step_time")
 MEASUREMENT_OPTIONAL = ("sync_time", "accum_steps", "instance_type", "gpu")
@@ -32,23 +39,38 @@ def read_measurements(path: Path) -> list[Measurement]:
         try:
             out.append(
                 Measurement(
-                    nodes=int(cell_number(r, "nodes", path, line, integer=True)),
-                    workers=int(cell_number(r, "workers", path, line, integer=True)),
-                    local_batch=int(cell_number(r, "local_batch", path, line, integer=True)),
-                    step_time=cell_number(r, "step_time", path, line),
-                    sync_time=cell_number(r, "sync_time", path, line, positive=False)
+                    nodes=_count(r, "nodes", path, line, MAX_NODES),
+                    workers=_count(r, "workers", path, line, MAX_WORKERS),
+                    local_batch=_count(r, "local_batch", path, line, MAX_BATCH),
+                    step_time=cell_number(r, "step_time", path, line, upper=MAX_SECONDS),
+                    sync_time=cell_number(
+                        r, "sync_time", path, line, positive=False, upper=MAX_SECONDS
+                    )
                     if sync
                     else None,
-                    accum_steps=int(cell_number(r, "accum_steps", path, line, integer=True))
+                    accum_steps=_count(r, "accum_steps", path, line, MAX_BATCH)
                     if r.get("accum_steps")
                     else 1,
-                    instance_type=r.get("instance_type") or None,
-                    gpu=r.get("gpu") or None,
+                    instance_type=_name(r, "instance_type", path, line),
+                    gpu=_name(r, "gpu", path, line),
                 )
             )
         except ValueError as err:
             raise DataFileError(f"{path}, line {line}: {err}", hint="fix the row") from None
     return out
+
+
+def _count(r: dict[str, str], col: str, path: Path, line: int, upper: int) -> int:
+    return int(cell_number(r, col, path, line, integer=True, upper=upper))
+
+
+def _name(r: dict[str, str], col: str, path: Path, line: int) -> str | None:
+    value = r.get(col) or None
+    if value is not None and (len(value) > 128 or not value.isprintable()):
+        raise DataFileError(
+            f"{path}, line {line}: {col} is not a plain name ({value[:40]!r})", hint="fix the row"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,8 +92,12 @@ def fit_file(
         ("--intra-gbps", intra_gbps),
         ("--inter-gbps", inter_gbps),
     ):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise InputError(f"{name} {value} must be > 0", hint="or leave it out")
+        upper = MAX_BYTES if name == "--gradient-bytes" else 1e7
+        if value is not None and not (value > 0 and math.isfinite(value) and value <= upper):
+            raise InputError(
+                f"{name} {value} must be a finite number > 0 and <= {upper:g}",
+                hint="or leave it out",
+            )
     rows = read_measurements(measurements)
     gpus = {m.gpu for m in rows if m.gpu}
     if len(gpus) > 1:
@@ -100,16 +126,49 @@ def fit_file(
     return FitReport(params, len(rows), mape)
 
 
+_MODEL_FLOATS = (*perfmodel.FITTED, "log_sigma", "gradient_bytes", "intra_gbps", "inter_gbps")
+_MODEL_REQUIRED = (*perfmodel.FITTED, "log_sigma")
+_MODEL_INTS = ("gpus_per_node", "max_nodes_measured", "max_workers_measured")
+
+
+def model_from_dict(doc: Any, source: str) -> PerfParams:
+    """A model document with its field types checked (numbers are not booleans or strings,
+    counts are bounded integers) before ``params_from_dict`` checks the values."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if value is None and key not in _MODEL_REQUIRED:
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key in _MODEL_FLOATS and not number:
+                bad = "a number"
+            elif key in _MODEL_INTS and not (
+                number and isinstance(value, int) and 1 <= value <= MAX_WORKERS
+            ):
+                bad = f"an integer in [1, {MAX_WORKERS}]"
+            elif key == "inter_measured" and not isinstance(value, bool):
+                bad = "true or false"
+            elif key == "gpu" and not (isinstance(value, str) and len(value) <= 64):
+                bad = "a GPU name"
+            else:
+                continue
+            shown = repr(value)
+            raise DataFileError(
+                f"{source}: '{key}' must be {bad}, got {shown[:40]}",
+                hint="create one with `kplan model fit --measurements m.csv --out model.json`",
+            )
+    return params_from_dict(doc, source)
+
+
 def load_model(path: Path) -> PerfParams:
-    return params_from_dict(read_json(path, "model"), str(path))
+    return model_from_dict(read_json(path, "model"), str(path))
 
 
 def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
     rows = read_csv_rows(configs, CONFIG_REQUIRED, CONFIG_OPTIONAL, "configurations")
     nodes, workers, local, accum = [], [], [], []
     for line, r in enumerate(rows, start=2):
-        n = int(cell_number(r, "nodes", configs, line, integer=True))
-        k = int(cell_number(r, "workers", configs, line, integer=True))
+        n = _count(r, "nodes", configs, line, MAX_NODES)
+        k = _count(r, "workers", configs, line, MAX_WORKERS)
         if k < n:
             raise DataFileError(
                 f"{configs}, line {line}: workers={k} < nodes={n}",
@@ -117,11 +176,9 @@ def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
             )
         nodes.append(n)
         workers.append(k)
-        local.append(int(cell_number(r, "local_batch", configs, line, integer=True)))
+        local.append(_count(r, "local_batch", configs, line, MAX_BATCH))
         accum.append(
-            int(cell_number(r, "accum_steps", configs, line, integer=True))
-            if r.get("accum_steps")
-            else 1
+            _count(r, "accum_steps", configs, line, MAX_BATCH) if r.get("accum_steps") else 1
         )
     step = perfmodel.step_time(model, nodes, workers, local, accum)
     comp = perfmodel.compute_time(model, local)

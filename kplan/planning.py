@@ -12,7 +12,6 @@ from kplan.catalogs.device_model import load_device_model
 from kplan.errors import InputError
 from kplan.io import read_json
 from kplan.planner.catalog import Catalog
-from kplan.planner.perfmodel import params_from_dict
 from kplan.planner.plan import Plan
 from kplan.planner.profile import Profile, profile_from_dict
 from kplan.planner.search import SearchOptions, search
@@ -52,15 +51,17 @@ def estimate(
     dataset_size: int | None = None,
     catalog: Catalog | None = None,
 ) -> Estimate:
-    if epochs is not None and not epochs > 0:
-        raise InputError(f"--epochs {epochs} must be > 0", hint="e.g. --epochs 90")
-    if dataset_size is not None and dataset_size < 1:
-        raise InputError(f"--dataset-size {dataset_size} must be >= 1", hint="samples per epoch")
+    from kplan import flags
+
+    flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 90")
+    flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
     catalog = catalog or load_current()
     dm = load_device_model()
     params = None
     if profile.fit is not None:
-        params = params_from_dict(profile.fit, f"profile {profile.name} (fit)")
+        from kplan.modelio import model_from_dict
+
+        params = model_from_dict(profile.fit, f"profile {profile.name} (fit)")
     ref_links: tuple[float | None, float | None] = (None, None)
     if profile.cloud and profile.instance_type:
         inst = catalog.instances.get((profile.cloud, profile.instance_type))

@@ -182,8 +182,14 @@ class StateDB:
         self._depth = 0
 
     @classmethod
-    def open(cls, path: Path | None = None) -> StateDB:
+    def open(cls, path: Path | None = None, *, readonly: bool = False) -> StateDB:
         path = default_db_path() if path is None else path
+        # Refuse a foreign or damaged file before anything writes to it (launcher/statecheck.py).
+        from kplan.launcher.statecheck import check_state_file, open_readonly
+
+        check_state_file(path)
+        if readonly:  # status, logs, report: no write, so a read-only KPLAN_HOME works
+            return cls(open_readonly(path, _SCHEMA_V1), path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
@@ -201,9 +207,10 @@ class StateDB:
             db._migrate()
         except sqlite3.DatabaseError as err:
             conn.close()
-            raise StateError(
-                f"{path} is not a kplan state database ({err})",
-                hint="move it away or point KPLAN_HOME elsewhere",
+            raise StateError(  # the file itself passed check_state_file: not its content
+                f"cannot open the state database {path} for writing ({err})",
+                hint="check the permissions of the file and of KPLAN_HOME (kplan status, logs "
+                "and report work read-only)",
             ) from None
         return db
 

@@ -142,18 +142,57 @@ def _get(d: Any, key: str, source: str, where: str) -> Any:
     return d[key]
 
 
-def _num(value: Any, source: str, name: str, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+# Upper bounds of the fields a user file may set: far beyond any real job, small enough that
+# no search or sum over them runs away (a profile claiming 10**7 nodes is a typo, not a plan).
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_WORKERS = MAX_NODES * MAX_GPUS_PER_NODE
+MAX_BATCH = 2**24  # samples in one (local or global) batch
+MAX_SAMPLES = 2**53 - 1  # dataset size
+MAX_EPOCHS = 1e6
+MAX_SECONDS = 1e7  # one step
+MAX_BYTES = 1e14  # gradient bytes
+MAX_GB = 1e6  # memory figures
+MAX_TFLOPS = 1e6  # measured device throughput (also GB/s of bandwidth)
+MAX_NOISE_SCALE = 1e15
+
+
+def _num(
+    value: Any, source: str, name: str, *, positive: bool = True, upper: float = 1e15
+) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, int) and abs(value) >= 2**53)
+        or not math.isfinite(value)
+    ):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise DataFileError(
-            f"{source}: '{name}' must be a number, got {value!r}", hint="fix the file"
+            f"{source}: '{name}' must be a number (finite), got {shown}", hint="fix the file"
         )
     if positive and value <= 0:
         raise DataFileError(f"{source}: '{name}' must be > 0, got {value!r}", hint="fix the file")
+    if not positive and value < 0:
+        raise DataFileError(f"{source}: '{name}' must be >= 0, got {value!r}", hint="fix the file")
+    if value > upper:
+        raise DataFileError(
+            f"{source}: '{name}' = {value!r} is more than {upper:g}", hint="fix the file"
+        )
     return float(value)
 
 
-def _int(value: Any, source: str, name: str) -> int:
-    number = _num(value, source, name)
+def _str(value: Any, source: str, name: str) -> str | None:
+    if value is None or (isinstance(value, str) and len(value) <= 256):
+        return value
+    raise DataFileError(
+        f"{source}: '{name}' must be a short string, got {type(value).__name__}",
+        hint="fix the file",
+    )
+
+
+def _int(value: Any, source: str, name: str, upper: float = MAX_SAMPLES) -> int:
+    number = _num(value, source, name, upper=upper)
     if number != int(number):
         raise DataFileError(
             f"{source}: '{name}' must be an integer, got {value!r}", hint="fix the file"
@@ -166,18 +205,25 @@ def measurement_from_dict(row: Any, source: str, index: int) -> Measurement:
     try:
         sync = row.get("sync_time") if isinstance(row, dict) else None
         return Measurement(
-            nodes=_int(_get(row, "nodes", source, where), source, where + "nodes"),
-            workers=_int(_get(row, "workers", source, where), source, where + "workers"),
-            local_batch=_int(
-                _get(row, "local_batch", source, where), source, where + "local_batch"
+            nodes=_int(_get(row, "nodes", source, where), source, where + "nodes", MAX_NODES),
+            workers=_int(
+                _get(row, "workers", source, where), source, where + "workers", MAX_WORKERS
             ),
-            step_time=_num(_get(row, "step_time", source, where), source, where + "step_time"),
+            local_batch=_int(
+                _get(row, "local_batch", source, where), source, where + "local_batch", MAX_BATCH
+            ),
+            step_time=_num(
+                _get(row, "step_time", source, where),
+                source,
+                where + "step_time",
+                upper=MAX_SECONDS,
+            ),
             sync_time=None
             if sync is None
-            else _num(sync, source, where + "sync_time", positive=False),
-            accum_steps=_int(row.get("accum_steps", 1), source, where + "accum_steps"),
-            instance_type=row.get("instance_type"),
-            gpu=row.get("gpu"),
+            else _num(sync, source, where + "sync_time", positive=False, upper=MAX_SECONDS),
+            accum_steps=_int(row.get("accum_steps", 1), source, where + "accum_steps", MAX_BATCH),
+            instance_type=_str(row.get("instance_type"), source, where + "instance_type"),
+            gpu=_str(row.get("gpu"), source, where + "gpu"),
         )
     except ValueError as err:
         raise DataFileError(f"{source}: {where[:-1]}: {err}", hint="fix the measurement") from None
@@ -219,51 +265,75 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
                 _get(point, "noise_scale", source, f"gns.trajectory[{i}]."),
                 source,
                 f"gns.trajectory[{i}].noise_scale",
+                upper=MAX_NOISE_SCALE,
             )
             gns_points.append(GnsPoint(progress, scale))
         gns_points.sort(key=lambda p: p.progress)
     memory = doc.get("memory") or {}
+    for section, value in (("device", device), ("memory", memory), ("gns", gns)):
+        if value is not None and not isinstance(value, dict):
+            raise DataFileError(f"{source}: '{section}' must be an object", hint="fix the file")
+    if len(rows) > 100_000:
+        raise DataFileError(f"{source}: more than 100,000 measurements", hint="fix the file")
     fit = doc.get("fit")
     if fit is not None and not isinstance(fit, dict):
         raise DataFileError(f"{source}: 'fit' must be an object", hint="remove it to refit")
-    gpn = _int(_get(device, "gpus_per_node", source, "device."), source, "device.gpus_per_node")
+    gpn = _int(
+        _get(device, "gpus_per_node", source, "device."),
+        source,
+        "device.gpus_per_node",
+        MAX_GPUS_PER_NODE,
+    )
     base = _int(
-        _get(batch, "base_global_batch", source, "batch."), source, "batch.base_global_batch"
+        _get(batch, "base_global_batch", source, "batch."),
+        source,
+        "batch.base_global_batch",
+        MAX_BATCH,
     )
     max_local = _int(
-        _get(batch, "max_local_batch", source, "batch."), source, "batch.max_local_batch"
+        _get(batch, "max_local_batch", source, "batch."),
+        source,
+        "batch.max_local_batch",
+        MAX_BATCH,
     )
     gpu = _get(device, "gpu", source, "device.")
-    if not isinstance(gpu, str) or not gpu:
+    if not isinstance(gpu, str) or not gpu or len(gpu) > 64:
         raise DataFileError(f"{source}: 'device.gpu' must be a GPU name", hint='e.g. "T4"')
     return Profile(
-        name=str(doc.get("name", "profile")),
-        provenance=str(doc.get("provenance", "")),
+        name=_str(doc.get("name", "profile"), source, "name") or "profile",
+        provenance=str(doc.get("provenance", ""))[:4096],
         gpu=gpu,
         gpus_per_node=gpn,
         gradient_bytes=_num(
-            _get(model, "gradient_bytes", source, "model."), source, "model.gradient_bytes"
+            _get(model, "gradient_bytes", source, "model."),
+            source,
+            "model.gradient_bytes",
+            upper=MAX_BYTES,
         ),
         base_global_batch=base,
         max_local_batch=max_local,
         dataset_size=_int(_get(work, "dataset_size", source, "work."), source, "work.dataset_size"),
-        epochs=_num(_get(work, "epochs", source, "work."), source, "work.epochs"),
+        epochs=_num(_get(work, "epochs", source, "work."), source, "work.epochs", upper=MAX_EPOCHS),
         measurements=measurements,
         gns=tuple(gns_points),
-        cloud=device.get("cloud"),
-        instance_type=device.get("instance_type"),
-        device_memory_gb=_opt(memory, "device_memory_gb", source),
-        static_memory_gb=_opt(memory, "static_gb", source),
-        per_sample_memory_gb=_opt(memory, "per_sample_gb", source),
-        measured_fp32_tflops=_opt(device, "fp32_tflops", source, "device"),
-        measured_mem_bw_gbs=_opt(device, "mem_bw_gbs", source, "device"),
+        cloud=_str(device.get("cloud"), source, "device.cloud"),
+        instance_type=_str(device.get("instance_type"), source, "device.instance_type"),
+        device_memory_gb=_opt(memory, "device_memory_gb", source, upper=MAX_GB),
+        static_memory_gb=_opt(memory, "static_gb", source, upper=MAX_GB),
+        per_sample_memory_gb=_opt(memory, "per_sample_gb", source, upper=MAX_GB),
+        measured_fp32_tflops=_opt(device, "fp32_tflops", source, "device", MAX_TFLOPS),
+        measured_mem_bw_gbs=_opt(device, "mem_bw_gbs", source, "device", MAX_TFLOPS),
         fit=fit,
     )
 
 
-def _opt(d: dict[str, Any], key: str, source: str, section: str = "memory") -> float | None:
+def _opt(
+    d: dict[str, Any], key: str, source: str, section: str = "memory", upper: float = 1e15
+) -> float | None:
     value = d.get(key)
-    return None if value is None else _num(value, source, f"{section}.{key}", positive=False)
+    if value is None:
+        return None
+    return _num(value, source, f"{section}.{key}", positive=False, upper=upper)
 
 
 def profile_to_dict(p: Profile) -> dict[str, Any]:

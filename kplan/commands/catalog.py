@@ -37,6 +37,16 @@ def list_offers(
     ),
 ) -> None:
     """List offers (instance type, zone, market, price), cheapest first."""
+    from kplan import flags
+
+    flags.text("--cloud", cloud, hint="aws or gcp")
+    flags.text("--region", region, hint="e.g. us-east-1")
+    flags.text("--gpu", gpu, hint="e.g. T4")
+    flags.text("--instance-type", instance_type, hint="e.g. g4dn.xlarge")
+    flags.text("--market", market, hint="on-demand or spot")
+    flags.number("--max-price", max_price, low_open=False, high=1e6, hint="USD per hour, e.g. 3")
+    if catalog_dir is not None:
+        _check_catalog_dir(catalog_dir)
     catalog = load_current(catalog_dir)
     wanted = OfferFilter(cloud, region, gpu, instance_type, market, max_price)
     rows = select_offers(catalog, wanted)
@@ -48,6 +58,20 @@ def list_offers(
         render.print_offers(
             rows, version=catalog.version, notes=catalog.notes, show_notes=show_notes
         )
+
+
+def _check_catalog_dir(folder: Path) -> None:
+    """A catalog folder holds regular files of bounded size (no FIFO, device or giant file)."""
+    from kplan.errors import InputError
+    from kplan.io import check_regular
+
+    if not folder.exists():
+        return  # the loader says so, with its hint
+    if not folder.is_dir():
+        raise InputError(f"--catalog {folder} is not a folder", hint="give a catalog directory")
+    for entry in sorted(folder.iterdir()):
+        if not entry.name.startswith("."):
+            check_regular(entry, "catalog")
 
 
 @app.command("update")
@@ -65,9 +89,11 @@ def update(
     Billing Catalog API (KPLAN_GCP_PROJECT, Application Default Credentials). The new catalog
     goes to $KPLAN_HOME/catalogs/<date>/ and becomes current only once it validates.
     """
+    from kplan import flags
     from kplan.catalogs.update import Fetch, update_catalog
     from kplan.errors import InputError
 
+    flags.texts("--region", region, hint="e.g. us-east-1")
     name = cloud.strip().lower()
     fetch: Fetch
     if name == "aws":

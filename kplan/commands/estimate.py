@@ -56,9 +56,24 @@ def estimate_command(
     out: Path | None = typer.Option(None, "--out", help="Write the plan JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    from kplan import planning
+    from kplan import flags, planning
     from kplan.planner.search import SearchOptions, default_objective
 
+    flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 90")
+    flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
+    flags.number("--budget", budget, high=flags.MAX_USD, hint="USD, e.g. --budget 50")
+    flags.number("--deadline", deadline, high=flags.MAX_HOURS, hint="hours, e.g. --deadline 12")
+    flags.integer("--max-nodes", max_nodes, high=flags.MAX_NODES, hint="e.g. --max-nodes 16")
+    flags.integer("--top", top, high=10_000, hint="e.g. --top 10")
+    flags.text("--objective", objective, hint="cost, time or knee")
+    flags.texts("--cloud", cloud, hint="aws or gcp")
+    flags.texts("--region", region, hint="e.g. us-east-1")
+    flags.texts("--gpu", gpu, hint="e.g. T4, A100")
+    flags.text("--example", example, hint="see --list-examples")
+    if out is not None:
+        from kplan.io import check_writable
+
+        check_writable(out, "--out")
     if list_examples:
         typer.echo("\n".join(planning.example_names()))
         return
@@ -78,7 +93,7 @@ def estimate_command(
         max_nodes=max_nodes,
         budget_usd=budget,
         deadline_hours=deadline,
-        objective=objective or default_objective(budget, deadline),  # type: ignore[arg-type]
+        objective=objective if objective is not None else default_objective(budget, deadline),  # type: ignore[arg-type]
         fixed_global_batch=fixed_batch,
         mixed=mixed,
         top=top,

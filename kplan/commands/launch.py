@@ -41,10 +41,11 @@ def _backend(cloud: str, region: str | None, storage: str | None) -> Backend:
     return get_backend(cloud, ProviderSettings(_home(), region, storage))
 
 
-def _db() -> StateDB:
+def _db(readonly: bool = False) -> StateDB:
+    """The state database; ``readonly`` for the commands that only read (status, logs)."""
     from kplan.launcher.state import StateDB
 
-    return StateDB.open()
+    return StateDB.open(readonly=readonly)
 
 
 def _job_or_fail(db: StateDB, job_id: str) -> JobRecord:
@@ -218,7 +219,7 @@ def launch_command(
         args=tuple(args[1:]),
         budget_usd=budget,
         deadline_h=deadline,
-        cloud=cloud.lower() if cloud else None,
+        cloud=cloud.lower() if cloud is not None else None,
         spot=spot,
         plan_file=plan,
         profile=profile,
@@ -343,9 +344,9 @@ def status_command(
     from kplan.launcher.summary import job_summary
     from kplan.render.launch import render_job, render_jobs
 
-    if not interval > 0:
-        raise InputError(f"--interval {interval} must be > 0", hint="seconds, e.g. 2")
-    with _db() as db:
+    if not 0 < interval <= 86400:
+        raise InputError(f"--interval {interval} must be > 0 and <= 86400", hint="seconds, e.g. 2")
+    with _db(readonly=True) as db:
         while True:
             now = time.time()
             if job is None:
@@ -377,9 +378,12 @@ def logs_command(
 ) -> None:
     import time
 
-    from kplan.launcher.jobspec import JobSpec
+    from kplan.launcher.jobspec import JobSpec, check_job_id
 
-    with _db() as db:
+    check_job_id(job)
+    if node is not None and not 0 <= node < 4096:
+        raise InputError(f"--node {node} must be a node rank >= 0", hint="e.g. --node 0")
+    with _db(readonly=True) as db:
         rec = _job_or_fail(db, job)
         spec = JobSpec.from_dict(rec.spec)
         storage = _backend(rec.cloud, rec.region, spec.storage_uri).storage
@@ -425,8 +429,8 @@ def down_command(
 
     if (job is None) == (not all_jobs):
         raise InputError("give a job id or --all", hint="kplan down kp-... or kplan down --all")
-    if not wait >= 0:
-        raise InputError(f"--wait {wait} must be >= 0", hint="seconds")
+    if not 0 <= wait <= 86400:
+        raise InputError(f"--wait {wait} must be >= 0 and <= 86400", hint="seconds")
     results = []
     with _db() as db:
         if job is not None:

@@ -35,10 +35,11 @@ def fit_command(
     as_json: bool = typer.Option(False, "--json", help="Print the model JSON."),
 ) -> None:
     """Fit compute, all-reduce and overlap parameters (robust, log-space least squares)."""
-    from kplan.io import write_json
+    from kplan.io import check_writable, write_json
     from kplan.modelio import fit_file
     from kplan.planner.perfmodel import params_to_dict
 
+    check_writable(out, "--out")
     report = fit_file(
         measurements, gradient_bytes=gradient_bytes, intra_gbps=intra_gbps, inter_gbps=inter_gbps
     )
@@ -75,9 +76,11 @@ def predict_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of CSV."),
 ) -> None:
     """Answer each configuration with step_time (and its p90), compute_time and sync_time."""
-    from kplan.io import write_atomic
+    from kplan.io import check_writable, write_atomic
     from kplan.modelio import load_model, predict_file, to_csv
 
+    if out is not None:
+        check_writable(out, "--out")
     rows = predict_file(load_model(model), configs)
     if out is not None:
         write_atomic(out, to_csv(rows))

@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-from kplan.errors import InputError
-
 _HELP = (
     "Measure a training job on this machine and write its Profile JSON.\n\n"
     "Runs SCRIPT (a training script on kplan.runtime; its own flags go after --) or a built-in "
@@ -97,8 +95,30 @@ def profile(
         bool, typer.Option("--json", help="Print a JSON summary, no progress bar.")
     ] = False,
 ) -> None:
+    from kplan import flags
     from kplan.profiler.run import resolve, run_profile
 
+    for flag, seconds in (
+        ("--timeout", timeout),
+        ("--startup-timeout", startup_timeout),
+        ("--step-timeout", step_timeout),
+    ):
+        flags.number(flag, seconds, high=flags.MAX_SECONDS, hint="seconds, e.g. 600")
+    flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 1")
+    flags.integer("--workers", workers, high=1024, hint="local workers, e.g. 2")
+    for flag, count, low in (
+        ("--min-local-batch", min_local_batch, 1),
+        ("--max-local-batch", max_local_batch, 1),
+        ("--gns-batch", gns_batch, 1),
+        ("--base-batch", base_batch, 1),
+        ("--steps", steps, 1),
+        ("--warmup-steps", warmup_steps, 0),
+        ("--gns-steps", gns_steps, 0),
+    ):
+        flags.integer(flag, count, low=low, high=flags.MAX_BATCH)
+    flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
+    flags.text("--name", name, hint="a short profile name")
+    flags.text("--example", example, hint="see kplan profile --help")
     args = list(argv or [])
     script = None if example is not None or not args else args.pop(0)
     req = resolve(
@@ -111,9 +131,11 @@ def profile(
         keep_workdir=keep_logs,
     )  # fmt: skip
     out_path = out if out is not None else Path(f"{req.name}.profile.json")
-    for path in (out_path, measurements):
-        if path is not None and path.is_dir():
-            raise InputError(f"{path} is a folder", hint="give a file name")
+    from kplan.io import check_writable
+
+    check_writable(out_path, "--out")
+    if measurements is not None:
+        check_writable(measurements, "--measurements")
     from kplan.profiler.output import write_measurements, write_profile
     from kplan.profiler.summary import summary_dict
 

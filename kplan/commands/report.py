@@ -60,16 +60,22 @@ def report_command(
 
     if (job is None) == (not all_jobs):
         raise InputError("give a job id or --all", hint="kplan report kp-... or kplan report --all")
-    with _db() as db:
+    if profile is not None:
+        from kplan.planning import load_profile
+
+        load_profile(profile)  # a bad file is an error here, not a note in the report
+    if html is not None:
+        from kplan.io import check_writable
+
+        check_writable(html, "--html")
+    with _db(readonly=True) as db:
         records = [_job_or_fail(db, job)] if job is not None else db.jobs()
         reports = [build(db, rec, profile) for rec in records]
     if html is not None:
+        from kplan.io import write_atomic
         from kplan.launcher.report_html import render_html
 
-        try:
-            html.write_text(render_html(reports))
-        except OSError as err:
-            raise InputError(f"cannot write {html}: {err}", hint="check the path") from None
+        write_atomic(html, render_html(reports), "--html")
     if as_json:
         docs = [r.to_dict() for r in reports]
         typer.echo(json.dumps(docs[0] if job is not None else docs, indent=1))

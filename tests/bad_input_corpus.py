@@ -1,0 +1,562 @@
+"""The bad-input corpus: argv and files for every command and every input file kind, with the
+exit code and a piece of the message each must give (issue 10, item 9).
+
+A case's ``argv`` may name ``{d}`` (the case's own folder) and ``{job}`` (a recorded job's id).
+``files`` maps a name in ``{d}`` to its content: text, bytes, a ``Mut`` of a valid base document
+(``profile``, ``model``, ``plan``), or a special: ``FIFO``, ``DIR``, ``HUGE`` (a 65 MiB sparse
+file), ``DEEP`` (200,000-deep nested JSON). ``home`` sets up ``$KPLAN_HOME``: ``job`` (a
+database with one finished local job), ``corrupt`` (that database with garbage mid-file),
+``foreign`` (someone else's SQLite file), ``text`` (not SQLite), ``dir``/``fifo`` (kplan.db is a
+folder or a FIFO), ``readonly`` (``job`` on a read-only mount). ``sub`` runs the case in a
+subprocess with a timeout (cases that could hang: FIFOs, devices). ``fixed`` says whether the
+case was mishandled before issue 10 (a hang, an internal error or a bad value accepted).
+
+Generated families cover every numeric flag x {nan, inf, -inf, -1, 0, 1e308, a 31-digit
+integer, abc}, every profile/model/CSV field x wrong types and absurd sizes, and every file slot
+x {FIFO, /dev/zero, folder, missing, 65 MiB, deep nesting, binary, empty, ...}; hand-written cases
+reproduce each example the issue lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FIFO = "<fifo>"
+DIR = "<dir>"
+HUGE = "<huge>"
+DEEP = "<deep>"
+DELETE = object()
+JOB = "kp-corpus-done"
+
+
+@dataclass(frozen=True)
+class Mut:
+    """A valid base document (``profile``, ``model`` or ``plan``) with one field set to ``value``
+    (``DELETE`` removes it); ``raw`` is spliced in as JSON text (for 400-digit integers, NaN)."""
+
+    base: str
+    path: tuple[str | int, ...] = ()
+    value: Any = None
+    raw: str | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]
+    code: int
+    match: str = ""
+    files: dict[str, Any] = field(default_factory=dict)
+    home: str | None = None
+    sub: bool = False
+    fixed: bool = False  # mishandled before issue 10
+
+
+MEASUREMENTS = (
+    "nodes,workers,local_batch,step_time\n"
+    "1,1,8,0.010\n1,1,16,0.018\n1,1,32,0.034\n1,2,16,0.021\n1,4,16,0.024\n2,8,16,0.040\n"
+)
+CONFIGS = "nodes,workers,local_batch\n1,1,16\n2,8,32\n"
+SCRIPT = "print('hello')\n"
+
+# Values for numeric flags; each maps to the expected exit code per flag kind below.
+FLAG_VALUES = ("nan", "inf", "-inf", "-1", "0", "1e308", "1" + "0" * 30, "abc")
+# Bad JSON values for a numeric field: (label, python value or raw JSON text).
+BAD_FIELD = (
+    ("str", "abc", None),
+    ("bool", True, None),
+    ("null", None, None),
+    ("neg", -1, None),
+    ("zero", 0, None),
+    ("1e308", None, "1e308"),
+    ("int400", None, "1" * 400),
+    ("inf", None, "Infinity"),
+    ("nan", None, "NaN"),
+    ("list", [1], None),
+    ("object", {"a": 1}, None),
+)
+
+
+def _flag_cases() -> list[Case]:
+    out: list[Case] = []
+    est = ("estimate", "--example", "cifar10-resnet18")
+    # (command prefix, flag, kind, suffix); kind: float>0, int>=1, int>=0, float>=0
+    specs: list[tuple[str, tuple[str, ...], str, str, tuple[str, ...]]] = [
+        ("estimate", est, "--epochs", "pos", ()),
+        ("estimate", est, "--dataset-size", "int1", ()),
+        ("estimate", est, "--budget", "pos", ()),
+        ("estimate", est, "--deadline", "pos", ()),
+        ("estimate", est, "--max-nodes", "int1", ()),
+        ("estimate", est, "--top", "int1", ()),
+        ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
+         "--gradient-bytes", "pos", ()),
+        ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
+         "--intra-gbps", "pos", ()),
+        ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
+         "--inter-gbps", "pos", ()),
+        ("status", ("status",), "--interval", "pos", ()),
+        ("down", ("down", JOB), "--wait", "nonneg", ()),
+        ("logs", ("logs", JOB), "--node", "int0", ()),
+        ("catalog list", ("catalog", "list"), "--max-price", "pos", ("--json",)),
+    ]  # fmt: skip
+    prof = ("profile", "--example", "mlp-regression")
+    for flag in ("--timeout", "--startup-timeout", "--step-timeout", "--epochs"):
+        specs.append(("profile", prof, flag, "pos", ()))
+    for flag in ("--workers", "--min-local-batch", "--max-local-batch", "--steps", "--gns-batch",
+                 "--base-batch", "--dataset-size"):  # fmt: skip
+        specs.append(("profile", prof, flag, "int1", ()))
+    for flag in ("--warmup-steps", "--gns-steps"):
+        specs.append(("profile", prof, flag, "int0", ()))
+    launch = ("launch", "{d}/train.py", "--dry-run")
+    for flag, kind in (
+        ("--deadline", "pos"),
+        ("--nodes", "int1"),
+        ("--workers-per-node", "int1"),
+        ("--check-interval", "pos"),
+        ("--replan-interval", "pos"),
+        ("--checkpoint-interval", "pos"),
+        ("--max-restarts", "int0"),
+        ("--explore-trials", "int1"),
+        ("--max-nodes", "int1"),
+    ):
+        specs.append(("launch", (*launch, "--budget", "1"), flag, kind, ()))
+    specs.append(("launch", launch, "--budget", "nonneg", ()))
+    for command, prefix, flag, kind, suffix in specs:
+        for value in FLAG_VALUES:
+            code, match = 2, flag
+            is_int = kind.startswith("int")
+            if is_int and value in ("nan", "inf", "-inf", "1e308", "abc"):
+                match = "Invalid value"  # click's own usage error
+            elif value == "0" and kind in ("nonneg", "int0"):
+                code, match = 0, ""
+            elif (
+                command == "launch"
+                and value in ("-1", "0")
+                and ("interval" in flag or "restarts" in flag)
+            ):
+                match = "must be"  # JobSpec's own message names the field its way
+            elif command == "launch" and value in ("-1", "0") and flag == "--max-nodes":
+                match = "below the job's"
+            if code == 0 and command == "profile":
+                continue  # a valid profile flag would run the profiler
+            if code == 0 and command == "down":
+                continue  # covered by the job cases below
+            files: dict[str, Any] = {}
+            if command == "model fit":
+                files["m.csv"] = MEASUREMENTS
+            if command == "launch":
+                files["train.py"] = SCRIPT
+            home = "job" if command in ("down", "logs") else None
+            # Mishandled before issue 10: inf/huge went through (or hung), nan on --timeout.
+            fixed = code == 2 and not is_int and value in ("inf", "1e308", "nan")
+            fixed = fixed or (is_int and value == "1" + "0" * 30 and command != "estimate")
+            out.append(
+                Case(
+                    f"flag-{command.replace(' ', '-')}{flag}={value[:8]}",
+                    (*prefix, flag, value, *suffix),
+                    code,
+                    match,
+                    files=files,
+                    home=home,
+                    fixed=fixed,
+                )
+            )
+    return out
+
+
+def _file_slots() -> list[tuple[str, str, tuple[str, ...], dict[str, Any], str | None]]:
+    """(name, kind, argv with {f} for the file under test, other files, home)."""
+    s = SCRIPT
+    return [
+        ("estimate-profile", "json", ("estimate", "--profile", "{f}"), {}, None),
+        ("launch-aws-profile", "json",
+         ("launch", "{d}/train.py", "--budget", "5", "--cloud", "aws", "--profile", "{f}",
+          "--dry-run"), {"train.py": s}, None),
+        ("launch-plan", "json",
+         ("launch", "{d}/train.py", "--budget", "5", "--plan", "{f}", "--dry-run"),
+         {"train.py": s}, None),
+        ("model-predict-model", "json",
+         ("model", "predict", "--model", "{f}", "-c", "{d}/c.csv"), {"c.csv": CONFIGS}, None),
+        ("model-fit-measurements", "csv",
+         ("model", "fit", "-m", "{f}", "--out", "{d}/out.json"), {}, None),
+        ("model-predict-configs", "csv",
+         ("model", "predict", "--model", "{d}/model.json", "-c", "{f}"),
+         {"model.json": Mut("model")}, None),
+        ("report-profile", "json", ("report", "--all", "--profile", "{f}"), {}, "job"),
+        ("launch-script", "script", ("launch", "{f}", "--budget", "1", "--dry-run"), {}, None),
+        ("launch-policy", "policy",
+         ("launch", "{d}/train.py", "--budget", "1", "--policy", "{f}:Stop", "--dry-run"),
+         {"train.py": s}, None),
+        ("profile-script", "script", ("profile", "{f}"), {}, None),
+        ("catalog-dir", "catalog", ("catalog", "list", "--catalog", "{f}"), {}, None),
+    ]  # fmt: skip
+
+
+def _special_contents(kind: str) -> list[tuple[str, Any, str, bool]]:
+    """(label, content, message piece, fixed) for a file slot of ``kind``."""
+    out: list[tuple[str, Any, str, bool]] = [
+        ("fifo", FIFO, "", True),
+        ("devzero", "/dev/zero", "", True),
+        ("dir", DIR, "", False),
+        ("missing", None, "", False),
+    ]
+    if kind in ("json", "csv"):
+        out += [
+            ("huge", HUGE, "bytes", True),
+            ("binary", b"\x00\xff\xfe\x80garbage\x00" * 50, "", False),
+            ("empty", "", "", False),
+            ("latin1", "na\xefve,\xe9\n".encode("latin-1"), "UTF-8", False),
+        ]
+    if kind == "json":
+        out += [
+            ("deep", DEEP, "nested", True),
+            ("deep-objects", '{"a":' * 5000 + "1" + "}" * 5000, "nested", True),
+            ("array", "[1, 2, 3]", "", False),
+            ("null", "null", "", False),
+            ("nan", "NaN", "", False),
+            ("int400", "1" * 400, "", False),
+            ("truncated", '{"schema": "kplan.profile/1.0", "name": ', "JSON", False),
+            ("csv-as-json", MEASUREMENTS, "JSON", False),
+        ]
+    if kind == "csv":
+        out += [
+            ("header-only", "nodes,workers,local_batch\n", "", False),
+            ("json-as-csv", '{"a": 1}\n', "column", False),
+            ("nul-bytes", "nodes,workers\x00,local_batch\n1,1,1\n", "", False),
+        ]
+    return out
+
+
+def _file_cases() -> list[Case]:
+    out = []
+    for slot, kind, argv, others, home in _file_slots():
+        for label, content, message, fixed in _special_contents(kind):
+            match = message
+            name = "f.py" if kind in ("script", "policy") else f"f.{kind}"
+            files = dict(others)
+            path = "{d}/" + name
+            if content == "/dev/zero":
+                path = "/dev/zero"
+            elif content is not None:
+                files[name] = content
+            if kind == "catalog" and label in ("dir",):
+                files[name] = DIR  # an empty folder: a catalog with no files
+            code = 2
+            if kind == "script" and slot == "launch-script" and label == "dir":
+                match = "not found"
+            out.append(
+                Case(
+                    f"file-{slot}-{label}",
+                    tuple(a.replace("{f}", path) for a in argv),
+                    code,
+                    match,
+                    files=files,
+                    home=home,
+                    sub=content in (FIFO, "/dev/zero"),
+                    fixed=fixed and kind in ("json", "csv"),
+                )
+            )
+    return out
+
+
+_PROFILE_FIELDS = (
+    ("device", "gpus_per_node"),
+    ("model", "gradient_bytes"),
+    ("batch", "base_global_batch"),
+    ("batch", "max_local_batch"),
+    ("work", "dataset_size"),
+    ("work", "epochs"),
+    ("measurements", 0, "nodes"),
+    ("measurements", 0, "workers"),
+    ("measurements", 0, "local_batch"),
+    ("measurements", 0, "step_time"),
+)
+_MODEL_FIELDS = ("compute_a", "compute_b", "gamma", "inter_beta", "log_sigma", "two_node")
+
+
+# What the JSON reader says of a number no field may hold (it names no field: it stops parsing).
+_RAW_MESSAGE = {
+    "1e308": "out of range",
+    "int400": "too large",
+    "inf": "not a number kplan accepts",
+    "nan": "not a number kplan accepts",
+}
+
+
+def _field_cases() -> list[Case]:
+    out = []
+    for path in _PROFILE_FIELDS:
+        name = ".".join(str(p) for p in path)
+        for label, value, raw in BAD_FIELD:
+            fixed = label in ("int400", "1e308")
+            out.append(
+                Case(
+                    f"profile-{name}={label}",
+                    ("estimate", "--profile", "{d}/p.json"),
+                    2,
+                    _RAW_MESSAGE.get(label, str(path[-1])),
+                    files={"p.json": Mut("profile", path, value, raw)},
+                    fixed=fixed,
+                )
+            )
+    for key in _MODEL_FIELDS:
+        for label, value, raw in BAD_FIELD:
+            valid = label == "zero" and key != "gamma"  # 0 s (or no overlap) is a valid term
+            out.append(
+                Case(
+                    f"model-{key}={label}",
+                    ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv"),
+                    0 if valid else 2,
+                    "" if valid else _RAW_MESSAGE.get(label, key),
+                    files={"model.json": Mut("model", (key,), value, raw), "c.csv": CONFIGS},
+                    fixed=label in ("int400", "bool", "1e308"),
+                )
+            )
+    # CSV cells: measurements (fit) and configurations (predict).
+    cells = ("abc", "nan", "inf", "-1", "0", "1e308", "1" * 400, "", "2.5", "1e9")
+    for col, idx in (("nodes", 0), ("workers", 1), ("local_batch", 2), ("step_time", 3)):
+        for value in cells:
+            if col == "step_time" and value in ("2.5",):
+                continue  # a valid step time
+            cell = "1e8" if col == "step_time" and value == "1e9" else value  # > any step
+            rows = MEASUREMENTS.splitlines()
+            first = rows[1].split(",")
+            first[idx] = cell
+            rows[1] = ",".join(first)
+            out.append(
+                Case(
+                    f"csv-measurements-{col}={cell[:8] or 'empty'}",
+                    ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/o.json"),
+                    2,
+                    col,
+                    files={"m.csv": "\n".join(rows) + "\n"},
+                    fixed=cell in ("1e308", "1" * 400, "1e9"),
+                )
+            )
+    for col, idx in (("nodes", 0), ("workers", 1), ("local_batch", 2)):
+        for cell in cells:
+            rows = CONFIGS.splitlines()
+            first = rows[1].split(",")
+            first[idx] = cell
+            rows[1] = ",".join(first)
+            match = col if not (col == "nodes" and cell in ("2.5",)) else ""
+            if col == "workers" and cell in ("2.5",):
+                match = ""
+            out.append(
+                Case(
+                    f"csv-configs-{col}={cell[:8] or 'empty'}",
+                    ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv"),
+                    2,
+                    match,
+                    files={"model.json": Mut("model"), "c.csv": "\n".join(rows) + "\n"},
+                    fixed=cell in ("1e308", "1" * 400, "1e9"),
+                )
+            )
+    # Plan fields (launch --plan ... --dry-run).
+    plan_fields: list[tuple[str | int, ...]] = [
+        (k,) for k in ("nodes", "global_batch", "usd_per_hour", "cost_usd", "hours",
+                       "accum_steps", "groups")
+    ]  # fmt: skip
+    plan_fields += [("groups", 0, k) for k in ("nodes", "gpus_per_node", "usd_per_hour")]
+    for fkey in plan_fields:
+        plan_path = ("chosen", *fkey)
+        for label, value, raw in BAD_FIELD:
+            if label == "zero" and plan_path[-1] in ("usd_per_hour", "cost_usd", "hours"):
+                continue  # zero is a valid number there (the price is re-read anyway)
+            if label == "null" and plan_path == ("chosen", "usd_per_hour"):
+                continue  # informational: the groups' and the catalog's prices count
+            out.append(
+                Case(
+                    f"plan-{'.'.join(map(str, plan_path))}={label}",
+                    ("launch", "{d}/train.py", "--budget", "5", "--plan", "{d}/plan.json",
+                     "--dry-run"),
+                    2,
+                    "",
+                    files={"plan.json": Mut("plan", plan_path, value, raw),
+                           "train.py": SCRIPT},
+                    fixed=label in ("int400",),
+                )
+            )  # fmt: skip
+    return out
+
+
+def _enum_cases() -> list[Case]:
+    est = ("estimate", "--example", "cifar10-resnet18")
+    s = {"train.py": SCRIPT}
+    rows: list[tuple[str, tuple[str, ...], int, str, dict[str, Any], bool]] = [
+        ("objective-empty", (*est, "--objective", ""), 2, "--objective", {}, True),
+        ("objective-bad", (*est, "--objective", "cheap"), 2, "objective", {}, False),
+        ("cloud-empty", (*est, "--cloud", ""), 2, "--cloud", {}, True),
+        ("cloud-bad", (*est, "--cloud", "azure"), 2, "azure", {}, False),
+        ("gpu-empty", (*est, "--gpu", ""), 2, "--gpu", {}, True),
+        ("region-ctrl", (*est, "--region", "us\x1b[31m"), 2, "--region", {}, True),
+        ("example-empty", ("estimate", "--example", ""), 2, "", {}, True),
+        ("example-bad", ("estimate", "--example", "nope"), 2, "nope", {}, False),
+        ("estimate-both", (*est, "--profile", "{d}/p.json"), 2, "exactly one", {}, False),
+        ("estimate-none", ("estimate",), 2, "exactly one", {}, False),
+        ("profile-device-empty", ("profile", "--example", "mlp-regression", "--device", ""), 2,
+         "--device", {}, False),
+        ("profile-name-empty", ("profile", "--example", "mlp-regression", "--name", ""), 2,
+         "--name", {}, True),
+        ("profile-no-input", ("profile",), 2, "SCRIPT", {}, False),
+        ("profile-not-py", ("profile", "{d}/train.txt"), 2, "Python", {"train.txt": SCRIPT},
+         False),
+        ("profile-script-needs-sizes", ("profile", "{d}/train.py"), 2, "--dataset-size", s,
+         False),
+        ("launch-cloud-empty", ("launch", "{d}/train.py", "--budget", "1", "--cloud", "",
+                                "--dry-run"), 2, "cloud", s, True),
+        ("launch-cloud-bad", ("launch", "{d}/train.py", "--budget", "1", "--cloud", "azure",
+                              "--dry-run"), 2, "azure", s, False),
+        ("launch-no-script", ("launch", "--budget", "1"), 2, "", {}, False),
+        ("launch-region-empty", ("launch", "{d}/train.py", "--budget", "1", "--region", "",
+                                 "--dry-run"), 2, "--region", s, True),
+        ("launch-job-id-bad", ("launch", "{d}/train.py", "--budget", "1", "--job-id", "Bad Id",
+                               "--dry-run"), 2, "job id", s, False),
+        ("launch-example-profile-empty", ("launch", "{d}/train.py", "--budget", "1", "--cloud",
+                                          "aws", "--example-profile", "", "--dry-run"), 2,
+         "--example-profile", s, True),
+        ("launch-local-with-plan-flags", ("launch", "{d}/train.py", "--budget", "1",
+                                          "--example-profile", "cifar10-resnet18",
+                                          "--dry-run"), 2, "local", s, False),
+        ("launch-nodes-100000", ("launch", "{d}/train.py", "--budget", "1", "--nodes", "100000",
+                                 "--dry-run"), 2, "--nodes", s, True),
+        ("launch-wpn-10000", ("launch", "{d}/train.py", "--budget", "1", "--workers-per-node",
+                              "10000", "--dry-run"), 2, "--workers-per-node", s, True),
+        ("launch-policy-no-file", ("launch", "{d}/train.py", "--budget", "1", "--policy",
+                                   "{d}/nope.py:X", "--dry-run"), 2, "no file", s, False),
+        ("launch-local-valid", ("launch", "{d}/train.py", "--budget", "0", "--dry-run"), 0, "",
+         s, False),
+        ("catalog-market-empty", ("catalog", "list", "--market", ""), 2, "--market", {}, True),
+        ("catalog-cloud-empty", ("catalog", "list", "--cloud", ""), 2, "--cloud", {}, True),
+        ("catalog-update-cloud-empty", ("catalog", "update", "--cloud", ""), 2, "cloud", {},
+         False),
+        ("catalog-update-cloud-bad", ("catalog", "update", "--cloud", "azure"), 2, "azure", {},
+         False),
+        ("catalog-update-region-empty", ("catalog", "update", "--cloud", "aws", "--region", ""),
+         2, "--region", {}, True),
+        ("catalog-list-valid", ("catalog", "list", "--cloud", "aws", "--gpu", "T4", "--json"), 0,
+         "", {}, False),
+        ("logs-node-neg", ("logs", JOB, "--node", "-1"), 2, "--node", {}, True),
+        ("logs-bad-id", ("logs", "../../etc"), 2, "job id", {}, False),
+        ("logs-unknown-job", ("logs", "kp-nope"), 2, "no job", {}, False),
+        ("status-unknown-job", ("status", "kp-nope"), 2, "no job", {}, False),
+        ("report-unknown-job", ("report", "kp-nope"), 2, "no job", {}, False),
+        ("report-neither", ("report",), 2, "--all", {}, False),
+        ("down-neither", ("down",), 2, "--all", {}, False),
+        ("down-bad-id", ("down", "Bad Id"), 2, "job id", {}, False),
+        ("down-unknown-no-cloud", ("down", "kp-nope"), 2, "--cloud", {}, False),
+        ("model-fit-missing-out", ("model", "fit", "-m", "{d}/m.csv"), 2, "--out",
+         {"m.csv": MEASUREMENTS}, False),
+        ("model-fit-valid", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/o.json"), 0, "",
+         {"m.csv": MEASUREMENTS}, False),
+        ("model-predict-valid", ("model", "predict", "--model", "{d}/model.json", "-c",
+                                 "{d}/c.csv"), 0, "step_time",
+         {"model.json": Mut("model"), "c.csv": CONFIGS}, False),
+        ("estimate-profile-valid", ("estimate", "--profile", "{d}/p.json", "--json", "--top",
+                                    "2"), 0, "chosen", {"p.json": Mut("profile")}, False),
+        ("estimate-dataset-size-1e30", (*est, "--dataset-size", "1e30"), 2, "Invalid value", {},
+         False),
+        ("estimate-max-nodes-10M", (*est, "--max-nodes", "10000000"), 2, "--max-nodes", {},
+         True),
+        ("estimate-top-huge", (*est, "--top", "10000000"), 2, "--top", {}, True),
+    ]  # fmt: skip
+    return [
+        Case(f"enum-{name}", argv, code, match, files=files, fixed=fixed,
+             home="job" if argv[0] in ("logs", "status", "report") else None)
+        for name, argv, code, match, files, fixed in rows
+    ]  # fmt: skip
+
+
+def _out_cases() -> list[Case]:
+    """``--out``-like paths that are a folder, under a file, or a device."""
+    outs: list[tuple[str, str, dict[str, Any]]] = [
+        ("dir", "{d}/outdir", {"outdir": DIR}),
+        ("under-file", "{d}/afile/x.json", {"afile": "x"}),
+        ("devnull", "/dev/null", {}),
+    ]
+    commands: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [
+        ("estimate", ("estimate", "--example", "cifar10-resnet18", "--out"), "--out", {}),
+        ("model-fit", ("model", "fit", "-m", "{d}/m.csv", "--out"), "--out",
+         {"m.csv": MEASUREMENTS}),
+        ("model-predict", ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv",
+                           "--out"), "--out", {"model.json": Mut("model"), "c.csv": CONFIGS}),
+        ("profile", ("profile", "--example", "mlp-regression", "--out"), "--out", {}),
+        ("profile-measurements", ("profile", "--example", "mlp-regression", "--out",
+                                  "{d}/p.json", "--measurements"), "--measurements", {}),
+        ("report-html", ("report", "--all", "--html"), "--html", {}),
+    ]  # fmt: skip
+    out = []
+    for cname, argv, flag, files in commands:
+        for oname, path, ofiles in outs:
+            out.append(
+                Case(
+                    f"out-{cname}-{oname}",
+                    (*argv, path),
+                    2,
+                    flag,
+                    files={**files, **ofiles},
+                    home="job" if cname.startswith("report") else None,
+                    fixed=cname in ("estimate", "model-fit", "model-predict"),
+                )
+            )
+    return out
+
+
+def _db_cases() -> list[Case]:
+    commands = {
+        "status": ("status",),
+        "status-job": ("status", JOB),
+        "logs": ("logs", JOB),
+        "report": ("report", "--all"),
+        "down": ("down", JOB),
+        "down-all": ("down", "--all"),
+        "down-by-tag": ("down", JOB, "--cloud", "local"),
+        "launch": ("launch", "{d}/train.py", "--budget", "0"),
+    }
+    homes = {
+        "corrupt": "damaged",
+        "foreign": "not a kplan state database",
+        "text": "not a kplan state database",
+        "dir": "not a regular file",
+        "fifo": "not a regular file",
+    }
+    out = []
+    for hname, match in homes.items():
+        for cname, argv in commands.items():
+            files = {"train.py": SCRIPT} if cname == "launch" else {}
+            out.append(
+                Case(
+                    f"db-{hname}-{cname}",
+                    argv,
+                    2,
+                    match,
+                    files=files,
+                    home=hname,
+                    sub=hname == "fifo",
+                    fixed=hname in ("corrupt", "fifo", "dir") or hname == "foreign",
+                )
+            )
+    # A read-only home with a healthy database: reading works; nothing says "move it away".
+    for cname, argv, code, match in (
+        ("status", ("status",), 0, JOB),
+        ("status-job", ("status", JOB, "--json"), 0, JOB),
+        ("report", ("report", JOB, "--json"), 0, JOB),
+        ("logs", ("logs", JOB), 0, ""),
+        ("down", ("down", JOB, "--wait", "0"), 1, "permissions"),
+    ):
+        out.append(
+            Case(f"db-readonly-{cname}", argv, code, match, home="readonly", sub=True,
+                 fixed=True)
+        )  # fmt: skip
+    return out
+
+
+CASES: list[Case] = [
+    *_flag_cases(),
+    *_file_cases(),
+    *_field_cases(),
+    *_enum_cases(),
+    *_out_cases(),
+    *_db_cases(),
+]
