@@ -3,10 +3,11 @@
 kplan is on no package index, and a package of that name on one would be someone else's code
 running on the user's nodes: so a node never runs ``pip install kplan``. The launcher builds a
 wheel of its own kplan from its source tree (setuptools, ``pip wheel --no-deps
---no-build-isolation --no-index`` in a temporary copy, so the source tree is never written),
-caches it under ``$KPLAN_HOME/wheels/<version>-<source hash>/`` (a changed source rebuilds,
-an unchanged one is reused), uploads it to ``<job>/code/<wheel name>`` next to the packed code,
-and the bootstrap installs it from there after checking its sha256.
+--no-build-isolation --no-index`` in a temporary copy, so the source tree is never written) or,
+installed from a wheel without a source tree, packs its installed files again. The wheel is
+cached under ``$KPLAN_HOME/wheels/<version>-<source hash>/`` (a changed source rebuilds, an
+unchanged one is reused), uploaded to ``<job>/code/<wheel name>`` next to the packed code, and
+the bootstrap installs it from there after checking its sha256.
 
 The dependencies nodes need (torch and kplan's own) come from the node's package index, pinned
 to the versions the launcher runs (:func:`node_requirements`), or from the image
@@ -62,7 +63,8 @@ def sha256_file(path: Path) -> str:
 
 def source_tree() -> Path | None:
     """The source tree of the running kplan (the folder holding its ``pyproject.toml``), or
-    None when kplan runs from an installed wheel."""
+    None when kplan runs from an installed wheel (then :func:`build_wheel` packs the installed
+    files again)."""
     import kplan
 
     root = Path(kplan.__file__).resolve().parent.parent
@@ -96,17 +98,12 @@ def build_wheel(
 ) -> NodeWheel:
     """The wheel of the running kplan (or of ``source``), built now or reused from the cache.
 
-    Raises :class:`CloudError` (one line and a hint) when there is no source tree or the build
-    fails or takes longer than ``timeout_s``."""
+    From a source tree (a checkout, or an editable install): setuptools builds it. Without one
+    (kplan installed from a wheel): the installed files are packed again as that wheel.
+    Raises :class:`CloudError` (one line and a hint) when neither is there, or the build fails
+    or takes longer than ``timeout_s``."""
     if source is None:
         source = source_tree()
-    if source is None:
-        raise CloudError(
-            "cannot ship this kplan to the nodes: it runs from an installed package without "
-            "its source tree",
-            hint="install kplan from its source (pip install -e /path/to/kplan) to launch "
-            "on a cloud",
-        )
     if home is None:
         from kplan.launcher.state import kplan_home
 
@@ -114,11 +111,18 @@ def build_wheel(
     with tempfile.TemporaryDirectory(prefix="kplan-wheel-") as tmp:
         src = Path(tmp) / "src"
         try:
-            _copy_tree(source, src)
+            if source is not None:
+                _copy_tree(source, src)
+            elif not _copy_installed(src):
+                raise CloudError(
+                    "cannot ship this kplan to the nodes: found neither its source tree nor "
+                    "its installed files",
+                    hint="install kplan with pip (pip install -e /path/to/kplan, or its wheel)",
+                )
         except OSError as err:
             raise CloudError(
-                f"cannot read kplan's source tree {source}: {err}",
-                hint="check that the kplan checkout is complete and readable",
+                f"cannot read kplan's files ({source or 'installed'}): {err}",
+                hint="check that the kplan installation is complete and readable",
             ) from None
         key = f"{__version__}-{tree_hash(src)[:16]}"
         cache = home / WHEEL_DIR / key
@@ -126,7 +130,10 @@ def build_wheel(
         if cached:
             return _described(cached[0])
         out = Path(tmp) / "out"
-        _run_build(src, out, timeout_s)
+        if source is not None:
+            _run_build(src, out, timeout_s)
+        else:
+            _zip_wheel(src, out)
         built = sorted(out.glob("kplan-*.whl"))
         if len(built) != 1:
             raise CloudError(
@@ -139,6 +146,60 @@ def build_wheel(
         shutil.copyfile(built[0], staged)
         staged.replace(final)  # atomic: a concurrent launch sees a whole wheel or none
         return _described(final)
+
+
+# An installed wheel's own metadata files that describe kplan (not this machine's install).
+_DIST_INFO_KEEP = ("METADATA", "entry_points.txt", "top_level.txt")
+
+
+def _copy_installed(dest: Path) -> bool:
+    """Copy the installed kplan as a wheel holds it: its ``kplan/`` files (no bytecode) and the
+    metadata of its dist-info. False when kplan is not installed that way (no files listed)."""
+    try:
+        dist = importlib.metadata.distribution("kplan")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    files = [f for f in dist.files or () if f.parts and f.parts[0] == "kplan"]
+    files = [f for f in files if "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo")]
+    if not any(f.name == "__init__.py" and len(f.parts) == 2 for f in files):
+        return False
+    for f in files:
+        target = dest / str(f)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(str(dist.locate_file(f))), target)
+    info = dest / f"kplan-{dist.version}.dist-info"
+    info.mkdir(parents=True)
+    for name in _DIST_INFO_KEEP:
+        text = dist.read_text(name)
+        if text is not None:
+            (info / name).write_text(text, encoding="utf-8")
+    (info / "WHEEL").write_text(
+        "Wheel-Version: 1.0\nGenerator: kplan\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    return True
+
+
+def _zip_wheel(tree: Path, out: Path) -> None:
+    """``tree`` (a wheel's content, from :func:`_copy_installed`) as a wheel, with its RECORD."""
+    import base64
+    import zipfile
+
+    info = next(tree.glob("kplan-*.dist-info"))
+    version = info.name[len("kplan-") : -len(".dist-info")]
+    out.mkdir(parents=True, exist_ok=True)
+    record: list[str] = []
+    paths = sorted(p for p in tree.rglob("*") if p.is_file())
+    with zipfile.ZipFile(
+        out / f"kplan-{version}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED
+    ) as zf:
+        for path in paths:
+            name = path.relative_to(tree).as_posix()
+            data = path.read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{name},sha256={digest.decode()},{len(data)}")
+            zf.writestr(name, data)
+        record.append(f"{info.name}/RECORD,,")
+        zf.writestr(f"{info.name}/RECORD", "\n".join(record) + "\n")
 
 
 def _described(path: Path) -> NodeWheel:

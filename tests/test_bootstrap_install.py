@@ -526,3 +526,120 @@ def test_a_launch_uploads_the_wheel_before_any_instance(tmp_path: Path, wheel: N
     assert storage.get_bytes(f"kp-install-1/code/{wheel.name}") == wheel.path.read_bytes()
     assert any(f"uploaded kplan's wheel {wheel.name}" in m for m in events), events
     assert all(f'WHEEL="$W/wheel/{wheel.name}"' in s.user_data for s in sim.launched)
+
+
+def test_an_aws_launch_puts_the_wheel_in_the_bucket_through_boto3(
+    tmp_path: Path, wheel: NodeWheel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real boto3 client against a moto server: the S3 object is the wheel, byte for byte,
+    and the instance's user-data fetches that key and checks that sha256."""
+    from kplan.launcher.clock import SystemClock
+    from kplan.launcher.lifecycle import run_job
+    from kplan.launcher.providers import Backend
+    from kplan.launcher.providers.aws import AwsProvider
+    from kplan.launcher.providers.aws_common import AwsConfig
+    from kplan.launcher.providers.aws_storage import S3Storage
+    from kplan.launcher.state import EventRecord, StateDB
+    from tests.aws_server import PROFILE, REGION, ZONE, MotoAws, fake_credentials
+
+    bucket = "kplan-wheel"
+    server = MotoAws()
+    try:
+        fake_credentials(monkeypatch)
+        server.instance_profile()
+        s3 = server.client("s3")
+        s3.create_bucket(Bucket=bucket)
+        config = AwsConfig(
+            region=REGION, endpoint_url=server.url, instance_profile=PROFILE,
+            image_id="ami-12c6146b", placement_groups=False, backoff_s=0.0, poll_s=0.05,
+            cleanup_timeout_s=5.0,
+        )  # fmt: skip
+        backend = Backend(AwsProvider(config), S3Storage(f"s3://{bucket}/jobs", config))
+        script = tmp_path / "code" / "train.py"
+        script.parent.mkdir()
+        script.write_text("print('train')\n")
+        spec = _spec(
+            script, wheel, check_interval_s=0.1, grace_s=1.0, teardown_s=10.0,
+            finish_grace_s=5.0, provision_timeout_s=30.0,
+        )  # fmt: skip
+        doc = spec.to_dict()
+        doc["nodes"][0].update(zone=ZONE, instance_type="g5.xlarge")
+        spec = JobSpec.from_dict({**doc, "region": REGION})
+        db = StateDB.open(tmp_path / "kplan.db")
+
+        def stop_at_head(event: EventRecord) -> None:
+            if event.kind == "head":
+                db.request_stop(spec.job_id, "test", event.time)
+
+        outcome = run_job(spec, backend, db, clock=SystemClock(), on_event=stop_at_head)
+        db.close()
+        assert outcome.status == "cancelled", outcome.reason
+        assert server.leftovers(spec.job_id)["instances"] == []
+        key = f"jobs/{spec.job_id}/code/{wheel.name}"
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == wheel.sha256 and body == wheel.path.read_bytes()
+        ec2 = server.client("ec2")
+        ids = [
+            i["InstanceId"]
+            for r in ec2.describe_instances()["Reservations"]
+            for i in r["Instances"]
+            if {"Key": "kplan-job", "Value": spec.job_id} in i.get("Tags", [])
+        ]
+        assert ids
+        raw = ec2.describe_instance_attribute(InstanceId=ids[0], Attribute="userData")
+        user_data = base64.b64decode(raw["UserData"]["Value"]).decode()
+        assert f'"$STORE/code/{wheel.name}" "$WHEEL"' in user_data
+        assert f'echo "{wheel.sha256}  $WHEEL" | sha256sum' in user_data
+    finally:
+        server.stop()
+
+
+def test_a_kplan_installed_from_its_wheel_ships_itself_again(
+    tmp_path: Path, wheel: NodeWheel, node: dict[str, Path], deps: Path
+) -> None:
+    """No source tree (kplan installed from a wheel): the installed files are packed again,
+    and that wheel installs and imports on another clean node."""
+    env = _env(node, tmp_path)
+    subprocess.run(
+        [node["python"], "-m", "pip", "install", "--quiet", "--no-deps", str(wheel.path)],
+        env=env,
+        check=True,
+    )
+    code = (
+        "import sys; from pathlib import Path; from kplan.launcher.wheel import build_wheel, "
+        "source_tree; assert source_tree() is None; w = build_wheel(Path(sys.argv[1])); "
+        "print(w.path)"
+    )
+    got = subprocess.run(
+        [node["python"], "-c", code, str(tmp_path / "home")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert got.returncode == 0, got.stderr
+    again = Path(got.stdout.strip())
+    assert again.is_relative_to(tmp_path / "home" / "wheels") and again.name == wheel.name
+    with zipfile.ZipFile(wheel.path) as a, zipfile.ZipFile(again) as b:
+        ours = {n: a.read(n) for n in a.namelist() if n.startswith("kplan/")}
+        theirs = {n: b.read(n) for n in b.namelist() if n.startswith("kplan/")}
+        meta = b.read(f"kplan-{__version__}.dist-info/METADATA").decode()
+    assert ours == theirs and f"Version: {__version__}" in meta
+    # a second clean node installs the re-packed wheel and imports kplan from it
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    python = other / "bin" / "python3"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "deps.pth").write_text(f"{deps}\n")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", str(again)], env=env, check=True)
+    probe = "import kplan.runtime, kplan.cli, kplan; print(kplan.__file__)"
+    out = subprocess.run(
+        [python, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert Path(out.stdout.strip()).is_relative_to(other)
