@@ -82,11 +82,13 @@ def check_state_file(path: Path) -> None:
         raise StateFileError(f"{path} is not a kplan state database (not SQLite)", _hint(path))
     try:
         conn = connect_readonly(path)
-    except sqlite3.Error as err:
+    except sqlite3.OperationalError as err:  # cannot open: permissions, a vanished folder
         raise StateError(
             f"cannot read the state database {path}: {err}",
             hint="check the file's and the folder's permissions",
         ) from None
+    except sqlite3.DatabaseError as err:  # "file is not a database": a damaged header page
+        raise StateFileError(f"the state database {path} is damaged ({err})", _hint(path)) from None
     try:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -127,6 +127,8 @@ def _make_home(kind: str | None, home: Path, job_db: Path) -> None:
         conn.close()
     elif kind == "text":
         db.write_text("not a database\n")
+    elif kind == "magic":  # SQLite's magic, then garbage
+        db.write_bytes(b"SQLite format 3\x00" + os.urandom(5000))
     elif kind == "dir":
         db.mkdir()
     elif kind == "fifo":
