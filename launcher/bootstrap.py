@@ -297,7 +297,10 @@ def install_kplan(spec: JobSpec, cp: str) -> str:
         f"{pip_env}"
         "python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \\\n"
         '  || { echo "kplan: the node needs python3 >= 3.11 (use --image)"; fail 97; }\n'
+        # no pip: ensurepip, or (Debian/Ubuntu images, where ensurepip is disabled) apt-get
         "python3 -m pip --version >/dev/null 2>&1 || python3 -m ensurepip --upgrade \\\n"
+        "  || { command -v apt-get >/dev/null && apt-get -q update \\\n"
+        "       && DEBIAN_FRONTEND=noninteractive apt-get -q -y install python3-pip; } \\\n"
         '  || { echo "kplan: the node\'s python3 has no pip (use --image)"; fail 97; }\n'
         # the name and the sha256 were validated (JobSpec): no quoting needed inside "..."
         f'mkdir -p "$W/wheel"; WHEEL="$W/wheel/{Path(key).name}"\n'

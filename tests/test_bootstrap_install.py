@@ -643,3 +643,83 @@ def test_a_kplan_installed_from_its_wheel_ships_itself_again(
         [python, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert Path(out.stdout.strip()).is_relative_to(other)
+
+
+# --- a node whose python3 has no pip (Debian/Ubuntu: ensurepip disabled) ----------------------
+
+_NO_ENSUREPIP = """#!/bin/bash
+# the node's python3, with ensurepip disabled as Debian and Ubuntu ship it
+if [ "$1 $2" = "-m ensurepip" ]; then
+  echo "ensurepip is disabled in Debian/Ubuntu for the system python" >&2; exit 1
+fi
+exec {python} "$@"
+"""
+
+_APT_GET = """#!/bin/bash
+# apt-get update | install -y python3-pip: "installs" pip where the node's python3 sees it
+echo "apt-get $*" >> {log}
+case " $* " in *" install "*) ln -s {pip} {deps}/pip;; esac
+"""
+
+_SYSTEM_TOOLS = (
+    "bash", "awk", "mkdir", "sleep", "touch", "mv", "cp", "tar", "gzip", "sha256sum", "dirname",
+    "cat", "rm", "ln",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("apt", [True, False])
+def test_a_node_without_pip_gets_it_from_apt_or_stops_with_97(
+    tmp_path: Path, wheel: NodeWheel, deps: Path, apt: bool
+) -> None:
+    """ensurepip disabled: with apt-get the bootstrap installs python3-pip and goes on; without
+    it the node stops with 97 and says why. PATH holds only the tools the script needs."""
+    bare = tmp_path / "deps"  # this environment's packages without pip
+    bare.mkdir()
+    for entry in deps.iterdir():
+        if entry.name != "pip":
+            (bare / entry.name).symlink_to(entry.resolve())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    real = venv / "bin" / "python3"
+    purelib = subprocess.run(
+        [real, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "deps.pth").write_text(f"{bare}\n")
+    tools = node_tools(tmp_path / "tools", tmp_path / "powered-off")
+    (tools / "python3").write_text(_NO_ENSUREPIP.format(python=real))
+    (tools / "python3").chmod(0o755)
+    if apt:
+        text = _APT_GET.format(log=tmp_path / "apt.log", pip=(deps / "pip").resolve(), deps=bare)
+        (tools / "apt-get").write_text(text)
+        (tools / "apt-get").chmod(0o755)
+    system = tmp_path / "system"
+    system.mkdir()
+    for name in _SYSTEM_TOOLS:
+        found = shutil.which(name)
+        assert found is not None, name
+        (system / name).symlink_to(found)
+    node = {"tools": tools, "venv": venv, "bucket": tmp_path / "bucket", "index": tmp_path}
+    env = {**_env(node, tmp_path), "PATH": f"{tools}:{system}"}
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("import kplan.runtime.env\nprint('started with kplan', flush=True)\n")
+    spec = _spec(script, wheel, install_deps=False, rdzv_port=free_port())
+    store = _stage(node, spec, "s3://bkt/pfx", wheel)
+    root = tmp_path / "node"
+    text = cloud_user_data(
+        spec, spec.nodes[0], "h", rendezvous(spec, 0, None), "s3://bkt/pfx", str(root)
+    )
+    subprocess.run(["bash", "-c", text], env=env, timeout=180, check=False)
+    log = (root / "logs" / "node-0.log").read_text()
+    status = json.loads((store / "status" / "node-0.json").read_text())
+    if apt:
+        assert status["exit_code"] == 0, log
+        assert "started with kplan" in log
+        calls = (tmp_path / "apt.log").read_text().splitlines()
+        assert calls == ["apt-get -q update", "apt-get -q -y install python3-pip"]
+    else:
+        assert status["exit_code"] == 97, log
+        assert "has no pip" in log and "started" not in log
