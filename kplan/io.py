@@ -179,6 +179,16 @@ def check_writable(path: Path, flag: str) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise InputError(f"{flag} {path}: {parent} is not a folder", hint="check the path")
+    if parent.is_dir():  # probe: can a file be made there (permissions, a read-only mount)?
+        try:
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name[:40]}.probe.")
+        except OSError as err:
+            raise InputError(
+                f"cannot write {flag} {path}: {err.strerror or err}",
+                hint="choose a writable folder",
+            ) from None
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str, flag: str = "--out") -> None:

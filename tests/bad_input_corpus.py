@@ -458,6 +458,7 @@ def _out_cases() -> list[Case]:
         ("dir", "{d}/outdir", {"outdir": DIR}),
         ("under-file", "{d}/afile/x.json", {"afile": "x"}),
         ("devnull", "/dev/null", {}),
+        ("unwritable", "/proc/kplan-out.json", {}),  # no file can be made there, even by root
     ]
     commands: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [
         ("estimate", ("estimate", "--example", "cifar10-resnet18", "--out"), "--out", {}),
