@@ -309,7 +309,15 @@ def install_kplan(spec: JobSpec, cp: str) -> str:
         f'echo "{spec.kplan_wheel_sha256}  $WHEEL" | sha256sum --check --status \\\n'
         '  || { echo "kplan: the kplan wheel does not match its sha256"; fail 96; }\n'
         f'python3 -m pip install --quiet "$WHEEL"{deps} || fail 97\n'
+        # later installs (the code's requirements.txt) may not replace it with an index's kplan
+        f'echo "kplan=={_wheel_version(key)}" > "$W/wheel/constraints.txt"\n'
+        'export PIP_CONSTRAINT="$W/wheel/constraints.txt"\n'
     )
+
+
+def _wheel_version(key: str) -> str:
+    """``code/kplan-0.1.0-py3-none-any.whl`` -> ``0.1.0`` (the name was validated)."""
+    return Path(key).name.split("-")[1]
 
 
 def user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, storage_uri: str) -> str:

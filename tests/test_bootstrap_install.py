@@ -202,7 +202,7 @@ def test_no_script_installs_kplan_by_name(tmp_path: Path, wheel: NodeWheel, clou
     for what, spec in variants.items():
         text = cloud_user_data(spec, spec.nodes[0], "h", rendezvous(spec, 0, None), uri)
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
-        assert not re.search(r"kplan\[|kplan==|install[^\n]*\bkplan\b(?![-/])", text), what
+        assert not re.search(r"kplan\[|install[^\n]*\bkplan\b(?![-/])", text), what
         for args in _pip_install_args(text):
             named = [a for a in args if re.match(r"^kplan($|[\[=<>~!])", a)]
             assert not named, (what, args)
@@ -213,6 +213,9 @@ def test_no_script_installs_kplan_by_name(tmp_path: Path, wheel: NodeWheel, clou
         installs = _pip_install_args(text)[0]
         assert installs[:2] == ["--quiet", "$WHEEL"], installs
         assert f'WHEEL="$W/wheel/{wheel.name}"' in text and wheel.sha256 in text
+        # the only "kplan==" is the constraint that keeps later installs on this one
+        assert text.count("kplan==") == 1
+        assert f'echo "kplan=={__version__}" > "$W/wheel/constraints.txt"' in text
         if what == "image":
             assert installs[2:] == ["--no-deps"] and "torch==" not in text
         else:
@@ -723,3 +726,26 @@ def test_a_node_without_pip_gets_it_from_apt_or_stops_with_97(
     else:
         assert status["exit_code"] == 97, log
         assert "has no pip" in log and "started" not in log
+
+
+def test_the_codes_requirements_cannot_swap_in_an_index_kplan(
+    tmp_path: Path, wheel: NodeWheel, node: dict[str, Path]
+) -> None:
+    """A requirements.txt beside the script asking for kplan>=99 (the decoy on the index) fails
+    the node with 99 instead of replacing the shipped kplan."""
+    _decoy(node["index"])
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("raise SystemExit('the job must not start')\n")
+    (code / "requirements.txt").write_text("kplan>=99\n")
+    spec = _spec(code / "train.py", wheel, rdzv_port=free_port())
+    store = _stage(node, spec, "s3://bkt/pfx", wheel)
+    text = cloud_user_data(
+        spec, spec.nodes[0], "h", rendezvous(spec, 0, None), "s3://bkt/pfx", str(node["root"])
+    )
+    assert 'export PIP_CONSTRAINT="$W/wheel/constraints.txt"' in text
+    subprocess.run(["bash", "-c", text], env=_env(node, tmp_path), timeout=120, check=False)
+    log = (node["root"] / "logs" / "node-0.log").read_text()
+    assert json.loads((store / "status" / "node-0.json").read_text())["exit_code"] == 99, log
+    after = _kplan_on_node(node, tmp_path)
+    assert after.returncode == 0 and after.stdout.split()[1] == __version__, after.stderr
