@@ -749,3 +749,35 @@ def test_the_codes_requirements_cannot_swap_in_an_index_kplan(
     assert json.loads((store / "status" / "node-0.json").read_text())["exit_code"] == 99, log
     after = _kplan_on_node(node, tmp_path)
     assert after.returncode == 0 and after.stdout.split()[1] == __version__, after.stderr
+
+
+def test_launch_dry_run_ships_this_kplan_with_the_chosen_install_options(cli_home: Path) -> None:
+    """Through the CLI (offline): the wheel upload, its sha256, and user-data that installs it
+    with --no-deps from --pip-index-url on --image."""
+    script = cli_home / "train.py"
+    script.write_text("print(1)\n")
+    res = runner.invoke(
+        app,
+        [
+            "launch", str(script), "--budget", "50", "--cloud", "aws",
+            "--example-profile", "cifar10-resnet18", "--pip-index-url",
+            "https://pypi.example.com/simple", "--no-install-deps", "--image", "ami-0abc",
+            "--dry-run", "--json",
+        ],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    upload = doc["requests"][1]
+    assert upload["call"] == "storage.put_bytes" and upload["key"].endswith(
+        f"/code/kplan-{__version__}-py3-none-any.whl"
+    )
+    built = Path(upload["from"])
+    assert built.is_relative_to(cli_home / "home" / "wheels")
+    assert hashlib.sha256(built.read_bytes()).hexdigest() == upload["sha256"]
+    assert upload["installs_with"] == ["--no-deps"] and upload["bytes"] == built.stat().st_size
+    heads = [i for r in doc["requests"] if "instances" in r for i in r["instances"]]
+    for inst in heads:
+        assert inst["image"] == "ami-0abc"
+        assert "export PIP_INDEX_URL=https://pypi.example.com/simple" in inst["user_data"]
+        assert f'echo "{upload["sha256"]}  $WHEEL"' in inst["user_data"]
+        assert 'pip install --quiet "$WHEEL" --no-deps' in inst["user_data"]
