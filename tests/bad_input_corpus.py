@@ -457,7 +457,8 @@ def _out_cases() -> list[Case]:
     outs: list[tuple[str, str, dict[str, Any]]] = [
         ("dir", "{d}/outdir", {"outdir": DIR}),
         ("under-file", "{d}/afile/x.json", {"afile": "x"}),
-        ("devnull", "/dev/null", {}),
+        # Never /dev/null: run as root, a regression would replace the system's /dev/null.
+        ("fifo", "{d}/outfifo", {"outfifo": FIFO}),
         ("unwritable", "/proc/kplan-out.json", {}),  # no file can be made there, even by root
     ]
     commands: list[tuple[str, tuple[str, ...], str, dict[str, Any]]] = [

@@ -214,3 +214,13 @@ def test_corpus_covers_every_command_and_size() -> None:
     assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"
     kinds = {c.id.split("-")[1] for c in CASES if c.id.startswith("file-")}
     assert {"estimate", "launch", "model", "report", "profile", "catalog"} <= kinds
+
+
+def test_baseline_names_only_cases_of_the_corpus() -> None:
+    """tests/data/bad_input_baseline.json: what 7159eeb (before issue 10) did with each case it
+    got wrong, for docs/benchmarks.md; every id must still be a case here."""
+    doc = json.loads((Path(__file__).parent / "data" / "bad_input_baseline.json").read_text())
+    ids = {c.id for c in CASES}
+    assert set(doc["results"]) <= ids
+    mishandled = [k for k, v in doc["results"].items() if v in doc["mishandled_categories"]]
+    assert len(mishandled) >= 77  # the issue's fuzzing found 77; this corpus finds more

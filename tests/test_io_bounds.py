@@ -86,8 +86,9 @@ def test_check_writable(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(InputError, match="not a folder"):
         check_writable(tmp_path / "f" / "out.json", "--out")
+    os.mkfifo(tmp_path / "fifo")  # not /dev/null: a regression must not touch the system's
     with pytest.raises(InputError, match="not a regular file"):
-        check_writable(Path("/dev/null"), "--out")
+        check_writable(tmp_path / "fifo", "--out")
     check_writable(tmp_path / "new" / "out.json", "--out")  # a folder to be made is fine
 
 
