@@ -63,6 +63,16 @@ def check_regular(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> int:
     return st.st_size
 
 
+def check_folder_files(folder: Path | None, what: str) -> None:
+    """Every entry of ``folder`` (a catalog) is a regular file within the size cap: a FIFO, a
+    device or a giant file planted there would otherwise hang or swamp every reader."""
+    if folder is None or not folder.is_dir():
+        return
+    for entry in sorted(folder.iterdir()):
+        if not entry.name.startswith("."):
+            check_regular(entry, what)
+
+
 def read_user_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
     """The text of a user file: regular, at most ``limit`` bytes, UTF-8."""
     check_regular(path, what, limit)

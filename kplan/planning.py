@@ -55,7 +55,12 @@ def estimate(
 
     flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 90")
     flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
-    catalog = catalog or load_current()
+    if catalog is None:
+        from kplan.catalogs.current import current_catalog_dir
+        from kplan.io import check_folder_files
+
+        check_folder_files(current_catalog_dir(), "catalog")  # a FIFO there would hang
+        catalog = load_current()
     dm = load_device_model()
     params = None
     if profile.fit is not None:

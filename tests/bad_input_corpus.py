@@ -536,6 +536,21 @@ def _db_cases() -> list[Case]:
     return out
 
 
+def _catalog_cases() -> list[Case]:
+    """The current user catalog ($KPLAN_HOME/catalogs/DATE) holds a FIFO."""
+    s = {"train.py": SCRIPT}
+    rows: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+        ("estimate", ("estimate", "--example", "cifar10-resnet18"), {}),
+        ("catalog-list", ("catalog", "list"), {}),
+        ("launch", ("launch", "{d}/train.py", "--budget", "5", "--cloud", "aws",
+                    "--example-profile", "cifar10-resnet18", "--dry-run"), s),
+    ]  # fmt: skip
+    return [
+        Case(f"home-catalog-fifo-{name}", argv, 2, "FIFO", files=files, home="catalog-fifo")
+        for name, argv, files in rows
+    ]
+
+
 CASES: list[Case] = [
     *_flag_cases(),
     *_file_cases(),
@@ -543,4 +558,5 @@ CASES: list[Case] = [
     *_enum_cases(),
     *_out_cases(),
     *_db_cases(),
+    *_catalog_cases(),
 ]

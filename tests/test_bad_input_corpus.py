@@ -131,6 +131,9 @@ def _make_home(kind: str | None, home: Path, job_db: Path) -> None:
         db.write_bytes(b"SQLite format 3\x00" + os.urandom(5000))
     elif kind == "dir":
         db.mkdir()
+    elif kind == "catalog-fifo":  # a user catalog (kplan catalog update) with a FIFO in it
+        (home / "catalogs" / "2026-11-20").mkdir(parents=True)
+        os.mkfifo(home / "catalogs" / "2026-11-20" / "prices.csv")
     elif kind == "fifo":
         os.mkfifo(db)
 

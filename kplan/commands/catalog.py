@@ -47,6 +47,11 @@ def list_offers(
     flags.number("--max-price", max_price, low_open=False, high=1e6, hint="USD per hour, e.g. 3")
     if catalog_dir is not None:
         _check_catalog_dir(catalog_dir)
+    else:
+        from kplan.catalogs.current import current_catalog_dir
+        from kplan.io import check_folder_files
+
+        check_folder_files(current_catalog_dir(), "catalog")
     catalog = load_current(catalog_dir)
     wanted = OfferFilter(cloud, region, gpu, instance_type, market, max_price)
     rows = select_offers(catalog, wanted)
@@ -63,15 +68,11 @@ def list_offers(
 def _check_catalog_dir(folder: Path) -> None:
     """A catalog folder holds regular files of bounded size (no FIFO, device or giant file)."""
     from kplan.errors import InputError
-    from kplan.io import check_regular
+    from kplan.io import check_folder_files
 
-    if not folder.exists():
-        return  # the loader says so, with its hint
-    if not folder.is_dir():
+    if folder.exists() and not folder.is_dir():
         raise InputError(f"--catalog {folder} is not a folder", hint="give a catalog directory")
-    for entry in sorted(folder.iterdir()):
-        if not entry.name.startswith("."):
-            check_regular(entry, "catalog")
+    check_folder_files(folder, "catalog")
 
 
 @app.command("update")
