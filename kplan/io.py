@@ -70,7 +70,12 @@ def check_folder_files(folder: Path | None, what: str) -> None:
         return
     for entry in sorted(folder.iterdir()):
         if not entry.name.startswith("."):
-            check_regular(entry, what)
+            try:
+                check_regular(entry, what)
+            except DataFileError as err:
+                raise DataFileError(
+                    err.message, hint=f"remove it from {folder} (or the folder itself)"
+                ) from None
 
 
 def read_user_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
