@@ -344,6 +344,22 @@ def _field_cases() -> list[Case]:
                     files={"model.json": Mut("model"), "c.csv": "\n".join(rows) + "\n"},
                 )
             )
+    # Absurd but well-typed sizes (the issue: "nodes: 10000000 hangs").
+    big = 10_000_000
+    for path in (("measurements", 0, "nodes"), ("measurements", 0, "workers"),
+                 ("device", "gpus_per_node"), ("batch", "max_local_batch")):  # fmt: skip
+        name = ".".join(str(p) for p in path)
+        code = 0 if path[-1] == "max_local_batch" else 2  # 10**7 < 2**24: a valid batch cap
+        out.append(
+            Case(f"profile-{name}=10M", ("estimate", "--profile", "{d}/p.json"), code,
+                 "" if code == 0 else str(path[-1]), files={"p.json": Mut("profile", path, big)})
+        )  # fmt: skip
+    out.append(
+        Case("plan-chosen.groups.0.nodes=10M",
+             ("launch", "{d}/train.py", "--budget", "5", "--plan", "{d}/plan.json", "--dry-run"),
+             2, "nodes", files={"plan.json": Mut("plan", ("chosen", "groups", 0, "nodes"), big),
+                                "train.py": SCRIPT})
+    )  # fmt: skip
     # Plan fields (launch --plan ... --dry-run).
     plan_fields: list[tuple[str | int, ...]] = [
         (k,) for k in ("nodes", "global_batch", "usd_per_hour", "cost_usd", "hours",

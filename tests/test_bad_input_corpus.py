@@ -138,8 +138,8 @@ def _make_home(kind: str | None, home: Path, job_db: Path) -> None:
         os.mkfifo(db)
 
 
-class _Hang(Exception):
-    pass
+class _Hang(BaseException):
+    """Raised by SIGALRM; a BaseException so that no ``except Exception`` in kplan hides it."""
 
 
 def _hang(signum: int, frame: object) -> None:
@@ -154,11 +154,11 @@ def _run(case: Case, argv: list[str], home: Path) -> tuple[int | None, str, str]
         signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
         try:
             result = CliRunner().invoke(app, argv, env={"KPLAN_HOME": str(home)})
+        except _Hang:
+            return None, "", ""
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-        if isinstance(result.exception, _Hang):
-            return None, "", ""
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             return 99, result.stdout, f"{type(result.exception).__name__}: {result.exception}"
         return result.exit_code, result.stdout, result.stderr
