@@ -8,9 +8,13 @@ after the launcher died. Teardown always runs (``finally``); a teardown that fai
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 
 from kplan.errors import CloudError, KplanError
 from kplan.launcher.bootstrap import (
@@ -24,10 +28,18 @@ from kplan.launcher.bootstrap import (
 )
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec
+from kplan.launcher.journal import Journal, instance_doc
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.observe import EventSink, Finish, RunState
+from kplan.launcher.provider import Instance
 from kplan.launcher.providers import Backend
-from kplan.launcher.state import GONE_STATES, InstanceRecord, JobRecord, StateDB
+from kplan.launcher.state import (
+    GONE_STATES,
+    InstanceRecord,
+    JobRecord,
+    StateDB,
+    StateWriteError,
+)
 
 _SIGNAL_EXIT = 128  # exit codes >= this (or < 0): killed by a signal, not a failing script
 
@@ -50,15 +62,44 @@ def run_job(
     clock: Clock | None = None,
     billing: BillingRule | None = None,
     on_event: EventSink | None = None,
+    journal: Journal | None = None,
 ) -> JobOutcome:
-    """Run ``spec`` to its end; never returns with an instance it created still alive."""
-    return _Run(spec, backend, db, clock or SystemClock(), billing, on_event).run()
+    """Run ``spec`` to its end; never returns with an instance it created still alive.
+
+    ``journal``: where instance ids are written before the database (default
+    ``<db folder>/journal/<job>.jsonl``). Files the job creates are ``0600`` (umask 077 while
+    it runs)."""
+    journal = journal or Journal.for_job(db.path.parent, spec.job_id)
+    with _private_umask():
+        return _Run(spec, backend, db, clock or SystemClock(), billing, on_event, journal).run()
+
+
+@contextmanager
+def _private_umask() -> Iterator[None]:
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+# What a best-effort record in the stop path may raise: the database or the disk failing.
+_RECORD_ERRORS = (KplanError, sqlite3.Error, OSError)
 
 
 class _Run(RunState):
     def _create(self) -> None:
         s = self.spec
         now = self.clock.now()
+        self.journal.write(
+            "job",
+            now,
+            job=s.job_id,
+            cloud=s.cloud,
+            region=s.region,
+            storage_uri=self.storage.uri,
+            pid=os.getpid(),
+        )
         self.db.create_job(
             JobRecord(
                 id=s.job_id,
@@ -91,10 +132,12 @@ class _Run(RunState):
     # --- the lifecycle ------------------------------------------------------------------------
 
     def run(self) -> JobOutcome:
-        self._create()
+        self._create()  # if this fails nothing exists yet: the error is the outcome
         status, reason = "error", "launcher error"
         error: BaseException | None = None
         try:
+            # The guard agrees before anything is uploaded or created.
+            self._afford([n.usd_per_hour for n in self.spec.nodes], "the cluster")
             self._prepare()
             self._provision()
             status, reason = self._monitor()
@@ -104,22 +147,39 @@ class _Run(RunState):
             status, reason = "cancelled", "interrupted"
         except KplanError as err:
             status, reason, error = "error", err.message, err
-        except Exception as err:
+        except OSError as err:  # a local file write (storage, logs): disk full, permissions
+            status, reason = "error", f"{err.strerror or err}: {err.filename or 'a file write'}"
+            error = KplanError(reason, hint="free disk space, or fix the folder's permissions")
+        except BaseException as err:  # even SystemExit must not skip teardown
             status, reason, error = "error", f"{type(err).__name__}: {err}", err
-        self.stopping = True
-        self._status("stopping", reason)
-        self._event("stop", f"stopping: {status} ({reason})", {"status": status})
-        try:
-            self._teardown()
-        except CloudError as err:
-            self._status("error", f"{reason}; teardown failed: {err.message}")
-            self._event("error", err.message)
-            raise
-        self._status(status, reason)
-        spend = self.ledger.spend()
-        self._event(status, f"{status}: {reason}; spent ${spend:,.4f}", {"spend_usd": spend})
+        finally:
+            # Teardown first; every record of it is best-effort (the database may be what
+            # failed): terminate calls never wait on a database write.
+            self.stopping = True
+            teardown_error = self._teardown_always(status, reason)
+        self.db_broken = False  # one more try to record the end
+        if teardown_error is not None:
+            why = f"{reason}; teardown failed: {teardown_error.message}"
+            self._safe("status error", lambda: self._status("error", why))
+            self._safe("event error", lambda: self._event("error", teardown_error.message))
+            raise teardown_error
+        self._settle_records()
+        recorded = self._safe("final status", lambda: self._status(status, reason))
+        spend = self._spend()
+        self._safe(
+            "final event",
+            lambda: self._event(
+                status, f"{status}: {reason}; spent ${spend:,.4f}", {"spend_usd": spend}
+            ),
+        )
         if error is not None:
             raise error
+        if not recorded:
+            raise StateWriteError(
+                f"job {self.spec.job_id} {status} ({reason}) and its instances are gone, but "
+                f"the state database could not record it",
+                hint=f"`kplan down {self.spec.job_id}` records it once the database is writable",
+            )
         return JobOutcome(
             self.spec.job_id,
             status,
@@ -127,6 +187,64 @@ class _Run(RunState):
             spend,
             self.clock.now() - self.started,
             self.preemptions,
+        )
+
+    # --- best-effort records (the stop path) ----------------------------------------------------
+
+    def _safe(self, what: str, write: Callable[[], object]) -> bool:
+        """Run a database write; on failure note it in the journal and skip further writes
+        until the end of teardown (each may wait for a lock), instead of raising."""
+        if self.db_broken:
+            return False
+        try:
+            write()
+            return True
+        except _RECORD_ERRORS as err:
+            self.db_broken = True
+            self._journal_safe("note", what=f"not recorded: {what}", error=str(err))
+            return False
+
+    def _journal_safe(self, kind: str, **data: object) -> None:
+        # The journal is a second record; the instances are ended regardless.
+        with contextlib.suppress(*_RECORD_ERRORS):
+            self.journal.write(kind, self.clock.now(), **data)
+
+    def _spend(self) -> float:
+        try:
+            return self.ledger.spend()
+        except _RECORD_ERRORS:
+            return 0.0
+
+    def _settle_records(self) -> None:
+        """Record the end of every instance that teardown saw gone (rows a failed write left)."""
+        for rec in list(self.records.values()):
+            if rec.alive or rec.ended_at is None:
+                continue
+            end = rec.ended_at
+
+            def write(rec: InstanceRecord = rec, end: float = end) -> None:
+                with self.db.transaction():
+                    self.db.update_instance(
+                        rec.job, rec.id, rec.state, ended_at=end, reason=rec.reason
+                    )
+                    self.ledger.close(rec, end)
+
+            self._safe(f"end of {rec.id}", write)
+
+    def _teardown_always(self, status: str, reason: str) -> CloudError | None:
+        """Teardown, retried if a Ctrl-C lands in it; returns its failure instead of raising."""
+        self._journal_safe("note", what=f"stopping: {status} ({reason})")
+        for _ in range(3):
+            try:
+                self._teardown(status, reason)
+                return None
+            except KeyboardInterrupt:
+                continue  # the first signal only: the handler ignores later ones
+            except CloudError as err:
+                return err
+        return CloudError(
+            f"job {self.spec.job_id}: teardown was interrupted",
+            hint=f"run `kplan down {self.spec.job_id}`",
         )
 
     def _prepare(self) -> None:
@@ -169,44 +287,60 @@ class _Run(RunState):
             rdzv = self._rdzv(rank == 0)
             specs.append(instance_spec(self.spec, node, name, rdzv, self.storage.uri))
         t_req = self.clock.now()
+        # The journal knows what is about to exist before the cloud does (raises: no launch).
+        self.journal.write(
+            "intent",
+            t_req,
+            names=[i.name for i in specs],
+            node_ranks=[n.node_rank for n in nodes],
+        )
         created = self.provider.run_instances(self.cluster, specs)
-        by_name = {i.name: i for i in created}
-        out = []
-        for ispec, node in zip(specs, nodes, strict=True):
-            inst = by_name.get(ispec.name)
-            if inst is None:
-                raise CloudError(
-                    f"the provider returned no instance named {ispec.name}",
-                    hint=f"run `kplan down {self.spec.job_id}` to remove what was created",
-                )
+        # In memory first: teardown finds these whatever fails next.
+        by_spec = {i.name: n for i, n in zip(specs, nodes, strict=True)}
+        fallback = max((n.usd_per_hour for n in self.spec.nodes), default=0.0)
+        made: dict[str, InstanceRecord] = {}
+        for inst in created:
+            asked = by_spec.get(inst.name)
             rec = InstanceRecord(
                 id=inst.id,
                 job=self.spec.job_id,
                 name=inst.name,
-                node_rank=node.node_rank,
+                node_rank=inst.node_rank if asked is None else asked.node_rank,
                 cloud=self.spec.cloud,
                 region=self.spec.region,
-                zone=inst.zone or node.zone,
-                type=node.instance_type,
-                market=node.market,
-                price=node.usd_per_hour,
+                zone=inst.zone or (asked.zone if asked else ""),
+                type=inst.instance_type if asked is None else asked.instance_type,
+                market=inst.market if asked is None else asked.market,
+                price=fallback if asked is None else asked.usd_per_hour,
                 state=inst.state,
                 launched_at=t_req,
             )
+            self.records[rec.id] = rec
+            made[rec.name] = rec
+            if asked is not None:
+                self.current[asked.node_rank] = rec.id
+            if inst.private_ip:
+                self.ips[rec.id] = inst.private_ip
+        self.journal.write("created", t_req, instances=[instance_doc(r) for r in made.values()])
+        for rec in made.values():
             with self.db.transaction():
                 self.db.add_instance(rec)
                 self.ledger.open(rec)
-            self.records[rec.id] = rec
-            self.current[node.node_rank] = rec.id
-            if inst.private_ip:
-                self.ips[rec.id] = inst.private_ip
+        out = []
+        for ispec, node in zip(specs, nodes, strict=True):
+            got = made.get(ispec.name)
+            if got is None:
+                raise CloudError(
+                    f"the provider returned no instance named {ispec.name}",
+                    hint=f"run `kplan down {self.spec.job_id}` to remove what was created",
+                )
             self._event(
                 "launch",
-                f"node {node.node_rank}: {inst.id} {node.instance_type} {node.market} "
-                f"{rec.zone} ${node.usd_per_hour:.4f}/h",
-                {"instance": inst.id, "name": inst.name, "node_rank": node.node_rank},
+                f"node {node.node_rank}: {got.id} {node.instance_type} {node.market} "
+                f"{got.zone} ${node.usd_per_hour:.4f}/h",
+                {"instance": got.id, "name": got.name, "node_rank": node.node_rank},
             )
-            out.append(rec)
+            out.append(got)
         return out
 
     def _afford(self, prices: Sequence[float], what: str) -> None:
@@ -443,46 +577,60 @@ class _Run(RunState):
 
     # --- teardown -----------------------------------------------------------------------------
 
-    def _teardown(self) -> None:
-        """Terminate everything of the job (by record and by tag) and see it gone."""
+    def _teardown(self, status: str, reason: str) -> None:
+        """Terminate everything of the job (known in memory, and by tag) and see it gone.
+
+        Terminate calls come first and never wait on the database: what teardown records
+        (instance ends, ledger rows, events) is best-effort, and the end of each instance is
+        kept in memory and in the journal for :meth:`_settle_records` and ``kplan down``."""
         job_id = self.spec.job_id
         poll = min(self.spec.check_interval_s, 5.0)
         limit = self.clock.now() + self.spec.grace_s + self.spec.teardown_s
         asked: set[str] = set()
-        last_error: CloudError | None = None
+        last_error: BaseException | None = None
+        first = True
         while True:
+            found = None
             try:
                 found = self.provider.query_instances(job_id)
-                alive = [i for i in found if i.state not in GONE_STATES]
-                for inst in alive:
-                    self._adopt(inst)
-                self._observe()
-                ids = sorted(
-                    {r.id for r in self.records.values() if r.alive} | {i.id for i in alive}
-                )
-                todo = [i for i in ids if i not in asked]
-                if todo:
+            except Exception as err:  # terminate from memory regardless
+                last_error = err
+            if found is not None:
+                for inst in found:
+                    if inst.state not in GONE_STATES and inst.id not in self.records:
+                        self._adopt_safe(inst)
+                self._see_gone({i.id: i for i in found})
+            ids = sorted(r.id for r in self.records.values() if r.alive)
+            todo = [i for i in ids if i not in asked]
+            if found is not None:  # a stopped VM still exists (GCP TERMINATED: its disk bills)
+                todo += [i.id for i in found if i.state in GONE_STATES and i.id not in asked]
+            if todo:
+                try:
                     self.terminating.update(todo)
                     self.provider.terminate_instances(todo)
                     asked.update(todo)
-                    self._event("terminate", f"terminating {', '.join(todo)}")
-                    continue
-                ended = [i.id for i in found if i.state in GONE_STATES and i.id not in asked]
-                if ended:  # a stopped VM still exists (GCP TERMINATED: its disk bills): delete
-                    asked.update(ended)
-                    self.provider.terminate_instances(ended)
-                if not ids:
-                    break
-            except CloudError as err:
-                last_error = err
-                ids = sorted({r.id for r in self.records.values() if r.alive})
+                    self._journal_safe("note", what=f"terminating {', '.join(todo)}")
+                    if first:
+                        self._record_stop(status, reason)
+                        first = False
+                    what = f"terminating {', '.join(todo)}"
+                    self._safe("event terminate", partial(self._event, "terminate", what))
+                    if found is None or any(i in ids for i in todo):
+                        continue
+                except Exception as err:  # retried next poll
+                    last_error = err
+            if found is not None and not ids:
+                break
             if self.clock.now() >= limit:
-                why = f" (last error: {last_error.message})" if last_error else ""
+                why = f" (last error: {_message(last_error)})" if last_error else ""
                 raise CloudError(
-                    f"job {job_id}: instances {', '.join(ids)} may still be running{why}",
+                    f"job {job_id}: instances {', '.join(ids) or '(unknown)'} may still be "
+                    f"running{why}",
                     hint=f"run `kplan down {job_id}` to terminate them",
                 )
             self.clock.sleep(min(poll, max(limit - self.clock.now(), 0.0)))
+        if first:
+            self._record_stop(status, reason)
         try:
             self.provider.cleanup(self.cluster)
         except CloudError as err:
@@ -490,3 +638,49 @@ class _Run(RunState):
                 f"job {job_id}: instances are gone but cleanup failed: {err.message}",
                 hint=f"run `kplan down {job_id}` to retry",
             ) from None
+
+    def _record_stop(self, status: str, reason: str) -> None:
+        self._safe("status stopping", lambda: self._status("stopping", reason))
+        self._safe(
+            "event stop",
+            lambda: self._event("stop", f"stopping: {status} ({reason})", {"status": status}),
+        )
+
+    def _see_gone(self, found: dict[str, Instance]) -> None:
+        """Mark (in memory, then best-effort in the journal and the database) every live record
+        the provider shows gone or no longer reports."""
+        now = self.clock.now()
+        for rec in list(self.records.values()):
+            if not rec.alive:
+                continue
+            inst = found.get(rec.id)
+            if inst is not None and inst.state not in GONE_STATES:
+                continue
+            state = inst.state if inst is not None else "terminated"
+            reason = (inst.reason if inst is not None else None) or (
+                "terminated by kplan" if rec.id in self.terminating else "no longer reported"
+            )
+            ended = replace(rec, state=state, ended_at=now, reason=reason)
+            self.records[rec.id] = ended
+            self._journal_safe("gone", id=rec.id, state=state)
+
+            def write(ended: InstanceRecord = ended) -> None:
+                with self.db.transaction():
+                    self.db.update_instance(
+                        ended.job, ended.id, ended.state, ended_at=now, reason=ended.reason
+                    )
+                    self.ledger.close(ended, now)
+
+            self._safe(f"end of {rec.id}", write)
+
+    def _adopt_safe(self, inst: Instance) -> None:
+        """Teardown's :meth:`_adopt`: in memory always, recorded if the database lets it."""
+        try:
+            self._adopt(inst)
+        except _RECORD_ERRORS as err:
+            self.db_broken = True
+            self._journal_safe("note", what=f"not recorded: adopted {inst.id}", error=str(err))
+
+
+def _message(err: BaseException) -> str:
+    return err.message if isinstance(err, KplanError) else f"{type(err).__name__}: {err}"

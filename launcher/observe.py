@@ -8,17 +8,19 @@ losses classified), the node status files, the ledger accrual and the guard.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from kplan.errors import CloudError
+from kplan.errors import CloudError, KplanError
 from kplan.launcher.adapt import Adapter
 from kplan.launcher.bootstrap import cluster_spec, job_key
 from kplan.launcher.clock import Clock
 from kplan.launcher.guard import Guard, Running
 from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.journal import Journal, instance_doc
 from kplan.launcher.ledger import BillingRule, Ledger, billing_for
 from kplan.launcher.provider import Instance
 from kplan.launcher.providers import Backend
@@ -49,8 +51,11 @@ class RunState:
         clock: Clock,
         billing: BillingRule | None,
         on_event: EventSink | None,
+        journal: Journal | None = None,
     ) -> None:
         self.spec = spec
+        self.journal = journal or Journal.for_job(db.path.parent, spec.job_id)
+        self.db_broken = False  # a best-effort write failed during teardown: skip the rest
         self.provider = backend.provider
         self.storage = backend.storage
         self.db = db
@@ -104,8 +109,8 @@ class RunState:
                 self.ips[rec.id] = inst.private_ip
             if inst is not None and inst.state not in GONE_STATES:
                 if inst.state != rec.state:
-                    self.db.update_instance(rec.job, rec.id, inst.state)
                     self.records[rec.id] = replace(rec, state=inst.state)
+                    self.db.update_instance(rec.job, rec.id, inst.state)
                     self._recovered(self.records[rec.id], now)
                 continue
             state = inst.state if inst is not None else "terminated"
@@ -113,10 +118,12 @@ class RunState:
             if rec.id in self.terminating:
                 reason = reason or "terminated by kplan"
             ended = replace(rec, state=state, ended_at=now, reason=reason)
+            self.records[rec.id] = ended  # memory first: teardown relies on it
+            with contextlib.suppress(OSError, KplanError):
+                self.journal.write("gone", now, id=rec.id, state=state)
             with self.db.transaction():
                 self.db.update_instance(rec.job, rec.id, state, ended_at=now, reason=reason)
                 self.ledger.close(rec, now)
-            self.records[rec.id] = ended
             self._ended(ended, now)
         for inst in found.values():  # tagged with the job but not ours: never leave it running
             if inst.state not in GONE_STATES and inst.id not in self.records:
@@ -220,7 +227,8 @@ class RunState:
             state=inst.state,
             launched_at=min(inst.launched_at or self.started, self.clock.now()),
         )
+        self.records[rec.id] = rec  # memory first, then the journal, then the database
+        self.journal.write("created", self.clock.now(), instances=[instance_doc(rec)])
         with self.db.transaction():
             self.db.add_instance(rec)
             self.ledger.open(rec)
-        self.records[rec.id] = rec

@@ -8,9 +8,11 @@ cut. The schema is versioned with ``PRAGMA user_version``; a newer file is refus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kplan.errors import InputError, KplanError
+from kplan.launcher.clock import Clock, SystemClock
 
 SCHEMA_VERSION = 1
 GONE_STATES = ("terminated", "preempted")  # instance states that bill nothing more
@@ -101,6 +104,41 @@ def default_db_path() -> Path:
     return kplan_home() / "kplan.db"
 
 
+HOME_MODE = 0o700  # KPLAN_HOME and the folders kplan makes in it: only the owner
+FILE_MODE = 0o600  # the database (it holds script arguments), its -wal/-shm, the journal, logs
+BUSY_TIMEOUT_S = 10.0  # SQLite's own wait for a lock, per statement
+LOCK_WAIT_S = 60.0  # then kplan retries a locked write with backoff for this long in all
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """``chmod`` ``path`` to ``mode`` if it is ours and grants more (never someone else's)."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & ~mode:
+            path.chmod(mode)
+
+
+def secure_home(home: Path) -> Path:
+    """Create ``home`` ``0700`` (tightened when it exists and is ours); return it."""
+    home.mkdir(mode=HOME_MODE, parents=True, exist_ok=True)
+    _tighten(home, HOME_MODE)
+    return home
+
+
+def _secure_db_file(path: Path) -> None:
+    """Create the database file ``0600`` before SQLite does (SQLite gives its -wal and -shm the
+    database's mode), and tighten an existing one and its companions."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        _tighten(p, FILE_MODE)
+
+
+def _is_locked(err: sqlite3.Error) -> bool:
+    text = str(err).lower()
+    return "locked" in text or "busy" in text
+
+
 @dataclass(frozen=True)
 class JobRecord:
     id: str
@@ -173,38 +211,68 @@ class StateError(KplanError):
     """The state database cannot be opened or is from a newer kplan."""
 
 
-class StateDB:
-    """One connection to the state database. Not shared between threads."""
+class StateWriteError(StateError):
+    """A write to the state database failed (disk full, I/O error, a lock held too long)."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+
+class StateDB:
+    """One connection to the state database. Not shared between threads.
+
+    Writes wait for a lock (SQLite's busy timeout, then retries with backoff on ``clock`` up to
+    ``lock_wait_s`` in all) and raise :class:`StateWriteError` when they fail; a failed write
+    leaves no transaction open, so the next one can succeed."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        clock: Clock | None = None,
+        lock_wait_s: float = LOCK_WAIT_S,
+    ) -> None:
         self._conn = conn
         self.path = path
         self._depth = 0
+        self.clock: Clock = clock or SystemClock()
+        self.lock_wait_s = lock_wait_s
 
     @classmethod
-    def open(cls, path: Path | None = None, *, readonly: bool = False) -> StateDB:
+    def open(
+        cls,
+        path: Path | None = None,
+        *,
+        clock: Clock | None = None,
+        lock_wait_s: float = LOCK_WAIT_S,
+        readonly: bool = False,
+    ) -> StateDB:
         path = default_db_path() if path is None else path
         # Refuse a foreign or damaged file before anything writes to it (launcher/statecheck.py).
         from kplan.launcher.statecheck import check_state_file, open_readonly
 
         check_state_file(path)
         if readonly:  # status, logs, report: no write, so a read-only KPLAN_HOME works
-            return cls(open_readonly(path, _SCHEMA_V1), path)
+            return cls(open_readonly(path, _SCHEMA_V1), path, clock, lock_wait_s)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            if path.parent == kplan_home():
+                secure_home(path.parent)
+            else:
+                path.parent.mkdir(mode=HOME_MODE, parents=True, exist_ok=True)
+            _secure_db_file(path)
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as err:
             raise StateError(
                 f"cannot open the state database {path}: {err}",
                 hint="check KPLAN_HOME and the folder's permissions",
             ) from None
         conn.row_factory = sqlite3.Row
-        db = cls(conn, path)
+        db = cls(conn, path, clock, lock_wait_s)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             db._migrate()
+        except StateError:
+            conn.close()
+            raise
         except sqlite3.DatabaseError as err:
             conn.close()
             raise StateError(  # the file itself passed check_state_file: not its content
@@ -248,16 +316,48 @@ class StateDB:
             finally:
                 self._depth -= 1
             return
-        self._conn.execute("BEGIN IMMEDIATE")
+        self._begin()
         self._depth = 1
         try:
             yield
-        except BaseException:
+        except BaseException as err:
             self._depth = 0
-            self._conn.execute("ROLLBACK")
+            self._rollback()
+            if isinstance(err, sqlite3.OperationalError):  # I/O, disk full, locked
+                raise self._write_error(err) from None
             raise
         self._depth = 0
-        self._conn.execute("COMMIT")
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as err:
+            self._rollback()
+            raise self._write_error(err) from None
+
+    def _begin(self) -> None:
+        """``BEGIN IMMEDIATE`` (take the write lock), retried with backoff while locked."""
+        limit = self.clock.now() + self.lock_wait_s
+        delay = 0.05
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.Error as err:
+                if not _is_locked(err) or self.clock.now() >= limit:
+                    raise self._write_error(err) from None
+            self.clock.sleep(min(delay, max(limit - self.clock.now(), 0.0)))
+            delay = min(delay * 2, 2.0)
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+
+    def _write_error(self, err: sqlite3.Error) -> StateWriteError:
+        return StateWriteError(
+            f"cannot write the state database {self.path}: {err}",
+            hint="free disk space, or end what holds the database; "
+            "`kplan down JOB` terminates a job's instances without it",
+        )
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> int:
         with self.transaction():
@@ -321,6 +421,13 @@ class StateDB:
         self._write(
             "UPDATE jobs SET stop_requested=?, updated_at=? WHERE id=?", (reason, time, job_id)
         )
+
+    def forget_job(self, job_id: str) -> None:
+        """Remove a job's row, instances, events and ledger rows (``kplan down --forget``)."""
+        with self.transaction():
+            for table in ("events", "ledger", "instances"):
+                self._conn.execute(f"DELETE FROM {table} WHERE job=?", (job_id,))
+            self._conn.execute("DELETE FROM jobs WHERE id=?", (job_id,))
 
     # --- instances --------------------------------------------------------------------------
 
