@@ -29,7 +29,14 @@ from kplan.errors import CloudError, JobError, KplanError
 from kplan.launcher.bootstrap import cluster_spec, status_key
 from kplan.launcher.clock import Clock
 from kplan.launcher.jobspec import JobSpec
-from kplan.launcher.journal import Journal, JournalInstance, journal_instances
+from kplan.launcher.journal import (
+    FOLDER,
+    Journal,
+    JournalInstance,
+    journal_instances,
+    journal_job,
+    read_journal,
+)
 from kplan.launcher.ledger import Ledger, billing_for
 from kplan.launcher.provider import ClusterSpec, Instance
 from kplan.launcher.providers import Backend
@@ -53,8 +60,35 @@ class DownResult:
 
 
 def leftover_jobs(db: StateDB) -> list[str]:
-    """Jobs that may still have instances: not finished, or with an instance not seen gone."""
-    return [j.id for j in db.jobs() if not j.terminal or any(i.alive for i in db.instances(j.id))]
+    """Jobs that may still have instances: not finished, with an instance not seen gone, or
+    known only to a journal (their database row was never written) with one not seen gone."""
+    out = [j.id for j in db.jobs() if not j.terminal or any(i.alive for i in db.instances(j.id))]
+    folder = db.path.parent / FOLDER
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.jsonl")):
+            job_id = path.name[: -len(".jsonl")]
+            if job_id in out or job_id.endswith(".forgotten") or db.job(job_id) is not None:
+                continue
+            known = journal_instances(read_journal(path))
+            if any(j.gone_at is None for j in known.values()):
+                out.append(job_id)
+    return out
+
+
+def job_location(db: StateDB, job_id: str) -> tuple[str, str | None, str | None] | None:
+    """(cloud, region, storage URI) of a job from its database row, else from its journal."""
+    rec = db.job(job_id)
+    if rec is not None:
+        return rec.cloud, rec.region, JobSpec.from_dict(rec.spec).storage_uri
+    line = journal_job(Journal.for_job(db.path.parent, job_id).entries())
+    if line is None or not isinstance(line.get("cloud"), str):
+        return None
+    region, storage = line.get("region"), line.get("storage_uri")
+    return (
+        line["cloud"],
+        region if isinstance(region, str) else None,
+        storage if isinstance(storage, str) else None,
+    )
 
 
 def down_job(

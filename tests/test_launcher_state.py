@@ -174,3 +174,88 @@ def test_two_processes_write_at_once_and_a_killed_writer_loses_nothing_committed
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+def test_home_is_0700_and_the_database_and_its_wal_are_0600(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database holds script arguments: only the owner may read it (issue 10, item 7)."""
+    import os
+    import stat
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)  # an existing, too open home is tightened
+    monkeypatch.setenv("KPLAN_HOME", str(home))
+    old = os.umask(0o022)
+    try:
+        with StateDB.open() as db:
+            db.create_job(_job())
+            assert mode(home) == 0o700
+            for name in ("kplan.db", "kplan.db-wal", "kplan.db-shm"):
+                assert mode(home / name) == 0o600, name
+        (home / "kplan.db").chmod(0o644)  # an older kplan's file is tightened on open
+        with StateDB.open():
+            assert mode(home / "kplan.db") == 0o600
+        fresh = tmp_path / "new" / "deeper"  # a home kplan creates
+        monkeypatch.setenv("KPLAN_HOME", str(fresh))
+        StateDB.open().close()
+        assert mode(fresh) == 0o700 and mode(fresh / "kplan.db") == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_a_locked_database_is_retried_then_refused_with_one_line(tmp_path: Path) -> None:
+    """Another process holds the write lock: a write waits (busy timeout, then retries with
+    backoff up to lock_wait_s) and then raises StateWriteError, leaving no transaction open."""
+    from kplan.launcher.clock import FakeClock
+    from kplan.launcher.state import StateWriteError
+
+    path = tmp_path / "kplan.db"
+    clock = FakeClock()
+    with StateDB.open(path, clock=clock, lock_wait_s=30.0) as db:
+        db._conn.execute("PRAGMA busy_timeout=10")  # keep the real wait short in the test
+        db.create_job(_job())
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        t0 = clock.now()
+        with pytest.raises(StateWriteError, match="database is locked"):
+            db.set_status("kp-state-1", "running", 1.0)
+        assert 30.0 <= clock.now() - t0 < 33.0  # retried for lock_wait_s of (fake) time
+        other.execute("ROLLBACK")
+        other.close()
+        db.set_status("kp-state-1", "running", 2.0)  # nothing was left open
+        assert db.job("kp-state-1").status == "running"  # type: ignore[union-attr]
+
+
+def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
+    from kplan.launcher.state import StateWriteError
+
+    class FullAtCommit:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn = conn
+            self.fail = True
+
+        @property
+        def in_transaction(self) -> bool:
+            return self.conn.in_transaction
+
+        def execute(self, sql: str, params: object = ()) -> sqlite3.Cursor:
+            if sql == "COMMIT" and self.fail:
+                self.fail = False
+                raise sqlite3.OperationalError("database or disk is full")
+            return self.conn.execute(sql, params)  # type: ignore[arg-type]
+
+        def close(self) -> None:
+            self.conn.close()
+
+    with StateDB.open(tmp_path / "kplan.db") as db:
+        db._conn = FullAtCommit(db._conn)  # type: ignore[assignment]
+        with pytest.raises(StateWriteError, match="disk is full"):
+            db.create_job(_job())
+        assert db.job("kp-state-1") is None
+        db.create_job(_job())  # the next write works
+        assert db.job("kp-state-1") is not None

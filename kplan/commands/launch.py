@@ -386,9 +386,11 @@ def logs_command(
     with _db(readonly=True) as db:
         rec = _job_or_fail(db, job)
         spec = JobSpec.from_dict(rec.spec)
-        storage = _backend(rec.cloud, rec.region, spec.storage_uri).storage
+        backend = _backend(rec.cloud, rec.region, spec.storage_uri)
+        storage = backend.storage
         prefix = f"{job}/logs/" + ("" if node is None else f"node-{node}.log")
         offsets: dict[str, int] = {}
+        changed_at = checked_at = time.monotonic()
         while True:
             for key in sorted(storage.list_keys(prefix)):
                 data = storage.get_bytes(key) or b""
@@ -398,12 +400,47 @@ def logs_command(
                         typer.echo(f"==> {key.rsplit('/', 1)[-1]} <==")
                     typer.echo(data[start:].decode("utf-8", "replace"), nl=False)
                     offsets[key] = len(data)
+                    changed_at = time.monotonic()
             current = db.job(job)
             if not follow or current is None or current.terminal:
                 if not offsets:
                     typer.echo(f"no logs yet for job {job}", err=True)
                 return
+            if _launcher_gone(current):  # nothing will record an end: stop on our own
+                now = time.monotonic()
+                idle = now - changed_at >= _LOGS_IDLE_S
+                if idle or now - checked_at >= _LOGS_CLOUD_CHECK_S or checked_at == changed_at:
+                    checked_at = now
+                    if idle or not _cloud_alive(backend, job):
+                        typer.echo(
+                            f"job {job}: its launcher is gone and "
+                            + ("nothing changed for a while" if idle else "nothing is running")
+                            + f"; `kplan down {job}` records how it ended",
+                            err=True,
+                        )
+                        return
             time.sleep(1.0)
+
+
+_LOGS_IDLE_S = 60.0  # logs -f on a job without a launcher: stop after this long unchanged
+_LOGS_CLOUD_CHECK_S = 10.0  # ... or as soon as the cloud shows nothing alive (checked this often)
+
+
+def _launcher_gone(job: JobRecord) -> bool:
+    from kplan.launcher.summary import launcher_alive
+
+    return not job.terminal and not launcher_alive(job)
+
+
+def _cloud_alive(backend: Backend, job_id: str) -> bool:
+    """Whether the cloud shows an instance of the job alive (True when it cannot tell)."""
+    from kplan.errors import KplanError
+    from kplan.launcher.state import GONE_STATES
+
+    try:
+        return any(i.state not in GONE_STATES for i in backend.provider.query_instances(job_id))
+    except KplanError:
+        return True
 
 
 def down_command(
@@ -419,16 +456,26 @@ def down_command(
     wait: Annotated[
         float, typer.Option("--wait", help="Seconds to let a live launcher stop by itself.")
     ] = 60.0,
+    forget: Annotated[
+        bool,
+        typer.Option(
+            "--forget",
+            help="Remove JOB's record (database rows; its journal keeps what was spent) once "
+            "the cloud shows nothing alive tagged with it. Terminates nothing.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     from kplan.launcher.clock import SystemClock
-    from kplan.launcher.down import down_job, leftover_jobs
+    from kplan.launcher.down import down_job, forget_job, job_location, leftover_jobs
     from kplan.launcher.jobspec import check_job_id
     from kplan.launcher.provider import ClusterSpec
     from kplan.render.launch import render_down
 
     if (job is None) == (not all_jobs):
         raise InputError("give a job id or --all", hint="kplan down kp-... or kplan down --all")
+    if forget and job is None:
+        raise InputError("--forget takes one job id, not --all", hint="kplan down --forget kp-...")
     if not 0 <= wait <= 86400:
         raise InputError(f"--wait {wait} must be >= 0 and <= 86400", hint="seconds")
     results = []
@@ -439,14 +486,14 @@ def down_command(
         else:
             targets = leftover_jobs(db)
         for job_id in targets:
-            rec = db.job(job_id)
+            # The database row, else the job's launch journal (its row was never written).
+            found = job_location(db, job_id)
             cluster = None
             where: str | None
-            if rec is not None:
-                from kplan.launcher.jobspec import JobSpec
-
-                which, where = rec.cloud, rec.region
-                storage = JobSpec.from_dict(rec.spec).storage_uri
+            if found is not None:
+                which, where, storage = found
+                if db.job(job_id) is None and where is not None:
+                    cluster = ClusterSpec(job_id=job_id, cloud=which, region=where)
             elif cloud is None:
                 raise InputError(
                     f"job {job_id!r} is not in {db.path}",
@@ -457,6 +504,15 @@ def down_command(
                 if region is not None:
                     cluster = ClusterSpec(job_id=job_id, cloud=which, region=region)
             backend = _backend(which, where, storage)
+            if forget:
+                spent = forget_job(job_id, backend, db, SystemClock())
+                doc = {"job_id": job_id, "forgotten": True, "spend_usd": spent}
+                typer.echo(
+                    json.dumps(doc, indent=1)
+                    if as_json
+                    else f"{job_id}: forgotten (spent ${spent:,.4f}; kept in its journal)"
+                )
+                return
             result = down_job(
                 job_id, backend, db, SystemClock(), wait_launcher_s=wait, cluster=cluster
             )
@@ -465,6 +521,14 @@ def down_command(
         typer.echo(json.dumps(results, indent=1))
     else:
         render_down(results)
+    unrecorded = [r for r in results if not r["recorded"]]
+    if unrecorded:
+        first = unrecorded[0]
+        raise JobError(
+            f"job {first['job_id']}: its instances are gone but the state database could not "
+            f"record it ({first['note']})",
+            hint=f"run `kplan down {first['job_id']}` again once the database is writable",
+        )
 
 
 def register(app: typer.Typer) -> None:
