@@ -35,6 +35,7 @@ from kplan.launcher.packing import (
 from kplan.launcher.providers import Backend
 from kplan.launcher.state import EventRecord, StateDB
 from kplan.launcher.storage import LocalStorage
+from kplan.planner.catalog import Billing
 from tests import launcher_fakes
 from tests.aws_server import PROFILE, REGION, ZONE, MotoAws, fake_credentials
 from tests.launcher_fakes import SimProvider, fast_dir
@@ -421,6 +422,24 @@ def test_a_launch_the_guard_refuses_uploads_nothing_through_the_cli(
     assert res.exit_code == 2, res.output
     assert "cannot start this cluster" in res.output
     assert storage.list_keys("") == [] and sim.calls == []
+
+
+def test_a_job_the_guard_refuses_uploads_nothing_through_run_job(tmp_path: Path) -> None:
+    """The guard's first check comes before the code upload (lifecycle.run)."""
+    folder = fast_dir(tmp_path, "guard")
+    storage = LocalStorage(folder / "bucket")
+    clock = FakeClock()
+    sim = SimProvider(clock, storage)
+    node = NodeSpec(0, "g4dn.xlarge", "on-demand", "us-east-1a", 1, 5.0)
+    spec = JobSpec("kp-pack-guard", "aws", "us-east-1", str(_project(tmp_path)), (node,), 0.001)
+    try:
+        with StateDB.open(folder / "kplan.db") as db:
+            billing = Billing("aws", 60.0, 1.0, "test")
+            out = run_job(spec, Backend(sim, storage), db, clock=clock, billing=billing)
+        assert out.status != "succeeded" and sim.launched == []
+        assert storage.list_keys("") == [], "the code was uploaded before the guard agreed"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- acceptance: an AWS job through the real boto3 client and a moto server -----------------
