@@ -589,6 +589,19 @@ class _Run(RunState):
         asked: set[str] = set()
         last_error: BaseException | None = None
         first = True
+        known = sorted(r.id for r in self.records.values() if r.alive)
+        if known:  # before any query: an instance the cloud does not list yet is still ended
+            try:
+                self.terminating.update(known)
+                self.provider.terminate_instances(known)
+                asked.update(known)
+                self._journal_safe("note", what=f"terminating {', '.join(known)}")
+                self._record_stop(status, reason)
+                first = False
+                what = f"terminating {', '.join(known)}"
+                self._safe("event terminate", partial(self._event, "terminate", what))
+            except Exception as err:  # retried below, with what the query finds
+                last_error = err
         while True:
             found = None
             try:
@@ -650,12 +663,15 @@ class _Run(RunState):
         """Mark (in memory, then best-effort in the journal and the database) every live record
         the provider shows gone or no longer reports."""
         now = self.clock.now()
+        self.listed.update(found)
         for rec in list(self.records.values()):
             if not rec.alive:
                 continue
             inst = found.get(rec.id)
             if inst is not None and inst.state not in GONE_STATES:
                 continue
+            if inst is None and rec.id not in self.terminating and self._not_listed_yet(rec, now):
+                continue  # not listed yet and not asked to end: it is terminated next
             state = inst.state if inst is not None else "terminated"
             reason = (inst.reason if inst is not None else None) or (
                 "terminated by kplan" if rec.id in self.terminating else "no longer reported"

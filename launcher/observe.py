@@ -82,6 +82,7 @@ class RunState:
         self.preemptions = 0
         self.stopping = False
         self.query_failures = 0
+        self.listed: set[str] = set()  # ids the provider has listed at least once
         self.adapter = Adapter(spec, self.storage, self._event, self.started)
 
     def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
@@ -99,6 +100,7 @@ class RunState:
     def _observe(self) -> None:
         """Query the provider; record state changes, close the ledger rows of gone instances."""
         found = {i.id: i for i in self.provider.query_instances(self.spec.job_id)}
+        self.listed.update(found)
         now = self.clock.now()
         self._read_status()
         for rec in list(self.records.values()):
@@ -107,6 +109,8 @@ class RunState:
             inst = found.get(rec.id)
             if inst is not None and inst.private_ip:
                 self.ips[rec.id] = inst.private_ip
+            if inst is None and self._not_listed_yet(rec, now):
+                continue
             if inst is not None and inst.state not in GONE_STATES:
                 if inst.state != rec.state:
                     self.records[rec.id] = replace(rec, state=inst.state)
@@ -131,6 +135,11 @@ class RunState:
                 self._event("stray", f"terminating {inst.id}: not launched by this run")
                 self.terminating.add(inst.id)
                 self.provider.terminate_instances([inst.id])
+
+    def _not_listed_yet(self, rec: InstanceRecord, now: float) -> bool:
+        """A new instance the provider does not list yet (AWS's describe is eventually
+        consistent): not gone until it was listed once or ``provision_timeout_s`` passed."""
+        return rec.id not in self.listed and now - rec.launched_at < self.spec.provision_timeout_s
 
     def _read_status(self) -> None:
         """New ``status/node-<rank>.json`` files of the ranks' current instances."""

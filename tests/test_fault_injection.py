@@ -127,6 +127,17 @@ class FaultyStorage(LocalStorage):
         super().put_bytes(key, data)
 
 
+class LaggySim(SimProvider):
+    """A cloud whose listing misses instances for their first 30 s (AWS's describe is
+    eventually consistent): teardown must terminate what it knows before it asks."""
+
+    def query_instances(self, job_id: str) -> list[Any]:
+        now = self.clock.now()
+        return [
+            i for i in super().query_instances(job_id) if now - self.instances[i.id].created >= 30.0
+        ]
+
+
 @pytest.fixture
 def folder(tmp_path: Path) -> Iterator[Path]:
     path = fast_dir(tmp_path, "fault")
@@ -161,11 +172,12 @@ def _one_run(root: Path, script: str, mode: str, at: int | None) -> tuple[Faults
     work = root / f"{mode}-{at}"
     work.mkdir()
     clock = FakeClock()
+    mode, _, variant = mode.partition("-")
     faults = Faults(clock, at, mode)
     store = LocalStorage(work / "store")
     store.uri = "s3://bucket/kplan"
     # Training ends 40 min in; the spot worker is preempted once at 15 min (and replaced).
-    sim = SimProvider(
+    sim = (LaggySim if variant == "laggy" else SimProvider)(
         clock,
         store,
         boot_s=60.0,
@@ -208,7 +220,7 @@ def _sweep(folder: Path, tmp_path: Path, mode: str) -> dict[str, int]:
     script.write_text("print('train')\n")
     clean, alive, open_rows = _one_run(folder, str(script), mode, None)
     assert (alive, open_rows) == (0, 0)
-    total = clean.file_writes if mode == "enospc" else clean.writes
+    total = clean.file_writes if mode.startswith("enospc") else clean.writes
     assert total > 10
     runs = left_alive = left_open = fired = 0
     for k in range(total + 1):
@@ -226,7 +238,7 @@ def _sweep(folder: Path, tmp_path: Path, mode: str) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["io", "full", "locked", "enospc"])
+@pytest.mark.parametrize("mode", ["io", "full", "locked", "enospc", "io-laggy"])
 def test_no_instance_survives_a_failing_write(folder: Path, tmp_path: Path, mode: str) -> None:
     out = _sweep(folder, tmp_path, mode)
     assert out["alive"] == 0 and out["open_ledger_rows"] == 0
