@@ -118,9 +118,12 @@ def down_job(
                 break
             clock.sleep(0.5)
     asked, removed, found = _terminate(job_id, backend, clock, teardown_s, known)
-    if asked:
-        with contextlib.suppress(KplanError):
+    with contextlib.suppress(KplanError):  # the journal's view, for `--all` and later downs
+        if asked:
             journal.write("down", clock.now(), terminated=asked)
+        states = {i.id: i.state for i in found}
+        for iid in sorted(i for i, j in known.items() if j.gone_at is None):
+            journal.write("gone", clock.now(), id=iid, state=states.get(iid, "terminated"))
     cancelled = set(asked)  # and what an earlier `kplan down` terminated but could not record
     for e in journal.entries():
         if e.get("kind") == "down" and isinstance(e.get("terminated"), list):

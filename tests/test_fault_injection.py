@@ -313,3 +313,79 @@ def test_down_terminates_first_even_when_every_database_write_fails(
         assert again.recorded and again.terminated == ()
         assert all(r.closed for r in healthy.ledger(JOB))
         assert healthy.job(JOB).status == "cancelled"  # type: ignore[union-attr]
+
+
+def test_the_guard_refuses_before_anything_is_uploaded_and_files_are_private(
+    folder: Path, tmp_path: Path
+) -> None:
+    """Nothing is uploaded before the guard agrees; what the launcher writes is 0600."""
+    import stat
+
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    clock = FakeClock()
+    store = LocalStorage(folder / "store")
+    store.uri = "s3://bucket/kplan"
+    sim = SimProvider(clock, store, boot_s=60.0, finish_at=clock.now() + 600.0)
+    with StateDB.open(folder / "kplan.db", clock=clock) as db:
+        poor = JobSpec(**{**_spec(str(script)).__dict__, "budget_usd": 0.001})
+        out = run_job(poor, Backend(sim, store), db, clock=clock, billing=AWS)
+        assert out.status == "stopped" and store.list_keys("") == []
+        assert "prepare" not in sim.calls and "run_instances" not in sim.calls
+        rich = JobSpec(**{**_spec(str(script)).__dict__, "job_id": "kp-fault-2"})
+        assert run_job(rich, Backend(sim, store), db, clock=clock, billing=AWS).status == (
+            "succeeded"
+        )
+    keys = store.list_keys("kp-fault-2/")
+    assert any(k.endswith("job.tar.gz") for k in keys)
+    for path in [store.root / k for k in keys] + [folder / "journal" / "kp-fault-2.jsonl"]:
+        if path.name.endswith(".json") and "status" in path.parts:
+            continue  # written by the simulated node, not the launcher
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE((folder / "journal").stat().st_mode) == 0o700
+
+
+def test_down_finds_a_job_only_its_journal_knows(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job row was never written (the database failed) but an instance was created: the
+    journal names the cloud and region, `kplan down --all` finds and ends it."""
+    from typer.testing import CliRunner
+
+    from kplan.cli import app
+    from kplan.launcher import providers
+    from kplan.launcher.bootstrap import instance_spec, rendezvous
+    from kplan.launcher.journal import instance_doc
+    from kplan.launcher.state import InstanceRecord
+    from tests import launcher_fakes
+
+    monkeypatch.setenv("KPLAN_HOME", str(folder))
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    clock = FakeClock()
+    store = LocalStorage(folder / "store")
+    store.uri = "s3://bucket/kplan"
+    sim = SimProvider(clock, store)
+    monkeypatch.setitem(providers.FACTORIES, "aws", "tests.launcher_fakes:current_backend")
+    monkeypatch.setitem(launcher_fakes.CURRENT, "backend", Backend(sim, store))
+    spec = _spec(str(script))
+    node = spec.nodes[0]
+    (inst,) = sim.run_instances(
+        None,  # type: ignore[arg-type]
+        [instance_spec(spec, node, f"{JOB}-n0-r0", rendezvous(spec, 0, None), store.uri)],
+    )
+    journal = Journal.for_job(folder, JOB)
+    journal.write("job", clock.now(), job=JOB, cloud="aws", region="us-east-1")
+    rec = InstanceRecord(
+        inst.id, JOB, inst.name, 0, "aws", "us-east-1", "us-east-1a", "g4dn.xlarge",
+        "on-demand", 0.5, "running", clock.now(),
+    )  # fmt: skip
+    journal.write("created", clock.now(), instances=[instance_doc(rec)])
+    StateDB.open().close()
+    res = CliRunner().invoke(app, ["down", "--all", "--json"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    assert json.loads(res.output)[0]["terminated"] == [inst.id] and sim.alive() == []
+    res = CliRunner().invoke(app, ["down", "--all", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output) == []
