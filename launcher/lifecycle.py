@@ -294,6 +294,7 @@ class _Run(RunState):
             names=[i.name for i in specs],
             node_ranks=[n.node_rank for n in nodes],
         )
+        self.requested = True
         created = self.provider.run_instances(self.cluster, specs)
         # In memory first: teardown finds these whatever fails next.
         by_spec = {i.name: n for i, n in zip(specs, nodes, strict=True)}
@@ -634,6 +635,11 @@ class _Run(RunState):
                     last_error = err
             if found is not None and not ids:
                 break
+            if found is None and not self.requested:
+                # Nothing was ever asked of the cloud (e.g. credentials or the bucket failed in
+                # prepare): no instance of this job can exist, so there is nothing to wait for.
+                self._journal_safe("note", what="teardown: no instance was ever requested")
+                break
             if self.clock.now() >= limit:
                 why = f" (last error: {_message(last_error)})" if last_error else ""
                 raise CloudError(
@@ -647,6 +653,11 @@ class _Run(RunState):
         try:
             self.provider.cleanup(self.cluster)
         except CloudError as err:
+            if not self.requested:  # job-wide rules/groups only, free; `kplan down` retries
+                self._journal_safe("note", what=f"cleanup failed: {err.message}")
+                what = f"cleanup of job-wide resources failed: {err.message}"
+                self._safe("event cleanup", partial(self._event, "cleanup", what))
+                return
             raise CloudError(
                 f"job {job_id}: instances are gone but cleanup failed: {err.message}",
                 hint=f"run `kplan down {job_id}` to retry",

@@ -83,6 +83,7 @@ class RunState:
         self.stopping = False
         self.query_failures = 0
         self.listed: set[str] = set()  # ids the provider has listed at least once
+        self.requested = False  # run_instances was called at least once (something may exist)
         self.adapter = Adapter(spec, self.storage, self._event, self.started)
 
     def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:

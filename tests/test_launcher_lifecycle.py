@@ -281,3 +281,36 @@ def test_a_late_status_from_a_replaced_instance_is_ignored(env: dict[str, Any]) 
         _spec(env), Backend(sim, storage), env["db"], clock=clock, billing=AWS, on_event=stale_write
     )
     assert (out.status, out.reason) == ("succeeded", "every node finished")
+
+
+class _ExpiredCredentials(SimProvider):
+    """Every cloud call fails as with credentials that expired after the factory checked them."""
+
+    def _denied(self, verb: str) -> None:
+        self.calls.append(verb)
+        raise CloudError("the request's credentials expired", hint="log in again")
+
+    def prepare(self, cluster: Any) -> None:
+        self._denied("prepare")
+
+    def query_instances(self, job_id: str) -> list[Any]:
+        self._denied("query_instances")
+        return []
+
+    def cleanup(self, cluster: Any) -> None:
+        self._denied("cleanup")
+
+
+def test_a_cloud_that_refuses_before_any_instance_ends_at_once(env: dict[str, Any]) -> None:
+    # Before: teardown polled query_instances for grace + teardown (minutes on a real cloud)
+    # and then warned that "instances (unknown) may still be running".
+    sim = _ExpiredCredentials(env["clock"], env["storage"])
+    start = env["clock"].now()
+    with pytest.raises(CloudError, match="credentials expired"):
+        _run(env, _spec(env), sim)
+    assert env["clock"].now() - start < 1.0
+    assert sim.launched == [] and sim.calls.count("query_instances") == 1
+    job = env["db"].job("kp-life-1")
+    assert job is not None and job.status == "error"
+    assert "may still be running" not in (job.reason or "")
+    assert "cleanup" in _kinds(env)
