@@ -194,6 +194,7 @@ def cloud_user_data(
 # kplan node bootstrap: job {spec.job_id}, node {rank} ({name}). Generated; holds no credentials:
 # the bucket is reached with the instance's own role (instance profile / service account).
 set -uo pipefail
+umask 077  # the job's code, checkpoints, metrics and logs are private on the node
 {exports}W={q(node_root)}
 STORE={q(store)}
 mkdir -p "$W/code" "$W/ckpt" "$W/metrics" "$W/logs"

@@ -161,6 +161,9 @@ def test_the_aws_bootstrap_runs_a_real_torchrun_and_reports(tmp_path: Path) -> N
     assert (store / "ckpt" / "step-1" / "rank-1.pt").read_text() == "w"
     assert "trained rank 0" in (store / "logs" / "node-0.log").read_text()
     assert (tmp_path / "powered-off").exists()
+    # umask 077 on the node: the log and what the job wrote are the node user's alone
+    for path in (node_root / "logs" / "node-0.log", node_root / "ckpt" / "step-1" / "rank-1.pt"):
+        assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
     pip_log = (tmp_path / "pip.log").read_text()  # the shipped wheel, never kplan by name
     assert f"install --quiet {node_root}/wheel/{wheel.name} torch==2.0.1 numpy==1.26.4" in pip_log
     assert "kplan[" not in pip_log and " kplan " not in pip_log
