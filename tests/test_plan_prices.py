@@ -179,8 +179,8 @@ def test_a_stale_higher_plan_price_is_kept_and_shown(
         ({"instance_type": "p9.mega"}, "does not offer"),
         ({"usd_per_hour": float("nan")}, "nan"),  # the JSON reader or NodeSpec refuses it
         ({"usd_per_hour": float("inf")}, "inf"),
-        ({"usd_per_hour": -1.0}, "price -1.0"),
-        ({"usd_per_hour": "cheap"}, "malformed"),
+        ({"usd_per_hour": -1.0}, "usd_per_hour '-1.0' is not a price"),
+        ({"usd_per_hour": "cheap"}, "usd_per_hour 'cheap' is not a price"),
     ],
 )
 def test_a_plan_row_the_catalog_cannot_price_is_rejected(
