@@ -31,15 +31,22 @@ SCRIPT = ROOT / "examples" / "mlp_regression.py"
 BATCH = 256
 
 GROW = """
+import time
+
 from kplan.runtime.policy import Policy
 
 
 class GrowAt(Policy):
-    \"\"\"Ask for a second node once, at step {at}, while the job runs on one worker.\"\"\"
+    \"\"\"Ask for a second node once, at step {at}, while the job runs on one worker; then
+    slow the single worker down (50 ms a step) so that the launcher, checking every 0.5 s,
+    always acts before the job could finish on its own (a 5 ms step finished it first on a
+    loaded machine).\"\"\"
 
     def after_step(self, m, act):
         if m.world_size == 1 and m.step == {at}:
             act.resize(nodes=2, reason="test: grow to two nodes")
+        elif m.world_size == 1 and m.step > {at}:
+            time.sleep(0.05)
 """
 
 
