@@ -6,8 +6,9 @@
 Document shape (``schema`` = ``kplan.profile/1.x``)::
 
     {
-      "schema": "kplan.profile/1.0",
+      "schema": "kplan.profile/1.1",
       "name": "imagenet-resnet50",
+      "precision": "fp32",      # optional (1.1): fp32, tf32, bf16 or fp16 (kplan.planner.precision)
       "provenance": "how it was measured, by what",
       "device": {"gpu": "T4", "gpus_per_node": 4, "cloud": "aws", "instance_type": "g4dn.12xlarge",
                  "fp32_tflops": 7.9, "mem_bw_gbs": 290.0},   # the last two: measured, optional
@@ -35,9 +36,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kplan.errors import DataFileError, SchemaVersionError
+from kplan.errors import DataFileError, InputError, SchemaVersionError
+from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
 
-PROFILE_SCHEMA = "kplan.profile/1.0"
+PROFILE_SCHEMA = "kplan.profile/1.1"  # 1.1: optional top-level "precision"
 _PROFILE_KIND = "kplan.profile"
 _SUPPORTED_MAJOR = 1
 
@@ -99,6 +101,7 @@ class Profile:
     measured_fp32_tflops: float | None = None
     measured_mem_bw_gbs: float | None = None
     fit: dict[str, Any] | None = field(default=None, compare=False)
+    precision: Precision = DEFAULT_PRECISION  # what the measurements ran in (profile 1.1)
 
 
 def check_schema(doc: Any, kind: str, source: str) -> str:
@@ -324,7 +327,15 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         measured_fp32_tflops=_opt(device, "fp32_tflops", source, "device", MAX_TFLOPS),
         measured_mem_bw_gbs=_opt(device, "mem_bw_gbs", source, "device", MAX_TFLOPS),
         fit=fit,
+        precision=_precision(doc.get("precision", DEFAULT_PRECISION), source),
     )
+
+
+def _precision(value: Any, source: str) -> Precision:
+    try:
+        return check_precision(value, "precision")
+    except InputError as err:
+        raise DataFileError(f"{source}: {err.message}", hint=err.hint) from None
 
 
 def _opt(
@@ -364,6 +375,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
             for m in p.measurements
         ],
     }
+    if p.precision != DEFAULT_PRECISION:
+        doc["precision"] = p.precision
     if p.cloud:
         doc["device"]["cloud"] = p.cloud
     if p.instance_type:

@@ -58,3 +58,28 @@ def test_schema_versions() -> None:
         profile_from_dict({**doc, "schema": "kplan.plan/1.0"})
     with pytest.raises(DataFileError, match="expected a JSON object"):
         profile_from_dict([1, 2])
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [(None, "fp32"), ("fp32", "fp32"), ("bf16", "bf16"), ("AMP", "fp16"), ("tf32", "tf32")],
+)
+def test_the_profile_records_its_precision(given: str | None, stored: str) -> None:
+    doc = _doc()
+    if given is not None:
+        doc["precision"] = given
+    prof = profile_from_dict(doc)
+    assert prof.precision == stored
+    again = profile_to_dict(prof)
+    assert again.get("precision", "fp32") == stored  # fp32 (the default) stays implicit
+    assert profile_from_dict(again) == prof
+
+
+@pytest.mark.parametrize("bad", ["fp8", "", 16, None, ["fp16"]])
+def test_an_unknown_precision_is_refused_with_the_allowed_values(bad: Any) -> None:
+    doc = {**_doc(), "precision": bad}
+    if bad is None:
+        doc["precision"] = "none"
+    with pytest.raises(DataFileError, match="is not a precision") as info:
+        profile_from_dict(doc)
+    assert "fp32, tf32, bf16, fp16" in info.value.hint
