@@ -209,10 +209,24 @@ def feature_vector(model: DeviceModel, gpu: GpuSpec) -> NDArray[np.float64]:
     return np.array([FEATURES[f](gpu) for f in model.features], dtype=np.float64)
 
 
-def compute_scale(model: DeviceModel, src: GpuSpec, dst: GpuSpec) -> SpeedEstimate:
-    """How a compute time measured on ``src`` scales on ``dst``: ``t_dst = factor * t_src``."""
-    if src.name == dst.name:
+def compute_scale(
+    model: DeviceModel,
+    src: GpuSpec,
+    dst: GpuSpec,
+    *,
+    src_precision: str = "fp32",
+    dst_precision: str = "fp32",
+) -> SpeedEstimate:
+    """How a compute time measured on ``src`` scales on ``dst``: ``t_dst = factor * t_src``.
+
+    ``src_precision``/``dst_precision``: the precision measured and the precision predicted.
+    """
+    if src.name == dst.name and src_precision == dst_precision:
         return SpeedEstimate(1.0, 0.0)
+    if src_precision != dst_precision:
+        # Interim (device model 1.x has no precision term): the FP32 model, with a wide sigma.
+        base = compute_scale(model, src, dst)
+        return SpeedEstimate(base.factor, math.hypot(base.log_sigma, 0.5))
     coef = np.asarray(model.coefficients, dtype=np.float64)
     log_factor = float(coef @ (feature_vector(model, dst) - feature_vector(model, src)))
     return SpeedEstimate(math.exp(log_factor), model.log_sigma)

@@ -16,6 +16,7 @@ from kplan.planner import fit, perfmodel
 from kplan.planner.catalog import GpuSpec, InstanceType
 from kplan.planner.devices import DeviceModel, compute_scale
 from kplan.planner.perfmodel import PerfParams
+from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.planner.profile import GnsPoint, Profile
 
 # Weights, gradients and two Adam moments in FP32: the static memory of data-parallel
@@ -40,6 +41,7 @@ class Workload:
     static_memory_gb: float | None
     per_sample_memory_gb: float | None
     ref_is_cpu: bool
+    precision: Precision = DEFAULT_PRECISION  # what the profile measured in
 
     def __post_init__(self) -> None:
         if self.base_batch < 1:
@@ -107,6 +109,7 @@ def workload_from_profile(
         static_memory_gb=profile.static_memory_gb,
         per_sample_memory_gb=profile.per_sample_memory_gb,
         ref_is_cpu=is_cpu,
+        precision=profile.precision,
     )
 
 
@@ -138,10 +141,21 @@ def max_local_batch(w: Workload, gpu: GpuSpec) -> int:
 
 
 def for_instance(
-    w: Workload, inst: InstanceType, gpu: GpuSpec, dm: DeviceModel
+    w: Workload,
+    inst: InstanceType,
+    gpu: GpuSpec,
+    dm: DeviceModel,
+    precision: Precision | str | None = None,
 ) -> InstancePrediction:
-    """The job's model on ``inst``: device-scaled compute, catalog link speeds, memory cap."""
-    speed = compute_scale(dm, w.ref_gpu, gpu)
+    """The job's model on ``inst``: device-scaled compute, catalog link speeds, memory cap.
+
+    ``precision`` is the precision to predict (``None``: the profile's own, ``w.precision``);
+    projecting to another precision than the profile's carries that projection's uncertainty.
+    """
+    dst_precision = w.precision if precision is None else check_precision(precision)
+    speed = compute_scale(
+        dm, w.ref_gpu, gpu, src_precision=w.precision, dst_precision=dst_precision
+    )
     extra = math.hypot(speed.log_sigma, CPU_TO_GPU_EXTRA_LOG_SIGMA if w.ref_is_cpu else 0.0)
     params = perfmodel.transfer(
         w.params,

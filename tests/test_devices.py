@@ -311,3 +311,19 @@ def test_shipped_model_is_what_the_fit_script_produces() -> None:
     assert refit["held_out_error"] == shipped["held_out_error"]
     # And the document's held-out error is what a reader of the planner sees.
     assert copy.deepcopy(load_device_model().held_out_error) == shipped["held_out_error"]
+
+
+def test_for_instance_takes_a_precision_defaulting_to_the_profiles() -> None:
+    from kplan.planner.catalog import InstanceType
+    from kplan.planner.workload import for_instance
+    from tests.planner_fixtures import workload
+
+    w = workload()
+    assert w.precision == "fp32"
+    inst = InstanceType("aws", "g4dn.xlarge", "T4", 1, 4, 16.0, 25.0, "none", 0.0, "test")
+    own = for_instance(w, inst, w.ref_gpu, MODEL)
+    assert (own.compute_factor, own.compute_log_sigma) == (1.0, 0.0)
+    same = for_instance(w, inst, w.ref_gpu, MODEL, precision="fp32")
+    assert same.compute_factor == 1.0
+    other = for_instance(w, inst, w.ref_gpu, MODEL, precision="fp16")
+    assert other.compute_log_sigma > 0.0  # a projection to another precision is uncertain
