@@ -164,8 +164,12 @@ def load_model(path: Path) -> PerfParams:
 
 
 def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
+    """Each configuration's step time on the row's device: the model's own GPU (its fitted
+    sigma), or another GPU named by the row's ``gpu`` or ``instance_type`` column, predicted by
+    transferring the model through the device model (with that transfer's wider sigma)."""
     rows = read_csv_rows(configs, CONFIG_REQUIRED, CONFIG_OPTIONAL, "configurations")
     nodes, workers, local, accum = [], [], [], []
+    targets: list[tuple[str | None, str | None]] = []
     for line, r in enumerate(rows, start=2):
         n = _count(r, "nodes", configs, line, MAX_NODES)
         k = _count(r, "workers", configs, line, MAX_WORKERS)
@@ -180,22 +184,125 @@ def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
         accum.append(
             _count(r, "accum_steps", configs, line, MAX_BATCH) if r.get("accum_steps") else 1
         )
-    step = perfmodel.step_time(model, nodes, workers, local, accum)
-    comp = perfmodel.compute_time(model, local)
-    sync = perfmodel.sync_time(model, nodes, workers)
-    z90 = math.exp(1.2815515655446004 * model.log_sigma)
+        targets.append((_name(r, "gpu", configs, line), _name(r, "instance_type", configs, line)))
+    resolver = _Transfer(model, configs)
+    per_row = [resolver.params(line, g, t) for line, (g, t) in enumerate(targets, start=2)]
     out = []
     for i, r in enumerate(rows):
+        p, source = per_row[i]
+        step = float(perfmodel.step_time(p, [nodes[i]], [workers[i]], [local[i]], [accum[i]])[0])
         out.append(
             {
                 **r,
-                "step_time": float(step[i]),
-                "step_time_p90": float(step[i] * z90),
-                "compute_time": float(comp[i]),
-                "sync_time": float(sync[i]),
+                "step_time": step,
+                "step_time_p90": step * math.exp(_Z90 * p.log_sigma),
+                "step_time_log_sigma": float(p.log_sigma),
+                "compute_time": float(perfmodel.compute_time(p, [local[i]])[0]),
+                "sync_time": float(perfmodel.sync_time(p, [nodes[i]], [workers[i]])[0]),
+                "transferred_from": source,
             }
         )
     return out
+
+
+_Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+
+
+class _Transfer:
+    """The model's parameters on each row's device; the catalog and device model are loaded
+    only when some row names another device than the model's."""
+
+    def __init__(self, model: PerfParams, source: Path) -> None:
+        self.model = model
+        self.source = source
+        self._cache: dict[tuple[str, str | None], PerfParams] = {}
+        self._catalog: Any = None
+
+    def params(self, line: int, gpu: str | None, itype: str | None) -> tuple[PerfParams, str]:
+        if gpu is None and itype is None:
+            return self.model, ""
+        own = (self.model.gpu or "").lower()
+        if itype is None and gpu is not None and gpu.lower() == own:
+            return self.model, ""
+        cat = self._load()
+        inst = None
+        if itype is not None:
+            found = [i for (_c, t), i in sorted(cat.instances.items()) if t == itype]
+            if not found:
+                import difflib
+
+                names = sorted({t for (_c, t) in cat.instances})
+                close = difflib.get_close_matches(itype, names, n=3, cutoff=0.5)
+                raise DataFileError(
+                    f"{self.source}, line {line}: unknown instance type {itype!r}",
+                    hint=f"did you mean {', '.join(close)}?"
+                    if close
+                    else "see `kplan catalog list`",
+                )
+            inst = found[0]
+            if gpu is not None and gpu.lower() != inst.gpu.lower():
+                raise DataFileError(
+                    f"{self.source}, line {line}: {itype} has {inst.gpu} GPUs, not {gpu}",
+                    hint="leave one of the gpu and instance_type cells empty, or make them agree",
+                )
+            gpu = inst.gpu
+        known = {g.lower(): g for g in cat.gpus}
+        assert gpu is not None
+        if gpu.lower() not in known:
+            raise DataFileError(
+                f"{self.source}, line {line}: unknown GPU {gpu!r}",
+                hint=f"known GPUs: {', '.join(sorted(cat.gpus))}",
+            )
+        dst = cat.gpus[known[gpu.lower()]]
+        if dst.name.lower() == own and inst is None:
+            return self.model, ""
+        if not own or own not in known:
+            raise DataFileError(
+                f"{self.source}, line {line}: names {dst.name}, but the model does not say "
+                f"which GPU it was fitted on"
+                + (f" ({self.model.gpu!r} is not in the catalog)" if own else ""),
+                hint="fit it from measurements with a gpu column (`kplan model fit`), or leave "
+                "the row's gpu and instance_type empty",
+            )
+        key = (dst.name, inst.name if inst is not None else None)
+        if key not in self._cache:
+            self._cache[key] = self._transfer(cat, cat.gpus[known[own]], dst, inst)
+        return self._cache[key], cat.gpus[known[own]].name
+
+    def _load(self) -> Any:
+        if self._catalog is None:
+            from kplan.catalogs.current import load_current
+
+            self._catalog = load_current()
+        return self._catalog
+
+    def _transfer(self, cat: Any, ref: Any, dst: Any, inst: Any) -> PerfParams:
+        """``workload.for_instance`` on a workload that is just this model."""
+        from kplan.catalogs.device_model import load_device_model
+        from kplan.planner.catalog import InstanceType
+        from kplan.planner.workload import Workload, for_instance
+
+        if inst is None or not self.model.gradient_bytes:
+            # A GPU alone, or a model without gradient bytes (its links cannot be rebuilt from
+            # the instance's): keep the model's links, transfer the compute.
+            inst = InstanceType(
+                "aws", dst.name, dst.name, self.model.gpus_per_node or 1, 0, 0.0, 0.0, "none",
+                0.0, "model predict",
+            )  # fmt: skip
+        w = Workload(
+            name="model",
+            params=self.model,
+            ref_gpu=ref,
+            base_batch=1,
+            samples_at_base=1.0,
+            gns=(),
+            gradient_bytes=self.model.gradient_bytes or 0.0,
+            max_local_batch_ref=1,
+            static_memory_gb=None,
+            per_sample_memory_gb=None,
+            ref_is_cpu=False,
+        )
+        return for_instance(w, inst, dst, load_device_model()).params
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:

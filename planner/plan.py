@@ -53,6 +53,7 @@ class PlanRow:
     checkpoint_interval_s: float
     groups: tuple[Group, ...]
     gpu: str
+    precision: str = "fp32"  # fp32, tf32, bf16 or fp16 (kplan.planner.precision)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -71,6 +72,8 @@ class Plan:
     feasible: int
     notes: tuple[str, ...] = field(default=())
     uncertainty: str = ""
+    precision: str = "fp32"  # what every row runs in
+    precision_basis: str = "measured"  # or "projected from the profile's fp32"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +81,8 @@ class Plan:
             "objective": self.objective,
             "reason": self.reason,
             "uncertainty": self.uncertainty,
+            "precision": self.precision,
+            "precision_basis": self.precision_basis,
             "considered": self.considered,
             "feasible": self.feasible,
             "notes": list(self.notes),

@@ -10,7 +10,7 @@ workers by the runtime (per-worker batches may differ by one sample), so the ste
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +21,7 @@ from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
 from kplan.planner.plan import OBJECTIVES, Group, Objective, Plan, PlanRow
+from kplan.planner.precision import Precision, check_precision
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
 Array = NDArray[np.float64]
@@ -34,12 +35,18 @@ class SearchOptions:
     gpus: tuple[str, ...] = ()
     markets: tuple[str, ...] = ("on-demand", "spot")
     max_nodes: int = 64
+    min_nodes: int = 1  # --nodes N pins min_nodes = max_nodes = N; --nodes 2-8 a range
+    instance_types: tuple[str, ...] = ()  # empty: all
     budget_usd: float | None = None
     deadline_hours: float | None = None
     objective: Objective = "cost"
     accum_steps: tuple[int, ...] = (1, 2, 4, 8)
     max_batch_multiple: float = 32.0  # largest global batch, as a multiple of B0
-    fixed_global_batch: bool = False
+    max_global_batch: int | None = None  # replaces max_batch_multiple when given
+    global_batch: int | None = None  # the one global batch to plan (pinned)
+    fixed_global_batch: bool = False  # keep B0, with at least min_local_batch per GPU
+    min_local_batch: int = 1  # smallest per-GPU (micro-)batch a configuration may use
+    precision: Precision | None = None  # None: the profile's; else projected from it
     mixed: bool = True
     top: int = 10
     overheads: costs.Overheads = field(default_factory=costs.Overheads)
@@ -53,6 +60,21 @@ class SearchOptions:
             )
         if not 1 <= self.max_nodes <= 1024:
             raise InputError(f"max nodes {self.max_nodes} must be in 1..1024", hint="e.g. 64")
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise InputError(
+                f"nodes {self.min_nodes}-{self.max_nodes} is not a range of node counts",
+                hint="e.g. --nodes 4 or --nodes 2-8 (low <= high, both >= 1)",
+            )
+        for name, b in (
+            ("--global-batch", self.global_batch),
+            ("--max-global-batch", self.max_global_batch),
+        ):
+            if b is not None and not 1 <= b <= 2**24:
+                raise InputError(f"{name}={b} must be in 1..{2**24}", hint="samples, e.g. 1024")
+        if not 1 <= self.min_local_batch <= 2**24:
+            raise InputError(f"min local batch {self.min_local_batch} must be >= 1", hint="e.g. 8")
+        if self.precision is not None:
+            check_precision(self.precision)
         if self.objective not in OBJECTIVES:
             raise InputError(
                 f"unknown objective {self.objective!r}", hint=f"use one of {', '.join(OBJECTIVES)}"
@@ -117,6 +139,7 @@ def candidates(
     notes: list[str] = []
     _check_filters(catalog, opts)
     gpus_wanted = {g.lower() for g in opts.gpus}
+    types_wanted = {t.lower() for t in opts.instance_types}
     best: dict[tuple[str, str, str, str], Offer] = {}
     for o in catalog.offers:
         if opts.clouds and o.cloud not in opts.clouds:
@@ -124,6 +147,8 @@ def candidates(
         if opts.regions and o.region not in opts.regions:
             continue
         if o.market not in opts.markets:
+            continue
+        if types_wanted and o.instance_type.lower() not in types_wanted:
             continue
         inst = catalog.instances.get((o.cloud, o.instance_type))
         if inst is None or (gpus_wanted and inst.gpu.lower() not in gpus_wanted):
@@ -136,7 +161,9 @@ def candidates(
     for (cloud, _region, itype, market), offer in sorted(best.items()):
         inst = catalog.instances[(cloud, itype)]
         if (cloud, itype) not in preds:
-            preds[(cloud, itype)] = for_instance(workload, inst, catalog.gpus[inst.gpu], dm)
+            preds[(cloud, itype)] = for_instance(
+                workload, inst, catalog.gpus[inst.gpu], dm, precision=opts.precision
+            )
             if preds[(cloud, itype)].max_local_batch < 1:
                 notes.append(f"{itype}: the job does not fit in {inst.gpu} memory")
         pred = preds[(cloud, itype)]
@@ -166,16 +193,36 @@ def _check_filters(catalog: Catalog, opts: SearchOptions) -> None:
             raise InputError(
                 f"unknown GPU {g!r}", hint=f"known GPUs: {', '.join(sorted(catalog.gpus))}"
             )
+    types = sorted({t for (_c, t) in catalog.instances})
+    folded = {t.lower() for t in types}
+    for t in opts.instance_types:
+        if t.lower() not in folded:
+            import difflib
+
+            close = difflib.get_close_matches(t, types, n=4, cutoff=0.5)
+            if close:
+                hint = f"did you mean {', '.join(close)}?"
+            else:
+                hint = f"e.g. {', '.join(types[:4])} (all: `kplan catalog list`)"
+            raise InputError(f"unknown instance type {t!r}", hint=hint)
 
 
 def batch_grid(workload: Workload, opts: SearchOptions) -> NDArray[np.int64]:
-    """Global batches to try: B0 * 2^(i/2) up to the multiple, or B0 alone."""
+    """Global batches to try: the pinned one; B0 alone (--fixed-batch, or no GNS); else
+    B0 * 2^(i/2) up to ``max_global_batch`` (default ``max_batch_multiple`` x B0)."""
     b0 = workload.base_batch
+    if opts.global_batch is not None:
+        return np.array([opts.global_batch], dtype=np.int64)
     if opts.fixed_global_batch or not workload.gns:
         return np.array([b0], dtype=np.int64)
-    steps = math.floor(2 * math.log2(opts.max_batch_multiple)) + 1
+    top = (
+        opts.max_global_batch if opts.max_global_batch is not None else opts.max_batch_multiple * b0
+    )
+    if top < b0:
+        return np.array([int(top)], dtype=np.int64)
+    steps = math.floor(2 * math.log2(top / b0) + 1e-9) + 1
     grid = np.unique(np.round(b0 * 2.0 ** (np.arange(steps) / 2.0)).astype(np.int64))
-    return grid
+    return grid[grid <= top]
 
 
 def _extrapolation_sigma(p: perfmodel.PerfParams, nodes: Array) -> Array:
@@ -210,7 +257,7 @@ def _type_grid(
     nodes, accum, gi = (
         a.ravel()
         for a in np.meshgrid(
-            np.arange(1, opts.max_nodes + 1, dtype=float),
+            np.arange(opts.min_nodes, opts.max_nodes + 1, dtype=float),
             np.array(opts.accum_steps, dtype=float),
             np.arange(len(grid)),
             indexing="ij",
@@ -219,7 +266,10 @@ def _type_grid(
     batch = grid[gi].astype(float)
     workers = nodes * g
     local = np.ceil(batch / (workers * accum))
-    ok = (local <= c.pred.max_local_batch) & (batch >= workers * accum)
+    # At least min_local_batch samples per GPU (a global batch below it: one GPU, no accum).
+    ok = (local <= c.pred.max_local_batch) & (
+        batch >= workers * accum * np.minimum(opts.min_local_batch, batch)
+    )
     # Accumulation only when a batch does not fit: otherwise it is strictly slower.
     ok &= (accum == 1) | (np.ceil(batch / (workers * (accum / 2))) > c.pred.max_local_batch)
     if not ok.any():
@@ -272,6 +322,8 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
     grid = batch_grid(workload, opts)
     checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
     factors = efficiency.sample_factor(workload.gns, workload.base_batch, grid)
+    if opts.global_batch is not None and not workload.gns:
+        factors = np.ones_like(factors)  # pinned batch, no GNS: same samples as at B0 (noted)
     pool = _Pool()
     grids: dict[tuple[str, str], _TypeGrid | None] = {}
     for i, c in enumerate(cands):
@@ -282,13 +334,88 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
         if tg is not None:
             _evaluate_single(i, c, tg, opts, checkpoint_s, pool)
     singles = _Table.from_pool(pool)
+    if singles.cost.size == 0:
+        raise InfeasibleError(*_explain_empty(cands, workload, opts, grid))
     mixes: list[MixCandidate] = []
     if opts.mixed:
         mixes = search_mixes(
             cands, singles.best_per_candidate(), workload, opts, grid, checkpoint_s
         )
+        mixes = [m for m in mixes if _mix_allowed(m, opts)]
     table = singles.with_mixes(mixes)
-    return _choose(table, cands, workload, opts, notes, grid)
+    plan = _choose(table, cands, workload, opts, notes, grid)
+    return _with_precision(plan, workload, opts)
+
+
+def _mix_allowed(m: MixCandidate, opts: SearchOptions) -> bool:
+    """With pinned instance types, a mix pairs two different pinned types (a spot + on-demand
+    mix of one type would read as "a+a"); node counts stay within the pinned range."""
+    if not opts.min_nodes <= m.nodes <= opts.max_nodes:
+        return False
+    if opts.instance_types:
+        return len({g.instance_type for g in m.groups}) == len(m.groups)
+    return True
+
+
+def plan_precision(workload: Workload, opts: SearchOptions) -> tuple[Precision, Precision]:
+    """(the plan's precision, the profile's precision)."""
+    measured = workload.precision
+    return (opts.precision or measured), measured
+
+
+def _with_precision(plan: Plan, workload: Workload, opts: SearchOptions) -> Plan:
+    prec, measured = plan_precision(workload, opts)
+    basis = "measured" if prec == measured else f"projected from the profile's {measured}"
+
+    def tag(r: PlanRow) -> PlanRow:
+        return replace(r, precision=prec)
+
+    chosen = tag(plan.chosen)
+    rows = tuple(chosen if r is plan.chosen else tag(r) for r in plan.plans)
+    return replace(
+        plan,
+        chosen=chosen,
+        plans=rows,
+        frontier=tuple(tag(r) for r in plan.frontier),
+        precision=prec,
+        precision_basis=basis,
+    )
+
+
+def _explain_empty(
+    cands: list[Candidate], workload: Workload, opts: SearchOptions, grid: NDArray[np.int64]
+) -> tuple[str, str]:
+    """Why no (nodes, batch) of any candidate type is possible: the pins, in words."""
+    c = cands[0]
+    gpus_lo = opts.min_nodes * c.inst.gpu_count
+    b_hi = int(grid.max())
+    b_lo = int(grid.min())
+    fit = max(x.pred.max_local_batch for x in cands)
+    nodes = (
+        f"{opts.min_nodes}"
+        if opts.min_nodes == opts.max_nodes
+        else f"{opts.min_nodes}-{opts.max_nodes}"
+    )
+    if b_hi < gpus_lo * min(opts.min_local_batch, b_hi):
+        per = f" x {opts.min_local_batch} samples each" if opts.min_local_batch > 1 else ""
+        return (
+            f"global batch {b_hi} is too small for {nodes} x {c.inst.name} ({gpus_lo} GPUs{per})",
+            "pin fewer --nodes, or a larger --global-batch / --max-global-batch",
+        )
+    max_acc = max(opts.accum_steps)
+    big = opts.max_nodes * max(x.inst.gpu_count for x in cands) * max_acc * fit
+    if b_lo > big:
+        return (
+            f"global batch {b_lo} does not fit: at most {fit} samples per GPU fit in memory "
+            f"on {nodes} nodes with up to {max_acc} accumulation steps",
+            "pin more --nodes or a smaller --global-batch",
+        )
+    return (
+        f"no configuration of {nodes} nodes and global batch {b_lo}"
+        + (f"-{b_hi}" if b_hi != b_lo else "")
+        + " is possible on the pinned instance types",
+        "relax --nodes, --global-batch or --instance-type",
+    )
 
 
 @dataclass(frozen=True)
@@ -422,7 +549,12 @@ def _choose(
     chosen = rows[0]
     frontier = tuple(_row(int(i), t, cands, workload) for i in front)
     all_notes = list(notes)
-    if not workload.gns:
+    if opts.global_batch is not None and not workload.gns:
+        all_notes.append(
+            "the profile has no gradient noise scale: the samples to train at the pinned global "
+            f"batch {opts.global_batch} are taken as those at {workload.base_batch}"
+        )
+    elif not workload.gns:
         all_notes.append(
             "the profile has no gradient noise scale: the global batch is kept at "
             f"{workload.base_batch}"

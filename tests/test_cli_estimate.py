@@ -156,8 +156,17 @@ def test_model_fit_and_predict_round_trip(tmp_path: Path) -> None:
     pred = tmp_path / "p.csv"
     _ok(["model", "predict", "--model", str(model), "--configs", str(c), "--out", str(pred)])
     header, first, _second = pred.read_text().splitlines()
-    assert header.split(",")[-4:] == ["step_time", "step_time_p90", "compute_time", "sync_time"]
+    cols = header.split(",")
+    assert cols[4:] == [
+        "step_time",
+        "step_time_p90",
+        "step_time_log_sigma",
+        "compute_time",
+        "sync_time",
+        "transferred_from",
+    ]
     assert float(first.split(",")[4]) == pytest.approx(0.05 + 0.004 * 32, rel=0.1)
+    assert first.split(",")[-1] == ""  # no gpu named: the model's own device
     rows = json.loads(
         _ok(["model", "predict", "--model", str(model), "--configs", str(c), "--json"])
     )

@@ -9,12 +9,20 @@ import typer
 
 from kplan.errors import InputError
 
+FIXED_BATCH_MIN_LOCAL = 8  # --fixed-batch: fewest samples per GPU per step
+
 _HELP = """Predict step time, time to train and cost for every configuration; pick a plan.
 
 Reads a built-in example (--example) or a profile from `kplan profile` (--profile), searches
 every cloud, region, instance type, market, node count, global batch and accumulation (and
 two-type mixes), and prints the best plans and the time/cost frontier. Times and costs are
 expected values with a p90; plans are filtered by their p90 against --budget and --deadline.
+
+Pin the question: --instance-type (repeatable), --nodes 4 (exact) or --nodes 2-8 (a range),
+--global-batch B (exact) or --max-global-batch B (default cap: 32 x the profile's batch),
+--fixed-batch (keep the profile's global batch, with at least 8 samples per GPU), and
+--precision (default: the profile's; another is projected from it, with a wider p90). Every
+plan states its precision and whether it was measured or projected.
 """
 
 
@@ -42,28 +50,57 @@ def estimate_command(
     spot: bool | None = typer.Option(
         None, "--spot/--on-demand", help="Only spot or only on-demand (default: both)."
     ),
-    max_nodes: int = typer.Option(64, "--max-nodes", help="Most instances in one plan."),
+    instance_type: list[str] = typer.Option(
+        [], "--instance-type", "-t", help="Only this instance type, e.g. p3.16xlarge (repeatable)."
+    ),
+    nodes: str | None = typer.Option(
+        None, "--nodes", help="Exactly N instances (--nodes 4) or a range (--nodes 2-8)."
+    ),
+    max_nodes: int | None = typer.Option(
+        None, "--max-nodes", help="Most instances in one plan (default 64; same as --nodes 1-N)."
+    ),
     objective: str | None = typer.Option(
         None,
         help="cost (cheapest within the deadline), time (fastest within the budget) or knee "
         "(of the frontier). Default: cost with --deadline, time with --budget alone, else knee.",
     ),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="Plan exactly this global batch (samples per step)."
+    ),
+    max_global_batch: int | None = typer.Option(
+        None, "--max-global-batch", help="Largest global batch to try (default 32 x the profile's)."
+    ),
     fixed_batch: bool = typer.Option(
-        False, "--fixed-batch", help="Keep the profile's global batch."
+        False,
+        "--fixed-batch",
+        help=f"Keep the profile's global batch; use only configurations that give every GPU at "
+        f"least {FIXED_BATCH_MIN_LOCAL} samples per step (fewer GPUs, not tiny per-GPU batches).",
+    ),
+    precision: str | None = typer.Option(
+        None, "--precision", help="fp32, tf32, bf16 or fp16 (default: the profile's)."
     ),
     mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Also consider two-type clusters."),
     top: int = typer.Option(10, help="How many plans to show."),
     out: Path | None = typer.Option(None, "--out", help="Write the plan JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    from kplan import flags, planning
+    from kplan import flags, pins, planning
+    from kplan.planner.precision import check_precision
     from kplan.planner.search import SearchOptions, default_objective
 
     flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 90")
     flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
     flags.number("--budget", budget, high=flags.MAX_USD, hint="USD, e.g. --budget 50")
     flags.number("--deadline", deadline, high=flags.MAX_HOURS, hint="hours, e.g. --deadline 12")
-    flags.integer("--max-nodes", max_nodes, high=flags.MAX_NODES, hint="e.g. --max-nodes 16")
+    flags.integer("--max-nodes", max_nodes, high=1024, hint="e.g. --max-nodes 16")
+    node_pin = pins.node_range(nodes)
+    if node_pin is not None and max_nodes is not None:
+        raise InputError(
+            "give --nodes or --max-nodes, not both", hint="--nodes 1-16 is --max-nodes 16"
+        )
+    pins.check_batches(global_batch, max_global_batch, fixed_batch)
+    prec = check_precision(precision) if precision is not None else None
+    flags.texts("--instance-type", instance_type, hint="e.g. p3.16xlarge")
     flags.integer("--top", top, high=10_000, hint="e.g. --top 10")
     flags.text("--objective", objective, hint="cost, time or knee")
     flags.texts("--cloud", cloud, hint="aws or gcp")
@@ -90,7 +127,13 @@ def estimate_command(
         regions=tuple(region),
         gpus=tuple(gpu),
         markets=markets,
-        max_nodes=max_nodes,
+        instance_types=tuple(instance_type),
+        min_nodes=node_pin[0] if node_pin else 1,
+        max_nodes=node_pin[1] if node_pin else (max_nodes or 64),
+        global_batch=global_batch,
+        max_global_batch=max_global_batch,
+        min_local_batch=FIXED_BATCH_MIN_LOCAL if fixed_batch else 1,
+        precision=prec,
         budget_usd=budget,
         deadline_hours=deadline,
         objective=objective if objective is not None else default_objective(budget, deadline),  # type: ignore[arg-type]

@@ -33,7 +33,8 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
     console = Console()
     table = Table(
         title=f"{safe(profile_name)}: the best plan of each instance type "
-        f"(objective: {safe(plan.objective)})",
+        f"(objective: {safe(plan.objective)}; precision {safe(plan.precision)}, "
+        f"{safe(plan.precision_basis)})",
         title_justify="left",
         pad_edge=False,
     )
