@@ -75,7 +75,10 @@ def predict_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the CSV here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of CSV."),
 ) -> None:
-    """Answer each configuration with step_time (and its p90), compute_time and sync_time."""
+    """Answer each configuration with step_time, its p90 and log sigma, compute_time and
+    sync_time. A row whose gpu or instance_type names another GPU than the model's is
+    transferred through the device model (wider sigma; transferred_from names the model's GPU);
+    an unknown GPU or type, or a model that does not name its GPU, is refused."""
     from kplan.io import check_writable, write_atomic
     from kplan.modelio import load_model, predict_file, to_csv
 
