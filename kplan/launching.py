@@ -62,6 +62,13 @@ class LaunchRequest:
     subnet: str | None = None  # gcp: subnetwork
     service_account: str | None = None  # gcp: the instances' service account
     external_ip: bool = True  # gcp: False gives the instances no public IP
+    # Pins for planning now (as in kplan estimate; --plan-nodes is estimate's --nodes)
+    instance_types: tuple[str, ...] = ()
+    plan_nodes: str | None = None  # "4" or "2-8"
+    global_batch: int | None = None
+    max_global_batch: int | None = None
+    fixed_batch: bool = False
+    precision: str | None = None
 
 
 def _check_common(req: LaunchRequest) -> None:
@@ -190,6 +197,7 @@ def build_spec(req: LaunchRequest) -> JobSpec:
     _check_common(req)
     plan_doc = read_plan(req.plan_file) if req.plan_file is not None else None
     cloud = req.cloud or (plan_doc["chosen"]["cloud"] if plan_doc else "local")
+    _check_pins(req, plans_now=cloud != "local" and plan_doc is None)
     if cloud == "local":
         if plan_doc is not None or req.profile or req.example_profile:
             raise InputError(
@@ -343,9 +351,42 @@ def check_plan_row(row: dict[str, Any], source: str) -> None:
     count(row, "accum_steps", flags.MAX_BATCH, "chosen.accum_steps")
 
 
+def _check_pins(req: LaunchRequest, *, plans_now: bool) -> None:
+    """The pinning flags are checked like kplan estimate's, and only where launch plans."""
+    from kplan import flags, pins
+    from kplan.planner.precision import check_precision
+
+    given = [
+        name
+        for name, on in (
+            ("--instance-type", bool(req.instance_types)),
+            ("--plan-nodes", req.plan_nodes is not None),
+            ("--global-batch", req.global_batch is not None),
+            ("--max-global-batch", req.max_global_batch is not None),
+            ("--fixed-batch", req.fixed_batch),
+            ("--precision", req.precision is not None),
+        )
+        if on
+    ]
+    if not given:
+        return
+    flags.texts("--instance-type", req.instance_types, hint="e.g. p3.16xlarge")
+    pins.node_range(req.plan_nodes, "--plan-nodes")
+    pins.check_batches(req.global_batch, req.max_global_batch, req.fixed_batch)
+    if req.precision is not None:
+        check_precision(req.precision)
+    if not plans_now:
+        raise InputError(
+            f"{', '.join(given)}: only for a plan made now, and this launch makes none",
+            hint="use them with --cloud aws|gcp and --profile or --example-profile, or in "
+            "kplan estimate --out plan.json",
+        )
+
+
 def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
     """Search now (``kplan estimate``) for a plan on ``cloud``."""
-    from kplan import planning
+    from kplan import pins, planning
+    from kplan.planner.precision import check_precision
     from kplan.planner.search import SearchOptions, default_objective
 
     if req.example_profile is None and req.profile is None:
@@ -361,6 +402,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
     markets: tuple[str, ...] = ("on-demand", "spot")
     if req.spot is not None:
         markets = ("spot",) if req.spot else ("on-demand",)
+    node_pin = pins.node_range(req.plan_nodes, "--plan-nodes")
     options = SearchOptions(
         clouds=(cloud,),
         regions=(req.region,) if req.region else (),
@@ -369,6 +411,14 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
         deadline_hours=req.deadline_h,
         objective=default_objective(req.budget_usd or None, req.deadline_h),
         mixed=False,
+        instance_types=req.instance_types,
+        global_batch=req.global_batch,
+        max_global_batch=req.max_global_batch,
+        fixed_global_batch=req.fixed_batch,
+        min_local_batch=pins.FIXED_BATCH_MIN_LOCAL if req.fixed_batch else 1,
+        precision=check_precision(req.precision) if req.precision is not None else None,
+        min_nodes=node_pin[0] if node_pin else 1,
+        max_nodes=node_pin[1] if node_pin else 64,
     )
     result = planning.estimate(prof, options)
     doc = result.plan.to_dict()

@@ -11,6 +11,7 @@ from kplan.errors import InputError
 _RANGE = re.compile(r"^\s*(\d{1,7})\s*(?:-\s*(\d{1,7})\s*)?$")
 _NODES_HINT = "a node count (--nodes 4) or a range (--nodes 2-8), each between 1 and 1024"
 MAX_PLAN_NODES = 1024  # SearchOptions' limit
+FIXED_BATCH_MIN_LOCAL = 8  # --fixed-batch: fewest samples per GPU per micro-step
 
 
 def node_range(value: str | None, flag: str = "--nodes") -> tuple[int, int] | None:

@@ -211,3 +211,52 @@ def test_predict_rejects_another_gpu_when_the_model_names_none(tmp_path: Path) -
     result = runner.invoke(app, ["model", "predict", "--model", str(model), "-c", str(c)])
     assert result.exit_code == 2, result.output
     assert "does not say which GPU" in result.output
+
+
+# --- kplan launch: the same pins where it plans now ----------------------------------------
+
+
+def test_launch_plans_now_with_the_pins(tmp_path: Path) -> None:
+    from kplan.launching import LaunchRequest, plan_now
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    req = LaunchRequest(
+        script=script,
+        budget_usd=5000.0,
+        cloud="aws",
+        example_profile="imagenet-resnet50",
+        instance_types=("p3.16xlarge",),
+        plan_nodes="4",
+        global_batch=1600,
+        precision="fp16",
+    )
+    doc = plan_now(req, "aws")
+    assert doc["precision"] == "fp16"
+    for r in _rows(doc):
+        assert (r["instance_type"], r["nodes"], r["global_batch"], r["precision"]) == (
+            "p3.16xlarge",
+            4,
+            1600,
+            "fp16",
+        )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--precision", "fp16"], "only for a plan made now"),  # a local job plans nothing
+        (["--cloud", "aws", "--example-profile", "imagenet-resnet50", "--plan-nodes", "9-3"],
+         "--plan-nodes 9-3"),
+        (["--cloud", "aws", "--example-profile", "imagenet-resnet50", "--precision", "fp8"],
+         "not a precision"),
+        (["--cloud", "aws", "--example-profile", "imagenet-resnet50", "--instance-type",
+          "nope", "--plan-nodes", "2"], "unknown instance type"),
+    ],
+)  # fmt: skip
+def test_launch_bad_pins(tmp_path: Path, args: list[str], message: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    result = runner.invoke(app, ["launch", str(script), "--budget", "50", *args, "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output

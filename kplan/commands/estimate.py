@@ -8,8 +8,7 @@ from pathlib import Path
 import typer
 
 from kplan.errors import InputError
-
-FIXED_BATCH_MIN_LOCAL = 8  # --fixed-batch: fewest samples per GPU per step
+from kplan.pins import FIXED_BATCH_MIN_LOCAL
 
 _HELP = """Predict step time, time to train and cost for every configuration; pick a plan.
 

@@ -132,6 +132,35 @@ def launch_command(
     max_nodes: Annotated[
         int | None, typer.Option("--max-nodes", help="Most nodes a resize may use.")
     ] = None,
+    instance_type: Annotated[
+        list[str] | None,
+        typer.Option("--instance-type", help="Planning now: only this type (repeatable)."),
+    ] = None,
+    plan_nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--plan-nodes",
+            help="Planning now: exactly N nodes (4) or a range (2-8); kplan estimate's --nodes.",
+        ),
+    ] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="Planning now: exactly this batch.")
+    ] = None,
+    max_global_batch: Annotated[
+        int | None,
+        typer.Option("--max-global-batch", help="Planning now: the largest global batch."),
+    ] = None,
+    fixed_batch: Annotated[
+        bool,
+        typer.Option(
+            "--fixed-batch",
+            help="Planning now: keep the profile's global batch, >= 8 samples per GPU.",
+        ),
+    ] = False,
+    precision: Annotated[
+        str | None,
+        typer.Option("--precision", help="Planning now: fp32, tf32, bf16 or fp16."),
+    ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -246,6 +275,12 @@ def launch_command(
         subnet=subnet,
         service_account=service_account,
         external_ip=external_ip,
+        instance_types=tuple(instance_type or ()),
+        plan_nodes=plan_nodes,
+        global_batch=global_batch,
+        max_global_batch=max_global_batch,
+        fixed_batch=fixed_batch,
+        precision=precision,
     )
     spec = build_spec(req)
     billing = billing_for(spec.cloud)
