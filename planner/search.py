@@ -372,6 +372,9 @@ def _with_precision(plan: Plan, workload: Workload, opts: SearchOptions) -> Plan
 
     chosen = tag(plan.chosen)
     rows = tuple(chosen if r is plan.chosen else tag(r) for r in plan.plans)
+    uncertainty = plan.uncertainty
+    if prec != measured:
+        uncertainty += f"; the step time is projected from {measured} to {prec} (wider p90)"
     return replace(
         plan,
         chosen=chosen,
@@ -379,6 +382,7 @@ def _with_precision(plan: Plan, workload: Workload, opts: SearchOptions) -> Plan
         frontier=tuple(tag(r) for r in plan.frontier),
         precision=prec,
         precision_basis=basis,
+        uncertainty=uncertainty,
     )
 
 

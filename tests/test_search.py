@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kplan.errors import InfeasibleError, InputError
-from kplan.planner.search import SearchOptions, knee_index, pareto_front, search
+from kplan.planner.search import SearchOptions, batch_grid, knee_index, pareto_front, search
 from tests.planner_fixtures import catalog, device_model, workload
 
 
@@ -97,3 +97,66 @@ def test_pareto_and_knee_helpers() -> None:
     front = pareto_front(hours, cost)
     assert list(front) == [0, 1, 2, 4]
     assert knee_index(hours[front], cost[front]) == 1
+
+
+def test_pinned_instance_type_and_node_range() -> None:
+    opts = SearchOptions(instance_types=("G4DN.12xlarge",), min_nodes=3, max_nodes=5, top=20)
+    plan = search(workload(), catalog(), device_model(), opts)
+    rows = [plan.chosen, *plan.plans, *plan.frontier]
+    assert {r.instance_type for r in rows} == {"g4dn.12xlarge"}  # no "a+a" spot/on-demand mix
+    assert {r.nodes for r in rows} <= {3, 4, 5} and plan.chosen.nodes >= 3
+    exact = search(workload(), catalog(), device_model(), SearchOptions(min_nodes=4, max_nodes=4))
+    assert {r.nodes for r in (exact.chosen, *exact.plans, *exact.frontier)} == {4}
+    with pytest.raises(InputError, match="unknown instance type 'g4dn.12x'") as err:
+        search(workload(), catalog(), device_model(), SearchOptions(instance_types=("g4dn.12x",)))
+    assert "did you mean g4dn.12xlarge" in err.value.hint
+    with pytest.raises(InputError, match="not a range"):
+        SearchOptions(min_nodes=5, max_nodes=4)
+    with pytest.raises(InputError, match="not a precision"):
+        SearchOptions(precision="fp8")  # type: ignore[arg-type]
+
+
+def test_batch_grid_pins_and_caps() -> None:
+    w = workload()  # B0 = 128
+    assert list(batch_grid(w, SearchOptions()))[-1] == 32 * 128
+    assert list(batch_grid(w, SearchOptions(max_global_batch=512))) == [128, 181, 256, 362, 512]
+    assert list(batch_grid(w, SearchOptions(max_global_batch=100))) == [100]
+    assert list(batch_grid(w, SearchOptions(global_batch=1000))) == [1000]
+    assert list(batch_grid(workload(gns=False), SearchOptions(global_batch=1000))) == [1000]
+
+
+def test_pinned_batch_without_gns_is_planned_with_a_note() -> None:
+    opts = SearchOptions(global_batch=512, max_nodes=8)
+    plan = search(workload(gns=False), catalog(), device_model(), opts)
+    assert {r.global_batch for r in plan.plans} == {512}
+    assert plan.chosen.samples == pytest.approx(workload().samples_at_base)
+    assert any("pinned global batch 512" in n for n in plan.notes)
+
+
+def test_fixed_batch_minimum_per_gpu() -> None:
+    opts = SearchOptions(fixed_global_batch=True, min_local_batch=8, top=20, mixed=False)
+    plan = search(workload(), catalog(), device_model(), opts)
+    for r in (plan.chosen, *plan.plans, *plan.frontier):
+        assert r.global_batch == 128 and r.workers * r.accum_steps * 8 <= 128
+    with pytest.raises(InfeasibleError, match="too small for 5 x"):
+        search(
+            workload(),
+            catalog(),
+            device_model(),
+            SearchOptions(
+                fixed_global_batch=True, min_local_batch=8, min_nodes=5, max_nodes=5,
+                instance_types=("p4d.24xlarge",),
+            ),
+        )  # fmt: skip
+
+
+def test_every_plan_states_its_precision() -> None:
+    same = search(workload(), catalog(), device_model(), SearchOptions(max_nodes=4))
+    assert (same.precision, same.precision_basis) == ("fp32", "measured")
+    other = search(
+        workload(), catalog(), device_model(), SearchOptions(max_nodes=4, precision="bf16")
+    )
+    assert (other.precision, other.precision_basis) == ("bf16", "projected from the profile's fp32")
+    assert {r.precision for r in (other.chosen, *other.plans, *other.frontier)} == {"bf16"}
+    assert "projected from fp32 to bf16" in other.uncertainty
+    assert other.to_dict()["chosen"]["precision"] == "bf16"
