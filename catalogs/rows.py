@@ -55,7 +55,17 @@ def parse_gpu(row: Row) -> GpuSpec:
         fp16_tflops=row.number("fp16_tflops"),
         mem_bw_gbs=row.number("mem_bw_gbs"),
         source=row.text("source"),
+        tf32_tflops=_optional_number(row, "tf32_tflops"),
+        bf16_tflops=_optional_number(row, "bf16_tflops"),
+        sm_count=int(n) if (n := _optional_number(row, "sm_count")) is not None else None,
     )
+
+
+def _optional_number(row: Row, column: str) -> float | None:
+    """An optional column (absent from older files, or empty): None, else a number > 0."""
+    if not row.fields.get(column, "").strip():
+        return None
+    return row.number(column)
 
 
 def parse_instance(row: Row) -> InstanceType:

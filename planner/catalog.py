@@ -24,6 +24,11 @@ class GpuSpec:
     fp16_tflops: float  # dense FP16/BF16 tensor-core peak
     mem_bw_gbs: float  # HBM/GDDR bandwidth, GB/s
     source: str
+    # Optional (gpus.csv columns may be empty): dense TF32 / BF16 tensor-core peaks (None: the
+    # GPU has no such tensor cores, so tf32 and bf16 run as FP32) and the SM count.
+    tf32_tflops: float | None = None
+    bf16_tflops: float | None = None
+    sm_count: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,47 +1,65 @@
-"""Cross-device compute speed: scale a compute time measured on one GPU type to another.
+"""Cross-device compute speed: scale a compute time measured on one GPU (and precision) to another.
 
-The model is a roofline-style geometric blend over published specs. A job's compute time on a
-GPU with FP32 peak ``F`` and memory bandwidth ``BW`` is taken as ``t ~ F^-a * BW^-b``, so the
-time measured on ``src`` maps to ``dst`` as::
+The model (schema ``kplan.device-model/2.x``) is a two-term roofline over published specs. The
+device time of a step in precision ``p`` on GPU ``g`` is taken as::
 
-    log(t_dst / t_src) = sum_k c_k * (phi_k(dst) - phi_k(src)),   phi = (log F, log BW)
+    t ~ k_p / P_p(g) + m_p / BW(g)
 
-with ``c = (-a, -b)`` fitted offline (``scripts/fit_device_model.py``, scikit-learn) on measured
-iteration times of the same workloads on several GPUs. The shipped fit constrains
-``a + b = 1`` (a GPU faster by k in both FLOPs and bandwidth runs k times faster). The model is
-antisymmetric, so it has no intercept: identity gives factor 1 and swapping src and dst inverts
-the factor. ``log_sigma`` is the root-mean-square log error on GPUs held out of the fit.
+where ``P_p(g)`` is g's peak for the precision (TFLOPS; ``peak_tflops``: FP32 CUDA cores for
+fp32, TF32 tensor cores for tf32, FP16/BF16 tensor cores for fp16/bf16, with fallbacks on GPUs
+that lack them), ``BW(g)`` its memory bandwidth (GB/s), ``k_p`` the compute work per unit of
+memory traffic (the roofline share: a large ``k`` is compute-bound) and ``m_p`` the memory
+traffic relative to FP32 (16-bit activations move fewer bytes). A time measured on ``src`` maps
+to ``dst`` as ``t_dst = t_src * T(dst) / T(src)``: the identity gives 1, swapping src and dst
+inverts the factor, and factors chain. Because ``T`` is a sum, the factor is bounded by the
+ratios of peaks and of bandwidths: a GPU with less bandwidth is never predicted faster than its
+peak FLOP/s allows on the memory-bound part.
 
-Document shape (``schema`` = ``kplan.device-model/1.x``)::
+``k_p`` and ``m_p`` are fitted offline (``scripts/fit_device_model.py``) on the shared GPU data;
+the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out and leave one
+model out): ``base + per_distance * d`` for a prediction across GPUs, with ``d`` the spec
+distance ``|dlog peak| + |dlog bandwidth|``, and a fixed term for a projection to another
+precision on the same GPU; both add in quadrature. A same-GPU, same-precision prediction has
+factor 1 and sigma 0 (the profile's own fitted sigma is all there is).
 
-    {"schema": "kplan.device-model/1.0",
-     "features": ["log_fp32_tflops", "log_mem_bw_gbs"],
-     "coefficients": {"log_fp32_tflops": -0.43, "log_mem_bw_gbs": -0.57},
-     "intercept": 0.0, "log_sigma": 0.28,
-     "fitted_on": ["Tesla_T4", ...], "held_out_error": {...}, "source": "..."}
+Document shape::
 
-Pure: no I/O. ``kplan.catalogs.device_model`` reads the shipped file.
+    {"schema": "kplan.device-model/2.0",
+     "compute_weight": {"fp32": 0.05, "tf32": 0.02, "bf16": 0.01, "fp16": 0.01},
+     "memory_weight": {"fp32": 1.0, "tf32": 1.0, "bf16": 0.6, "fp16": 0.6},
+     "sigma": {"cross_gpu": {"full": {"base": 0.1, "per_distance": 0.05}, "mixed": {...}},
+               "cross_precision": {"full": 0.2, "mixed": 0.25}},
+     "log_sigma": 0.2, "fitted_on": [...], "held_out_error": {...}, "source": "..."}
+
+A 1.x document (a geometric FP32/bandwidth blend with no precision) is refused with a hint to
+re-create it; the shipped file is 2.0. Pure: no I/O. ``kplan.catalogs.device_model`` reads it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.errors import CatalogError, DataFileError
+from kplan.errors import CatalogError, DataFileError, SchemaVersionError
 from kplan.planner.catalog import GpuSpec
-from kplan.planner.profile import check_schema
+from kplan.planner.precision import PRECISIONS
 
-DEVICE_MODEL_SCHEMA = "kplan.device-model/1.0"
+DEVICE_MODEL_SCHEMA = "kplan.device-model/2.0"
 _KIND = "kplan.device-model"
+FIT_PRECISIONS: Final[tuple[str, ...]] = tuple(PRECISIONS)
+FAMILIES: Final[tuple[str, ...]] = ("full", "mixed")  # fp32/tf32 and fp16/bf16
 
 
-def _positive_log(gpu: GpuSpec, attr: str) -> float:
+def precision_family(precision: str) -> str:
+    return "mixed" if precision in ("fp16", "bf16") else "full"
+
+
+def _positive(gpu: GpuSpec, attr: str) -> float:
     value = getattr(gpu, attr)
     if (
         isinstance(value, bool)
@@ -53,14 +71,40 @@ def _positive_log(gpu: GpuSpec, attr: str) -> float:
             f"GPU {gpu.name!r}: {attr}={value!r} must be a positive number",
             hint="fix the GPU row in the catalog (gpus.csv)",
         )
-    return math.log(value)
+    return float(value)
 
 
-# The spec features a device model may use: name -> function of a GPU's published specs.
-FEATURES: dict[str, Callable[[GpuSpec], float]] = {
-    "log_fp32_tflops": lambda g: _positive_log(g, "fp32_tflops"),
-    "log_mem_bw_gbs": lambda g: _positive_log(g, "mem_bw_gbs"),
-}
+def effective_precision(gpu: GpuSpec, precision: str) -> str:
+    """What ``precision`` runs as on ``gpu``: TF32 and BF16 need Ampere or later (their peak in
+    the catalog); without it, tf32 runs as fp32 and bf16 (emulated) is taken as fp32."""
+    if precision == "tf32" and not gpu.tf32_tflops:
+        return "fp32"
+    if precision == "bf16" and not gpu.bf16_tflops:
+        return "fp32"
+    if precision not in FIT_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(FIT_PRECISIONS)}")
+    return precision
+
+
+def peak_tflops(gpu: GpuSpec, precision: str) -> float:
+    """The right peak for ``precision`` on ``gpu`` (dense, TFLOPS)."""
+    eff = effective_precision(gpu, precision)
+    attr = {
+        "fp32": "fp32_tflops",
+        "tf32": "tf32_tflops",
+        "fp16": "fp16_tflops",
+        "bf16": "bf16_tflops",
+    }[eff]
+    return _positive(gpu, attr)
+
+
+def spec_distance(src: GpuSpec, dst: GpuSpec, src_precision: str, dst_precision: str) -> float:
+    """``|dlog peak| + |dlog bandwidth|`` between two GPUs (0 for the same GPU)."""
+    if src.name == dst.name:
+        return 0.0
+    dp = math.log(peak_tflops(dst, dst_precision) / peak_tflops(src, src_precision))
+    db = math.log(_positive(dst, "mem_bw_gbs") / _positive(src, "mem_bw_gbs"))
+    return abs(dp) + abs(db)
 
 
 @dataclass(frozen=True)
@@ -85,68 +129,123 @@ class SpeedEstimate:
         return self.factor * math.exp(z * self.log_sigma)
 
 
+def _default_sigma() -> dict[str, Any]:
+    return {"cross_gpu": {}, "cross_precision": {}}
+
+
 @dataclass(frozen=True)
 class DeviceModel:
-    """A fitted device-speed model: coefficients on spec-feature differences."""
+    """A fitted device-speed model: roofline weights per precision and held-out sigmas."""
 
-    features: tuple[str, ...]
-    coefficients: tuple[float, ...]  # aligned with features
-    log_sigma: float  # RMS log error of held-out predictions
+    compute_weight: Mapping[str, float]  # k_p, per precision
+    memory_weight: Mapping[str, float]  # m_p, per precision (fp32 = 1)
     fitted_on: tuple[str, ...]
     source: str
-    intercept: float = 0.0  # always 0: the model is antisymmetric in (src, dst)
+    sigma: Mapping[str, Any] | None = None
     held_out_error: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # Occupancy: utilisation b / (b + batch_half * SMs / sm_ref) at per-GPU batch b (0: off).
+    batch_half: float = 0.0
+    sm_ref: float = 80.0
 
     def __post_init__(self) -> None:
-        if not self.features:
-            raise ValueError("features is empty: a device model needs at least one feature")
-        unknown = [f for f in self.features if f not in FEATURES]
-        if unknown:
-            raise ValueError(f"unknown features {unknown}; known: {sorted(FEATURES)}")
-        if len(set(self.features)) != len(self.features):
-            raise ValueError(f"features {list(self.features)} has duplicates")
-        if len(self.coefficients) != len(self.features):
-            raise ValueError(
-                f"{len(self.coefficients)} coefficients for {len(self.features)} features"
-            )
-        for name, c in zip(self.features, self.coefficients, strict=True):
-            if not math.isfinite(c):
-                raise ValueError(f"coefficient {name}={c!r} must be finite")
-        if self.intercept != 0.0:
-            raise ValueError(
-                f"intercept={self.intercept!r} must be 0: a non-zero intercept would make a GPU "
-                "differ from itself"
-            )
-        if not (self.log_sigma >= 0 and math.isfinite(self.log_sigma)):
-            raise ValueError(f"log_sigma={self.log_sigma!r} must be a number >= 0")
+        for name, table in (
+            ("compute_weight", self.compute_weight),
+            ("memory_weight", self.memory_weight),
+        ):
+            missing = [p for p in FIT_PRECISIONS if p not in table]
+            if missing:
+                raise ValueError(f"{name} lacks precision(s) {missing}")
+            for p in FIT_PRECISIONS:
+                v = table[p]
+                if (
+                    isinstance(v, bool)
+                    or not isinstance(v, int | float)
+                    or not (v > 0 and math.isfinite(v))
+                ):
+                    raise ValueError(f"{name}.{p}={v!r} must be a positive number")
+        sigma = self.sigma if self.sigma is not None else _default_sigma()
+        object.__setattr__(self, "sigma", sigma)
+        for fam, g in dict(sigma.get("cross_gpu", {})).items():
+            if fam not in FAMILIES or not isinstance(g, Mapping):
+                raise ValueError(
+                    f"sigma.cross_gpu.{fam}: expected 'full' or 'mixed' with base, per_distance"
+                )
+            for key in ("base", "per_distance"):
+                w = g.get(key)
+                if (
+                    isinstance(w, bool)
+                    or not isinstance(w, int | float)
+                    or not (w >= 0 and math.isfinite(w))
+                ):
+                    raise ValueError(f"sigma.cross_gpu.{fam}.{key}={w!r} must be a number >= 0")
+        for fam, v in dict(sigma.get("cross_precision", {})).items():
+            if fam not in FAMILIES:
+                raise ValueError(f"sigma.cross_precision.{fam}: expected 'full' or 'mixed'")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not (v >= 0 and math.isfinite(v))
+            ):
+                raise ValueError(f"sigma.cross_precision.{fam}={v!r} must be a number >= 0")
+
+    def utilisation(self, gpu: GpuSpec, batch: float | None) -> float:
+        """Share of ``gpu`` a per-GPU batch keeps busy (1 when unknown or the model has none)."""
+        if not self.batch_half or batch is None or not gpu.sm_count or batch <= 0:
+            return 1.0
+        return batch / (batch + self.batch_half * gpu.sm_count / self.sm_ref)
+
+    @property
+    def log_sigma(self) -> float:
+        """A summary: the cross-GPU sigma at distance 1 for fp32/tf32 (0 when unfitted)."""
+        assert self.sigma is not None
+        g = self.sigma.get("cross_gpu", {}).get("full")
+        return float(g["base"] + g["per_distance"]) if g else 0.0
+
+    def device_time(self, gpu: GpuSpec, precision: str) -> float:
+        """``T(g, p) = k_p / P_p(g) + m_p / BW(g)``: relative step time (only ratios matter)."""
+        eff = effective_precision(gpu, precision)
+        return self.compute_weight[eff] / peak_tflops(gpu, eff) + self.memory_weight[
+            eff
+        ] / _positive(gpu, "mem_bw_gbs")
+
+    def sigma_for(
+        self, src: GpuSpec, dst: GpuSpec, src_precision: str, dst_precision: str
+    ) -> float:
+        """Held-out one-sigma log error of the src -> dst (and precision) projection."""
+        assert self.sigma is not None
+        same_gpu = src.name == dst.name
+        ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
+        fam = precision_family(pd)
+        gpu_term = 0.0
+        if not same_gpu:
+            table = self.sigma.get("cross_gpu", {})
+            g = table.get(fam) or next(iter(table.values()), None)
+            if g:
+                d = spec_distance(src, dst, ps, pd)
+                gpu_term = float(g["base"] + g["per_distance"] * d)
+        prec_term = 0.0
+        if ps != pd:
+            table = self.sigma.get("cross_precision", {})
+            prec_term = float(table.get(fam, max(table.values(), default=0.0)))
+        return math.hypot(gpu_term, prec_term)
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "device model") -> DeviceModel:
-        """Validate a parsed ``kplan.device-model/1.x`` document.
+        """Validate a parsed ``kplan.device-model/2.x`` document.
 
-        Raises ``SchemaVersionError`` for an unknown major version and ``DataFileError``
-        (naming the field and echoing the bad value) for anything else malformed.
+        Raises ``SchemaVersionError`` for an unknown major version, ``DataFileError`` for a 1.x
+        document (no precision; re-create it) and for anything malformed (naming the field).
         """
-        check_schema(doc, _KIND, source)
-        features = _field(doc, "features", source)
-        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
-            raise DataFileError(
-                f"{source}: 'features' must be a list of names, got {features!r}",
-                hint=f"known features: {sorted(FEATURES)}",
-            )
-        coefs = _field(doc, "coefficients", source)
-        if not isinstance(coefs, dict):
-            raise DataFileError(
-                f"{source}: 'coefficients' must be an object, got {coefs!r}",
-                hint="map each feature name to its coefficient",
-            )
-        missing = [f for f in features if f not in coefs]
-        extra = [k for k in coefs if k not in features]
-        if missing or extra:
-            raise DataFileError(
-                f"{source}: coefficients do not match features (missing {missing}, extra {extra})",
-                hint="give exactly one coefficient per feature",
-            )
+        _check_schema(doc, source)
+        weights = {}
+        for key in ("compute_weight", "memory_weight"):
+            table = _field(doc, key, source)
+            if not isinstance(table, dict):
+                raise DataFileError(
+                    f"{source}: {key!r} must be an object of precision -> number, got {table!r}",
+                    hint=f"give one number for each of {', '.join(FIT_PRECISIONS)}",
+                )
+            weights[key] = {p: _number(table.get(p), source, f"{key}.{p}") for p in FIT_PRECISIONS}
         fitted_on = _field(doc, "fitted_on", source)
         if not isinstance(fitted_on, list) or not all(isinstance(g, str) for g in fitted_on):
             raise DataFileError(
@@ -158,22 +257,26 @@ class DeviceModel:
             raise DataFileError(
                 f"{source}: 'held_out_error' must be an object, got {held_out!r}", hint="fix it"
             )
+        sigma = doc.get("sigma", _default_sigma())
+        if not isinstance(sigma, dict):
+            raise DataFileError(
+                f"{source}: 'sigma' must be an object, got {sigma!r}", hint="fix it"
+            )
         src_text = _field(doc, "source", source)
         if not isinstance(src_text, str):
             raise DataFileError(f"{source}: 'source' must be text, got {src_text!r}", hint="fix it")
         try:
             return cls(
-                features=tuple(features),
-                coefficients=tuple(
-                    _number(coefs[f], source, f"coefficients.{f}") for f in features
-                ),
-                log_sigma=_number(_field(doc, "log_sigma", source), source, "log_sigma"),
+                compute_weight=weights["compute_weight"],
+                memory_weight=weights["memory_weight"],
                 fitted_on=tuple(fitted_on),
                 source=src_text,
-                intercept=_number(_field(doc, "intercept", source), source, "intercept"),
+                sigma=sigma,
                 held_out_error=held_out,
+                batch_half=_number(doc.get("batch_half", 0.0), source, "batch_half"),
+                sm_ref=_number(doc.get("sm_ref", 80.0), source, "sm_ref"),
             )
-        except ValueError as err:
+        except (ValueError, TypeError, AttributeError) as err:
             raise DataFileError(
                 f"{source}: {err}", hint="re-create the device model file"
             ) from None
@@ -182,14 +285,44 @@ class DeviceModel:
         """The JSON document (inverse of ``from_dict``)."""
         return {
             "schema": DEVICE_MODEL_SCHEMA,
-            "features": list(self.features),
-            "coefficients": dict(zip(self.features, self.coefficients, strict=True)),
-            "intercept": self.intercept,
-            "log_sigma": self.log_sigma,
+            "compute_weight": dict(self.compute_weight),
+            "memory_weight": dict(self.memory_weight),
+            "batch_half": self.batch_half,
+            "sm_ref": self.sm_ref,
+            "sigma": dict(self.sigma or {}),
+            "log_sigma": round(self.log_sigma, 4),
             "fitted_on": list(self.fitted_on),
             "held_out_error": dict(self.held_out_error),
             "source": self.source,
         }
+
+
+def _check_schema(doc: Any, source: str) -> None:
+    """``kplan.device-model/2.x``; a 1.x document is refused with a hint to re-create it."""
+    if not isinstance(doc, dict):
+        raise DataFileError(
+            f"{source}: expected a JSON object, got {type(doc).__name__}",
+            hint=f"the file must be a {_KIND} document with a 'schema' field",
+        )
+    schema = doc.get("schema")
+    kind, _, version = schema.partition("/") if isinstance(schema, str) else ("", "", "")
+    if kind != _KIND or not version.split(".")[0].isdigit():
+        raise DataFileError(
+            f"{source}: missing or malformed 'schema' field ({schema!r})",
+            hint=f"expected '{DEVICE_MODEL_SCHEMA}'",
+        )
+    major = int(version.split(".")[0])
+    if major == 1:
+        raise DataFileError(
+            f"{source}: {schema} is an old device model (FP32 only, no precision)",
+            hint="re-create it with scripts/fit_device_model.py (schema 2.0), "
+            "or omit it to use the shipped one",
+        )
+    if major != 2:
+        raise SchemaVersionError(
+            f"{source}: {_KIND} schema version {version} is not supported",
+            hint="this kplan reads major version 2; upgrade kplan or re-create the file",
+        )
 
 
 def _field(doc: dict[str, Any], key: str, source: str) -> Any:
@@ -204,11 +337,6 @@ def _number(value: Any, source: str, name: str) -> float:
     return float(value)
 
 
-def feature_vector(model: DeviceModel, gpu: GpuSpec) -> NDArray[np.float64]:
-    """phi(gpu): the model's features of one GPU, in ``model.features`` order."""
-    return np.array([FEATURES[f](gpu) for f in model.features], dtype=np.float64)
-
-
 def compute_scale(
     model: DeviceModel,
     src: GpuSpec,
@@ -216,32 +344,37 @@ def compute_scale(
     *,
     src_precision: str = "fp32",
     dst_precision: str = "fp32",
+    batch: float | None = None,
 ) -> SpeedEstimate:
-    """How a compute time measured on ``src`` scales on ``dst``: ``t_dst = factor * t_src``.
+    """How a compute time measured on ``src`` in ``src_precision`` scales on ``dst`` in
+    ``dst_precision``: ``t_dst = factor * t_src``, with the held-out sigma of that projection.
 
-    ``src_precision``/``dst_precision``: the precision measured and the precision predicted.
+    ``batch`` (per-GPU, optional): a GPU with more SMs is less used at a small batch.
     """
-    if src.name == dst.name and src_precision == dst_precision:
+    ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
+    if src.name == dst.name and ps == pd:
         return SpeedEstimate(1.0, 0.0)
-    if src_precision != dst_precision:
-        # Interim (device model 1.x has no precision term): the FP32 model, with a wide sigma.
-        base = compute_scale(model, src, dst)
-        return SpeedEstimate(base.factor, math.hypot(base.log_sigma, 0.5))
-    coef = np.asarray(model.coefficients, dtype=np.float64)
-    log_factor = float(coef @ (feature_vector(model, dst) - feature_vector(model, src)))
-    return SpeedEstimate(math.exp(log_factor), model.log_sigma)
+    factor = model.device_time(dst, pd) / model.device_time(src, ps)
+    factor *= model.utilisation(src, batch) / model.utilisation(dst, batch)
+    return SpeedEstimate(factor, model.sigma_for(src, dst, ps, pd))
 
 
 def compute_scales(
-    model: DeviceModel, src: GpuSpec, dsts: Sequence[GpuSpec]
+    model: DeviceModel,
+    src: GpuSpec,
+    dsts: Sequence[GpuSpec],
+    *,
+    src_precision: str = "fp32",
+    dst_precision: str = "fp32",
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``compute_scale`` for many destination GPUs at once: (factors, log_sigmas) arrays."""
     if not dsts:
         return np.zeros(0), np.zeros(0)
-    coef = np.asarray(model.coefficients, dtype=np.float64)
-    phi = np.stack([feature_vector(model, g) for g in dsts])  # (n, features)
-    log_factor = (phi - feature_vector(model, src)) @ coef
-    same = np.array([g.name == src.name for g in dsts])
-    factors = np.where(same, 1.0, np.exp(log_factor))
-    sigmas = np.where(same, 0.0, model.log_sigma)
-    return factors.astype(np.float64), sigmas.astype(np.float64)
+    est = [
+        compute_scale(model, src, g, src_precision=src_precision, dst_precision=dst_precision)
+        for g in dsts
+    ]
+    return (
+        np.array([e.factor for e in est], dtype=np.float64),
+        np.array([e.log_sigma for e in est], dtype=np.float64),
+    )

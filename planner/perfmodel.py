@@ -162,12 +162,16 @@ def transfer(
     intra_gbps: float | None = None,
     inter_gbps: float | None = None,
     extra_log_sigma: float = 0.0,
+    fixed_factor: float = 1.0,
 ) -> PerfParams:
     """Predict the parameters on another device or instance type.
 
-    Compute terms scale by ``compute_factor`` (from the device-speed model); bandwidth terms by
-    the ratio of nominal link speeds (the fitted efficiency carries over); the uncertainty grows
-    by ``extra_log_sigma`` (added in quadrature).
+    The per-sample compute term ``compute_b`` (device work) scales by ``compute_factor`` (from
+    the device-speed model). The fixed per-step term ``compute_a`` (host work, kernel launches,
+    data loading: the intercept of step time against batch) does not follow the GPU: a faster
+    GPU does not make the host faster, so it scales by ``fixed_factor`` (1 by default).
+    Bandwidth terms scale by the ratio of nominal link speeds (the fitted efficiency carries
+    over); the uncertainty grows by ``extra_log_sigma`` (added in quadrature).
     """
     intra_beta = p.intra_beta
     inter_beta = p.inter_beta
@@ -177,7 +181,7 @@ def transfer(
         inter_beta *= p.inter_gbps / inter_gbps
     return replace(
         p,
-        compute_a=p.compute_a * compute_factor,
+        compute_a=p.compute_a * fixed_factor,
         compute_b=p.compute_b * compute_factor,
         intra_beta=intra_beta,
         inter_beta=inter_beta,

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from scripts.catalog_facts import BILLING, GPUS
+from scripts.catalog_facts import BILLING, GPUS, TENSOR_SPECS
 from scripts.catalog_offers import AWS_LIST_REGIONS, Build, build_aws, build_gcp
 
 VERSION = "shipped-2026.11"
@@ -64,7 +64,20 @@ def build_gpus(b: Build, data: Path) -> None:
             if not bw:
                 bw, _ = float(cfg["Mem_Bw"]), parts.append("bandwidth = Mem_Bw")
             src = f"NeuSight device_configs/{path.name} ({', '.join(parts)}); {src}"
-        b.gpus.append([g.name, g.memory_gb, fp32, g.fp16_tflops, bw, src])
+        tf32, bf16, sms, tensor_src = TENSOR_SPECS[g.name]
+        b.gpus.append(
+            [
+                g.name,
+                g.memory_gb,
+                fp32,
+                g.fp16_tflops,
+                bw,
+                tf32 or "",
+                bf16 or "",
+                sms,
+                f"{src}; {tensor_src}",
+            ]
+        )
 
 
 # ---- spot preemption rates ---------------------------------------------------------------------
@@ -151,7 +164,17 @@ def build_spot_rates(b: Build, data: Path) -> None:
 # ---- output ------------------------------------------------------------------------------------
 
 HEADERS = {
-    "gpus.csv": ["name", "memory_gb", "fp32_tflops", "fp16_tflops", "mem_bw_gbs", "source"],
+    "gpus.csv": [
+        "name",
+        "memory_gb",
+        "fp32_tflops",
+        "fp16_tflops",
+        "mem_bw_gbs",
+        "tf32_tflops",
+        "bf16_tflops",
+        "sm_count",
+        "source",
+    ],
     "instances.csv": [
         "cloud",
         "name",

@@ -25,6 +25,23 @@ class GpuFact:
     mem_bw_gbs: float = 0.0
 
 
+# Dense TF32 and BF16 tensor-core peaks (TFLOPS; 0 = no such tensor cores: tf32/bf16 run as FP32)
+# and SM counts, for the device model's precision mapping (kplan.planner.devices.peak_tflops).
+# Datasheets quote sparse peaks for Ampere and later; these are the dense halves.
+TENSOR_SPECS: dict[str, tuple[float, float, int, str]] = {
+    "T4": (0, 0, 40, "Turing: no TF32/BF16; 40 SMs (NeuSight Num_Sm)"),
+    "V100": (0, 0, 80, "Volta: no TF32/BF16; 80 SMs"),
+    "V100-32GB": (0, 0, 80, "Volta: no TF32/BF16; 80 SMs"),
+    "A10G": (35, 70, 80, "A10G: TF32 half its FP16 tensor peak (Ampere GA102); 80 SMs"),
+    "L4": (60, 121, 58, "NVIDIA L4 datasheet: TF32 120 / BF16 242 with sparsity; 58 SMs"),
+    "L40S": (183, 362, 142, "NVIDIA L40S datasheet: TF32 366 / BF16 733 with sparsity; 142 SMs"),
+    "A100": (156, 312, 108, "NVIDIA A100 datasheet: TF32 156, BF16 312 dense; 108 SMs"),
+    "A100-80GB": (156, 312, 108, "NVIDIA A100 datasheet: TF32 156, BF16 312 dense; 108 SMs"),
+    "H100": (494.7, 989.4, 132, "NVIDIA H100 SXM datasheet: TF32 989 / BF16 1,979 sparse; 132 SMs"),
+    "H200": (494.7, 989.4, 132, "NVIDIA H200 SXM datasheet: TF32 989 / BF16 1,979 sparse; 132 SMs"),
+    "B200": (1100, 2250, 148, "NVIDIA HGX B200: TF32 2.2 / BF16 4.5 PFLOPS sparse; 148 SMs"),
+}
+
 GPUS = (
     GpuFact("T4", 16, 65, "NVIDIA T4 datasheet: 16 GB; 65 TFLOPS FP16 tensor", "Tesla_T4"),
     GpuFact(

@@ -1,37 +1,38 @@
-"""Fit kplan's cross-device compute-speed model on NeuSight's measured iteration times.
+"""Fit kplan's cross-device compute-speed model (schema 2.0) on the shared GPU data.
 
 Run from the repository root::
 
     .venv/bin/python -m scripts.fit_device_model            # writes catalogs/data/device_model.json
     .venv/bin/python -m scripts.fit_device_model --dry-run  # prints the document only
 
-Data: ``gpu/neusight-asplos25`` of the shared data folder ($KPLAN_SHARED_DATA, else
-../shared/data beside the repository): per-iteration FP32 latencies of BERT, GPT-2, GPT-3, OPT
-and Switch Transformer layers stacks (``label/<GPU>/<model>-<train|inf>-<seq>-<batch>.json``) and
-the GPUs' specs (``device_configs/``).
+Data (the shared data folder: $KPLAN_SHARED_DATA, else ../shared/data beside the repository):
 
-Model (see ``kplan.planner.devices``): ``log(t_dst/t_src) = c_F * dlog(FP32 peak) + c_B *
-dlog(memory bandwidth)`` over pairs of GPUs that ran the same workload. The shipped fit constrains
-``c_F + c_B = -1`` (a roofline blend ``t ~ F^-a * BW^-(1-a)``), one free parameter. Errors are
-measured on GPUs held out of the fit (leave one GPU out, and a fixed H100 + L4 hold-out).
+- ``gpu/neusight-asplos25``: FP32 per-iteration latencies of transformer layer stacks, single
+  GPU, training and forward-only inference, on 8 NVIDIA GPUs (specs from ``device_configs/``).
+- ``gpu/nvidia-dle``: NVIDIA DeepLearningExamples' published training throughput by model, GPU
+  (V100 16/32 GB, A100 40/80 GB), precision (fp32, tf32, amp, bf16), per-GPU batch and GPU count
+  (specs from kplan's GPU catalog). Following its README's caveats, ``fp32`` rows on A100 are
+  TF32 (the frameworks' default) and ``amp`` is fp16.
 
-Scope: single-GPU entries of the NVIDIA GPUs, training and inference (inference is forward only,
-but it is what gives T4, P4, P100 and A100-40GB any data; the benchmark shows it lowers the
-held-out error on training pairs). AMD GPUs are left out of the shipped fit: no cloud in kplan's
-catalog offers them, their FP32 peak is ambiguous (vector or matrix cores) and the benchmark shows
-that adding them raises the error on NVIDIA GPUs. Multi-GPU entries (-dp4, -tp4, -pp4_1) include
-communication; they are a supplementary check only.
+Model (``kplan.planner.devices``): a two-term roofline, ``t ~ k_p / P_p(g) + m_p / BW(g)``, where
+``P_p(g)`` is GPU g's peak for precision p (FP32 CUDA cores, TF32 or FP16/BF16 tensor cores, with
+fallbacks) in TFLOPS and ``BW(g)`` its memory bandwidth in GB/s. ``k_p`` (compute work per unit
+of memory traffic, i.e. a global roofline share) and ``m_p`` (memory traffic relative to FP32)
+are fitted by non-linear least squares on log time ratios of the same job measured twice (two
+GPUs, or two precisions on one GPU). Sigmas come from held-out residuals only (leave one GPU out
+and leave one model out), per precision and as a function of the spec distance between GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,30 +41,36 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.planner.catalog import GpuSpec
-from kplan.planner.devices import DEVICE_MODEL_SCHEMA, DeviceModel, compute_scale
+from kplan.planner.devices import FIT_PRECISIONS, DeviceModel, compute_scale, spec_distance
 
 NEUSIGHT = Path("gpu") / "neusight-asplos25"
-FEATURES = ("log_fp32_tflops", "log_mem_bw_gbs")
-NVIDIA = (
+DLE = Path("gpu") / "nvidia-dle" / "training_throughput.csv"
+NEUSIGHT_GPUS = (
     "Tesla_P4",
     "Tesla_T4",
     "Tesla_P100-PCIE-16GB",
     "Tesla_V100-PCIE-32GB",
     "NVIDIA_A100-PCIE-40GB",
-    "NVIDIA_A100-SXM4-40GB",  # multi-GPU entries only
     "NVIDIA_A100_80GB_PCIe",
     "NVIDIA_H100_80GB_HBM3",
     "NVIDIA_L4",
 )
-AMD = ("AMD_Instinct_MI100", "AMD_Instinct_MI210", "AMD_Instinct_MI250")
 MULTI_GPU_SUFFIXES = ("-dp4", "-tp4", "-pp4_1")
-FIXED_HOLD_OUT = ("NVIDIA_H100_80GB_HBM3", "NVIDIA_L4")
+DLE_GPUS = {
+    "V100-16GB": "V100",
+    "V100-32GB": "V100-32GB",
+    "A100-40GB": "A100",
+    "A100-80GB": "A100-80GB",
+}
+DLE_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp": "fp16", "bf16": "bf16"}
 SHIPPED_PATH = Path(__file__).resolve().parents[1] / "catalogs" / "data" / "device_model.json"
 SOURCE = (
-    "scripts/fit_device_model.py on NeuSight (github.com/sitar-lab/NeuSight @6945927, MIT; "
-    "license in LICENSE-neusight.txt): measured per-iteration FP32 latencies (label/) and specs "
-    "(device_configs/) of single-GPU training and inference runs on NVIDIA GPUs"
+    "scripts/fit_device_model.py on the shared data: NeuSight (github.com/sitar-lab/NeuSight "
+    "@6945927, MIT; FP32 single-GPU latencies, 8 NVIDIA GPUs) and NVIDIA DeepLearningExamples "
+    "@729963d (published training throughput by GPU, precision and batch; V100 and A100)"
 )
+# Starting point of the fit: log k (TFLOPS per GB/s) per precision, log m for fp16/bf16.
+START = np.array([math.log(0.05), math.log(0.05), math.log(0.05), math.log(0.6), math.log(4.0)])
 
 
 def data_root() -> Path:
@@ -74,298 +81,389 @@ def data_root() -> Path:
 
 @dataclass(frozen=True)
 class Sample:
-    """One measured iteration time of one workload on one GPU."""
+    """One measured step time of one job on one GPU in one precision."""
 
     gpu: str
-    workload: str  # the label file's name, e.g. "bert_large-train-512-8"
-    mode: str  # "train" or "inf"
+    model: str  # the workload family, held out together ("neusight:bert_large", "dle:BERT ...")
+    job: str  # the exact configuration (model, batch, GPU count, mode): pairs share it
+    precision: str
+    batch: float | None
     ms: float
 
 
 @dataclass(frozen=True)
-class Pairs:
-    """The same workload on two GPUs: ``log_ratio = log(t_dst / t_src)``."""
+class Pair:
+    """The same job measured twice: ``log_ratio = log(t_dst / t_src)``."""
 
-    src: tuple[str, ...]
-    dst: tuple[str, ...]
-    workload: tuple[str, ...]
-    mode: tuple[str, ...]
-    log_ratio: NDArray[np.float64]
+    src: Sample
+    dst: Sample
 
-    def __len__(self) -> int:
-        return len(self.src)
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.dst.ms / self.src.ms)
+
+    @property
+    def cross_gpu(self) -> bool:
+        return self.src.gpu != self.dst.gpu
 
 
 # ---------------------------------------------------------------------------------- loading
 
 
-def load_specs(root: Path, gpus: Iterable[str]) -> dict[str, GpuSpec]:
-    """GpuSpec of each NeuSight device: FP32 peak is ``SingleFLOPs`` / 1000 (TFLOPS).
-
-    AMD configs give ``SingleFLOPsVEC`` (vector) and ``SingleFLOPsMM`` (matrix cores); the vector
-    peak is used, the counterpart of NVIDIA's non-tensor-core FP32. NeuSight has no FP16 peaks
-    and the model does not use them, so ``fp16_tflops`` is NaN here.
-    """
+def neusight_specs(root: Path) -> dict[str, GpuSpec]:
+    """NeuSight's devices: FP32 peak ``SingleFLOPs``/1000, bandwidth ``Mem_Bw``, SM count."""
     specs = {}
-    for gpu in gpus:
+    for gpu in NEUSIGHT_GPUS:
         path = root / NEUSIGHT / "device_configs" / f"{gpu}.json"
         cfg = json.loads(path.read_text())
-        gflops = cfg.get("SingleFLOPs", cfg.get("SingleFLOPsVEC"))
         specs[gpu] = GpuSpec(
             name=gpu,
             memory_gb=float(cfg["Dev_Mem"]),
-            fp32_tflops=float(gflops) / 1000.0,
-            fp16_tflops=math.nan,
+            fp32_tflops=float(cfg["SingleFLOPs"]) / 1000.0,
+            fp16_tflops=float(cfg["SingleFLOPs"]) / 1000.0,  # unused: NeuSight rows are FP32
             mem_bw_gbs=float(cfg["Mem_Bw"]),
             source=f"NeuSight device_configs/{path.name}",
+            sm_count=int(cfg["Num_Sm"]),
         )
     return specs
 
 
-def load_samples(root: Path, gpus: Iterable[str], *, multi_gpu: bool = False) -> list[Sample]:
-    """Measured e2e latencies; single-GPU entries, or only the multi-GPU ones."""
+def load_neusight(root: Path) -> list[Sample]:
     samples = []
-    for gpu in gpus:
+    for gpu in NEUSIGHT_GPUS:
         for path in sorted((root / NEUSIGHT / "label" / gpu).glob("*.json")):
-            if path.stem.endswith(MULTI_GPU_SUFFIXES) != multi_gpu:
+            if path.stem.endswith(MULTI_GPU_SUFFIXES):
                 continue
-            mode = path.stem.split("-")[1]
-            if mode not in ("train", "inf"):
-                raise ValueError(f"{path}: cannot tell training from inference in {path.stem!r}")
+            parts = path.stem.removesuffix("-fusion").split("-")
             ms = float(json.loads(path.read_text())["e2e_latency"])
             if not (ms > 0 and math.isfinite(ms)):
                 raise ValueError(f"{path}: e2e_latency={ms!r} is not a positive time")
-            samples.append(Sample(gpu, path.stem, mode, ms))
+            samples.append(
+                Sample(gpu, f"neusight:{parts[0]}", path.stem, "fp32", float(parts[-1]), ms)
+            )
     return samples
 
 
-def make_pairs(samples: Sequence[Sample], *, ordered: bool) -> Pairs:
-    """Every pair of GPUs that ran the same workload (both directions when ``ordered``)."""
-    by_workload: dict[str, list[Sample]] = {}
-    for s in samples:
-        by_workload.setdefault(s.workload, []).append(s)
-    combos = itertools.permutations if ordered else itertools.combinations
-    rows = [
-        (a.gpu, b.gpu, w, a.mode, math.log(b.ms / a.ms))
-        for w, group in sorted(by_workload.items())
-        for a, b in combos(sorted(group, key=lambda s: s.gpu), 2)
+def load_dle(root: Path) -> list[Sample]:
+    """Per-step times of DLE training rows (``num_gpus * batch / throughput``, or 1/throughput).
+
+    Repeated figures of one configuration (different containers) are averaged in log.
+    """
+    groups: dict[tuple[str, str, str, str], list[float]] = {}
+    meta: dict[tuple[str, str, str, str], tuple[str, float | None]] = {}
+    with (root / DLE).open(newline="") as f:
+        for row in csv.DictReader(f):
+            gpu = DLE_GPUS[row["gpu"]]
+            precision = DLE_PRECISION[row["precision"]]
+            if precision == "fp32" and gpu.startswith("A100"):
+                precision = "tf32"  # README caveat: labelled FP32, run as TF32 (default)
+            raw = row["batch_per_gpu"].strip().lower()
+            batch = float(raw[:-1]) * 1000 if raw.endswith("k") else float(raw) if raw else None
+            tput = float(row["throughput"]) / float(row["num_gpus"])
+            ms = 1000.0 * (batch or 1.0) / tput
+            family = f"dle:{row['framework']}:{row['model_dir']}"
+            job = f"{family}:{row['model']}:b{row['batch_per_gpu']}:n{row['num_gpus']}"
+            key = (gpu, job, precision, row["throughput_unit"])
+            groups.setdefault(key, []).append(math.log(ms))
+            meta[key] = (family, batch)
+    return [
+        Sample(gpu, meta[k][0], f"{job}:{unit}", prec, meta[k][1], math.exp(float(np.mean(v))))
+        for k, v in sorted(groups.items())
+        for gpu, job, prec, unit in [k]
     ]
-    if not rows:
-        return Pairs((), (), (), (), np.zeros(0))
-    src, dst, workload, mode, y = zip(*rows, strict=True)
-    return Pairs(src, dst, workload, mode, np.array(y, dtype=np.float64))
 
 
-def spec_differences(pairs: Pairs, specs: dict[str, GpuSpec]) -> NDArray[np.float64]:
-    """Design matrix: ``phi(dst) - phi(src)`` with phi = (log FP32 peak, log bandwidth)."""
+@dataclass(frozen=True)
+class Dataset:
+    specs: dict[str, GpuSpec]
+    samples: list[Sample]
 
-    def phi(gpu: str) -> tuple[float, float]:
-        return math.log(specs[gpu].fp32_tflops), math.log(specs[gpu].mem_bw_gbs)
 
-    if not len(pairs):
-        return np.zeros((0, len(FEATURES)))
-    return np.array(
-        [np.subtract(phi(d), phi(s)) for s, d in zip(pairs.src, pairs.dst, strict=True)]
-    )
+def load_dataset(
+    root: Path | None = None, catalog_gpus: dict[str, GpuSpec] | None = None
+) -> Dataset:
+    root = root or data_root()
+    if catalog_gpus is None:
+        from kplan.catalogs.loader import load_catalog
+
+        catalog_gpus = load_catalog().gpus
+    specs = neusight_specs(root)
+    specs.update({name: catalog_gpus[name] for name in DLE_GPUS.values()})
+    return Dataset(specs, load_neusight(root) + load_dle(root))
+
+
+def make_pairs(samples: Sequence[Sample]) -> list[Pair]:
+    """Ordered pairs of the same job: across GPUs in one precision family, or across precisions
+    on one GPU (both directions)."""
+    by_job: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_job.setdefault(s.job, []).append(s)
+    pairs = []
+    for group in by_job.values():
+        for a, b in itertools.permutations(group, 2):
+            across_gpus = a.gpu != b.gpu and _family(a.precision) == _family(b.precision)
+            if across_gpus or (a.gpu == b.gpu and a.precision != b.precision):
+                pairs.append(Pair(a, b))
+    return pairs
+
+
+def _family(precision: str) -> str:
+    return "mixed" if precision in ("fp16", "bf16") else "full"
 
 
 # ---------------------------------------------------------------------------------- fitting
 
 
-def fit_coefficients(
-    x: NDArray[np.float64], y: NDArray[np.float64], *, sum_to_one: bool = True
-) -> NDArray[np.float64]:
-    """Least-squares coefficients of ``y ~ x @ c`` with no intercept (the model is antisymmetric).
-
-    ``x`` columns are (dlog FP32 peak, dlog bandwidth); ``y`` is log(t_dst / t_src). With
-    ``sum_to_one`` the coefficients are ``(-a, -(1 - a))``: substituting gives
-    ``y + dB = -a * (dF - dB)``, a one-feature regression. Ridge shrinkage towards zero would
-    pull towards "every GPU is equally fast", so the constraint is the regularizer instead.
-    """
-    from sklearn.linear_model import LinearRegression
-
-    if x.ndim != 2 or x.shape[1] != 2 or len(x) != len(y):
-        raise ValueError(f"need x of shape (n, 2) and y of length n, got {x.shape} and {y.shape}")
-    if len(y) < 2:
-        raise ValueError(f"need at least 2 pairs to fit, got {len(y)}")
-    if sum_to_one:
-        u = (x[:, 0] - x[:, 1]).reshape(-1, 1)
-        reg = LinearRegression(fit_intercept=False).fit(u, y + x[:, 1])
-        a = -float(reg.coef_[0])
-        return np.array([-a, -(1.0 - a)])
-    reg = LinearRegression(fit_intercept=False).fit(x, y)
-    return np.asarray(reg.coef_, dtype=np.float64)
-
-
-Fitter = Callable[[NDArray[np.float64], NDArray[np.float64]], NDArray[np.float64]]
-
-
-def _fixed(coefficients: tuple[float, float]) -> Fitter:
-    return lambda x, y: np.array(coefficients)
-
-
-# name -> how it gets its coefficients; the first is the shipped method.
-METHODS: dict[str, Fitter] = {
-    "blend a+b=1 (shipped)": lambda x, y: fit_coefficients(x, y, sum_to_one=True),
-    "free a, b": lambda x, y: fit_coefficients(x, y, sum_to_one=False),
-    "a=b=0.5 (no fit)": _fixed((-0.5, -0.5)),
-    "FP32 ratio": _fixed((-1.0, 0.0)),
-    "bandwidth ratio": _fixed((0.0, -1.0)),
-}
-SHIPPED_METHOD = next(iter(METHODS))
-
-
-def as_model(coefficients: NDArray[np.float64], log_sigma: float = 0.0) -> DeviceModel:
+def as_model(theta: NDArray[np.float64], digits: int | None = None, **extra: Any) -> DeviceModel:
+    """A planner model from fitted parameters (log k_fp32, log k_tf32, log k_half, log m_half)."""
+    k = {"fp32": theta[0], "tf32": theta[1], "fp16": theta[2], "bf16": theta[2]}
+    m = {"fp32": 0.0, "tf32": 0.0, "fp16": theta[3], "bf16": theta[3]}
     return DeviceModel(
-        features=FEATURES,
-        coefficients=tuple(float(c) for c in coefficients),
-        log_sigma=log_sigma,
-        fitted_on=(),
-        source="in-memory fit",
+        compute_weight={p: _round(math.exp(k[p]), digits) for p in FIT_PRECISIONS},
+        memory_weight={p: _round(math.exp(m[p]), digits) for p in FIT_PRECISIONS},
+        fitted_on=extra.get("fitted_on", ()),
+        source=extra.get("source", "in-memory fit"),
+        sigma=extra.get("sigma"),
+        held_out_error=extra.get("held_out_error", {}),
+        batch_half=_round(math.exp(theta[4]), digits) if len(theta) > 4 else 0.0,
     )
+
+
+def _round(x: float, digits: int | None) -> float:
+    return float(x) if digits is None else float(f"{x:.{digits}g}")
+
+
+def predict(model: DeviceModel, pair: Pair, specs: dict[str, GpuSpec]) -> float:
+    """log(predicted t_dst / t_src) through the planner's own ``compute_scale``."""
+    est = compute_scale(
+        model,
+        specs[pair.src.gpu],
+        specs[pair.dst.gpu],
+        src_precision=pair.src.precision,
+        dst_precision=pair.dst.precision,
+        batch=pair.src.batch,
+    )
+    return math.log(est.factor)
+
+
+def fit_theta(pairs: Sequence[Pair], specs: dict[str, GpuSpec]) -> NDArray[np.float64]:
+    """Least squares on log ratios (soft-L1 loss against outlying published figures)."""
+    from scipy.optimize import least_squares
+
+    y = np.array([p.log_ratio for p in pairs])
+
+    # The same arithmetic as ``compute_scale`` (checked by a test), cached per (GPU, precision).
+    ends = [(p.src, p.dst) for p in pairs]
+
+    def residual(theta: NDArray[np.float64]) -> NDArray[np.float64]:
+        model = as_model(theta)
+        cache: dict[tuple[str, str, float | None], float] = {}
+
+        def log_t(s: Sample, batch: float | None) -> float:
+            key = (s.gpu, s.precision, batch)
+            if key not in cache:
+                g = specs[s.gpu]
+                t = model.device_time(g, s.precision) / model.utilisation(g, batch)
+                cache[key] = math.log(t)
+            return cache[key]
+
+        pred = [log_t(d, a.batch) - log_t(a, a.batch) for a, d in ends]
+        out: NDArray[np.float64] = np.array(pred) - y
+        return out
+
+    res = least_squares(residual, START, loss="soft_l1", f_scale=0.2, bounds=(-12.0, 8.0))
+    x: NDArray[np.float64] = np.asarray(res.x, dtype=np.float64)
+    return x
 
 
 # ------------------------------------------------------------------------------- evaluation
 
 
 @dataclass(frozen=True)
-class HeldOut:
-    """Predictions for pairs involving held-out GPUs: ``residual = log(pred / measured)``."""
+class Prediction:
+    pair: Pair
+    fold: str  # what was held out
+    residual: float  # log(predicted / measured)
+    peak_residual: float  # baseline: ratio of the precision's peaks
+    bw_residual: float  # baseline: ratio of memory bandwidths
+    distance: float
 
-    pairs: Pairs
-    residual: NDArray[np.float64]
-    coefficients: NDArray[np.float64]
+
+def _baselines(pair: Pair, specs: dict[str, GpuSpec]) -> tuple[float, float]:
+    from kplan.planner.devices import peak_tflops
+
+    s, d = specs[pair.src.gpu], specs[pair.dst.gpu]
+    peak = math.log(peak_tflops(s, pair.src.precision) / peak_tflops(d, pair.dst.precision))
+    bw = math.log(s.mem_bw_gbs / d.mem_bw_gbs)
+    return peak - pair.log_ratio, bw - pair.log_ratio
 
 
-def predict_held_out(
-    fit_samples: Sequence[Sample],
-    eval_samples: Sequence[Sample],
-    specs: dict[str, GpuSpec],
-    held_out: Sequence[str],
-    fitter: Fitter,
-) -> HeldOut:
-    """Fit on pairs without the held-out GPUs; predict every ordered pair involving one.
+def held_out(data: Dataset, by: str) -> list[Prediction]:
+    """Leave one GPU out (``by="gpu"``) or one model family out (``by="model"``).
 
-    Predictions go through ``kplan.planner.devices.compute_scale``, the planner's own path.
+    Each fold fits on the pairs without the held-out GPU/model and predicts every cross-GPU
+    pair involving it (and, leaving a model out, its cross-precision pairs too).
     """
-    train = make_pairs([s for s in fit_samples if s.gpu not in held_out], ordered=False)
-    coefficients = fitter(spec_differences(train, specs), train.log_ratio)
-    model = as_model(coefficients)
-    test = make_pairs(eval_samples, ordered=True)
-    keep = [i for i in range(len(test)) if test.src[i] in held_out or test.dst[i] in held_out]
-    test = Pairs(
-        tuple(test.src[i] for i in keep),
-        tuple(test.dst[i] for i in keep),
-        tuple(test.workload[i] for i in keep),
-        tuple(test.mode[i] for i in keep),
-        test.log_ratio[keep],
-    )
-    predicted = np.array(
-        [
-            math.log(compute_scale(model, specs[s], specs[d]).factor)
-            for s, d in zip(test.src, test.dst, strict=True)
+    pairs = make_pairs(data.samples)
+    keys = sorted({getattr(s, by) for s in data.samples})
+    out = []
+    for key in keys:
+
+        def involved(p: Pair, key: str = key) -> bool:
+            return bool(getattr(p.src, by) == key or getattr(p.dst, by) == key)
+
+        train = [p for p in pairs if not involved(p)]
+        test = [p for p in pairs if involved(p) and (p.cross_gpu or by == "model")]
+        if not test:
+            continue
+        model = as_model(fit_theta(train, data.specs))
+        for p in test:
+            pk, bw = _baselines(p, data.specs)
+            out.append(
+                Prediction(
+                    p,
+                    key,
+                    predict(model, p, data.specs) - p.log_ratio,
+                    pk,
+                    bw,
+                    spec_distance(
+                        data.specs[p.src.gpu],
+                        data.specs[p.dst.gpu],
+                        p.src.precision,
+                        p.dst.precision,
+                    ),
+                )
+            )
+    return out
+
+
+def fit_sigma(preds: Sequence[Prediction]) -> dict[str, Any]:
+    """Sigma of log error from held-out residuals.
+
+    Cross-GPU pairs: ``sigma(d) = base + per_distance * d`` per destination precision family,
+    from a least-squares fit of ``sqrt(pi/2) * |residual|`` on the spec distance ``d``
+    (``E|r| = sigma * sqrt(2/pi)`` for a normal error). Same-GPU projections to another
+    precision: the RMS residual per destination precision family.
+    """
+    from sklearn.linear_model import LinearRegression
+
+    out: dict[str, Any] = {"cross_gpu": {}, "cross_precision": {}}
+    for family in ("full", "mixed"):
+        sel = [p for p in preds if p.pair.cross_gpu and _family(p.pair.dst.precision) == family]
+        if len(sel) >= 3:
+            x = np.array([[p.distance] for p in sel])
+            y = math.sqrt(math.pi / 2) * np.abs([p.residual for p in sel])
+            reg = LinearRegression().fit(x, y)
+            base, slope = float(reg.intercept_), float(reg.coef_[0])
+            if slope < 0 or base < 0:  # no distance trend the data supports: a constant
+                base, slope = float(np.sqrt(np.mean(np.square([p.residual for p in sel])))), 0.0
+            out["cross_gpu"][family] = {"base": round(base, 4), "per_distance": round(slope, 4)}
+        same = [
+            p for p in preds if not p.pair.cross_gpu and _family(p.pair.dst.precision) == family
         ]
-    )
-    return HeldOut(test, predicted - test.log_ratio, coefficients)
+        if same:
+            rms = float(np.sqrt(np.mean(np.square([p.residual for p in same]))))
+            out["cross_precision"][family] = round(rms, 4)
+    return out
 
 
-def leave_one_gpu_out(
-    fit_samples: Sequence[Sample],
-    eval_samples: Sequence[Sample],
-    specs: dict[str, GpuSpec],
-    fitter: Fitter,
-) -> dict[str, HeldOut]:
-    """Hold out each GPU of ``eval_samples`` in turn."""
-    gpus = sorted({s.gpu for s in eval_samples})
-    return {g: predict_held_out(fit_samples, eval_samples, specs, [g], fitter) for g in gpus}
+def sigma_of(sigma: dict[str, Any], pred: Prediction) -> float:
+    """The sigma a model with ``sigma`` tables states for ``pred``'s pair."""
+    fam = _family(pred.pair.dst.precision)
+    if not pred.pair.cross_gpu:
+        return float(sigma["cross_precision"].get(fam, 0.0))
+    g = sigma["cross_gpu"].get(fam) or next(iter(sigma["cross_gpu"].values()))
+    return float(g["base"] + g["per_distance"] * pred.distance)
 
 
-def error_summary(residual: NDArray[np.float64]) -> dict[str, float]:
-    """APE = |predicted / measured - 1| of t_dst; rms_log = RMS of log(predicted / measured)."""
-    if not len(residual):
-        return {"n_pairs": 0}
-    ape = np.abs(np.expm1(residual))
+def calibration(preds: Sequence[Prediction]) -> dict[str, float]:
+    """Nested: each fold's sigma is fitted on the other folds' residuals only."""
+    within = below = 0
+    n = 0
+    for fold in sorted({p.fold for p in preds}):
+        others = fit_sigma([p for p in preds if p.fold != fold])
+        for p in (q for q in preds if q.fold == fold):
+            if not p.pair.cross_gpu and not others["cross_precision"]:
+                continue
+            s = sigma_of(others, p)
+            # residual = log(pred/measured): measured within pred*exp(+-s) <=> |r| <= s;
+            # measured at or below p90 = pred*exp(1.2816 s) <=> -r <= 1.2816 s.
+            within += abs(p.residual) <= s
+            below += -p.residual <= 1.2816 * s
+            n += 1
     return {
-        "mape": round(float(ape.mean()), 4),
-        "median_ape": round(float(np.median(ape)), 4),
-        "p90_ape": round(float(np.quantile(ape, 0.9)), 4),
-        "rms_log": round(float(np.sqrt(np.mean(residual**2))), 4),
-        "n_pairs": len(residual),
+        "within_1_sigma": round(within / n, 4) if n else math.nan,
+        "at_or_below_p90": round(below / n, 4) if n else math.nan,
+        "n_pairs": n,
     }
 
 
-def by_mode(results: Iterable[HeldOut]) -> dict[str, dict[str, float]]:
-    """Error summaries of training pairs and of inference pairs, pooled over ``results``."""
-    results = list(results)
-    out = {}
-    for mode in ("train", "inf"):
-        res = [r.residual[np.array(r.pairs.mode) == mode] for r in results if len(r.pairs)]
-        pooled = np.concatenate(res) if res else np.zeros(0)
-        if len(pooled):
-            out[mode] = error_summary(pooled)
+def summary(residual: Sequence[float]) -> dict[str, float]:
+    r = np.asarray(residual, dtype=np.float64)
+    if not len(r):
+        return {"n_pairs": 0}
+    ape = np.abs(np.expm1(r))
+    return {
+        "mape": round(float(ape.mean()), 4),
+        "median_ape": round(float(np.median(ape)), 4),
+        "rms_log": round(float(np.sqrt(np.mean(r**2))), 4),
+        "n_pairs": len(r),
+    }
+
+
+def table(preds: Sequence[Prediction], group: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Error summaries of kplan and both baselines, per group (``precision``, ``fold``, ``all``)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    keys: dict[str, list[Prediction]] = {}
+    for p in preds:
+        k = {"precision": p.pair.dst.precision, "fold": p.fold, "all": "all"}[group]
+        keys.setdefault(k, []).append(p)
+    for k, sel in sorted(keys.items()):
+        out[k] = {
+            "kplan": summary([p.residual for p in sel]),
+            "peak_ratio": summary([p.peak_residual for p in sel]),
+            "bandwidth_ratio": summary([p.bw_residual for p in sel]),
+        }
     return out
 
 
 # -------------------------------------------------------------------------------- the fit
 
 
-@dataclass(frozen=True)
-class Dataset:
-    specs: dict[str, GpuSpec]
-    nvidia: list[Sample]  # single-GPU entries, the fit and evaluation set
-    amd: list[Sample]  # single-GPU entries, ablation only
-    multi_gpu: list[Sample]  # NVIDIA -dp4/-tp4/-pp4_1 entries, supplementary check
-
-
-def load_dataset(root: Path | None = None) -> Dataset:
-    root = root or data_root()
-    return Dataset(
-        specs=load_specs(root, NVIDIA + AMD),
-        nvidia=load_samples(root, NVIDIA),
-        amd=load_samples(root, AMD),
-        multi_gpu=load_samples(root, NVIDIA, multi_gpu=True),
-    )
-
-
 def fit_document(data: Dataset) -> dict[str, Any]:
-    """Fit the shipped model on every NVIDIA single-GPU entry and measure its held-out error."""
-    fitter = METHODS[SHIPPED_METHOD]
-    pairs = make_pairs(data.nvidia, ordered=False)
-    coefficients = fitter(spec_differences(pairs, data.specs), pairs.log_ratio)
-    logo = leave_one_gpu_out(data.nvidia, data.nvidia, data.specs, fitter)
-    fixed = predict_held_out(data.nvidia, data.nvidia, data.specs, FIXED_HOLD_OUT, fitter)
-    pooled = by_mode(logo.values())
-    fold_a = [-float(r.coefficients[0]) for r in logo.values()]
-    baselines = {
-        name: by_mode(leave_one_gpu_out(data.nvidia, data.nvidia, data.specs, f).values())
-        for name, f in METHODS.items()
-        if name != SHIPPED_METHOD
-    }
-    held_out_error = {
-        "metric": "APE = |predicted / measured - 1| of the destination GPU's iteration time, "
-        "over ordered (src, dst) pairs of the same workload with a held-out GPU on either side; "
-        "'train' pairs are training iterations, 'inf' pairs forward-only inference",
+    """Fit on every pair; held-out errors and sigmas from leave-one-GPU/model-out folds."""
+    theta = fit_theta(make_pairs(data.samples), data.specs)
+    logo = held_out(data, "gpu")
+    lomo = held_out(data, "model")
+    logo_x = [p for p in logo if p.pair.cross_gpu]
+    lomo_x = [p for p in lomo if p.pair.cross_gpu]
+    sigma = fit_sigma(logo_x + lomo)
+    held = {
+        "metric": "APE = |predicted / measured - 1| of the destination's step time over ordered "
+        "pairs of the same job (model, batch, GPU count) on two GPUs (same precision family) or "
+        "two precisions on one GPU; residual = log(predicted / measured)",
         "leave_one_gpu_out": {
-            **pooled,
-            "per_gpu": {g: by_mode([r]) for g, r in logo.items()},
-            "fp32_exponent_range": [round(min(fold_a), 4), round(max(fold_a), 4)],
+            "all": table(logo_x, "all")["all"],
+            "per_precision": table(logo_x, "precision"),
+            "per_gpu": table(logo_x, "fold"),
+            "calibration": calibration(logo_x),
         },
-        "fixed_split": {"held_out": list(FIXED_HOLD_OUT), **by_mode([fixed])},
-        "baselines_leave_one_gpu_out": baselines,
-    }
-    return {
-        "schema": DEVICE_MODEL_SCHEMA,
-        "features": list(FEATURES),
-        "coefficients": {
-            f: round(float(c), 6) for f, c in zip(FEATURES, coefficients, strict=True)
+        "leave_one_model_out": {
+            "all": table(lomo_x, "all")["all"],
+            "per_precision": table(lomo_x, "precision"),
+            "cross_precision_same_gpu": summary([p.residual for p in lomo if not p.pair.cross_gpu]),
+            "calibration": calibration(lomo_x),
         },
-        "intercept": 0.0,
-        # The uncertainty of a training-time prediction: RMS log error of held-out training pairs.
-        "log_sigma": pooled["train"]["rms_log"],
-        "fitted_on": sorted({s.gpu for s in data.nvidia}),
-        "held_out_error": held_out_error,
-        "source": SOURCE,
     }
+    model = as_model(
+        theta,
+        digits=6,
+        fitted_on=tuple(sorted({s.gpu for s in data.samples})),
+        source=SOURCE,
+        sigma=sigma,
+        held_out_error=held,
+    )
+    return model.to_dict()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -381,12 +479,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(text)
         return 0
     args.out.write_text(text)
-    coef = doc["coefficients"]
-    logo = doc["held_out_error"]["leave_one_gpu_out"]
-    print(f"wrote {args.out}: coefficients {coef}, log_sigma {doc['log_sigma']}")
+    logo = doc["held_out_error"]["leave_one_gpu_out"]["all"]
+    print(f"wrote {args.out}: compute {doc['compute_weight']}, memory {doc['memory_weight']}")
     print(
-        f"leave-one-GPU-out MAPE: train pairs {logo['train']['mape']:.1%}, "
-        f"inference pairs {logo['inf']['mape']:.1%}"
+        f"leave-one-GPU-out MAPE: kplan {logo['kplan']['mape']:.1%}, peak ratio "
+        f"{logo['peak_ratio']['mape']:.1%}, bandwidth ratio {logo['bandwidth_ratio']['mape']:.1%}"
     )
     return 0
 

@@ -47,8 +47,20 @@ def catalog(spot_rate: float = 0.5) -> Catalog:
 
 
 def device_model() -> DeviceModel:
+    # A roofline halfway between compute- and memory-bound on a T4, sigma 0.2 across GPUs.
+    weights = {p: 8.141 / 320.0 for p in ("fp32", "tf32", "bf16", "fp16")}
     return DeviceModel(
-        ("log_fp32_tflops", "log_mem_bw_gbs"), (-0.5, -0.5), 0.2, ("T4", "A100"), "test"
+        compute_weight=weights,
+        memory_weight=dict.fromkeys(weights, 1.0),
+        fitted_on=("T4", "A100"),
+        source="test",
+        sigma={
+            "cross_gpu": {
+                "full": {"base": 0.2, "per_distance": 0.0},
+                "mixed": {"base": 0.2, "per_distance": 0.0},
+            },
+            "cross_precision": {"full": 0.3, "mixed": 0.3},
+        },
     )
 
 
