@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from kplan.errors import JobError
+from kplan.planner.precision import DEFAULT_PRECISION, Precision
 from kplan.profiler.allreduce import BENCH_PORT_ENV
 from kplan.profiler.errlines import last_error_line
 from kplan.profiler.procs import ProcessTree
@@ -35,6 +36,7 @@ class JobSpec:
     startup_timeout_s: float  # until the first record
     step_timeout_s: float  # longest silence between two records
     timeout_s: float  # the whole job
+    precision: Precision = DEFAULT_PRECISION  # what the job trains in (KPLAN_PRECISION)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,10 @@ def job_env(spec: JobSpec, metrics: Path) -> dict[str, str]:
     }
     env.update(
         runtime_env.kplan_environ(
-            job_id="profile", metrics_path=metrics, profile_schedule=spec.schedule
+            job_id="profile",
+            metrics_path=metrics,
+            profile_schedule=spec.schedule,
+            precision=spec.precision,
         )
     )
     env["PYTHONUNBUFFERED"] = "1"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kplan import __version__
 from kplan.errors import InputError
+from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.planner.profile import Profile
 from kplan.profiler.analyze import Analysis, analyze, gns_trajectory, measurements
 from kplan.profiler.device import DeviceFacts, measure_device
@@ -24,6 +25,8 @@ from kplan.profiler.procs import ProcessTree
 from kplan.profiler.schedule import ProfileSchedule, sweep_sizes
 
 DEVICES = ("auto", "cpu", "cuda")
+CPU_UNREPRESENTATIVE: tuple[Precision, ...] = ("tf32", "fp16")
+"""Precisions a CPU can run but whose timings say nothing about them (no TF32, no fast fp16)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class ProfileRequest:
     allreduce_bench: bool = True
     measure_device: bool = True
     keep_workdir: bool = False
+    precision: Precision = DEFAULT_PRECISION
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ def resolve(
     allreduce_bench: bool = True,
     measure_device: bool = True,
     keep_workdir: bool = False,
+    precision: str = DEFAULT_PRECISION,
 ) -> ProfileRequest:
     """Validate the inputs of ``kplan profile``; InputError naming the bad one."""
     if (script is None) == (example is None):
@@ -128,6 +133,13 @@ def resolve(
             )
     if device not in DEVICES:
         raise InputError(f"--device {device!r} is not one of {', '.join(DEVICES)}", hint="")
+    checked = check_precision(precision)
+    if device == "cpu" and checked in CPU_UNREPRESENTATIVE:
+        raise InputError(
+            f"--precision {checked} is not measured on a CPU (it would time "
+            f"{'fp32' if checked == 'tf32' else 'emulated fp16'} math)",
+            hint="profile fp32 or bf16 on a CPU; tf32 and fp16 on a GPU",
+        )
     _positive("--workers", workers)
     _positive("--min-local-batch", min_local_batch)
     _positive("--max-local-batch", max_local_batch)
@@ -174,6 +186,7 @@ def resolve(
         allreduce_bench=allreduce_bench,
         measure_device=measure_device,
         keep_workdir=keep_workdir,
+        precision=checked,
     )
 
 
@@ -211,6 +224,11 @@ def run_profile(
             f"--workers {workers} is more than the {gpus} CUDA devices here",
             hint=f"use --workers {gpus} or fewer",
         )
+    if not gpus and req.precision in CPU_UNREPRESENTATIVE:  # --device auto found no GPU
+        raise InputError(
+            f"--precision {req.precision}: no CUDA device here, and a CPU does not measure it",
+            hint="profile fp32 or bf16 on a CPU; tf32 and fp16 on a GPU",
+        )
     schedule = plan_schedule(req, workers)
     spec = JobSpec(
         script=req.script,
@@ -222,6 +240,7 @@ def run_profile(
         startup_timeout_s=req.startup_timeout_s,
         step_timeout_s=req.step_timeout_s,
         timeout_s=req.timeout_s,
+        precision=req.precision,
     )
     workdir = Path(tempfile.mkdtemp(prefix="kplan-profile-"))
     keep = True  # kept unless everything succeeds, so a failure's logs stay readable
@@ -265,7 +284,7 @@ def build_profile(
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     provenance = (
         f"kplan {__version__} profile of {req.script.name} on {described}, "
-        f"{a.world_size} local worker(s), {when}; "
+        f"{a.world_size} local worker(s), {when}; precision {req.precision}; "
         f"sweep {list(schedule.local_batches)} x {schedule.steps_per_batch} timed steps; "
         f"GNS over {a.gns_steps} steps at local batch {schedule.gns_batch}"
     )
@@ -292,4 +311,5 @@ def build_profile(
         per_sample_memory_gb=max(mem.slope, 0.0) / 1e9 if mem else None,
         measured_fp32_tflops=facts.fp32_tflops if facts else None,
         measured_mem_bw_gbs=facts.mem_bw_gbs if facts else None,
+        precision=req.precision,
     )

@@ -22,6 +22,7 @@ def summary_dict(
         "wall_s": round(result.wall_s, 3),
         "job_wall_s": round(result.job_wall_s, 3),
         "workers": result.workers,
+        "precision": result.profile.precision,
         "device": {
             "gpu": result.profile.gpu,
             "description": facts.description if facts else None,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kplan.errors import InputError
+from kplan.planner.precision import PRECISIONS, Precision
 from kplan.runtime import env
 from kplan.runtime.pid import PidConfig
 
@@ -47,6 +48,8 @@ class RuntimeConfig:
     """Policy specs loaded at start (``KPLAN_POLICIES`` syntax), added to ``Job(policies=)``."""
     control_path: Path | None = None
     """The launcher's control file (``KPLAN_CONTROL_PATH``)."""
+    precision: Precision = "fp32"
+    """Training precision (``KPLAN_PRECISION``): fp32, tf32, bf16 or fp16 (runtime/amp.py)."""
 
     def __post_init__(self) -> None:
         _positive("global_batch", self.global_batch, allow_none=True)
@@ -59,6 +62,10 @@ class RuntimeConfig:
             raise InputError(f"gns={self.gns!r} is not one of {env.GNS_MODES}", "")
         if self.epochs_by not in env.EPOCHS_BY_CHOICES:
             raise InputError(f"epochs_by={self.epochs_by!r} is not 'data' or 'progress'", "")
+        if self.precision not in PRECISIONS:
+            raise InputError(
+                f"precision={self.precision!r} is not a precision", f"one of {PRECISIONS}"
+            )
         if self.sync not in ("overlap", "manual"):
             raise InputError(f"sync={self.sync!r} is not 'overlap' or 'manual'", "")
         if not 0.0 <= self.gns_smoothing < 1.0:
@@ -93,6 +100,7 @@ class RuntimeConfig:
             "profile": env.profile_schedule(environ),
             "epochs_by": env.epochs_by(environ),
             "control_path": env.control_path(environ),
+            "precision": env.precision(environ),
         }
         if env.is_set(env.JOB_ID, environ):
             values["job_id"] = env.job_id(environ)

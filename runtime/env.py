@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from kplan.errors import InputError
+from kplan.planner.precision import Precision, check_precision
 
 # torchrun's variables.
 RANK = "RANK"
@@ -50,6 +51,7 @@ PROFILE_SCHEDULE = "KPLAN_PROFILE_SCHEDULE"
 POLICIES = "KPLAN_POLICIES"
 EPOCHS_BY = "KPLAN_EPOCHS_BY"
 CONTROL_PATH = "KPLAN_CONTROL_PATH"
+PRECISION = "KPLAN_PRECISION"
 
 LrRule = Literal["adascale", "linear", "sqrt", "none"]
 GnsMode = Literal["auto", "sgd", "adam", "off"]
@@ -306,6 +308,12 @@ def control_path(environ: Mapping[str, str] | None = None) -> Path | None:
     return None if raw is None else Path(raw)
 
 
+def precision(environ: Mapping[str, str] | None = None) -> Precision | None:
+    """Training precision (``KPLAN_PRECISION``): fp32, tf32, bf16 or fp16; default fp32."""
+    raw = _raw(PRECISION, environ)
+    return None if raw is None else check_precision(raw, PRECISION)
+
+
 @dataclass(frozen=True)
 class Control:
     """One version of the control file the launcher writes (schema ``kplan.control/1``).
@@ -466,6 +474,7 @@ def kplan_environ(
     policies: Sequence[str] | None = None,
     epochs_by: EpochsBy | None = None,
     control_path: Path | str | None = None,
+    precision: Precision | None = None,
 ) -> dict[str, str]:
     """The kplan variables for a worker, as strings; None leaves a variable out.
 
@@ -493,6 +502,7 @@ def kplan_environ(
         POLICIES: None if not policies else ",".join(policies),
         EPOCHS_BY: epochs_by,
         CONTROL_PATH: control_path,
+        PRECISION: precision,
     }
     out = {name: str(value) for name, value in values.items() if value is not None}
     for reader in READERS:
@@ -521,5 +531,6 @@ READERS = (
     policies,
     epochs_by,
     control_path,
+    precision,
 )
 """Every kplan variable's reader, for validating an environment in one pass."""

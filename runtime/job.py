@@ -19,6 +19,7 @@ One optimizer step, at the end of its last micro-step (``_finish_step``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -32,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: TID253
 from kplan.errors import InputError
 from kplan.runtime import distributed as rdist
 from kplan.runtime import env, local_gns, profile_steps, step_end
+from kplan.runtime.amp import Amp
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator
@@ -53,14 +55,20 @@ class Stateful(Protocol):
 
 
 class _StepContext:
+    """One micro-step; its body runs under the job's autocast (bf16/fp16), the step after it."""
+
     def __init__(self, job: Job) -> None:
         self.job = job
+        self._cast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
     def __enter__(self) -> _StepContext:
         self.job._enter_step()
+        self._cast = self.job.autocast()
+        self._cast.__enter__()
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+        self._cast.__exit__(type(exc) if exc is not None else None, exc, None)
         return self.job._exit_step(exc)
 
 
@@ -127,6 +135,8 @@ class Job:
             self.model = ddp
             rdist.on_shutdown(_releaser(weakref.ref(self)))
         self._params = params
+        self.amp = Amp(cfg.precision, ctx.device)
+        """The precision: TF32 switches, autocast and fp16's loss scaler (runtime/amp.py)."""
 
         # GNS flavour: plain, or in Adam's preconditioned metric.
         gns_mode = cfg.gns
@@ -245,6 +255,7 @@ class Job:
             base_batch=self.base_batch,
             accum_steps=self.accum_steps,
             profiling=self.profiling,
+            precision=self.amp.precision,
         )
         self.metrics.event(
             "model",
@@ -261,6 +272,18 @@ class Job:
     @property
     def epoch(self) -> int:
         return self._position.epoch
+
+    @property
+    def precision(self) -> str:
+        """The precision this job trains in: fp32, tf32, bf16 or fp16."""
+        return self.amp.precision
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast in the job's precision, for model code outside ``job.step()`` (evaluation).
+
+        ``with job.step():`` enters it by itself; for fp32 and tf32 it does nothing.
+        """
+        return self.amp.autocast()
 
     @property
     def local_batch(self) -> int:
@@ -425,7 +448,8 @@ class Job:
         self._loss_sum = self._loss_sum + loss.detach().double()
         last = self.is_last_micro_step
         scaled = loss / self.accum_steps if self.accum_steps > 1 else loss
-        scaled.backward()  # type: ignore[no-untyped-call]
+        with self.amp.outside_autocast():
+            self.amp.scale(scaled).backward()  # type: ignore[no-untyped-call]
         if self._first_grad is None:
             self._first_grad = next((p for p in self._params if p.grad is not None), None)
         if single_accum:

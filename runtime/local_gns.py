@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def stash_micro_grad(job: Job, last: bool) -> None:
     """One worker with accumulation: keep each micro-batch's gradient norm apart."""
     params, grads = job._sync.grads()
-    scale = float(job.accum_steps) ** 2  # the grads are of loss/s
+    # The grads are of loss/s, times the fp16 loss scale S (unscaled only at the step's end).
+    scale = float(job.accum_steps) ** 2 / job.amp.scale_sq()
     job._micro_sqr.append(squared_norm(params, grads, job._precond) * scale)
     for p in job._params:
         acc = job._acc.get(id(p))

@@ -43,6 +43,8 @@ def runtime_state(job: Job) -> dict[str, Any]:
             "gns": job._gns.state_dict(),
             "lr": job._lr.state_dict(),
             "control_seq": job._runner.control_seq,
+            "precision": job.amp.precision,
+            "scaler": job.amp.state_dict(),
         },
     }
 
@@ -76,6 +78,7 @@ def load_into(job: Job, path: Path) -> None:
     job._gns.load_state_dict(rt["gns"])
     job._lr.batch = job.global_batch
     job._lr.load_state_dict(rt["lr"], job.step_count)
+    job.amp.load_state_dict(rt.get("scaler"))  # fp16's loss scale (absent: fresh)
     job._runner.control_seq = int(rt.get("control_seq", -1))  # launcher commands already taken
     job._last_ckpt_step = job.step_count
     mine = path / ckpt.rank_file(job.ctx.rank)

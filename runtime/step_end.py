@@ -89,10 +89,15 @@ def finish_step(job: Job) -> None:
     job._complete_sync()
     single = None
     global_sqr = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    # fp16: norms taken before the unscale (the DDP hook's, the manual local norm, the global
+    # one) are of S x the gradients; divide them by S². The all-reduced gradients are unscaled
+    # once here, before the single-worker terms and the optimizer.
+    scale_sq = job.amp.scale_sq() if job._measure else 1.0
+    if job._measure and ctx.world_size > 1:
+        global_sqr = job._sync.global_sqr()
+    job.amp.unscale(job.optimizer)
     if job._measure and ctx.world_size == 1:
         single = local_gns.single_worker_terms(job)
-    elif job._measure:
-        global_sqr = job._sync.global_sqr()
 
     # The per-rank slots (an exact all-gather): already reduced with the gradients, or now.
     vec = job._sync.stats_result
@@ -101,8 +106,14 @@ def finish_step(job: Job) -> None:
         vec = stats_vector(job).to(rdist.comm_device(ctx))
         work = rdist.all_reduce_sum(vec, ctx)
 
+    lr_before = job._lr.state_dict() if job.amp.scaler is not None else None
     factor = job._lr.factor(job.step_count, job._gns.grad_sqr, job._gns.grad_var)
-    optimizer_step(job, factor)
+    taken = optimizer_step(job, factor)
+    if not taken and lr_before is not None:
+        # fp16 overflow: the step was skipped; it is no progress, and its gradients are no
+        # GNS sample (nor the previous-step half of the next one).
+        job._lr.load_state_dict(lr_before, job.step_count)
+        job._prev_grads = None
 
     if work is not None:
         work.wait()
@@ -113,7 +124,8 @@ def finish_step(job: Job) -> None:
     end = time.perf_counter()
     job._prev_timing = (float(local_batch), compute_time)
 
-    update_gns(job, rows, single, float(global_sqr))
+    if taken:
+        update_gns(job, rows, single, float(global_sqr), scale_sq)
     update_split(job, rows)
     batches = [row[_B] for row in rows]
     total = sum(batches)
@@ -137,6 +149,9 @@ def finish_step(job: Job) -> None:
         "accum_steps": s,
         "progress": job.progress,
     }
+    if job.amp.scaler is not None:
+        record["loss_scale"] = job.amp.loss_scale()
+        record["skipped"] = not taken
     if job._profile is not None:
         record["phase"] = job._profile.phase.name
         record["warmup"] = job._profile.warmup
@@ -268,18 +283,20 @@ def base_monitor(job: Job, **fields: Any) -> Monitor:
     return Monitor(**values)
 
 
-def optimizer_step(job: Job, factor: float) -> None:
+def optimizer_step(job: Job, factor: float) -> bool:
+    """The optimizer step at ``factor`` x the LR; False when fp16 loss scaling skipped it."""
     groups = job.optimizer.param_groups
     saved = [g["lr"] for g in groups]
     for g, lr in zip(groups, saved, strict=True):
         g["lr"] = lr * factor
     try:
-        job.optimizer.step()
+        taken = job.amp.step(job.optimizer)
     finally:
         for g, lr in zip(groups, saved, strict=True):
             g["lr"] = lr
     job.optimizer.zero_grad(set_to_none=True)
     job._lr_value = float(saved[0]) * factor if saved else None
+    return taken
 
 
 def update_gns(
@@ -287,13 +304,15 @@ def update_gns(
     rows: list[list[float]],
     single: tuple[list[torch.Tensor], list[int], torch.Tensor] | None,
     global_sqr: float,
+    scale_sq: float = 1.0,
 ) -> None:
+    """Add this step's GNS sample; ``scale_sq``: S², which the all-gathered norms carry (fp16)."""
     if not job._measure:
         return
     if job.ctx.world_size > 1:
-        local = [row[_SQR] for row in rows]
+        local = [row[_SQR] / scale_sq for row in rows]
         batches = [int(row[_B]) for row in rows]
-        big = global_sqr
+        big = global_sqr / scale_sq
     elif single is not None:
         local = [float(t) for t in single[0]]
         batches = single[1]

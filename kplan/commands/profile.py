@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from kplan.profiler.run import ProfileRequest
 
 _HELP = (
     "Measure a training job on this machine and write its Profile JSON.\n\n"
     "Runs SCRIPT (a training script on kplan.runtime; its own flags go after --) or a built-in "
     "example with local workers: a sweep of per-worker batch sizes, the compute-time fit, "
     "gradient bytes, all-reduce time, the gradient noise scale, and this device's fp32 TFLOP/s "
-    "and memory bandwidth. `kplan estimate --profile FILE` plans with the result."
+    "and memory bandwidth. `kplan estimate --profile FILE` plans with the result.\n\n"
+    "--precision runs the job in fp32, tf32, bf16 or fp16 (loss scaling) and records it in the "
+    "profile; repeat it on a GPU to measure several, one profile each (NAME.PRECISION.profile."
+    "json). A CPU measures fp32 and bf16 only."
 )
+
+
+def _per_precision(path: Path, precision: str) -> Path:
+    """``x.profile.json`` -> ``x.bf16.profile.json`` (``x.json`` -> ``x.bf16.json``)."""
+    name = path.name
+    for suffix in (".profile.json", ".json", ".csv"):
+        if name.endswith(suffix):
+            return path.with_name(f"{name[: -len(suffix)]}.{precision}{suffix}")
+    return path.with_name(f"{name}.{precision}")
 
 
 def profile(
@@ -39,6 +54,14 @@ def profile(
         typer.Option("--workers", "-w", help="Local workers (default: 2 on CPU, min(2, GPUs))."),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    precision: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--precision",
+            "-p",
+            help="fp32 (default), tf32, bf16 or fp16; repeat to profile several, one file each.",
+        ),
+    ] = None,
     min_local_batch: Annotated[
         int, typer.Option("--min-local-batch", help="Smallest swept per-worker batch.")
     ] = 1,
@@ -96,7 +119,7 @@ def profile(
     ] = False,
 ) -> None:
     from kplan import flags
-    from kplan.profiler.run import resolve, run_profile
+    from kplan.profiler.run import resolve
 
     for flag, seconds in (
         ("--timeout", timeout),
@@ -119,24 +142,46 @@ def profile(
     flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
     flags.text("--name", name, hint="a short profile name")
     flags.text("--example", example, hint="see kplan profile --help")
+    from kplan.planner.precision import check_precision
+
+    precisions = list(dict.fromkeys(check_precision(p) for p in precision or ["fp32"]))
     args = list(argv or [])
     script = None if example is not None or not args else args.pop(0)
-    req = resolve(
-        script, example, args,
-        device=device, workers=workers, min_local_batch=min_local_batch,
-        max_local_batch=max_local_batch, warmup_steps=warmup_steps, steps_per_batch=steps,
-        gns_steps=gns_steps, gns_batch=gns_batch, base_batch=base_batch,
-        dataset_size=dataset_size, epochs=epochs, name=name, startup_timeout_s=startup_timeout,
-        step_timeout_s=step_timeout, timeout_s=timeout, allreduce_bench=allreduce_bench,
-        keep_workdir=keep_logs,
-    )  # fmt: skip
-    out_path = out if out is not None else Path(f"{req.name}.profile.json")
+    reqs = [
+        resolve(
+            script, example, args,
+            device=device, workers=workers, min_local_batch=min_local_batch,
+            max_local_batch=max_local_batch, warmup_steps=warmup_steps, steps_per_batch=steps,
+            gns_steps=gns_steps, gns_batch=gns_batch, base_batch=base_batch,
+            dataset_size=dataset_size, epochs=epochs, name=name,
+            startup_timeout_s=startup_timeout, step_timeout_s=step_timeout, timeout_s=timeout,
+            allreduce_bench=allreduce_bench, keep_workdir=keep_logs, precision=p,
+        )
+        for p in precisions
+    ]  # fmt: skip
+    several = len(reqs) > 1
     from kplan.io import check_writable
 
-    check_writable(out_path, "--out")
-    if measurements is not None:
-        check_writable(measurements, "--measurements")
+    jobs = []
+    for req in reqs:
+        out_path = out if out is not None else Path(f"{req.name}.profile.json")
+        csv_path = measurements
+        if several:
+            out_path = _per_precision(out_path, req.precision)
+            csv_path = None if csv_path is None else _per_precision(csv_path, req.precision)
+        check_writable(out_path, "--out")
+        if csv_path is not None:
+            check_writable(csv_path, "--measurements")
+        jobs.append((req, out_path, csv_path))
+    summaries = [_run_one(req, out_path, csv_path, as_json) for req, out_path, csv_path in jobs]
+    if as_json:
+        typer.echo(json.dumps(summaries if several else summaries[0], indent=2))
+
+
+def _run_one(req: ProfileRequest, out_path: Path, measurements: Path | None, as_json: bool) -> Any:
+    """Profile one request, write its files; the summary (printed here unless ``as_json``)."""
     from kplan.profiler.output import write_measurements, write_profile
+    from kplan.profiler.run import run_profile
     from kplan.profiler.summary import summary_dict
 
     if as_json:
@@ -144,18 +189,17 @@ def profile(
     else:
         from kplan.render.profile import progress_bar
 
-        with progress_bar(req.name) as on_progress:
+        with progress_bar(f"{req.name} ({req.precision})") as on_progress:
             result = run_profile(req, on_progress)
     write_profile(out_path, result.profile)
     if measurements is not None:
         write_measurements(measurements, result.profile.measurements)
     summary = summary_dict(result, out_path, measurements)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
+    if not as_json:
         from kplan.render.profile import render_summary
 
         render_summary(summary)
+    return summary
 
 
 def register(app: typer.Typer) -> None:
