@@ -22,11 +22,20 @@ from kplan.planner import perfmodel
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import Measurement
 
-# Priors where the data say nothing. Efficiencies are fractions of nominal link bandwidth that
-# PyTorch DDP typically reaches (assumed; a fit replaces them as soon as the profile measures
-# the link). Latencies per ring hop: NCCL inside a node ~10 us, across nodes over TCP ~50 us.
-PRIOR_ETA_INTRA = 0.5
-PRIOR_ETA_INTER = 0.25
+# Priors where the data say nothing; a fit replaces them as soon as the profile measures the
+# link. Efficiencies are fractions of the catalog's nominal link bandwidth.
+# PRIOR_ETA_INTRA: fitted offline (bench/sync_model.py, part a) on nccl-tests all-reduce times
+# measured by vTrain (shared/data/gpu/vtrain-micro24/trace/{a100,v100}/AR_GPU<k>_*_LUT, k=2..8,
+# 1 MB..1 GB) as t = c0 + S * 2(k-1)/k / (eta * BW), BW = 2400 (A100) / 1200 (V100) Gbit/s:
+# eta = 0.665 on both (A100 alone 0.73, V100 alone 0.57), c0 = 58 us per call.
+# PRIOR_ETA_INTER: no inter-node NCCL measurement in the shared data; NCCL drives the NIC with
+# the same ring protocol, so the intra-node ring efficiency is transferred (an assumption; the
+# former 0.25 made a 400 Gbit/s EFA node look like 100 and is what bench/sync_model.py part b
+# shows against DGX multi-node throughput). Latencies per ring hop: ~10 us in a node, ~50 us
+# across nodes over TCP (assumed; the NCCL data shows no per-hop growth inside a node).
+PRIOR_ETA_INTRA = 0.665
+PRIOR_ETA_INTER = PRIOR_ETA_INTRA
+PRIOR_NCCL_CALL = 58e-6  # c0 of the fit above: one NCCL all-reduce call inside a node
 PRIOR_LAT_INTRA = 10e-6
 PRIOR_LAT_INTER = 50e-6
 PRIOR_ALPHA = 1e-3
@@ -151,11 +160,17 @@ def fit_perf_params(
     inter_gbps: float | None = None,
     gpu: str | None = None,
     gpus_per_node: int | None = None,
+    bucket_bytes: float | None = None,
 ) -> PerfParams:
-    """Least-squares fit of the step-time model in log space (robust soft-L1 loss)."""
+    """Least-squares fit of the step-time model in log space (robust soft-L1 loss).
+
+    ``bucket_bytes``: DDP's bucket size, for the last-bucket floor (``perfmodel``); needs
+    ``gradient_bytes``. None fits without the floor.
+    """
     from scipy.optimize import least_squares  # scipy only on the fitting path
 
     d = rows if isinstance(rows, FitInputs) else FitInputs.from_measurements(rows)
+    floor_bytes, floor_bucket = (gradient_bytes, bucket_bytes) if gradient_bytes else (None, None)
     prior = _priors(gradient_bytes, intra_gbps, inter_gbps)
     free = _free_mask(d)
     x0 = _initial(d, prior)
@@ -172,7 +187,7 @@ def fit_perf_params(
     def unpack(z: NDArray[np.float64]) -> PerfParams:
         x = x0.copy()
         x[free] = z
-        return _params(x, log_sigma=0.0)
+        return _params(x, log_sigma=0.0, gradient_bytes=floor_bytes, bucket_bytes=floor_bucket)
 
     def residuals(z: NDArray[np.float64]) -> NDArray[np.float64]:
         p = unpack(z)
@@ -203,6 +218,7 @@ def fit_perf_params(
         inter_gbps=inter_gbps,
         gpu=gpu,
         gpus_per_node=gpus_per_node,
+        bucket_bytes=floor_bucket,
         max_nodes_measured=int(d.nodes.max()),
         max_workers_measured=int(d.workers.max()),
         inter_measured=bool((d.nodes > 1).any()),

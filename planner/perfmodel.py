@@ -9,6 +9,7 @@ Notation: ``n`` nodes, ``k`` workers in all, per-worker batch ``b``, accumulatio
                = (alpha_n + beta_n * ring(k) + lat_n * 2(k-1))
                  * (1 + two_node * [n == 2])                    across nodes (the NIC)
     T          = (T_c^g + T_sync^g)^(1/g),  g in [1, 10]        compute/sync overlap
+                 with T_sync less the last bucket, + T_last          DDP bucket floor (below)
     T_step     = (s - 1) * T_c + T                              with accumulation
 
 ``beta = P / (eta * BW)``: gradient bytes over the nominal link bandwidth times a fitted
@@ -17,6 +18,20 @@ predict another (``transfer``) and extrapolate to node counts never profiled. ``
 picks its algorithm and channels by node count, and on two nodes both ring directions share one
 NIC pair; a two-node all-reduce often runs at its own efficiency. It is fitted when the
 measurements have two nodes and more than two, and held at 0 otherwise.
+
+Across nodes the ring's bytes cross each node's NIC once: NCCL's ring visits every node once,
+so each node sends and receives ``ring(k) * P`` over its NICs whatever its GPU count (the same
+bytes as a hierarchical reduce-scatter / inter-node all-reduce / all-gather, ``2(n-1)/n * P``
+per node, within ``k/(k-1)``), and ``BW_nic`` is the node's aggregate NIC bandwidth
+(catalog ``network_gbps``: 4 x 100 Gbit/s EFA on p4d = 400), not a per-GPU share.
+
+Bucket floor: DDP all-reduces gradients in buckets of ``DDP_BUCKET_BYTES`` while backward runs,
+but the last bucket (the first layers' gradients) is ready only when backward ends, so at least
+its all-reduce is exposed: ``T = overlap(T_c, T_sync - T_last) + T_last`` with ``T_last`` the
+all-reduce of ``min(P, bucket)`` bytes (alpha and per-hop latency in full, the bandwidth term
+for one bucket), so the exposed sync is never below ``T_last`` and a gradient of one bucket
+does not overlap at all. Applied where the gradient size is known and ``bucket_bytes`` is set
+(``with_bucket_floor``; fits of kplan profiles and ``workload.for_instance`` set it).
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from kplan.errors import DataFileError
 from kplan.planner.profile import check_schema
 
 MODEL_SCHEMA = "kplan.perfmodel/1.0"
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb=25
 _KIND = "kplan.perfmodel"
 
 Array = NDArray[np.float64]
@@ -75,6 +91,9 @@ class PerfParams:
     max_nodes_measured: int = 1
     max_workers_measured: int = 1
     inter_measured: bool = False  # False: inter-node terms are priors, not fitted
+    # DDP bucket size in bytes: the last bucket's all-reduce is never hidden by compute (see
+    # the module notes). None: no floor (models saved before issue 15, synthetic fixtures).
+    bucket_bytes: float | None = None
 
     def __post_init__(self) -> None:
         for name in (*(n for n in FITTED if n != "gamma"), "log_sigma"):
@@ -85,6 +104,10 @@ class PerfParams:
             raise ValueError(f"gamma={self.gamma!r} must be in [1, 10]")
         if self.compute_a + self.compute_b <= 0:
             raise ValueError("compute_a + compute_b must be > 0")
+        if self.bucket_bytes is not None and not (
+            math.isfinite(self.bucket_bytes) and self.bucket_bytes > 0
+        ):
+            raise ValueError(f"bucket_bytes={self.bucket_bytes!r} must be a number > 0")
 
     def efficiency(self) -> dict[str, float | None]:
         """Achieved fraction of nominal link bandwidth (eta), where bytes and links are known."""
@@ -124,6 +147,32 @@ def sync_time(p: PerfParams, nodes: ArrayLike, workers: ArrayLike) -> Array:
     return np.where(k <= 1, 0.0, np.where(n <= 1, intra, inter))
 
 
+def last_bucket_sync_time(p: PerfParams, nodes: ArrayLike, workers: ArrayLike) -> Array:
+    """All-reduce time of DDP's last bucket, which no compute can hide.
+
+    0 where the gradient size or the bucket size is unknown (no floor).
+    """
+    k = np.asarray(workers, dtype=float)
+    if not p.gradient_bytes or not p.bucket_bytes:
+        return np.zeros(np.broadcast(np.asarray(nodes, dtype=float), k).shape)
+    frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
+    one = replace(p, intra_beta=p.intra_beta * frac, inter_beta=p.inter_beta * frac)
+    return sync_time(one, nodes, workers)
+
+
+def overlapped(p: PerfParams, compute: ArrayLike, nodes: ArrayLike, workers: ArrayLike) -> Array:
+    """Compute and sync of one step: the buckets before the last overlap, the last does not."""
+    tc = np.asarray(compute, dtype=float)
+    sync = sync_time(p, nodes, workers)
+    last = np.minimum(last_bucket_sync_time(p, nodes, workers), sync)
+    return overlap(tc, sync - last, p.gamma) + last
+
+
+def with_bucket_floor(p: PerfParams, bucket_bytes: float = DDP_BUCKET_BYTES) -> PerfParams:
+    """``p`` with DDP's last-bucket floor on (a no-op where the gradient size is unknown)."""
+    return replace(p, bucket_bytes=bucket_bytes) if p.gradient_bytes else p
+
+
 def overlap(compute: ArrayLike, sync: ArrayLike, gamma: float) -> Array:
     """(T_c^g + T_sync^g)^(1/g), computed stably."""
     c = np.asarray(compute, dtype=float)
@@ -144,7 +193,7 @@ def step_time(
     """Seconds per optimizer step: (s - 1) * T_c + (T_c^g + T_sync^g)^(1/g)."""
     tc = compute_time(p, local_batch)
     s = np.asarray(accum_steps, dtype=float)
-    return (s - 1.0) * tc + overlap(tc, sync_time(p, nodes, workers), p.gamma)
+    return (s - 1.0) * tc + overlapped(p, tc, nodes, workers)
 
 
 def exposed_sync_time(
@@ -152,7 +201,7 @@ def exposed_sync_time(
 ) -> Array:
     """The part of the sync that compute does not hide (what profilers measure as sync_time)."""
     tc = compute_time(p, local_batch)
-    return overlap(tc, sync_time(p, nodes, workers), p.gamma) - tc
+    return overlapped(p, tc, nodes, workers) - tc
 
 
 def transfer(
@@ -189,6 +238,50 @@ def transfer(
         inter_gbps=inter_gbps or p.inter_gbps,
         log_sigma=math.hypot(p.log_sigma, extra_log_sigma),
     )
+
+
+def projected_gradient_bytes(gradient_bytes: float, measured: str, target: str) -> float:
+    """Gradient bytes of a profile measured in one precision, sent in another.
+
+    DDP reduces gradients in the parameters' dtype (``precision.GRADIENT_BYTES``), so the bytes
+    scale by the ratio of bytes per element; the sync model takes them from here.
+    """
+    from kplan.planner.precision import GRADIENT_BYTES, check_precision
+
+    src = GRADIENT_BYTES[check_precision(measured, "measured precision")]
+    dst = GRADIENT_BYTES[check_precision(target)]
+    return gradient_bytes * dst / src
+
+
+def term_sources(
+    p: PerfParams, *, gpu: str | None = None, nodes: int = 1, workers: int = 1
+) -> dict[str, str]:
+    """Which terms of a prediction were measured and which were transferred or assumed.
+
+    ``p`` is the profile's fitted model (before ``transfer``), ``gpu`` the device predicted for,
+    ``nodes``/``workers`` the configuration. Values: "measured", "transferred from <GPU>",
+    "scaled by link bandwidth" (measured on another link), "extrapolated from N nodes",
+    "prior" (built from fit.py's priors and the catalog's links) or "none" (no such term).
+    """
+    same = gpu is None or p.gpu is None or p.gpu.lower() == gpu.lower()
+    compute = "measured" if same else f"transferred from {p.gpu}"
+    if workers <= nodes:
+        intra = "none"
+    elif p.max_workers_measured <= 1 or (not same and p.intra_gbps is None):
+        intra = "prior"
+    else:
+        intra = "measured" if same else "scaled by link bandwidth"
+    if nodes <= 1:
+        inter = "none"
+    elif not p.inter_measured:
+        inter = "prior"
+    elif not same:
+        inter = "scaled by link bandwidth"
+    elif nodes > p.max_nodes_measured:
+        inter = f"extrapolated from {p.max_nodes_measured} nodes"
+    else:
+        inter = "measured"
+    return {"compute": compute, "intra_sync": intra, "inter_sync": inter}
 
 
 def params_to_dict(p: PerfParams) -> dict[str, Any]:

@@ -54,6 +54,9 @@ class PlanRow:
     groups: tuple[Group, ...]
     gpu: str
     precision: str = "fp32"  # fp32, tf32, bf16 or fp16 (kplan.planner.precision)
+    # Where each step-time term comes from (perfmodel.term_sources): compute, intra_sync and
+    # inter_sync, each "measured", "transferred from <GPU>", "prior", ... or "none".
+    terms: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -675,6 +675,7 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         checkpoint_interval_s=float(t.tau[i]),
         groups=groups,
         gpu=gpu,
+        terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
     )
 
 

@@ -164,7 +164,16 @@ def for_instance(
         inter_gbps=inst.network_gbps or None,
         extra_log_sigma=extra,
     )
-    bytes_ = w.gradient_bytes
+    # Gradient bytes in the gradient dtype of the precision predicted (DDP reduces FP32
+    # gradients under autocast: the same bytes today; measured betas scale with the bytes).
+    bytes_ = perfmodel.projected_gradient_bytes(w.gradient_bytes, w.precision, dst_precision)
+    ratio = bytes_ / w.gradient_bytes if w.gradient_bytes else 1.0
+    params = perfmodel.replace_fields(
+        params,
+        gradient_bytes=bytes_ or None,
+        intra_beta=params.intra_beta * ratio,
+        inter_beta=params.inter_beta * ratio,
+    )
     if w.params.intra_gbps is None and inst.interconnect_gbps and inst.gpu_count > 1:
         # The profiled machine's intra-node link is unknown (e.g. CPU workers over gloo): its
         # all-reduce says nothing about this instance's GPUs, so use the physical prior.

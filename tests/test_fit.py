@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kplan.planner import perfmodel
+from kplan.planner import fit, perfmodel
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.profile import Measurement
 from tests.planner_fixtures import params
@@ -51,8 +51,8 @@ def test_single_node_profile_keeps_inter_node_priors() -> None:
     fitted = fit_perf_params(rows, gradient_bytes=1e8, intra_gbps=100.0, inter_gbps=50.0)
     assert not fitted.inter_measured
     assert fitted.two_node == 0.0
-    # the prior: P / (eta * BW) with eta = 0.25
-    assert fitted.inter_beta == pytest.approx(1e8 / (0.25 * 50e9 / 8))
+    # the prior: P / (eta * BW) with eta = fit.PRIOR_ETA_INTER
+    assert fitted.inter_beta == pytest.approx(1e8 / (fit.PRIOR_ETA_INTER * 50e9 / 8))
 
 
 def test_log_sigma_reflects_noise() -> None:
