@@ -290,6 +290,25 @@ def test_bad_precision_is_one_line_and_exit_2(args: list[str], message: str) -> 
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 2
 
 
+def test_two_precisions_on_a_cpu_write_two_profiles(tmp_path: Path) -> None:
+    out, rows = tmp_path / "x.profile.json", tmp_path / "m.csv"
+    result = CliRunner().invoke(
+        app,
+        ["profile", "--example", "mlp-regression", "--workers", "1", "-p", "fp32", "-p", "bf16",
+         "--max-local-batch", "2", "--warmup-steps", "1", "--steps", "1", "--gns-steps", "2",
+         "--no-allreduce-bench", "--out", str(out), "--measurements", str(rows), "--json"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    summaries = json.loads(result.stdout)
+    assert [s["precision"] for s in summaries] == ["fp32", "bf16"]
+    for p in ("fp32", "bf16"):
+        path = tmp_path / f"x.{p}.profile.json"
+        assert profile_from_dict(json.loads(path.read_text()), source=str(path)).precision == p
+        assert (tmp_path / f"m.{p}.csv").is_file()
+    assert not out.exists()
+
+
 def test_several_precisions_get_one_file_each() -> None:
     from kplan.commands.profile import _per_precision
 
