@@ -209,7 +209,13 @@ class DeviceModel:
         ] / _positive(gpu, "mem_bw_gbs")
 
     def sigma_for(
-        self, src: GpuSpec, dst: GpuSpec, src_precision: str, dst_precision: str
+        self,
+        src: GpuSpec,
+        dst: GpuSpec,
+        src_precision: str,
+        dst_precision: str,
+        *,
+        projected: bool | None = None,
     ) -> float:
         """Held-out one-sigma log error of the src -> dst (and precision) projection."""
         assert self.sigma is not None
@@ -224,7 +230,7 @@ class DeviceModel:
                 d = spec_distance(src, dst, ps, pd)
                 gpu_term = float(g["base"] + g["per_distance"] * d)
         prec_term = 0.0
-        if ps != pd:
+        if ps != pd if projected is None else projected:
             table = self.sigma.get("cross_precision", {})
             prec_term = float(table.get(fam, max(table.values(), default=0.0)))
         return math.hypot(gpu_term, prec_term)
@@ -352,11 +358,21 @@ def compute_scale(
     ``batch`` (per-GPU, optional): a GPU with more SMs is less used at a small batch.
     """
     ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
-    if src.name == dst.name and ps == pd:
+    # TF32 on a GPU without it is FP32 exactly (the switch is ignored); BF16 without native
+    # support is emulated at an unmeasured speed: taken as FP32, but still a projection.
+    projected = ps != pd or (
+        src_precision != dst_precision
+        and (_emulated_bf16(src, src_precision) or _emulated_bf16(dst, dst_precision))
+    )
+    if src.name == dst.name and not projected:
         return SpeedEstimate(1.0, 0.0)
     factor = model.device_time(dst, pd) / model.device_time(src, ps)
     factor *= model.utilisation(src, batch) / model.utilisation(dst, batch)
-    return SpeedEstimate(factor, model.sigma_for(src, dst, ps, pd))
+    return SpeedEstimate(factor, model.sigma_for(src, dst, ps, pd, projected=projected))
+
+
+def _emulated_bf16(gpu: GpuSpec, precision: str) -> bool:
+    return precision == "bf16" and not gpu.bf16_tflops
 
 
 def compute_scales(

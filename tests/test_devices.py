@@ -132,6 +132,9 @@ def test_precision_peaks_are_mapped_right() -> None:
         SpeedEstimate(1.0, 0.0)
     )
     assert effective_precision(T4, "bf16") == "fp32"
+    # ... but bf16 there is emulated at an unmeasured speed: a projection, with its sigma.
+    emulated = compute_scale(MODEL, V100, V100, src_precision="fp32", dst_precision="bf16")
+    assert emulated.factor == 1.0 and emulated.log_sigma > 0
     # fp16 on T4 uses its tensor peak (65), not the FP32 CUDA cores (8.1).
     assert peak_tflops(T4, "fp16") == 65.0
     assert peak_tflops(A100, "tf32") == 156.0 and peak_tflops(A100, "bf16") == 312.0
