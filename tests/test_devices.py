@@ -283,3 +283,22 @@ def test_shipped_file_is_what_the_fit_script_writes() -> None:
 
     shipped = copy.deepcopy(load_device_model().to_dict())
     assert json.loads(json.dumps(fit_document(load_dataset()))) == shipped
+
+
+def test_gpu_catalog_reads_the_optional_tensor_columns(tmp_path: Path) -> None:
+    from tests.test_catalog_loader import write_catalog
+
+    # An older gpus.csv without the columns still loads: tf32/bf16 then run as FP32.
+    old = load_catalog(write_catalog(tmp_path / "old")).gpus["A100"]
+    assert (old.tf32_tflops, old.bf16_tflops, old.sm_count) == (None, None, None)
+    assert peak_tflops(old, "tf32") == old.fp32_tflops
+    gpus = (
+        "name,memory_gb,fp32_tflops,fp16_tflops,mem_bw_gbs,tf32_tflops,bf16_tflops,sm_count,source\n"
+        "T4,16,8.141,65,320,,,40,datasheet\n"
+        "A100,40,19.492,312,1555,156,312,108,datasheet\n"
+    )
+    new = load_catalog(write_catalog(tmp_path / "new", gpus_csv=gpus)).gpus
+    assert (new["A100"].tf32_tflops, new["A100"].sm_count) == (156.0, 108)
+    assert new["T4"].tf32_tflops is None and peak_tflops(new["A100"], "tf32") == 156.0
+    bad = load_catalog(write_catalog(tmp_path / "bad", gpus_csv=gpus.replace(",156,", ",-1,")))
+    assert "A100" not in bad.gpus and "tf32_tflops" in bad.notes[0]
