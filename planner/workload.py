@@ -163,6 +163,9 @@ def for_instance(
         intra_gbps=inst.interconnect_gbps or None,
         inter_gbps=inst.network_gbps or None,
         extra_log_sigma=extra,
+        # The fixed per-step part stays (host, launches, data loading) unless the profile ran
+        # on a CPU: there the host is the device, and its intercept is device work.
+        fixed_factor=speed.factor if w.ref_is_cpu else 1.0,
     )
     # Gradient bytes in the gradient dtype of the precision predicted (DDP reduces FP32
     # gradients under autocast: the same bytes today; measured betas scale with the bytes).

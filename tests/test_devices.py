@@ -302,3 +302,18 @@ def test_gpu_catalog_reads_the_optional_tensor_columns(tmp_path: Path) -> None:
     assert new["T4"].tf32_tflops is None and peak_tflops(new["A100"], "tf32") == 156.0
     bad = load_catalog(write_catalog(tmp_path / "bad", gpus_csv=gpus.replace(",156,", ",-1,")))
     assert "A100" not in bad.gpus and "tf32_tflops" in bad.notes[0]
+
+
+def test_for_instance_keeps_the_fixed_part_of_a_gpu_profile_only() -> None:
+    import dataclasses
+
+    dm = load_device_model()
+    inst = InstanceType("aws", "p3.2xlarge", "V100", 1, 8, 61.0, 10.0, "none", 0.0, "test")
+    w = workload()
+    gpu = for_instance(w, inst, V100, dm)
+    assert gpu.params.compute_a == w.params.compute_a
+    assert gpu.params.compute_b == pytest.approx(w.params.compute_b * gpu.compute_factor)
+    cpu_ref = GpuSpec("cpu", 0.0, 1.0, 1.0, 50.0, "measured")
+    on_cpu = dataclasses.replace(w, ref_gpu=cpu_ref, ref_is_cpu=True)
+    moved = for_instance(on_cpu, inst, V100, dm)
+    assert moved.params.compute_a == pytest.approx(w.params.compute_a * moved.compute_factor)
