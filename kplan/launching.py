@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from kplan.launcher.jobspec import (
     nodes_from_plan_row,
 )
 from kplan.planner.plan import PLAN_SCHEMA
+from kplan.planner.precision import check_precision
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,12 @@ def build_spec(req: LaunchRequest) -> JobSpec:
     _check_common(req)
     plan_doc = read_plan(req.plan_file) if req.plan_file is not None else None
     cloud = req.cloud or (plan_doc["chosen"]["cloud"] if plan_doc else "local")
-    _check_pins(req, plans_now=cloud != "local" and plan_doc is None)
+    # On a local job --precision is what the workers train in, not a planning pin.
+    local_precision = cloud == "local" and req.precision is not None
+    _check_pins(
+        replace(req, precision=None) if local_precision else req,
+        plans_now=cloud != "local" and plan_doc is None,
+    )
     if cloud == "local":
         if plan_doc is not None or req.profile or req.example_profile:
             raise InputError(
@@ -214,6 +220,8 @@ def build_spec(req: LaunchRequest) -> JobSpec:
         _check_gcp_placement(req, cloud)
         options = _options(req)
         options.setdefault("rdzv_port", free_port())
+        if req.precision is not None:
+            options["precision"] = check_precision(req.precision)
         return JobSpec.local(
             str(req.script.resolve()),
             req.args,
@@ -481,12 +489,25 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             predicted_cost_p90_usd=float(row["cost_p90_usd"]),
             plan=plan,
             price_notes=price_notes,
+            # what the plan was made for: the workers train in it (KPLAN_PRECISION)
+            precision=_plan_precision(row, plan),
             **opts,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise DataFileError(
             f"the plan's chosen row is malformed ({type(err).__name__}: {err})",
             hint="re-create it with kplan estimate --out",
+        ) from None
+
+
+def _plan_precision(row: dict[str, Any], plan: dict[str, Any]) -> str:
+    """The chosen row's precision (plans before precision existed: fp32)."""
+    value = row.get("precision", plan.get("precision", "fp32"))
+    try:
+        return check_precision(value, "chosen.precision")
+    except InputError as err:
+        raise DataFileError(
+            f"the plan's {err.message}", hint="re-create it with kplan estimate --out"
         ) from None
 
 

@@ -30,6 +30,7 @@ from kplan.errors import InputError
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.storage import Storage
+from kplan.planner.precision import check_precision
 from kplan.runtime.env import kplan_environ
 
 CODE_KEY = "code/job.tar.gz"
@@ -92,6 +93,7 @@ def worker_env(spec: JobSpec, job_dir: str) -> dict[str, str]:
         # a batch change by the launcher keeps the job's statistical target
         epochs_by="progress" if spec.adapt or spec.explore else None,
         control_path=f"{job_dir}/control.json",
+        precision=check_precision(spec.precision, "precision"),
     )
     return {**env, **EXTRA_ENV}
 

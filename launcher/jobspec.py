@@ -17,6 +17,7 @@ from typing import Any
 from kplan.errors import InputError
 from kplan.launcher.provider import Market
 from kplan.launcher.wheel import check_index_url, check_node_install
+from kplan.planner.precision import check_precision
 
 _JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
 CLOUDS = ("local", "aws", "gcp")
@@ -127,6 +128,7 @@ class JobSpec:
     explore_trials: int = 6
     explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
     policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
+    precision: str = "fp32"  # what the workers train in (KPLAN_PRECISION; the plan's precision)
     price_notes: tuple[str, ...] = ()  # where the plan's prices differ from the catalog's
     predicted_hours: float | None = None
     predicted_cost_usd: float | None = None
@@ -135,6 +137,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
+        check_precision(self.precision, "precision")
         if self.cloud not in CLOUDS:
             raise InputError(f"unknown cloud {self.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
         if not self.nodes:

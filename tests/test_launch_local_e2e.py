@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -64,9 +65,9 @@ def launch(tmp_path: Path) -> Iterator[Any]:
     """Start ``kplan launch`` in the background; kill it and every instance afterwards."""
     started: list[Launch] = []
 
-    def start(job: str, script_args: list[str], **env: str) -> Launch:
+    def start(job: str, script_args: list[str], flags: tuple[str, ...] = (), **env: str) -> Launch:
         log = tmp_path / f"{job}.out"
-        argv = [str(KPLAN), "launch", "--cloud", "local", str(SCRIPT), "--budget", "1"]
+        argv = [str(KPLAN), "launch", "--cloud", "local", str(SCRIPT), "--budget", "1", *flags]
         argv += ["--nodes", "2", "--check-interval", "0.5", "--job-id", job, "--", *script_args]
         environ = {
             **os.environ,
@@ -160,6 +161,18 @@ def test_launch_trains_two_workers_to_completion(launch: Any) -> None:
     assert sorted(i.reason or "" for i in instances) == ["completed", "completed"]
     assert not instance_pids(run.home)
     print(f"clean launch: {time.monotonic() - t0:.1f} s")
+
+
+def test_launch_trains_in_the_precision_it_is_given(launch: Any) -> None:
+    # kplan launch --precision reaches the workers (KPLAN_PRECISION): both train under bf16
+    # autocast and say so in their metrics.
+    run = launch("kp-e2e-bf16", ["--epochs", "1", "--samples", "8000"], ("--precision", "bf16"))
+    assert finish(run, 120) == 0, run.output()
+    for rank in (0, 1):
+        (start,) = events(run.metrics(rank), "start")
+        assert start["precision"] == "bf16", start
+    losses = [r["loss"] for r in steps(run.metrics(0)) if "loss" in r]
+    assert losses and all(math.isfinite(x) for x in losses)
 
 
 def test_launch_survives_three_preemptions(launch: Any) -> None:

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kplan.cli import app
+from kplan.errors import DataFileError
 
 runner = CliRunner()
 EST = ["estimate", "--example", "imagenet-resnet50", "--json"]
@@ -162,8 +163,14 @@ def test_predict_transfers_rows_naming_another_gpu(t4_model: Path, tmp_path: Pat
     cat = load_current()
     speed = compute_scale(load_device_model(), cat.gpus["T4"], cat.gpus["V100"])
     assert v100["transferred_from"] == "T4"
+    # the device part scales, the fixed host/launch part compute_a does not
+    moved = perfmodel.transfer(model, compute_factor=speed.factor)
+    assert moved.compute_a == model.compute_a
     assert v100["compute_time"] == pytest.approx(
-        float(perfmodel.compute_time(model, [64])[0]) * speed.factor, rel=1e-6
+        model.compute_a + model.compute_b * 64 * speed.factor, rel=1e-6
+    )
+    assert v100["compute_time"] == pytest.approx(
+        float(perfmodel.compute_time(moved, [64])[0]), rel=1e-6
     )
     assert v100["step_time"] != pytest.approx(own["step_time"])
     assert v100["step_time_log_sigma"] == pytest.approx(
@@ -245,7 +252,8 @@ def test_launch_plans_now_with_the_pins(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--precision", "fp16"], "only for a plan made now"),  # a local job plans nothing
+        (["--global-batch", "64"], "only for a plan made now"),  # a local job plans nothing
+        (["--precision", "fp8"], "not a precision"),  # a local job trains in --precision
         (["--cloud", "aws", "--example-profile", "imagenet-resnet50", "--plan-nodes", "9-3"],
          "--plan-nodes 9-3"),
         (["--cloud", "aws", "--example-profile", "imagenet-resnet50", "--precision", "fp8"],
@@ -260,3 +268,38 @@ def test_launch_bad_pins(tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["launch", str(script), "--budget", "50", *args, "--dry-run"])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
+    """A plan made for fp16 launches workers that train in fp16 (KPLAN_PRECISION in the
+    user-data's exports); a local job trains in --precision; an old plan without one in fp32."""
+    from kplan.launcher.bootstrap import worker_env
+    from kplan.launching import LaunchRequest, build_spec, spec_from_plan
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    req = LaunchRequest(
+        script=script,
+        budget_usd=5000.0,
+        cloud="aws",
+        example_profile="imagenet-resnet50",
+        instance_types=("p3.16xlarge",),
+        plan_nodes="2",
+        precision="fp16",
+        storage_uri="s3://bucket/kplan",
+    )
+    spec = build_spec(req)
+    assert spec.precision == "fp16"
+    assert worker_env(spec, "/opt/kplan")["KPLAN_PRECISION"] == "fp16"
+    local = build_spec(LaunchRequest(script=script, budget_usd=0.0, precision="bf16"))
+    assert local.precision == "bf16" and worker_env(local, "/x")["KPLAN_PRECISION"] == "bf16"
+    assert build_spec(LaunchRequest(script=script, budget_usd=0.0)).precision == "fp32"
+    old = spec.plan
+    assert old is not None
+    chosen = {k: v for k, v in old["chosen"].items() if k != "precision"}
+    legacy = {k: v for k, v in old.items() if k != "precision"} | {"chosen": chosen}
+    plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
+    assert spec_from_plan(plain, legacy, "aws").precision == "fp32"
+    bad = legacy | {"chosen": chosen | {"precision": "fp8"}}
+    with pytest.raises(DataFileError, match="not a precision"):
+        spec_from_plan(plain, bad, "aws")

@@ -107,7 +107,7 @@ def test_pinned_instance_type_and_node_range() -> None:
     assert {r.nodes for r in rows} <= {3, 4, 5} and plan.chosen.nodes >= 3
     exact = search(workload(), catalog(), device_model(), SearchOptions(min_nodes=4, max_nodes=4))
     assert {r.nodes for r in (exact.chosen, *exact.plans, *exact.frontier)} == {4}
-    with pytest.raises(InputError, match="unknown instance type 'g4dn.12x'") as err:
+    with pytest.raises(InputError, match=r"unknown instance type 'g4dn\.12x'") as err:
         search(workload(), catalog(), device_model(), SearchOptions(instance_types=("g4dn.12x",)))
     assert "did you mean g4dn.12xlarge" in err.value.hint
     with pytest.raises(InputError, match="not a range"):

@@ -159,7 +159,11 @@ def launch_command(
     ] = False,
     precision: Annotated[
         str | None,
-        typer.Option("--precision", help="Planning now: fp32, tf32, bf16 or fp16."),
+        typer.Option(
+            "--precision",
+            help="fp32, tf32, bf16 or fp16: what a local job trains in; on aws/gcp what the "
+            "plan made now is for (a saved --plan carries its own). The workers run in it.",
+        ),
     ] = None,
     policy: Annotated[
         list[str] | None,
