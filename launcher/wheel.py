@@ -206,20 +206,32 @@ def _described(path: Path) -> NodeWheel:
     return NodeWheel(path, sha256_file(path), path.stat().st_size)
 
 
-def _run_build(src: Path, out: Path, timeout_s: float) -> None:
-    cmd = [
+def build_command(src: Path, out: Path, have_setuptools: bool | None = None) -> list[str]:
+    """pip's command that builds the wheel. With setuptools in the launcher's Python (a 3.11
+    venv has it) the build is offline: no isolation, no index. Without it (a 3.12+ venv made
+    by ``pip install -e``), pip builds in isolation and fetches only the build backend
+    (setuptools) from the configured index; kplan itself never comes from there."""
+    if have_setuptools is None:
+        import importlib.util
+
+        have_setuptools = importlib.util.find_spec("setuptools") is not None
+    offline = ["--no-build-isolation", "--no-index"] if have_setuptools else []
+    return [
         sys.executable,
         "-m",
         "pip",
         "wheel",
         "--no-deps",
-        "--no-build-isolation",
-        "--no-index",
+        *offline,
         "--quiet",
         "--wheel-dir",
         str(out),
         str(src),
     ]
+
+
+def _run_build(src: Path, out: Path, timeout_s: float) -> None:
+    cmd = build_command(src, out)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     try:
         proc = subprocess.run(

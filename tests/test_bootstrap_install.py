@@ -151,6 +151,20 @@ def test_a_failed_or_slow_build_is_one_line_and_a_hint(tmp_path: Path) -> None:
         build_wheel(tmp_path / "home", good, timeout_s=0.01)
 
 
+def test_without_setuptools_the_build_fetches_only_its_backend(tmp_path: Path) -> None:
+    # A 3.12+ venv made by `pip install -e` has no setuptools: building offline without
+    # isolation would fail there, so pip builds in isolation (it fetches setuptools, the build
+    # backend, from the index); with setuptools here the build stays offline.
+    from kplan.launcher.wheel import build_command
+
+    online = build_command(tmp_path / "src", tmp_path / "out", have_setuptools=False)
+    offline = build_command(tmp_path / "src", tmp_path / "out", have_setuptools=True)
+    assert "--no-build-isolation" not in online and "--no-index" not in online
+    assert {"--no-build-isolation", "--no-index", "--no-deps"} <= set(offline)
+    assert online[-1] == offline[-1] == str(tmp_path / "src")  # a local tree, never a name
+    assert "--no-index" in build_command(tmp_path / "src", tmp_path / "out")  # this venv
+
+
 def test_the_node_requirements_pin_what_the_launcher_runs() -> None:
     reqs = dict(r.split("==") for r in node_requirements())
     for name in ("torch", "numpy", "scipy", "typer", "rich"):
