@@ -62,6 +62,8 @@ DLE_GPUS = {
     "A100-40GB": "A100",
     "A100-80GB": "A100-80GB",
 }
+# More than this times the one-GPU per-GPU throughput on more GPUs: the one-GPU figure is wrong.
+SUPERLINEAR_LIMIT = 1.5
 DLE_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp": "fp16", "bf16": "bf16"}
 SHIPPED_PATH = Path(__file__).resolve().parents[1] / "catalogs" / "data" / "device_model.json"
 SOURCE = (
@@ -152,25 +154,61 @@ def load_dle(root: Path) -> list[Sample]:
     groups: dict[tuple[str, str, str, str], list[float]] = {}
     meta: dict[tuple[str, str, str, str], tuple[str, float | None]] = {}
     with (root / DLE).open(newline="") as f:
-        for row in csv.DictReader(f):
-            gpu = DLE_GPUS[row["gpu"]]
-            precision = DLE_PRECISION[row["precision"]]
-            if precision == "fp32" and gpu.startswith("A100"):
-                precision = "tf32"  # README caveat: labelled FP32, run as TF32 (default)
-            raw = row["batch_per_gpu"].strip().lower()
-            batch = float(raw[:-1]) * 1000 if raw.endswith("k") else float(raw) if raw else None
-            tput = float(row["throughput"]) / float(row["num_gpus"])
-            ms = 1000.0 * (batch or 1.0) / tput
-            family = f"dle:{row['framework']}:{row['model_dir']}"
-            job = f"{family}:{row['model']}:b{row['batch_per_gpu']}:n{row['num_gpus']}"
-            key = (gpu, job, precision, row["throughput_unit"])
-            groups.setdefault(key, []).append(math.log(ms))
-            meta[key] = (family, batch)
+        rows = list(csv.DictReader(f))
+    bad = superlinear_rows(rows)
+    for i, row in enumerate(rows):
+        if i in bad:
+            continue
+        gpu = DLE_GPUS[row["gpu"]]
+        precision = DLE_PRECISION[row["precision"]]
+        if precision == "fp32" and gpu.startswith("A100"):
+            precision = "tf32"  # README caveat: labelled FP32, run as TF32 (default)
+        raw = row["batch_per_gpu"].strip().lower()
+        batch = float(raw[:-1]) * 1000 if raw.endswith("k") else float(raw) if raw else None
+        tput = float(row["throughput"]) / float(row["num_gpus"])
+        ms = 1000.0 * (batch or 1.0) / tput
+        family = f"dle:{row['framework']}:{row['model_dir']}"
+        job = f"{family}:{row['model']}:b{row['batch_per_gpu']}:n{row['num_gpus']}"
+        key = (gpu, job, precision, row["throughput_unit"])
+        groups.setdefault(key, []).append(math.log(ms))
+        meta[key] = (family, batch)
     return [
         Sample(gpu, meta[k][0], f"{job}:{unit}", prec, meta[k][1], math.exp(float(np.mean(v))))
         for k, v in sorted(groups.items())
         for gpu, job, prec, unit in [k]
     ]
+
+
+def superlinear_rows(rows: Sequence[dict[str, str]]) -> set[int]:
+    """Indices of single-GPU figures that the same table contradicts.
+
+    At an equal per-GPU batch, data-parallel training on n GPUs cannot run more than n times
+    faster than on one; a table whose per-GPU throughput on more GPUs is over
+    ``SUPERLINEAR_LIMIT`` times its one-GPU figure has a wrong one-GPU figure (PyTorch
+    EfficientNet on DGX-1 V100 32GB, flagged in the data's README: 36 img/s on one GPU, 641 on
+    eight), so that figure is dropped.
+    """
+    tables: dict[tuple[str, ...], dict[int, list[tuple[int, float]]]] = {}
+    for i, row in enumerate(rows):
+        key = tuple(
+            row[c]
+            for c in (
+                "model_dir",
+                "model",
+                "system",
+                "precision",
+                "batch_per_gpu",
+                "throughput_unit",
+                "container",
+            )
+        )
+        n = int(row["num_gpus"])
+        tables.setdefault(key, {}).setdefault(n, []).append((i, float(row["throughput"]) / n))
+    bad: set[int] = set()
+    for by_n in tables.values():
+        best_multi = max((t for n, v in by_n.items() if n > 1 for _, t in v), default=0.0)
+        bad.update(i for i, t in by_n.get(1, []) if best_multi > SUPERLINEAR_LIMIT * t)
+    return bad
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from scripts.fit_device_model import (
     held_out,
     load_dataset,
     predict,
+    superlinear_rows,
 )
 from tests.planner_fixtures import params, workload
 
@@ -267,6 +268,31 @@ def test_fit_path_matches_the_planner_path() -> None:
     specs = {"T4": T4, "H100": H100}
     expect = math.log(compute_scale(model, T4, H100, batch=8.0).factor)
     assert predict(model, Pair(a, b), specs) == pytest.approx(expect)
+
+
+def test_a_one_gpu_figure_that_its_own_table_contradicts_is_dropped() -> None:
+    def row(n: int, tput: float, precision: str = "fp32", batch: str = "") -> dict[str, str]:
+        return {
+            "model_dir": "d",
+            "model": "m",
+            "system": "DGX-1 (8x V100 32GB)",
+            "precision": precision,
+            "batch_per_gpu": batch,
+            "throughput_unit": "img/s",
+            "container": "c",
+            "num_gpus": str(n),
+            "throughput": str(tput),
+        }
+
+    rows = [
+        row(1, 36.0),  # 8 GPUs at 641 img/s: 80/GPU, 2.2x the one-GPU figure
+        row(8, 641.0),
+        row(1, 83.0, "amp"),  # ordinary sub-linear scaling: kept
+        row(8, 616.0, "amp"),
+        row(1, 50.0, batch="64"),  # another table (batch): not compared with the first
+        row(8, 400.0, batch="64"),
+    ]
+    assert superlinear_rows(rows) == {0}
 
 
 @pytest.mark.skipif(not HAVE_DATA, reason="shared GPU data (../shared/data/gpu) not present")
