@@ -15,6 +15,11 @@ inverts the factor, and factors chain. Because ``T`` is a sum, the factor is bou
 ratios of peaks and of bandwidths: a GPU with less bandwidth is never predicted faster than its
 peak FLOP/s allows on the memory-bound part.
 
+Where the caller knows which share ``f`` of the measured step is fixed per-step work (the
+intercept of step time against per-GPU batch on the source GPU, which a profile shows), that
+share moves as ``factor ** fixed_exponent`` (fitted: it speeds up less than the device part)
+and the step's factor is ``(1 - f) F + f F^gamma``; without it the whole step moves as ``F``.
+
 ``k_p`` and ``m_p`` are fitted offline (``scripts/fit_device_model.py``) on the shared GPU data;
 the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out and leave one
 model out): ``base + per_distance * d`` for a prediction across GPUs, with ``d`` the spec
@@ -29,7 +34,8 @@ Document shape::
      "memory_weight": {"fp32": 1.0, "tf32": 1.0, "bf16": 0.6, "fp16": 0.6},
      "sigma": {"cross_gpu": {"full": {"base": 0.1, "per_distance": 0.05}, "mixed": {...}},
                "cross_precision": {"full": 0.2, "mixed": 0.25}},
-     "log_sigma": 0.2, "fitted_on": [...], "held_out_error": {...}, "source": "..."}
+     "fixed_exponent": 0.45, "log_sigma": 0.2, "fitted_on": [...], "held_out_error": {...},
+     "source": "..."}
 
 A 1.x document (a geometric FP32/bandwidth blend with no precision) is refused with a hint to
 re-create it; the shipped file is 2.0. Pure: no I/O. ``kplan.catalogs.device_model`` reads it.
@@ -146,6 +152,9 @@ class DeviceModel:
     # Occupancy: utilisation b / (b + batch_half * SMs / sm_ref) at per-GPU batch b (0: off).
     batch_half: float = 0.0
     sm_ref: float = 80.0
+    # The fixed per-step part of a step (launches, host work) moves as ``factor ** gamma``
+    # (1: like the rest; 0: not at all); used only when the caller knows that part's share.
+    fixed_exponent: float = 1.0
 
     def __post_init__(self) -> None:
         for name, table in (
@@ -163,6 +172,13 @@ class DeviceModel:
                     or not (v > 0 and math.isfinite(v))
                 ):
                     raise ValueError(f"{name}.{p}={v!r} must be a positive number")
+        g = self.fixed_exponent
+        if (
+            isinstance(g, bool)
+            or not isinstance(g, int | float)
+            or not (g >= 0 and math.isfinite(g))
+        ):
+            raise ValueError(f"fixed_exponent={g!r} must be a number >= 0")
         sigma = self.sigma if self.sigma is not None else _default_sigma()
         object.__setattr__(self, "sigma", sigma)
         for fam, g in dict(sigma.get("cross_gpu", {})).items():
@@ -187,6 +203,14 @@ class DeviceModel:
                 or not (v >= 0 and math.isfinite(v))
             ):
                 raise ValueError(f"sigma.cross_precision.{fam}={v!r} must be a number >= 0")
+
+    def with_fixed_part(self, factor: float, fixed_fraction: float | None) -> float:
+        """The whole step's factor when ``fixed_fraction`` of the source step is fixed per-step
+        work, which moves as ``factor ** fixed_exponent``: ``(1 - f) F + f F^gamma``."""
+        if not fixed_fraction:
+            return factor
+        f = fixed_fraction
+        return float((1.0 - f) * factor + f * factor**self.fixed_exponent)
 
     def utilisation(self, gpu: GpuSpec, batch: float | None) -> float:
         """Share of ``gpu`` a per-GPU batch keeps busy (1 when unknown or the model has none)."""
@@ -281,6 +305,7 @@ class DeviceModel:
                 held_out_error=held_out,
                 batch_half=_number(doc.get("batch_half", 0.0), source, "batch_half"),
                 sm_ref=_number(doc.get("sm_ref", 80.0), source, "sm_ref"),
+                fixed_exponent=_number(doc.get("fixed_exponent", 1.0), source, "fixed_exponent"),
             )
         except (ValueError, TypeError, AttributeError) as err:
             raise DataFileError(
@@ -295,6 +320,7 @@ class DeviceModel:
             "memory_weight": dict(self.memory_weight),
             "batch_half": self.batch_half,
             "sm_ref": self.sm_ref,
+            "fixed_exponent": self.fixed_exponent,
             "sigma": dict(self.sigma or {}),
             "log_sigma": round(self.log_sigma, 4),
             "fitted_on": list(self.fitted_on),
@@ -351,12 +377,18 @@ def compute_scale(
     src_precision: str = "fp32",
     dst_precision: str = "fp32",
     batch: float | None = None,
+    fixed_fraction: float | None = None,
 ) -> SpeedEstimate:
     """How a compute time measured on ``src`` in ``src_precision`` scales on ``dst`` in
     ``dst_precision``: ``t_dst = factor * t_src``, with the held-out sigma of that projection.
 
     ``batch`` (per-GPU, optional): a GPU with more SMs is less used at a small batch.
+    ``fixed_fraction`` (optional, 0-1): the share of the measured time that does not grow with
+    the batch on ``src`` (the intercept of step time against per-GPU batch, from the profile);
+    it moves less than the device part. Leave it out for a time that is all per-sample work.
     """
+    if fixed_fraction is not None and not 0.0 <= fixed_fraction <= 1.0:
+        raise ValueError(f"fixed_fraction={fixed_fraction!r} must be between 0 and 1")
     ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
     # TF32 on a GPU without it is FP32 exactly (the switch is ignored); BF16 without native
     # support is emulated at an unmeasured speed: taken as FP32, but still a projection.
@@ -368,6 +400,7 @@ def compute_scale(
         return SpeedEstimate(1.0, 0.0)
     factor = model.device_time(dst, pd) / model.device_time(src, ps)
     factor *= model.utilisation(src, batch) / model.utilisation(dst, batch)
+    factor = model.with_fixed_part(factor, fixed_fraction)
     return SpeedEstimate(factor, model.sigma_for(src, dst, ps, pd, projected=projected))
 
 

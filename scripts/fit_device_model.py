@@ -17,20 +17,26 @@ Data (the shared data folder: $KPLAN_SHARED_DATA, else ../shared/data beside the
 Model (``kplan.planner.devices``): a two-term roofline, ``t ~ k_p / P_p(g) + m_p / BW(g)``, where
 ``P_p(g)`` is GPU g's peak for precision p (FP32 CUDA cores, TF32 or FP16/BF16 tensor cores, with
 fallbacks) in TFLOPS and ``BW(g)`` its memory bandwidth in GB/s. ``k_p`` (compute work per unit
-of memory traffic, i.e. a global roofline share) and ``m_p`` (memory traffic relative to FP32)
-are fitted by non-linear least squares on log time ratios of the same job measured twice (two
-GPUs, or two precisions on one GPU). Sigmas come from held-out residuals only (leave one GPU out
-and leave one model out), per precision and as a function of the spec distance between GPUs.
+of memory traffic, i.e. a global roofline share), ``m_p`` (memory traffic relative to FP32) and
+``gamma``, the exponent with which a workload's fixed per-step share moves, are fitted by
+non-linear least squares on log time ratios of the same job measured twice (two GPUs, or two
+precisions on one GPU). The fixed share of a pair is read from the source GPU's own rows of the
+workload at other per-GPU batches (the intercept of step time against batch, as a profile on
+the source GPU shows it), never from the destination. Sigmas come from held-out residuals only
+(leave one GPU out and leave one model out), per precision and as a function of the spec
+distance between GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import itertools
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,7 +78,9 @@ SOURCE = (
     "@729963d (published training throughput by GPU, precision and batch; V100 and A100)"
 )
 # Starting point of the fit: log k (TFLOPS per GB/s) per precision, log m for fp16/bf16.
-START = np.array([math.log(0.05), math.log(0.05), math.log(0.05), math.log(0.6), math.log(4.0)])
+START = np.array(
+    [math.log(0.05), math.log(0.05), math.log(0.05), math.log(0.6), math.log(4.0), math.log(0.5)]
+)
 
 
 def data_root() -> Path:
@@ -91,6 +99,9 @@ class Sample:
     precision: str
     batch: float | None
     ms: float
+    # Share of ms that does not grow with the batch, from this GPU's own rows of the workload
+    # at other batches (what a profile on this GPU shows); None when it has no other batch.
+    fixed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,40 @@ def load_dataset(
         catalog_gpus = load_catalog().gpus
     specs = neusight_specs(root)
     specs.update({name: catalog_gpus[name] for name in DLE_GPUS.values()})
-    return Dataset(specs, load_neusight(root) + load_dle(root))
+    return Dataset(specs, with_fixed_fractions(load_neusight(root) + load_dle(root)))
+
+
+def workload_key(s: Sample) -> tuple[str, str, str]:
+    """The sample's workload without its per-GPU batch: (GPU, job less batch, precision)."""
+    if s.model.startswith("dle:"):
+        job = re.sub(r":b[^:]*:n", ":b?:n", s.job)
+    else:  # NeuSight: model-mode-seq-batch[-fusion]
+        job = re.sub(r"-\d+(-fusion)?$", r"-?\1", s.job)
+    return (s.gpu, job, s.precision)
+
+
+def with_fixed_fractions(samples: Sequence[Sample]) -> list[Sample]:
+    """Each sample with ``fixed``: on its own GPU and precision, the workload's step times at
+    two or more per-GPU batches give ``t(b) = a + c b`` (least squares) and ``fixed = a / t(b)``
+    at the sample's batch, clipped to 0-1. Only the same GPU's rows are used: a profile on the
+    source GPU can show this, nothing about the destination is needed."""
+    groups: dict[tuple[str, str, str], list[Sample]] = {}
+    for s in samples:
+        if s.batch:
+            groups.setdefault(workload_key(s), []).append(s)
+    out = []
+    for s in samples:
+        group = groups.get(workload_key(s), []) if s.batch else []
+        if len({g.batch for g in group}) < 2:
+            out.append(s)
+            continue
+        b = np.array([g.batch for g in group], dtype=np.float64)
+        t = np.array([g.ms for g in group], dtype=np.float64)
+        slope, intercept = np.polyfit(b, t, 1)
+        fit = intercept + slope * float(s.batch or 0.0)
+        f = float(np.clip(intercept / fit, 0.0, 1.0)) if fit > 0 else 1.0
+        out.append(dataclasses.replace(s, fixed=f))
+    return out
 
 
 def make_pairs(samples: Sequence[Sample]) -> list[Pair]:
@@ -264,6 +308,7 @@ def as_model(theta: NDArray[np.float64], digits: int | None = None, **extra: Any
         sigma=extra.get("sigma"),
         held_out_error=extra.get("held_out_error", {}),
         batch_half=_round(math.exp(theta[4]), digits) if len(theta) > 4 else 0.0,
+        fixed_exponent=_round(math.exp(theta[5]), digits) if len(theta) > 5 else 1.0,
     )
 
 
@@ -280,6 +325,7 @@ def predict(model: DeviceModel, pair: Pair, specs: dict[str, GpuSpec]) -> float:
         src_precision=pair.src.precision,
         dst_precision=pair.dst.precision,
         batch=pair.src.batch,
+        fixed_fraction=pair.src.fixed,
     )
     return math.log(est.factor)
 
@@ -305,7 +351,12 @@ def fit_theta(pairs: Sequence[Pair], specs: dict[str, GpuSpec]) -> NDArray[np.fl
                 cache[key] = math.log(t)
             return cache[key]
 
-        pred = [log_t(d, a.batch) - log_t(a, a.batch) for a, d in ends]
+        pred = [
+            math.log(
+                model.with_fixed_part(math.exp(log_t(d, a.batch) - log_t(a, a.batch)), a.fixed)
+            )
+            for a, d in ends
+        ]
         out: NDArray[np.float64] = np.array(pred) - y
         return out
 

@@ -38,6 +38,7 @@ from scripts.fit_device_model import (
     load_dataset,
     predict,
     superlinear_rows,
+    with_fixed_fractions,
 )
 from tests.planner_fixtures import params, workload
 
@@ -85,6 +86,8 @@ def test_from_dict_round_trips_and_accepts_a_newer_minor_version() -> None:
         (doc(sigma={"cross_gpu": {"full": {"base": -1, "per_distance": 0}}}), "base"),
         (doc(sigma={"cross_precision": {"half": 0.1}}), "half"),
         (doc(sigma=3), "sigma"),
+        (doc(fixed_exponent=-0.5), "fixed_exponent"),
+        (doc(fixed_exponent="1"), "fixed_exponent"),
         ([1], "JSON object"),
         (doc(schema="nope"), "schema"),
     ],
@@ -201,6 +204,38 @@ def test_utilisation_makes_a_big_gpu_less_useful_at_a_small_batch() -> None:
     large = compute_scale(occ, T4, H100, batch=1024).factor
     assert small > large  # less speed-up at batch 1
     assert compute_scale(occ, T4, H100).factor == compute_scale(MODEL, T4, H100).factor
+
+
+def test_a_fixed_share_of_the_step_moves_less_than_the_device_part() -> None:
+    fixed = DeviceModel.from_dict(doc(fixed_exponent=0.5))
+    assert DeviceModel.from_dict(json.loads(json.dumps(fixed.to_dict()))) == fixed
+    assert MODEL.fixed_exponent == 1.0  # a document without it: no fixed-part effect
+    whole = compute_scale(fixed, T4, H100).factor
+    assert whole < 1
+    assert compute_scale(fixed, T4, H100, fixed_fraction=0.0).factor == whole
+    assert compute_scale(fixed, T4, H100, fixed_fraction=1.0).factor == pytest.approx(whole**0.5)
+    half = compute_scale(fixed, T4, H100, fixed_fraction=0.5).factor
+    assert half == pytest.approx(0.5 * whole + 0.5 * whole**0.5)
+    assert compute_scale(MODEL, T4, H100, fixed_fraction=0.5).factor == pytest.approx(
+        compute_scale(MODEL, T4, H100).factor
+    )
+    assert compute_scale(fixed, T4, T4, fixed_fraction=0.5) == SpeedEstimate(1.0, 0.0)
+    with pytest.raises(ValueError, match="fixed_fraction"):
+        compute_scale(fixed, T4, H100, fixed_fraction=1.5)
+
+
+def test_fixed_fraction_comes_from_the_same_gpus_rows_at_other_batches() -> None:
+    def s(gpu: str, batch: float, ms: float, prec: str = "fp32") -> Sample:
+        job = f"dle:pt:d:m:b{batch:g}:n1:img/s"
+        return Sample(gpu, "dle:pt:d", job, prec, batch, ms)
+
+    rows = [s("T4", b, 10.0 + 5.0 * b) for b in (1, 2, 4)]
+    rows += [s("H100", 2, 3.0), s("T4", 8, 1.0, "fp16")]  # one batch only: nothing to fit
+    out = with_fixed_fractions(rows)
+    assert [r.fixed for r in out[:3]] == pytest.approx([10 / 15, 10 / 20, 10 / 30])
+    assert out[3].fixed is None and out[4].fixed is None
+    ns = [Sample("T4", "neusight:m", f"m-train-512-{b}", "fp32", b, 2.0 + b) for b in (2, 8)]
+    assert [r.fixed for r in with_fixed_fractions(ns)] == pytest.approx([0.5, 0.2])
 
 
 # ---------------------------------------------------------------------------- the planner
