@@ -19,6 +19,9 @@ Where the caller knows which share ``f`` of the measured step is fixed per-step 
 intercept of step time against per-GPU batch on the source GPU, which a profile shows), that
 share moves as ``factor ** fixed_exponent`` (fitted: it speeds up less than the device part)
 and the step's factor is ``(1 - f) F + f F^gamma``; without it the whole step moves as ``F``.
+Where an fp32/tf32 source also measured the workload in another precision, the measured ratio
+gives its own compute share ``s`` (``T = s k_p / P_p + m_p / BW``, entering as
+``s ** workload_exponent``) across GPUs, instead of the precision's fitted one.
 
 ``k_p`` and ``m_p`` are fitted offline (``scripts/fit_device_model.py``) on the shared GPU data;
 the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out and leave one
@@ -34,8 +37,8 @@ Document shape::
      "memory_weight": {"fp32": 1.0, "tf32": 1.0, "bf16": 0.6, "fp16": 0.6},
      "sigma": {"cross_gpu": {"full": {"base": 0.1, "per_distance": 0.05}, "mixed": {...}},
                "cross_precision": {"full": 0.2, "mixed": 0.25}},
-     "fixed_exponent": 0.45, "log_sigma": 0.2, "fitted_on": [...], "held_out_error": {...},
-     "source": "..."}
+     "fixed_exponent": 0.5, "workload_exponent": 4.0, "log_sigma": 0.2, "fitted_on": [...],
+     "held_out_error": {...}, "source": "..."}
 
 A 1.x document (a geometric FP32/bandwidth blend with no precision) is refused with a hint to
 re-create it; the shipped file is 2.0. Pure: no I/O. ``kplan.catalogs.device_model`` reads it.
@@ -155,6 +158,9 @@ class DeviceModel:
     # The fixed per-step part of a step (launches, host work) moves as ``factor ** gamma``
     # (1: like the rest; 0: not at all); used only when the caller knows that part's share.
     fixed_exponent: float = 1.0
+    # A workload's own compute share from its measured speed-up between two precisions on the
+    # source GPU, damped as ``scale ** workload_exponent`` (0: off, one share per precision).
+    workload_exponent: float = 0.0
 
     def __post_init__(self) -> None:
         for name, table in (
@@ -172,13 +178,13 @@ class DeviceModel:
                     or not (v > 0 and math.isfinite(v))
                 ):
                     raise ValueError(f"{name}.{p}={v!r} must be a positive number")
-        g = self.fixed_exponent
-        if (
-            isinstance(g, bool)
-            or not isinstance(g, int | float)
-            or not (g >= 0 and math.isfinite(g))
-        ):
-            raise ValueError(f"fixed_exponent={g!r} must be a number >= 0")
+        for g in (self.fixed_exponent, self.workload_exponent):
+            if (
+                isinstance(g, bool)
+                or not isinstance(g, int | float)
+                or not (g >= 0 and math.isfinite(g))
+            ):
+                raise ValueError(f"fixed_exponent/workload_exponent={g!r} must be a number >= 0")
         sigma = self.sigma if self.sigma is not None else _default_sigma()
         object.__setattr__(self, "sigma", sigma)
         for fam, g in dict(sigma.get("cross_gpu", {})).items():
@@ -225,12 +231,38 @@ class DeviceModel:
         g = self.sigma.get("cross_gpu", {}).get("full")
         return float(g["base"] + g["per_distance"]) if g else 0.0
 
-    def device_time(self, gpu: GpuSpec, precision: str) -> float:
-        """``T(g, p) = k_p / P_p(g) + m_p / BW(g)``: relative step time (only ratios matter)."""
+    def device_time(self, gpu: GpuSpec, precision: str, scale: float = 1.0) -> float:
+        """``T(g, p) = s k_p / P_p(g) + m_p / BW(g)``: relative step time (only ratios matter);
+        ``scale`` (s) is the workload's compute share relative to the fitted one."""
         eff = effective_precision(gpu, precision)
-        return self.compute_weight[eff] / peak_tflops(gpu, eff) + self.memory_weight[
+        return scale * self.compute_weight[eff] / peak_tflops(gpu, eff) + self.memory_weight[
             eff
         ] / _positive(gpu, "mem_bw_gbs")
+
+    def workload_scale(
+        self, gpu: GpuSpec, precision: str, other_precision: str, ratio: float
+    ) -> float:
+        """The workload's compute share ``s`` from its measured ``ratio`` = time in
+        ``other_precision`` / time in ``precision`` on ``gpu``: ``s`` solves
+        ``T(g, other; s) = ratio * T(g, precision; s)``, clipped to ``[1e-3, 1e3]``, damped as
+        ``s ** workload_exponent``. 1 when the model has no exponent or the two precisions run
+        the same on ``gpu``."""
+        p, q = effective_precision(gpu, precision), effective_precision(gpu, other_precision)
+        if (
+            not self.workload_exponent
+            or p == q
+            or precision_family(p) != "full"
+            or not (ratio > 0 and math.isfinite(ratio))
+        ):
+            return 1.0
+        bw = _positive(gpu, "mem_bw_gbs")
+        num = (self.memory_weight[q] - ratio * self.memory_weight[p]) / bw
+        den = ratio * self.compute_weight[p] / peak_tflops(gpu, p) - self.compute_weight[
+            q
+        ] / peak_tflops(gpu, q)
+        # Outside what the model can produce (num and den of opposite signs): the nearer bound.
+        s = min(max(num / den, 1e-3), 1e3) if num * den > 0 else 1e-3 if den > 0 else 1e3
+        return math.exp(max(-50.0, min(50.0, self.workload_exponent * math.log(s))))
 
     def sigma_for(
         self,
@@ -306,6 +338,9 @@ class DeviceModel:
                 batch_half=_number(doc.get("batch_half", 0.0), source, "batch_half"),
                 sm_ref=_number(doc.get("sm_ref", 80.0), source, "sm_ref"),
                 fixed_exponent=_number(doc.get("fixed_exponent", 1.0), source, "fixed_exponent"),
+                workload_exponent=_number(
+                    doc.get("workload_exponent", 0.0), source, "workload_exponent"
+                ),
             )
         except (ValueError, TypeError, AttributeError) as err:
             raise DataFileError(
@@ -321,6 +356,7 @@ class DeviceModel:
             "batch_half": self.batch_half,
             "sm_ref": self.sm_ref,
             "fixed_exponent": self.fixed_exponent,
+            "workload_exponent": self.workload_exponent,
             "sigma": dict(self.sigma or {}),
             "log_sigma": round(self.log_sigma, 4),
             "fitted_on": list(self.fitted_on),
@@ -378,6 +414,7 @@ def compute_scale(
     dst_precision: str = "fp32",
     batch: float | None = None,
     fixed_fraction: float | None = None,
+    precision_ratio: tuple[str, float] | None = None,
 ) -> SpeedEstimate:
     """How a compute time measured on ``src`` in ``src_precision`` scales on ``dst`` in
     ``dst_precision``: ``t_dst = factor * t_src``, with the held-out sigma of that projection.
@@ -386,6 +423,9 @@ def compute_scale(
     ``fixed_fraction`` (optional, 0-1): the share of the measured time that does not grow with
     the batch on ``src`` (the intercept of step time against per-GPU batch, from the profile);
     it moves less than the device part. Leave it out for a time that is all per-sample work.
+    ``precision_ratio`` (optional): ``(other precision, time in it / time in src_precision)``
+    measured on ``src``: how much the workload gains from the other precision's peak tells how
+    compute-bound it is (its own roofline share instead of the precision's fitted one).
     """
     if fixed_fraction is not None and not 0.0 <= fixed_fraction <= 1.0:
         raise ValueError(f"fixed_fraction={fixed_fraction!r} must be between 0 and 1")
@@ -398,7 +438,10 @@ def compute_scale(
     )
     if src.name == dst.name and not projected:
         return SpeedEstimate(1.0, 0.0)
-    factor = model.device_time(dst, pd) / model.device_time(src, ps)
+    # Across GPUs only: on the same GPU a measured ratio would be the answer, not a share.
+    cross = src.name != dst.name
+    scale = model.workload_scale(src, ps, *precision_ratio) if precision_ratio and cross else 1.0
+    factor = model.device_time(dst, pd, scale) / model.device_time(src, ps, scale)
     factor *= model.utilisation(src, batch) / model.utilisation(dst, batch)
     factor = model.with_fixed_part(factor, fixed_fraction)
     return SpeedEstimate(factor, model.sigma_for(src, dst, ps, pd, projected=projected))

@@ -22,7 +22,9 @@ of memory traffic, i.e. a global roofline share), ``m_p`` (memory traffic relati
 non-linear least squares on log time ratios of the same job measured twice (two GPUs, or two
 precisions on one GPU). The fixed share of a pair is read from the source GPU's own rows of the
 workload at other per-GPU batches (the intercept of step time against batch, as a profile on
-the source GPU shows it), never from the destination. Sigmas come from held-out residuals only
+the source GPU shows it), never from the destination; for an fp32/tf32 source, its compute
+share is read from the workload's per-sample time in fp16/bf16 on the same source GPU, and the
+exponent with which that share enters is fitted too. Sigmas come from held-out residuals only
 (leave one GPU out and leave one model out), per precision and as a function of the spec
 distance between GPUs.
 """
@@ -38,7 +40,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,15 @@ SOURCE = (
 )
 # Starting point of the fit: log k (TFLOPS per GB/s) per precision, log m for fp16/bf16.
 START = np.array(
-    [math.log(0.05), math.log(0.05), math.log(0.05), math.log(0.6), math.log(4.0), math.log(0.5)]
+    [
+        math.log(0.05),
+        math.log(0.05),
+        math.log(0.05),
+        math.log(0.6),
+        math.log(4.0),
+        math.log(0.5),
+        math.log(0.5),
+    ]
 )
 
 
@@ -102,6 +112,9 @@ class Sample:
     # Share of ms that does not grow with the batch, from this GPU's own rows of the workload
     # at other batches (what a profile on this GPU shows); None when it has no other batch.
     fixed: float | None = None
+    # (other precision, time in it / time in this precision) for the workload on this GPU, per
+    # sample at their batches (geometric means), from the other precision family; or None.
+    alt: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -238,7 +251,33 @@ def load_dataset(
         catalog_gpus = load_catalog().gpus
     specs = neusight_specs(root)
     specs.update({name: catalog_gpus[name] for name in DLE_GPUS.values()})
-    return Dataset(specs, with_fixed_fractions(load_neusight(root) + load_dle(root)))
+    samples = with_fixed_fractions(load_neusight(root) + load_dle(root))
+    return Dataset(specs, with_precision_ratios(samples))
+
+
+def with_precision_ratios(samples: Sequence[Sample]) -> list[Sample]:
+    """Each sample with ``alt``: the same GPU's per-sample time of the workload in a precision
+    of the other family (fp32/tf32 against fp16/bf16) over its own, each a geometric mean over
+    the workload's batches on that GPU. Only the same GPU's rows: a profile on the source GPU in
+    two precisions shows this."""
+    per_sample: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for s in samples:
+        gpu, job, prec = workload_key(s)
+        per_sample.setdefault((gpu, job), {}).setdefault(prec, []).append(
+            math.log(s.ms / (s.batch or 1.0))
+        )
+    out = []
+    for s in samples:
+        gpu, job, prec = workload_key(s)
+        table = per_sample[(gpu, job)]
+        others = sorted(q for q in table if _family(q) != _family(prec))
+        if not others:
+            out.append(s)
+            continue
+        q = others[0]
+        ratio = math.exp(float(np.mean(table[q])) - float(np.mean(table[prec])))
+        out.append(dataclasses.replace(s, alt=(q, ratio)))
+    return out
 
 
 def workload_key(s: Sample) -> tuple[str, str, str]:
@@ -309,6 +348,7 @@ def as_model(theta: NDArray[np.float64], digits: int | None = None, **extra: Any
         held_out_error=extra.get("held_out_error", {}),
         batch_half=_round(math.exp(theta[4]), digits) if len(theta) > 4 else 0.0,
         fixed_exponent=_round(math.exp(theta[5]), digits) if len(theta) > 5 else 1.0,
+        workload_exponent=_round(math.exp(theta[6]), digits) if len(theta) > 6 else 0.0,
     )
 
 
@@ -326,8 +366,71 @@ def predict(model: DeviceModel, pair: Pair, specs: dict[str, GpuSpec]) -> float:
         dst_precision=pair.dst.precision,
         batch=pair.src.batch,
         fixed_fraction=pair.src.fixed,
+        precision_ratio=pair.src.alt if pair.cross_gpu else None,
     )
     return math.log(est.factor)
+
+
+def log_factors(
+    pairs: Sequence[Pair], specs: dict[str, GpuSpec]
+) -> Callable[[NDArray[np.float64]], NDArray[np.float64]]:
+    """``theta -> log(predicted t_dst / t_src)`` for every pair: the arithmetic of ``predict``
+    (the planner's ``compute_scale``) on arrays, checked against it by a test."""
+    from kplan.planner.devices import effective_precision, peak_tflops
+
+    idx = {"fp32": 0, "tf32": 1, "fp16": 2, "bf16": 2}
+
+    def end(s: Sample, prec: str) -> tuple[int, float, float]:
+        g = specs[s.gpu]
+        eff = effective_precision(g, prec)
+        return idx[eff], 1.0 / peak_tflops(g, eff), 1.0 / g.mem_bw_gbs
+
+    rows = []
+    for p in pairs:
+        a, d = p.src, p.dst
+        ia, pa, ba = end(a, a.precision)
+        id_, pd, bd = end(d, d.precision)
+        # the other precision on src: index, 1/peak, measured ratio (0: none)
+        ja, qa, rho = ia, pa, 0.0
+        if a.alt is not None and p.cross_gpu:
+            ja, qa, _ = end(a, a.alt[0])
+            rho = a.alt[1] if ia not in (ja, 2) else 0.0  # from fp32/tf32 only
+        sma, smd = specs[a.gpu].sm_count or 0, specs[d.gpu].sm_count or 0
+        rows.append(
+            (ia, pa, ba, id_, pd, bd, ja, qa, rho, a.fixed or 0.0, a.batch or 0.0, sma, smd)
+        )
+    arr = np.array(rows, dtype=np.float64).T
+    ia, id_, ja = (arr[i].astype(int) for i in (0, 3, 6))
+    pa, ba, pd, bd, qa, rho, f, batch, sma, smd = (
+        arr[i] for i in (1, 2, 4, 5, 7, 8, 9, 10, 11, 12)
+    )
+    has_alt, has_b = rho > 0, batch > 0
+    r = np.where(has_alt, rho, 1.0)
+
+    def util(model: DeviceModel, sm: NDArray[np.float64]) -> NDArray[np.float64]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = batch / (batch + model.batch_half * sm / model.sm_ref)
+        return np.where(has_b & (sm > 0), u, 1.0)
+
+    def log_factor(theta: NDArray[np.float64]) -> NDArray[np.float64]:
+        model = as_model(theta)
+        k = np.array([model.compute_weight[q] for q in ("fp32", "tf32", "fp16")])
+        m = np.array([model.memory_weight[q] for q in ("fp32", "tf32", "fp16")])
+        num = (m[ja] - r * m[ia]) * ba
+        den = r * k[ia] * pa - k[ja] * qa
+        ok = num * den > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            raw = np.where(ok, np.clip(num / den, 1e-3, 1e3), np.where(den > 0, 1e-3, 1e3))
+        use = has_alt & (model.workload_exponent > 0)
+        scale = np.where(use, np.exp(np.clip(model.workload_exponent * np.log(raw), -50, 50)), 1.0)
+        factor = (scale * k[id_] * pd + m[id_] * bd) / (scale * k[ia] * pa + m[ia] * ba)
+        if model.batch_half:
+            factor = factor * util(model, sma) / util(model, smd)
+        factor = np.where(f > 0, (1 - f) * factor + f * factor**model.fixed_exponent, factor)
+        out: NDArray[np.float64] = np.log(factor)
+        return out
+
+    return log_factor
 
 
 def fit_theta(pairs: Sequence[Pair], specs: dict[str, GpuSpec]) -> NDArray[np.float64]:
@@ -335,29 +438,10 @@ def fit_theta(pairs: Sequence[Pair], specs: dict[str, GpuSpec]) -> NDArray[np.fl
     from scipy.optimize import least_squares
 
     y = np.array([p.log_ratio for p in pairs])
-
-    # The same arithmetic as ``compute_scale`` (checked by a test), cached per (GPU, precision).
-    ends = [(p.src, p.dst) for p in pairs]
+    log_factor = log_factors(pairs, specs)
 
     def residual(theta: NDArray[np.float64]) -> NDArray[np.float64]:
-        model = as_model(theta)
-        cache: dict[tuple[str, str, float | None], float] = {}
-
-        def log_t(s: Sample, batch: float | None) -> float:
-            key = (s.gpu, s.precision, batch)
-            if key not in cache:
-                g = specs[s.gpu]
-                t = model.device_time(g, s.precision) / model.utilisation(g, batch)
-                cache[key] = math.log(t)
-            return cache[key]
-
-        pred = [
-            math.log(
-                model.with_fixed_part(math.exp(log_t(d, a.batch) - log_t(a, a.batch)), a.fixed)
-            )
-            for a, d in ends
-        ]
-        out: NDArray[np.float64] = np.array(pred) - y
+        out: NDArray[np.float64] = log_factor(theta) - y
         return out
 
     res = least_squares(residual, START, loss="soft_l1", f_scale=0.2, bounds=(-12.0, 8.0))

@@ -36,9 +36,11 @@ from scripts.fit_device_model import (
     fit_sigma,
     held_out,
     load_dataset,
+    log_factors,
     predict,
     superlinear_rows,
     with_fixed_fractions,
+    with_precision_ratios,
 )
 from tests.planner_fixtures import params, workload
 
@@ -88,6 +90,7 @@ def test_from_dict_round_trips_and_accepts_a_newer_minor_version() -> None:
         (doc(sigma=3), "sigma"),
         (doc(fixed_exponent=-0.5), "fixed_exponent"),
         (doc(fixed_exponent="1"), "fixed_exponent"),
+        (doc(workload_exponent=-1), "workload_exponent"),
         ([1], "JSON object"),
         (doc(schema="nope"), "schema"),
     ],
@@ -236,6 +239,69 @@ def test_fixed_fraction_comes_from_the_same_gpus_rows_at_other_batches() -> None
     assert out[3].fixed is None and out[4].fixed is None
     ns = [Sample("T4", "neusight:m", f"m-train-512-{b}", "fp32", b, 2.0 + b) for b in (2, 8)]
     assert [r.fixed for r in with_fixed_fractions(ns)] == pytest.approx([0.5, 0.2])
+
+
+def test_a_workloads_own_precision_speed_up_sets_its_compute_share() -> None:
+    wl = DeviceModel.from_dict(doc(workload_exponent=1.0))
+    assert MODEL.workload_exponent == 0.0  # off in a document without it
+    assert DeviceModel.from_dict(json.loads(json.dumps(wl.to_dict()))) == wl
+    # The share that reproduces the measured fp16/fp32 ratio on the source GPU.
+    for s in (0.2, 1.0, 5.0):
+        ratio = wl.device_time(V100, "fp16", s) / wl.device_time(V100, "fp32", s)
+        assert wl.workload_scale(V100, "fp32", "fp16", ratio) == pytest.approx(s)
+    plain = compute_scale(wl, V100, A100, src_precision="fp32", dst_precision="tf32").factor
+
+    def factor(ratio: float, model: DeviceModel = wl, dst: GpuSpec = A100) -> float:
+        return compute_scale(
+            model,
+            V100,
+            dst,
+            src_precision="fp32",
+            dst_precision="tf32",
+            precision_ratio=("fp16", ratio),
+        ).factor
+
+    # Gains a lot from tensor cores on V100 (compute-bound): more from TF32 on an A100 too.
+    assert factor(0.2) < plain < factor(0.9)
+    assert factor(0.2, MODEL) == pytest.approx(plain)  # exponent 0: one share per precision
+    assert factor(0.2, dst=V100) == 1.0  # same GPU and precision: nothing to project
+    same_gpu = compute_scale(wl, V100, V100, dst_precision="fp16", precision_ratio=("fp16", 0.2))
+    assert same_gpu == compute_scale(wl, V100, V100, dst_precision="fp16")
+    # From a mixed-precision profile (fitted memory-bound) no share is read.
+    assert wl.workload_scale(V100, "fp16", "fp32", 3.0) == 1.0
+
+
+def test_precision_ratio_comes_from_the_same_gpu_in_the_other_precision_family() -> None:
+    def s(gpu: str, prec: str, batch: float, ms: float) -> Sample:
+        return Sample(gpu, "dle:pt:d", f"dle:pt:d:m:b{batch:g}:n1:img/s", prec, batch, ms)
+
+    rows = [s("V100", "fp32", 64, 64.0), s("V100", "fp16", 128, 32.0), s("A100", "tf32", 64, 8.0)]
+    out = with_precision_ratios(rows)
+    assert out[0].alt is not None and out[1].alt is not None
+    assert out[0].alt[0] == "fp16"
+    assert out[0].alt[1] == pytest.approx(0.25)  # per sample: 0.25 ms against 1 ms
+    assert out[1].alt[0] == "fp32"
+    assert out[1].alt[1] == pytest.approx(4.0)
+    assert out[2].alt is None  # the A100 has no mixed-precision row: V100's are not used
+
+
+def test_the_vectorised_fit_matches_the_planner_path() -> None:
+    specs = {"T4": T4, "V100": V100, "A100": A100, "H100": H100}
+    theta = np.log([0.03, 0.08, 0.001, 1.2, 4.0, 0.5, 2.0])
+    model = as_model(theta)
+
+    def sm(gpu: str, prec: str, batch: float, fixed: float | None, alt: Any) -> Sample:
+        return Sample(gpu, "m", "j", prec, batch, 1.0, fixed, alt)
+
+    pairs = [
+        Pair(sm("V100", "fp32", 8, 0.3, ("fp16", 0.4)), sm("A100", "tf32", 8, None, None)),
+        Pair(sm("A100", "tf32", 8, None, ("fp16", 0.5)), sm("H100", "fp32", 8, None, None)),
+        Pair(sm("T4", "fp16", 4, 0.1, ("fp32", 3.0)), sm("H100", "bf16", 4, None, None)),
+        Pair(sm("V100", "fp32", 8, 0.2, ("fp16", 0.4)), sm("V100", "fp16", 8, None, None)),
+        Pair(sm("T4", "fp32", 2, None, ("fp16", 5.0)), sm("A100", "fp32", 2, None, None)),
+    ]
+    got = log_factors(pairs, specs)(theta)
+    assert got == pytest.approx([predict(model, p, specs) for p in pairs])
 
 
 # ---------------------------------------------------------------------------- the planner
