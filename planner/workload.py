@@ -163,9 +163,12 @@ def for_instance(
         intra_gbps=inst.interconnect_gbps or None,
         inter_gbps=inst.network_gbps or None,
         extra_log_sigma=extra,
-        # The fixed per-step part stays (host, launches, data loading) unless the profile ran
-        # on a CPU: there the host is the device, and its intercept is device work.
-        fixed_factor=speed.factor if w.ref_is_cpu else 1.0,
+        # The fixed per-step part (the intercept of step time against batch: host, launches,
+        # data loading, small kernels) moves less than the device part: factor**fixed_exponent,
+        # fitted held out with the device model (the same arithmetic as compute_scale's
+        # fixed_fraction, so the planner predicts what bench/device_model.py measures). On a
+        # CPU profile the host is the device: its intercept is device work and scales fully.
+        fixed_factor=speed.factor if w.ref_is_cpu else speed.factor**dm.fixed_exponent,
     )
     # Gradient bytes in the gradient dtype of the precision predicted (DDP reduces FP32
     # gradients under autocast: the same bytes today; measured betas scale with the bytes).

@@ -329,7 +329,10 @@ def test_for_instance_takes_a_precision_defaulting_to_the_profiles() -> None:
     assert same.compute_factor == 1.0
     other = for_instance(w, inst, w.ref_gpu, dm, precision="amp")
     assert other.compute_factor < 1.0 and other.compute_log_sigma > 0.0
-    assert other.params.compute_a == w.params.compute_a
+    # the fixed per-step part moves less than the device part (factor**fixed_exponent)
+    gamma = dm.fixed_exponent
+    assert other.params.compute_a == pytest.approx(w.params.compute_a * other.compute_factor**gamma)
+    assert other.params.compute_a > w.params.compute_a * other.compute_factor
 
 
 # ---------------------------------------------------------------------------- shipped file
@@ -431,14 +434,26 @@ def test_gpu_catalog_reads_the_optional_tensor_columns(tmp_path: Path) -> None:
     assert "A100" not in bad.gpus and "tf32_tflops" in bad.notes[0]
 
 
-def test_for_instance_keeps_the_fixed_part_of_a_gpu_profile_only() -> None:
+def test_for_instance_moves_the_fixed_part_of_a_gpu_profile_less() -> None:
     import dataclasses
 
     dm = load_device_model()
     inst = InstanceType("aws", "p3.2xlarge", "V100", 1, 8, 61.0, 10.0, "none", 0.0, "test")
     w = workload()
     gpu = for_instance(w, inst, V100, dm)
-    assert gpu.params.compute_a == w.params.compute_a
+    # what compute_scale(..., fixed_fraction=) does for the whole step, term by term: the
+    # planner predicts what bench/device_model.py measures
+    assert 0.0 <= dm.fixed_exponent < 1.0
+    assert gpu.params.compute_a == pytest.approx(
+        w.params.compute_a * gpu.compute_factor**dm.fixed_exponent
+    )
+    batch = 64
+    whole = float(perfmodel.compute_time(w.params, [batch])[0])
+    share = w.params.compute_a / whole
+    ref = compute_scale(dm, w.ref_gpu, V100, fixed_fraction=share).factor
+    assert float(perfmodel.compute_time(gpu.params, [batch])[0]) == pytest.approx(
+        whole * ref, rel=1e-9
+    )
     assert gpu.params.compute_b == pytest.approx(w.params.compute_b * gpu.compute_factor)
     cpu_ref = GpuSpec("cpu", 0.0, 1.0, 1.0, 50.0, "measured")
     on_cpu = dataclasses.replace(w, ref_gpu=cpu_ref, ref_is_cpu=True)

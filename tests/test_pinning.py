@@ -163,11 +163,13 @@ def test_predict_transfers_rows_naming_another_gpu(t4_model: Path, tmp_path: Pat
     cat = load_current()
     speed = compute_scale(load_device_model(), cat.gpus["T4"], cat.gpus["V100"])
     assert v100["transferred_from"] == "T4"
-    # the device part scales, the fixed host/launch part compute_a does not
-    moved = perfmodel.transfer(model, compute_factor=speed.factor)
-    assert moved.compute_a == model.compute_a
+    # the device part scales by the factor, the fixed per-step part compute_a by
+    # factor**fixed_exponent (less): the device model's held-out fit
+    gamma = load_device_model().fixed_exponent
+    assert 0.0 <= gamma < 1.0
+    moved = perfmodel.transfer(model, compute_factor=speed.factor, fixed_factor=speed.factor**gamma)
     assert v100["compute_time"] == pytest.approx(
-        model.compute_a + model.compute_b * 64 * speed.factor, rel=1e-6
+        model.compute_a * speed.factor**gamma + model.compute_b * 64 * speed.factor, rel=1e-6
     )
     assert v100["compute_time"] == pytest.approx(
         float(perfmodel.compute_time(moved, [64])[0]), rel=1e-6
