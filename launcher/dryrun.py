@@ -22,7 +22,7 @@ from kplan.launcher.bootstrap import (
     rendezvous,
     wheel_upload,
 )
-from kplan.launcher.guard import Guard
+from kplan.launcher.guard import Decision, Guard
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.packing import pack_code
@@ -36,6 +36,13 @@ def _instance_doc(spec: InstanceSpec) -> dict[str, Any]:
     doc["env"] = dict(spec.env)
     doc["tags"] = dict(spec.tags)
     return doc
+
+
+def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
+    """What the guard says before anything starts: can the budget pay for the whole cluster
+    until the first check plus teardown (``run_job`` asks the same before it uploads)."""
+    guard = Guard(spec.budget_usd, None, spec.horizon_s, billing)
+    return guard.check(0.0, [], 0.0, [n.usd_per_hour for n in spec.nodes])
 
 
 def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, Any]:
@@ -76,8 +83,7 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, 
         requests.append(
             {"call": "provider.run_instances", "instances": [_instance_doc(s) for s in rest]}
         )
-    guard = Guard(spec.budget_usd, None, spec.horizon_s, billing)
-    first = guard.check(0.0, [], 0.0, [n.usd_per_hour for n in spec.nodes])
+    first = first_check(spec, billing)
     per_hour = spec.usd_per_hour
     return {
         "job": spec.job_id,

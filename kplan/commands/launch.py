@@ -241,6 +241,7 @@ def launch_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     from kplan.launcher.dryrun import dry_run as plan_requests
+    from kplan.launcher.dryrun import first_check
     from kplan.launcher.ledger import billing_for
     from kplan.launching import LaunchRequest, build_spec
 
@@ -301,10 +302,11 @@ def launch_command(
             _echo_target(spec.cloud, target)
         return
     backend = _backend(spec.cloud, spec.region, spec.storage_uri)  # checks credentials first
-    doc = plan_requests(spec, backend.storage.uri, billing)
-    if not doc["startable"]:
+    # Only the guard's answer: the code is packed once, by run_job, after the guard agrees.
+    first = first_check(spec, billing)
+    if first.stop:
         raise InputError(
-            f"--budget {budget:g} cannot start this cluster: {doc['guard']}",
+            f"--budget {budget:g} cannot start this cluster: {first.message}",
             hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
         )
     _run(spec, backend, as_json)
