@@ -198,12 +198,7 @@ def build_spec(req: LaunchRequest) -> JobSpec:
     _check_common(req)
     plan_doc = read_plan(req.plan_file) if req.plan_file is not None else None
     cloud = req.cloud or (plan_doc["chosen"]["cloud"] if plan_doc else "local")
-    # On a local job --precision is what the workers train in, not a planning pin.
-    local_precision = cloud == "local" and req.precision is not None
-    _check_pins(
-        replace(req, precision=None) if local_precision else req,
-        plans_now=cloud != "local" and plan_doc is None,
-    )
+    _check_pins(req, plans_now=cloud != "local" and plan_doc is None, local=cloud == "local")
     if cloud == "local":
         if plan_doc is not None or req.profile or req.example_profile:
             raise InputError(
@@ -281,8 +276,6 @@ def _check_node_install(req: LaunchRequest) -> None:
 def with_node_install(spec: JobSpec, req: LaunchRequest) -> JobSpec:
     """``spec`` with what its nodes install: the wheel of this kplan (built now or reused from
     the cache, launcher/wheel.py) and the dependencies pinned to this machine's versions."""
-    from dataclasses import replace
-
     from kplan.launcher.wheel import build_wheel, node_requirements
 
     wheel = build_wheel()
@@ -359,8 +352,9 @@ def check_plan_row(row: dict[str, Any], source: str) -> None:
     count(row, "accum_steps", flags.MAX_BATCH, "chosen.accum_steps")
 
 
-def _check_pins(req: LaunchRequest, *, plans_now: bool) -> None:
-    """The pinning flags are checked like kplan estimate's, and only where launch plans."""
+def _check_pins(req: LaunchRequest, *, plans_now: bool, local: bool) -> None:
+    """The pinning flags are checked like kplan estimate's, and only where launch plans. On a
+    local job ``--precision`` is what the workers train in, not a pin: checked, not refused."""
     from kplan import flags, pins
     from kplan.planner.precision import check_precision
 
@@ -372,17 +366,17 @@ def _check_pins(req: LaunchRequest, *, plans_now: bool) -> None:
             ("--global-batch", req.global_batch is not None),
             ("--max-global-batch", req.max_global_batch is not None),
             ("--fixed-batch", req.fixed_batch),
-            ("--precision", req.precision is not None),
+            ("--precision", req.precision is not None and not local),
         )
         if on
     ]
+    if req.precision is not None:
+        check_precision(req.precision)
     if not given:
         return
     flags.texts("--instance-type", req.instance_types, hint="e.g. p3.16xlarge")
     pins.node_range(req.plan_nodes, "--plan-nodes")
     pins.check_batches(req.global_batch, req.max_global_batch, req.fixed_batch)
-    if req.precision is not None:
-        check_precision(req.precision)
     if not plans_now:
         raise InputError(
             f"{', '.join(given)}: only for a plan made now, and this launch makes none",
