@@ -367,10 +367,8 @@ def deps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture
-def node(tmp_path: Path, deps: Path) -> Iterator[dict[str, Path]]:
-    """A clean node: a fresh venv (python3 first on PATH) that sees ``deps`` but no kplan."""
-    venv = tmp_path / "venv"
+def _clean_venv(venv: Path, deps: Path) -> Path:
+    """A fresh venv without pip or kplan that sees ``deps`` (a .pth file); its python3."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python3"
     purelib = subprocess.run(
@@ -380,6 +378,14 @@ def node(tmp_path: Path, deps: Path) -> Iterator[dict[str, Path]]:
         check=True,
     ).stdout.strip()
     (Path(purelib) / "deps.pth").write_text(f"{deps}\n")
+    return python
+
+
+@pytest.fixture
+def node(tmp_path: Path, deps: Path) -> Iterator[dict[str, Path]]:
+    """A clean node: a fresh venv (python3 first on PATH) that sees ``deps`` but no kplan."""
+    venv = tmp_path / "venv"
+    python = _clean_venv(venv, deps)
     yield {
         "venv": venv,
         "python": python,
@@ -645,15 +651,7 @@ def test_a_kplan_installed_from_its_wheel_ships_itself_again(
     assert ours == theirs and f"Version: {__version__}" in meta
     # a second clean node installs the re-packed wheel and imports kplan from it
     other = tmp_path / "other"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
-    python = other / "bin" / "python3"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    (Path(purelib) / "deps.pth").write_text(f"{deps}\n")
+    python = _clean_venv(other, deps)
     subprocess.run([python, "-m", "pip", "install", "--quiet", str(again)], env=env, check=True)
     probe = "import kplan.runtime, kplan.cli, kplan; print(kplan.__file__)"
     out = subprocess.run(
