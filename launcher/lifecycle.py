@@ -218,18 +218,8 @@ class _Run(RunState):
     def _settle_records(self) -> None:
         """Record the end of every instance that teardown saw gone (rows a failed write left)."""
         for rec in list(self.records.values()):
-            if rec.alive or rec.ended_at is None:
-                continue
-            end = rec.ended_at
-
-            def write(rec: InstanceRecord = rec, end: float = end) -> None:
-                with self.db.transaction():
-                    self.db.update_instance(
-                        rec.job, rec.id, rec.state, ended_at=end, reason=rec.reason
-                    )
-                    self.ledger.close(rec, end)
-
-            self._safe(f"end of {rec.id}", write)
+            if not rec.alive and rec.ended_at is not None:
+                self._safe(f"end of {rec.id}", partial(self._record_end, rec, rec.ended_at))
 
     def _teardown_always(self, status: str, reason: str) -> CloudError | None:
         """Teardown, retried if a Ctrl-C lands in it; returns its failure instead of raising."""
@@ -690,15 +680,7 @@ class _Run(RunState):
             ended = replace(rec, state=state, ended_at=now, reason=reason)
             self.records[rec.id] = ended
             self._journal_safe("gone", id=rec.id, state=state)
-
-            def write(ended: InstanceRecord = ended) -> None:
-                with self.db.transaction():
-                    self.db.update_instance(
-                        ended.job, ended.id, ended.state, ended_at=now, reason=ended.reason
-                    )
-                    self.ledger.close(ended, now)
-
-            self._safe(f"end of {rec.id}", write)
+            self._safe(f"end of {rec.id}", partial(self._record_end, ended, now))
 
     def _adopt_safe(self, inst: Instance) -> None:
         """Teardown's :meth:`_adopt`: in memory always, recorded if the database lets it."""

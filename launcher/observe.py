@@ -126,9 +126,7 @@ class RunState:
             self.records[rec.id] = ended  # memory first: teardown relies on it
             with contextlib.suppress(OSError, KplanError):
                 self.journal.write("gone", now, id=rec.id, state=state)
-            with self.db.transaction():
-                self.db.update_instance(rec.job, rec.id, state, ended_at=now, reason=reason)
-                self.ledger.close(rec, now)
+            self._record_end(ended, now)
             self._ended(ended, now)
         for inst in found.values():  # tagged with the job but not ours: never leave it running
             if inst.state not in GONE_STATES and inst.id not in self.records:
@@ -167,6 +165,14 @@ class RunState:
             self._event("node-exit", f"node {rank} exited with code {code}", doc)
             if code == 0 and self.first_done is None:
                 self.first_done = self.clock.now()
+
+    def _record_end(self, ended: InstanceRecord, end: float) -> None:
+        """Write an instance's end (state, time, reason) and close its ledger row, together."""
+        with self.db.transaction():
+            self.db.update_instance(
+                ended.job, ended.id, ended.state, ended_at=end, reason=ended.reason
+            )
+            self.ledger.close(ended, end)
 
     def _ended(self, rec: InstanceRecord, now: float) -> None:
         if self.stopping or rec.id in self.terminating:
