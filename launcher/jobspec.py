@@ -93,10 +93,17 @@ class JobSpec:
     check_interval_s: float = 30.0  # monitor tick
     grace_s: float = 120.0  # SIGTERM to workers -> checkpoint -> exit
     teardown_s: float = 120.0  # terminate request -> instance seen terminated
-    provision_timeout_s: float = 900.0
+    provision_timeout_s: float = 900.0  # one pending instance: not running after this -> lost
+    # With no capacity for a lost node anywhere in the region (every zone, and on demand when
+    # allowed), the job waits this long for capacity to return before it fails
+    # (planner/spot.py RecoveryPolicy.capacity_wait_s).
+    capacity_wait_s: float = 900.0
+    # A node that fell back to on demand goes back to spot when spot capacity returns: a spot
+    # launch is tried every this many seconds (None: at every monitor tick).
+    spot_probe_interval_s: float | None = None
     finish_grace_s: float = 120.0  # after the first node finished, wait this long for the rest
     max_restarts: int = 10  # torchrun --max-restarts (worker failures; joins do not count)
-    max_replacements: int = 20  # lost instances the launcher replaces before giving up
+    max_replacements: int = 20  # lost nodes replaced before the job fails (not returns to spot)
     rdzv_port: int = 29400
     rdzv_last_call_s: float = 30.0  # torchrun waits this long for more nodes after the minimum
     global_batch: int | None = None
@@ -151,7 +158,7 @@ class JobSpec:
             _positive("--deadline", self.deadline_h, "hours, e.g. 12")
         for name in ("check_interval_s", "provision_timeout_s", "rdzv_last_call_s"):
             _positive(name, getattr(self, name), "seconds")
-        for name in ("grace_s", "teardown_s", "finish_grace_s"):
+        for name in ("grace_s", "teardown_s", "finish_grace_s", "capacity_wait_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise InputError(f"{name} {value!r} must be >= 0", hint="seconds")
@@ -169,6 +176,8 @@ class JobSpec:
                 raise InputError(f"{name} {value} must be >= 1", hint="or leave it unset")
         if self.checkpoint_interval_s is not None:
             _positive("checkpoint interval", self.checkpoint_interval_s, "seconds")
+        if self.spot_probe_interval_s is not None:
+            _positive("spot probe interval", self.spot_probe_interval_s, "seconds")
         if self.max_nodes is not None and self.max_nodes < len(self.nodes):
             raise InputError(
                 f"--max-nodes {self.max_nodes} is below the job's {len(self.nodes)} node(s)",

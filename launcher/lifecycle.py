@@ -42,6 +42,7 @@ from kplan.launcher.state import (
 )
 
 _SIGNAL_EXIT = 128  # exit codes >= this (or < 0): killed by a signal, not a failing script
+_UNPLACED = "launch failed"  # a rank of a (re)start that found no capacity: not a lost node
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,15 @@ _RECORD_ERRORS = (KplanError, sqlite3.Error, OSError)
 
 
 class _Run(RunState):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.lost_nodes = 0  # nodes lost (preempted, gone, never booted): max_replacements
+        self.counted: set[tuple[int, float]] = set()  # (rank, lost at) already counted
+        self.waiting_since: float | None = None  # no capacity in the region since then
+        self.returning: dict[int, str] = {}  # rank -> spot instance taking over from on demand
+        self.last_probe: float | None = None  # last try to bring on-demand fallbacks back
+        self.returns = 0  # nodes brought back from on demand to spot
+
     def _create(self) -> None:
         s = self.spec
         now = self.clock.now()
@@ -343,17 +353,19 @@ class _Run(RunState):
             self._event("guard", f"not launching {what}: {decision.message}")
             raise Finish("stopped", decision.reason or "budget")
 
-    def _launch_rank(self, node: NodeSpec) -> InstanceRecord | None:
-        """Launch one node: its zone first, then other zones, then on-demand (if allowed)."""
+    def _launch_rank(self, node: NodeSpec, *, quiet: bool = False) -> InstanceRecord | None:
+        """Launch one node: its zone first, then other zones, then on-demand (if allowed).
+        ``quiet``: no event per refused try (the retries of a wait for capacity)."""
         for cand in self.spec.candidates(node):
             self._afford([cand.usd_per_hour], f"node {node.node_rank}")
             try:
                 return self._launch([cand])[0]
             except CloudError as err:
-                self._event(
-                    "launch-failed",
-                    f"node {node.node_rank} in {cand.zone} ({cand.market}): {err.message}",
-                )
+                if not quiet:
+                    self._event(
+                        "launch-failed",
+                        f"node {node.node_rank} in {cand.zone} ({cand.market}): {err.message}",
+                    )
         return None
 
     def _provision(self) -> None:
@@ -362,15 +374,23 @@ class _Run(RunState):
         nodes = self.spec.nodes
         self._afford([n.usd_per_hour for n in nodes], "the cluster")
         self.head_addr = None
-        start = self.clock.now()
         while self.head_addr is None:
             head_id = self.current.get(0)
             head_gone = head_id is None or not self.records[head_id].alive
-            if head_gone and self._launch_rank(nodes[0]) is None:
-                raise CloudError(
-                    "no zone could launch the head node", hint="try another region or type"
-                )
-            if self.clock.now() - start > self.spec.provision_timeout_s:
+            if head_gone:
+                if self._launch_rank(nodes[0]) is None:
+                    if self.generation == 0:  # the first start: nothing is lost, nothing waits
+                        raise CloudError(
+                            "no zone could launch the head node",
+                            hint="try another region or type",
+                        )
+                    self._no_capacity([0])  # a restart: wait for capacity (RecoveryPolicy)
+                    self._tick()
+                    self.clock.sleep(self.spec.check_interval_s)
+                    continue
+                self._capacity_back()
+            rec = self.records[self.current[0]]
+            if self.clock.now() - rec.launched_at > self.spec.provision_timeout_s:
                 raise CloudError(
                     f"the head node is not running after {self.spec.provision_timeout_s:.0f} s",
                     hint="the cloud may lack capacity; try another zone, type or market",
@@ -392,7 +412,7 @@ class _Run(RunState):
                 self._event("launch-failed", f"nodes 1-{len(nodes) - 1}: {err.message}")
                 now = self.clock.now()
                 for node in rest:
-                    self.lost.setdefault(node.node_rank, (now, "launch failed"))
+                    self.lost.setdefault(node.node_rank, (now, _UNPLACED))
         self._status("running")
 
     # --- monitoring ---------------------------------------------------------------------------
@@ -420,7 +440,9 @@ class _Run(RunState):
                 if self.lost:
                     self._recover()
                 else:
-                    self._adapt()
+                    self._return_to_spot()
+                    if not self.lost and not self.returning:
+                        self._adapt()
             self.clock.sleep(self.spec.check_interval_s - (self.clock.now() - t0))
 
     def _drop(self, rank: int, now: float, why: str) -> None:
@@ -438,30 +460,83 @@ class _Run(RunState):
             if rec.state == "pending" and now - rec.launched_at > self.spec.provision_timeout_s:
                 self._drop(rank, now, f"not running after {self.spec.provision_timeout_s:.0f} s")
 
+    def _count_losses(self) -> None:
+        """Count each lost node once (a rank that found no capacity at a restart is not one)."""
+        for rank, (lost_at, why) in self.lost.items():
+            if why != _UNPLACED and (rank, lost_at) not in self.counted:
+                self.counted.add((rank, lost_at))
+                self.lost_nodes += 1
+
     def _recover(self) -> None:
-        if self.replacements + len(self.lost) > self.spec.max_replacements:
+        """Replace lost nodes (planner/spot.py, RecoveryPolicy): own zone, else another zone
+        of the region, else on demand (``allow_on_demand``); with no capacity anywhere, wait
+        up to ``capacity_wait_s``; more than ``max_replacements`` lost nodes fail the job."""
+        self._count_losses()
+        if self.lost_nodes > self.spec.max_replacements:
             raise Finish(
                 "failed",
-                f"{self.replacements + len(self.lost)} lost instances exceed max_replacements "
+                f"{self.lost_nodes} lost nodes exceed max_replacements "
                 f"{self.spec.max_replacements}",
             )
-        self._status("recovering")
+        for rank in sorted(self.lost):  # a spot node already launched to take over: use it
+            self._take_over(rank)
         if 0 in self.lost:
+            self._status("recovering")
             self._restart_all()
-        else:
+        elif self.lost:
+            if self.waiting_since is None:
+                self._status("recovering")
+            waiting = []
             for rank in sorted(self.lost):
                 lost_at, _ = self.lost[rank]
                 self.recovering.setdefault(rank, lost_at)
-                if self._launch_rank(self.spec.nodes[rank]) is not None:
+                if self._launch_rank(self.spec.nodes[rank], quiet=self.waiting_since is not None):
                     self.replacements += 1
                     del self.lost[rank]
                 else:
-                    self._event("recovery", f"node {rank}: no capacity anywhere; retrying")
-            oldest = min((t for t, _ in self.lost.values()), default=None)
-            if oldest is not None and self.clock.now() - oldest > self.spec.provision_timeout_s:
-                raise Finish("failed", "lost nodes could not be replaced in time")
+                    waiting.append(rank)
+            if waiting:
+                self._no_capacity(waiting)
+            else:
+                self._capacity_back()
         if not self.lost:
             self._status("running")
+
+    def _markets(self) -> str:
+        return "spot, on demand" if self.spec.allow_on_demand else "spot"
+
+    def _no_capacity(self, ranks: Sequence[int]) -> None:
+        """No zone (nor on demand, when allowed) could take ``ranks``: wait for capacity up to
+        ``capacity_wait_s`` (the surviving nodes stay up, billed, under the guard), then fail."""
+        now = self.clock.now()
+        where = f"any zone of {self.spec.region} ({self._markets()})"
+        if self.waiting_since is None:
+            self.waiting_since = now
+            why = f"waiting for capacity: no capacity for node(s) {list(ranks)} in {where}"
+            self._status("recovering", why)
+            self._event(
+                "waiting",
+                f"{why}; retrying every {self.spec.check_interval_s:g} s for up to "
+                f"{self.spec.capacity_wait_s:g} s",
+                {"node_ranks": list(ranks), "capacity_wait_s": self.spec.capacity_wait_s},
+            )
+        waited = now - self.waiting_since
+        if waited > self.spec.capacity_wait_s:
+            raise Finish(
+                "failed",
+                f"no capacity for node(s) {list(ranks)} in {where} for {waited:.0f} s "
+                f"(capacity_wait_s {self.spec.capacity_wait_s:g})",
+            )
+
+    def _capacity_back(self) -> None:
+        if self.waiting_since is not None:
+            waited = self.clock.now() - self.waiting_since
+            self.waiting_since = None
+            self._event(
+                "capacity",
+                f"capacity is back after {waited:.0f} s of waiting",
+                {"waited_s": waited},
+            )
 
     def _restart_all(self) -> None:
         """The head (and the rendezvous store) is gone: stop every group, start a generation."""
@@ -473,6 +548,125 @@ class _Run(RunState):
         for node in self.spec.nodes:
             self.recovering.setdefault(node.node_rank, lost_at)
         self._provision()
+
+    # --- back to spot -------------------------------------------------------------------------
+
+    def _fallbacks(self) -> list[int]:
+        """Ranks planned on spot that run on demand now (a fallback with ``allow_on_demand``)."""
+        out = []
+        for node in self.spec.nodes:
+            iid = self.current.get(node.node_rank)
+            rec = None if iid is None else self.records[iid]
+            fallback = rec is not None and rec.alive and rec.market == "on-demand"
+            if node.market == "spot" and fallback:
+                out.append(node.node_rank)
+        return out
+
+    def _return_to_spot(self) -> None:
+        """Bring on-demand fallbacks back to spot when spot capacity returns.
+
+        Every ``spot_probe_interval_s`` (default: every monitor tick) a spot launch is tried
+        for each fallback rank (its zone first, then the region's other zones). A worker
+        rank's spot instance takes over once it runs: the on-demand one is terminated the way
+        a replacement works (its workers get SIGTERM and checkpoint; torchrun restarts the
+        group with the spot node). The head holds the rendezvous store: once a spot launch
+        for it succeeds (the probe instance is let go at once), every group restarts on a new
+        generation with the head on spot. Not a lost node: ``max_replacements`` is untouched."""
+        self._watch_returning()
+        ranks = [r for r in self._fallbacks() if r not in self.returning]
+        if not ranks:
+            return
+        now = self.clock.now()
+        every = self.spec.spot_probe_interval_s or self.spec.check_interval_s
+        if self.last_probe is not None and now - self.last_probe < every - 1e-9:
+            return
+        self.last_probe = now
+        for rank in ranks:
+            if rank == 0:
+                if self._probe_head():
+                    return
+                continue
+            old = self.current[rank]
+            got = self._launch_spot(rank)
+            if got is not None:
+                self.current[rank] = old  # the on-demand node runs until the spot one does
+                self.returning[rank] = got.id
+                self._watch_returning()
+
+    def _launch_spot(self, rank: int) -> InstanceRecord | None:
+        """A spot instance for ``rank`` where the plan allows it, if the guard and the cloud
+        agree; a refusal of either leaves the job as it is (no event for a failed probe)."""
+        node = self.spec.nodes[rank]
+        for cand in self.spec.candidates(node):
+            if cand.market != "spot":
+                continue
+            decision = self.guard.check(
+                self.ledger.closed_spend(), self._live(), self.clock.now(), [cand.usd_per_hour]
+            )
+            if decision.stop:
+                return None  # the overlap would not fit the budget: stay on demand
+            try:
+                return self._launch([cand])[0]
+            except CloudError:
+                continue
+        return None
+
+    def _watch_returning(self) -> None:
+        """Switch a rank to its spot instance once it runs; forget one that did not make it."""
+        now = self.clock.now()
+        for rank, iid in list(self.returning.items()):
+            rec = self.records[iid]
+            old = self.current.get(rank)
+            if not rec.alive:
+                del self.returning[rank]
+                self._event("spot-return-failed", f"node {rank}: {iid} {rec.state} before use")
+            elif rec.state == "pending" and now - rec.launched_at > self.spec.provision_timeout_s:
+                del self.returning[rank]
+                self.terminating.add(iid)
+                self.provider.terminate_instances([iid])
+                self._event("spot-return-failed", f"node {rank}: {iid} did not start")
+            elif rec.state == "running" and old is not None and old != iid:
+                del self.returning[rank]
+                self.current[rank] = iid
+                if self.records[old].alive:
+                    self.terminating.add(old)
+                    self.provider.terminate_instances([old])  # SIGTERM: its workers checkpoint
+                self.returns += 1
+                self._event(
+                    "spot-return",
+                    f"node {rank} returned to spot: {iid} {rec.zone} ${rec.price:.4f}/h; "
+                    f"on-demand {old} stopped",
+                    {"node_rank": rank, "instance": iid, "on_demand": old},
+                )
+
+    def _take_over(self, rank: int) -> None:
+        """A lost rank whose spot instance was already launched (to return to spot) uses it."""
+        iid = self.returning.pop(rank, None)
+        if iid is None:
+            return
+        if self.records[iid].alive:
+            lost_at, _ = self.lost.pop(rank)
+            self.current[rank] = iid
+            self.recovering.setdefault(rank, lost_at)
+            self.replacements += 1
+            self._event("launch", f"node {rank}: replaced by {iid}, launched to return to spot")
+
+    def _probe_head(self) -> bool:
+        """The head on demand: restart every group with a spot head once spot capacity is back
+        (a spot launch succeeds; that probe instance is terminated at once, unused)."""
+        probe = self._launch_spot(0)
+        if probe is None:
+            return False
+        old = self.current[0]
+        self.current[0] = old
+        self.terminating.add(probe.id)
+        self.provider.terminate_instances([probe.id])
+        self._event("spot-return", f"node 0: spot capacity is back ({probe.zone}); restarting")
+        self._stop_all("head returning to spot: restarting all nodes")
+        self.generation += 1
+        self._provision()
+        self.returns += 1
+        return True
 
     def _stop_all(self, why: str) -> None:
         """SIGTERM every live instance (the workers checkpoint) and wait until all are gone."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kplan.errors import CloudError
+from kplan.errors import CapacityError, CloudError
 from kplan.launcher.clock import Clock
 from kplan.launcher.provider import ClusterSpec, Instance, InstanceSpec, InstanceState
 from kplan.launcher.providers import Backend, ProviderSettings
@@ -48,6 +48,8 @@ class SimProvider:
     node_exit: dict[str, tuple[float, int]] = field(default_factory=dict)
     preempt_after: Callable[[InstanceSpec], float | None] = lambda spec: None
     no_capacity: set[tuple[str, str]] = field(default_factory=set)  # (zone, market)
+    # (zone, market, from, until): no capacity there in [from, until) (absolute clock times)
+    outages: list[tuple[str, str, float, float]] = field(default_factory=list)
     fail_terminate: bool = False
     instances: dict[str, _Sim] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
@@ -59,11 +61,15 @@ class SimProvider:
 
     def run_instances(self, cluster: ClusterSpec, specs: Sequence[InstanceSpec]) -> list[Instance]:
         self.calls.append("run_instances")
-        for spec in specs:
-            if (spec.zone, spec.market) in self.no_capacity:
-                raise CloudError(f"InsufficientInstanceCapacity in {spec.zone} ({spec.market})")
-        out = []
         now = self.clock.now()
+        for spec in specs:
+            out_now = any(
+                (z, m) == (spec.zone, spec.market) and t0 <= now < t1
+                for z, m, t0, t1 in self.outages
+            )
+            if (spec.zone, spec.market) in self.no_capacity or out_now:
+                raise CapacityError(f"InsufficientInstanceCapacity in {spec.zone} ({spec.market})")
+        out = []
         for spec in specs:
             iid = f"i-{len(self.instances):04d}"
             delay = self.preempt_after(spec) if spec.market == "spot" else None
