@@ -12,12 +12,15 @@ import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kplan.errors import InputError
 from kplan.launcher.provider import Market
 from kplan.launcher.wheel import check_index_url, check_node_install
 from kplan.planner.precision import check_precision
+
+if TYPE_CHECKING:
+    from kplan.planner.spot import RecoveryPolicy
 
 _JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
 CLOUDS = ("local", "aws", "gcp")
@@ -221,6 +224,24 @@ class JobSpec:
     @property
     def usd_per_hour(self) -> float:
         return sum(n.usd_per_hour for n in self.nodes)
+
+    def recovery_policy(self) -> RecoveryPolicy:
+        """The recovery rules this job runs with, as the planner's simulator takes them
+        (``planner/spot.py``); ``checkpoint_interval_s`` unset: the policy's default."""
+        from kplan.planner.spot import RecoveryPolicy
+
+        policy = RecoveryPolicy()
+        zones = {o.zone for o in self.offers if o.market == "spot"}
+        return RecoveryPolicy(
+            restart_s=self.restart_estimate_s,
+            provisioning_s=policy.provisioning_s,
+            checkpoint_interval_s=self.checkpoint_interval_s or policy.checkpoint_interval_s,
+            checkpoint_s=policy.checkpoint_s,
+            max_replacements=self.max_replacements,
+            capacity_wait_s=self.capacity_wait_s,
+            allow_on_demand=self.allow_on_demand,
+            zone_failover=len(zones) > 1,
+        )
 
     def candidates(self, node: NodeSpec) -> list[NodeSpec]:
         """Where to put a replacement for ``node``: its own zone and market first, then the

@@ -378,6 +378,7 @@ class _Run(RunState):
             head_id = self.current.get(0)
             head_gone = head_id is None or not self.records[head_id].alive
             if head_gone:
+                self._check_losses()  # a head lost while it booted is a lost node too
                 if self._launch_rank(nodes[0]) is None:
                     if self.generation == 0:  # the first start: nothing is lost, nothing waits
                         raise CloudError(
@@ -467,10 +468,7 @@ class _Run(RunState):
                 self.counted.add((rank, lost_at))
                 self.lost_nodes += 1
 
-    def _recover(self) -> None:
-        """Replace lost nodes (planner/spot.py, RecoveryPolicy): own zone, else another zone
-        of the region, else on demand (``allow_on_demand``); with no capacity anywhere, wait
-        up to ``capacity_wait_s``; more than ``max_replacements`` lost nodes fail the job."""
+    def _check_losses(self) -> None:
         self._count_losses()
         if self.lost_nodes > self.spec.max_replacements:
             raise Finish(
@@ -478,6 +476,12 @@ class _Run(RunState):
                 f"{self.lost_nodes} lost nodes exceed max_replacements "
                 f"{self.spec.max_replacements}",
             )
+
+    def _recover(self) -> None:
+        """Replace lost nodes (planner/spot.py, RecoveryPolicy): own zone, else another zone
+        of the region, else on demand (``allow_on_demand``); with no capacity anywhere, wait
+        up to ``capacity_wait_s``; more than ``max_replacements`` lost nodes fail the job."""
+        self._check_losses()
         for rank in sorted(self.lost):  # a spot node already launched to take over: use it
             self._take_over(rank)
         if 0 in self.lost:

@@ -8,13 +8,17 @@ back to spot once spot capacity returns); with no capacity anywhere the job wait
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
+from kplan.errors import CloudError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer
 from kplan.launcher.lifecycle import JobOutcome, run_job
@@ -30,6 +34,7 @@ JOB = "kp-rules-1"
 TICK = 30.0
 BOOT = 60.0
 SPOT_A, SPOT_B, ON_DEMAND = 0.2, 0.25, 0.5
+_ids = itertools.count()
 
 
 @pytest.fixture
@@ -268,3 +273,122 @@ def test_job_specs_stored_before_the_recovery_fields_still_load(env: dict[str, A
     assert JobSpec.from_dict(_spec(env, capacity_wait_s=60.0).to_dict()).capacity_wait_s == 60.0
     with pytest.raises(Exception, match="capacity_wait_s -1"):
         _spec(env, capacity_wait_s=-1.0)
+
+
+# --- the guard holds through waits, fallbacks and returns to spot ------------------------------
+
+
+@st.composite
+def _outage_runs(draw: st.DrawFn) -> dict[str, Any]:
+    markets = tuple(
+        draw(st.sampled_from(["spot", "on-demand"])) for _ in range(draw(st.integers(1, 3)))
+    )
+    windows = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["us-east-1a", "us-east-1b"]),
+                st.sampled_from(["spot", "spot", "on-demand"]),
+                st.floats(0.0, 3 * HOUR),
+                st.floats(60.0, 2 * HOUR),
+            ),
+            max_size=5,
+        )
+    )
+    return {
+        "markets": markets,
+        "windows": windows,
+        "preempt": draw(st.lists(st.none() | st.floats(30.0, 3 * HOUR), max_size=8)),
+        "allow_on_demand": draw(st.booleans()),
+        "capacity_wait_s": draw(st.floats(0.0, 2 * HOUR)),
+        "probe_s": draw(st.none() | st.floats(10.0, 900.0)),
+        "budget_usd": draw(st.floats(0.05, 10.0)),
+        "max_replacements": draw(st.integers(0, 6)),
+        "finish_h": draw(st.floats(0.2, 4.0)),
+    }
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sc=_outage_runs())
+def test_no_outage_run_ends_over_budget_or_with_a_live_instance(
+    sc: dict[str, Any], tmp_path: Path
+) -> None:
+    folder = fast_dir(tmp_path, f"prop-{next(_ids)}")
+    try:
+        clock = FakeClock()
+        t0 = clock.now()
+        storage = LocalStorage(folder / "store")
+        storage.uri = "s3://bucket/kplan"
+        script = tmp_path / "train.py"
+        script.write_text("print('train')\n")
+        delays = iter(sc["preempt"])
+        sim = SimProvider(
+            clock,
+            storage,
+            boot_s=BOOT,
+            term_latency_s=10.0,
+            finish_at=t0 + sc["finish_h"] * HOUR,
+            preempt_after=lambda spec: next(delays, None),
+            outages=[(z, m, t0 + a, t0 + a + d) for z, m, a, d in sc["windows"]],
+        )
+        env = {"script": str(script)}
+        spec = _spec(
+            env,
+            markets=sc["markets"],
+            allow_on_demand=sc["allow_on_demand"],
+            capacity_wait_s=sc["capacity_wait_s"],
+            spot_probe_interval_s=sc["probe_s"],
+            budget_usd=sc["budget_usd"],
+            max_replacements=sc["max_replacements"],
+        )
+        with StateDB.open(folder / "kplan.db") as db:
+            try:
+                out = run_job(spec, Backend(sim, storage), db, clock=clock, billing=AWS)
+                status, reason = out.status, out.reason or ""
+            except CloudError as err:  # the very first head found no capacity
+                assert "head" in err.message, err.message
+                status, reason = "error", err.message
+            rows = db.ledger(JOB)
+            assert sum(r.usd for r in rows) <= spec.budget_usd + 1e-9, (status, reason)
+            assert sim.alive() == [] and all(r.closed for r in rows)
+            assert status in ("succeeded", "failed", "stopped", "error"), (status, reason)
+            events = db.events(JOB)
+            lost = sum(e.kind in ("preempted", "lost") for e in events)
+            if status == "failed" and "max_replacements" in reason:
+                assert lost == spec.max_replacements + 1
+            else:
+                assert lost <= spec.max_replacements
+            inst = {i.id: i for i in db.instances(JOB)}
+            for row in rows:  # every row at its own instance's price
+                assert row.usd == pytest.approx(
+                    row.billed_seconds * inst[row.instance].price / HOUR
+                )
+            if not spec.allow_on_demand:
+                planned = {n.node_rank: n.market for n in spec.nodes}
+                assert all(i.market == planned[i.node_rank] for i in inst.values())
+            event(f"{status} {reason}"[:30])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_job_spec_gives_the_policy_the_planner_prices(env: dict[str, Any]) -> None:
+    spec = _spec(
+        env, max_replacements=7, capacity_wait_s=1200.0, allow_on_demand=True,
+        checkpoint_interval_s=600.0, restart_s=240.0,
+    )  # fmt: skip
+    policy = spec.recovery_policy()
+    assert (policy.max_replacements, policy.capacity_wait_s, policy.allow_on_demand) == (
+        7,
+        1200.0,
+        True,
+    )
+    assert (policy.checkpoint_interval_s, policy.restart_s, policy.zone_failover) == (
+        600.0,
+        240.0,
+        True,
+    )
+    one_zone = _spec(env, offers=(ZoneOffer("g4dn.xlarge", "us-east-1a", "spot", SPOT_A),))
+    assert not one_zone.recovery_policy().zone_failover
