@@ -3,13 +3,21 @@
 The contract shared by the planner's Monte-Carlo (``spotsim``), the trace replay and the
 launcher's recovery rules (``launcher/lifecycle.py``), so that all three follow one story:
 
-- **Lifetimes**: a spot node lives a Weibull time (shape ``k`` < 1 in every trace: a fresh node
-  is the most likely to go soon). A node of age ``a`` has the residual life of a Weibull
+- **Lifetimes**: a spot node lives a Weibull time (the fitted marginal life of a node in the
+  pool: shapes 0.94-1.09 on the AWS traces, 0.73-0.78 from the GCP counts; below 1 a fresh
+  node is the most likely to go soon). A node of age ``a`` has the residual life of a Weibull
   conditioned on surviving ``a``.
 - **Losses come together**: when a node of a cluster is preempted, each other node of the same
-  cluster (one zone, one market) is lost in the same event with probability ``co_loss``.
+  cluster (one zone, one market) is lost in the same event with probability ``co_loss``. So
+  that each node's loss rate stays ``1 / mean life`` in a cluster of ``n`` (co-losses
+  included), each node slot's own clock is ``Weibull(shape, scale_h * (1 + co_loss * (n-1)))``,
+  drawn when its node is launched after the slot's clock fired; a co-lost node's replacement
+  keeps the slot's running clock (``spottrace.synthetic_trace`` is the reference).
 - **Capacity outages**: after a loss, with probability ``outage.prob`` the zone has no capacity
-  for a time drawn from ``outage.durations_h``; otherwise a replacement is up after the restart.
+  for a time ``D`` drawn from ``outage.durations_h`` (the whole wait from the loss, each longer
+  than the restart: replacements launch at ``loss + D``, up a restart later); otherwise a
+  replacement launches at the loss and is up after the restart. A loss during an outage finds
+  it out until the same time.
   With probability ``outage.region_prob`` every other zone of the region is out at the same time
   (zone failover does not help).
 - **Recovery** (``RecoveryPolicy``): training stops on any loss and resumes from the last

@@ -1,0 +1,449 @@
+"""Fit the spot preemption model (``kplan.planner.spot``) to the shared spot traces.
+
+    .venv/bin/python -m scripts.fit_spot_model [--data DIR] [--out FILE] [--check]
+
+(``--data``: the shared data folder, default $KPLAN_SHARED_DATA or ../shared/data.)
+
+One ``SpotRisk`` per trace (AWS p3 and g4dn from the Bamboo autoscaling-group events, GCP a2
+and n1 from the running-VM counts) and one ``*`` row per cloud pooled from its traces; writes
+``catalogs/data/spot_model.json`` and prints a table. ``--check`` compares the fit with the
+shipped file instead of writing it. The definitions (lifetime, loss event, wait, outage) are
+those of ``kplan.planner.spottrace``; the estimators are below:
+
+- lifetime: Weibull by maximum likelihood with right-censoring (nodes never removed) and
+  left-truncation (nodes already ``age`` old when the fitted span begins), the scale profiled
+  out (``scale**k = sum(t**k - a**k) / removals``) and the shape found by golden section;
+- co_loss: the value at which the model's loss events of a cluster of ``n`` nodes,
+  ``n * rate / (1 + (n - 1) * co_loss)``, match the events that clusters of ``n`` nodes drawn
+  at random from the alive pool saw (an event of ``b`` removals out of ``N`` hits such a
+  cluster with probability ``1 - C(N-b, n) / C(N, n)`` and takes ``n * b / N`` of its nodes on
+  average), summed over n = 2..8 (kplan's multi-node plans);
+- outage: over the loss events that do not continue an earlier outage, ``prob`` = the fraction
+  whose wait for the pool's next ``add`` is longer than the restart (300 s), ``durations_h`` =
+  those waits, whole (from the loss to the add: the replacement launches then and is up a
+  restart later; with no outage it launches at the loss). A wait still running at the end of
+  the trace is a lower bound: kept when already longer than the restart, else dropped;
+- region_prob: 1.0 (assumed: no shared trace watches several zones at once; see ``REGION``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import comb
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.planner.spot import MODEL_FILE, Outage, RecoveryPolicy, SpotModel, SpotRisk, Weibull
+from kplan.planner.spottrace import (
+    LOSS_WINDOW_S,
+    SpotTrace,
+    from_bamboo_csv,
+    from_gcp_counts,
+    loss_events,
+    node_lives,
+)
+
+Array = NDArray[np.float64]
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = Path(os.environ.get("KPLAN_SHARED_DATA") or ROOT.parent / "shared" / "data")
+DEFAULT_OUT = ROOT / "catalogs" / "data" / MODEL_FILE
+TRACES = Path("spot") / "bamboo-nsdi23-traces" / "traces"
+CLUSTER_SIZES = tuple(range(2, 9))  # co_loss is fitted for clusters of 2 to 8 nodes
+RESTART_S = RecoveryPolicy().restart_s
+REGION = (
+    "region_prob 1.0 assumed (failover never helps, the cautious choice): no shared trace "
+    "watches several zones at once (the 2020 capacity probes in doc/data are one zone at a "
+    "time, on different days), and a pool's wait for its next add already counts capacity "
+    "anywhere the pool could get it"
+)
+# (cloud, family, region, file under TRACES, kind, what the region rests on)
+SOURCES = (
+    ("aws", "p3", "*", "p3-trace.csv", "bamboo", "region not stated in the shared data"),
+    ("aws", "g4dn", "*", "g4dn-trace.csv", "bamboo", "region not stated in the shared data"),
+    ("gcp", "a2", "us-east1", "gcloud/a100x1-east1b.txt", "gcp", "zone us-east1-b"),
+    ("gcp", "n1", "us-east1", "gcloud/v100x1-east1c.txt", "gcp", "zone us-east1-c"),
+)
+
+
+# --- estimators ------------------------------------------------------------------------------
+
+
+def _profile_loglik(k: float, t: Array, a: Array, removed: NDArray[np.bool_]) -> float:
+    d = int(np.count_nonzero(removed))
+    s = float(np.sum(t**k - a**k))
+    return d * math.log(k) + (k - 1.0) * float(np.sum(np.log(t[removed]))) - d * math.log(s / d) - d
+
+
+def weibull_mle(
+    life_h: Array, removed: NDArray[np.bool_], entry_h: Array | None = None
+) -> tuple[Weibull, float]:
+    """Weibull (shape, scale) by censored, truncated maximum likelihood; and the shape's
+    standard error (observed information of the profile likelihood)."""
+    t = np.asarray(life_h, dtype=float)
+    a = np.zeros_like(t) if entry_h is None else np.asarray(entry_h, dtype=float)
+    removed = np.asarray(removed, dtype=bool)
+    keep = t > a
+    t, a, removed = t[keep], a[keep], removed[keep]
+    if np.count_nonzero(removed) < 2:
+        raise ValueError("a Weibull fit needs at least 2 removals")
+    scale_t = float(np.median(t))  # work in units of the median life: well-conditioned powers
+    t, a = t / scale_t, a / scale_t
+
+    def f(x: float) -> float:
+        return _profile_loglik(math.exp(x), t, a, removed)
+
+    lo, hi = math.log(0.05), math.log(20.0)
+    grid = np.linspace(lo, hi, 121)
+    vals = [f(x) for x in grid]
+    i = int(np.argmax(vals))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
+    for _ in range(100):
+        if f(c) > f(d):
+            hi, d = d, c
+            c = hi - g * (hi - lo)
+        else:
+            lo, c = c, d
+            d = lo + g * (hi - lo)
+    k = math.exp((lo + hi) / 2.0)
+    dcount = int(np.count_nonzero(removed))
+    scale = (float(np.sum(t**k - a**k)) / dcount) ** (1.0 / k) * scale_t
+    h = 1e-3 * k
+    curv = (
+        _profile_loglik(k + h, t, a, removed)
+        - 2 * _profile_loglik(k, t, a, removed)
+        + _profile_loglik(k - h, t, a, removed)
+    ) / h**2
+    se = 1.0 / math.sqrt(-curv) if curv < 0 else math.inf
+    return Weibull(k, scale), se
+
+
+def co_loss_estimate(
+    size: NDArray[np.int64], pool: NDArray[np.int64], cluster_sizes: Sequence[int] = CLUSTER_SIZES
+) -> float:
+    """The co_loss at which the model's loss events of clusters of ``cluster_sizes`` nodes
+    match those that clusters drawn at random from the pool saw (see the module docstring)."""
+    terms: list[tuple[int, float, float]] = []  # (nodes, expected lost, P(hit))
+    for b, big_n in zip(size.tolist(), pool.tolist(), strict=True):
+        if big_n < 2:
+            continue
+        for n in cluster_sizes:
+            m = min(n, big_n)
+            if m < 2:
+                continue
+            hit = 1.0 - comb(big_n - min(b, big_n), m) / comb(big_n, m)
+            terms.append((m, m * b / big_n, hit))
+    if not terms:
+        return 0.0
+    ns = np.array([x[0] for x in terms], dtype=float)
+    lost = np.array([x[1] for x in terms])
+    hits = float(np.sum([x[2] for x in terms]))
+
+    def excess(c: float) -> float:
+        return float(np.sum(lost / (1.0 + (ns - 1.0) * c))) - hits
+
+    if excess(0.0) <= 0:
+        return 0.0
+    if excess(1.0) >= 0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class OutageFit:
+    prob: float
+    durations_h: tuple[float, ...]
+    events: int  # loss events that could start an outage (with a known wait)
+    outages: int
+    lower_bounds: int  # outages still on at the end of the trace (their length is a floor)
+
+
+def outage_estimate(
+    wait_s: Array,
+    censored: NDArray[np.bool_],
+    continues: NDArray[np.bool_],
+    restart_s: float = RESTART_S,
+) -> OutageFit:
+    """``prob`` and ``durations_h`` (whole waits, hours) of the capacity waits after losses."""
+    wait = np.asarray(wait_s, dtype=float)
+    own = ~np.asarray(continues, dtype=bool)
+    cens = np.asarray(censored, dtype=bool)
+    out = own & (wait > restart_s)
+    known = own & (~cens | out)  # a censored short wait may still become an outage: unknown
+    n, k = int(np.count_nonzero(known)), int(np.count_nonzero(out))
+    durations = tuple(round(float(w) / 3600.0, 4) for w in np.sort(wait[out]))
+    return OutageFit(
+        prob=k / n if n else 0.0,
+        durations_h=durations,
+        events=n,
+        outages=k,
+        lower_bounds=int(np.count_nonzero(out & cens)),
+    )
+
+
+# --- from traces to a SpotRisk ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one trace (or one span of it) gives the estimators."""
+
+    name: str
+    life_h: Array
+    removed: NDArray[np.bool_]
+    entry_h: Array
+    size: NDArray[np.int64]
+    pool: NDArray[np.int64]
+    wait_s: Array
+    censored: NDArray[np.bool_]
+    continues: NDArray[np.bool_]
+    hours: float
+    node_hours: float
+    removals: int
+
+
+def sample(
+    trace: SpotTrace,
+    since_s: float | None = None,
+    until_s: float | None = None,
+    restart_s: float = RESTART_S,
+) -> Sample:
+    """The lifetimes and loss events of ``trace`` in ``[since_s, until_s)``: a node added before
+    ``since_s`` enters at its age then (left-truncation); the end is ``until_s`` (right-censoring,
+    and no wait looks past it)."""
+    since = 0.0 if since_s is None else max(float(since_s), 0.0)
+    until = trace.end_s if until_s is None else min(float(until_s), trace.end_s)
+    if not until > since:
+        raise ValueError(f"empty span [{since}, {until})")
+    cut = trace if until >= trace.end_s else trace.window(0.0, until)
+    lives = node_lives(cut)
+    stop = np.minimum(lives.stop_s, until)
+    inside = stop > since
+    entry = np.maximum(since - lives.start_s, 0.0)
+    ev = loss_events(cut, LOSS_WINDOW_S, restart_s)
+    mine = ev.start_s >= since
+    span = cut.window(since, until) if since > 0 else cut
+    return Sample(
+        name=trace.name,
+        life_h=(stop - lives.start_s)[inside] / 3600.0,
+        removed=lives.removed[inside],
+        entry_h=entry[inside] / 3600.0,
+        size=ev.size[mine],
+        pool=ev.pool[mine],
+        wait_s=ev.wait_s[mine],
+        censored=ev.censored[mine],
+        continues=ev.continues[mine],
+        hours=(until - since) / 3600.0,
+        node_hours=span.node_hours(),
+        removals=span.removals,
+    )
+
+
+def _cat(samples: Sequence[Sample], name: str) -> Sample:
+    def c(attr: str) -> NDArray[np.generic]:
+        return np.concatenate([getattr(s, attr) for s in samples])
+
+    return Sample(
+        name=name,
+        life_h=c("life_h").astype(float),
+        removed=c("removed").astype(bool),
+        entry_h=c("entry_h").astype(float),
+        size=c("size").astype(np.int64),
+        pool=c("pool").astype(np.int64),
+        wait_s=c("wait_s").astype(float),
+        censored=c("censored").astype(bool),
+        continues=c("continues").astype(bool),
+        hours=sum(s.hours for s in samples),
+        node_hours=sum(s.node_hours for s in samples),
+        removals=sum(s.removals for s in samples),
+    )
+
+
+def risk_from_sample(
+    s: Sample,
+    *,
+    cloud: str,
+    family: str,
+    region: str,
+    note: str = "",
+    restart_s: float = RESTART_S,
+    cluster_sizes: Sequence[int] = CLUSTER_SIZES,
+) -> SpotRisk:
+    life, se = weibull_mle(s.life_h, s.removed, s.entry_h)
+    co = co_loss_estimate(s.size, s.pool, cluster_sizes)
+    out = outage_estimate(s.wait_s, s.censored, s.continues, restart_s)
+    lifetime = Weibull(round(life.shape, 4), round(life.scale_h, 4))
+    naive = s.removals / s.node_hours if s.node_hours > 0 else math.nan
+    source = (
+        f"{s.name}: {s.hours:.1f} h, {s.node_hours:.1f} node-hours, {s.removals} removals "
+        f"({naive:.3f}/node-h), {len(s.size)} loss events (removals within "
+        f"{LOSS_WINDOW_S:g} s), {len(s.life_h)} lifetimes ({int(np.sum(s.removed))} ended). "
+        f"Lifetime: Weibull censored MLE, shape {lifetime.shape:.3f} +- {se:.3f}. "
+        f"co_loss: matches the loss events of random clusters of "
+        f"{min(cluster_sizes)}-{max(cluster_sizes)} nodes of the pool. "
+        f"Outage: {out.outages} of {out.events} losses waited > {restart_s:g} s for the pool's "
+        f"next add ({out.lower_bounds} still waiting at the end: lower bounds); durations are "
+        f"the whole waits. {REGION}." + (f" {note}" if note else "")
+    )
+    return SpotRisk(
+        cloud=cloud,
+        family=family,
+        region=region,
+        lifetime=lifetime,
+        co_loss=round(co, 4),
+        outage=Outage(prob=round(out.prob, 4), durations_h=out.durations_h, region_prob=1.0),
+        source=source,
+    )
+
+
+def fit_risk(
+    trace: SpotTrace,
+    *,
+    cloud: str,
+    family: str,
+    region: str,
+    since_s: float | None = None,
+    until_s: float | None = None,
+    restart_s: float = RESTART_S,
+    cluster_sizes: Sequence[int] = CLUSTER_SIZES,
+) -> SpotRisk:
+    """The ``SpotRisk`` of ``trace`` fitted on ``[since_s, until_s)`` (seconds; default all):
+    fit on the first half of a trace and replay the second half."""
+    s = sample(trace, since_s, until_s, restart_s)
+    return risk_from_sample(
+        s,
+        cloud=cloud,
+        family=family,
+        region=region,
+        restart_s=restart_s,
+        cluster_sizes=cluster_sizes,
+    )
+
+
+def load_traces(data: Path) -> list[tuple[str, str, str, SpotTrace, str]]:
+    out = []
+    for cloud, family, region, rel, kind, where in SOURCES:
+        path = data / TRACES / rel
+        trace = from_bamboo_csv(path) if kind == "bamboo" else from_gcp_counts(path)
+        note = f"Region: {where}."
+        if kind == "gcp":
+            alt = {
+                o: weibull_mle(*_lives(from_gcp_counts(path, removal=o)))[0].shape
+                for o in ("youngest", "oldest")
+            }
+            note += (
+                " Node ids are synthetic (counts): a fall removes a random alive node (seed 0; "
+                f"youngest-first would give shape {alt['youngest']:.2f}, oldest-first "
+                f"{alt['oldest']:.2f}: the counts cannot tell). They miss churn between "
+                "samples: the rate is a lower bound. Waits are read at the sample times "
+                f"(median gap {_median_gap_s(path):.0f} s)."
+            )
+        out.append((cloud, family, region, trace, note))
+    return out
+
+
+def _median_gap_s(path: Path) -> float:
+    stamps = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            day, clock, _ = (p.strip() for p in line.split(","))
+            stamps.append(dt.datetime.fromisoformat(f"{day} {clock}").timestamp())
+    gaps = np.diff(stamps)
+    return float(np.median(gaps[gaps > 0]))
+
+
+def _lives(trace: SpotTrace) -> tuple[Array, NDArray[np.bool_]]:
+    lv = node_lives(trace)
+    return lv.life_h, lv.removed
+
+
+def fit_all(data: Path) -> SpotModel:
+    risks: list[SpotRisk] = []
+    by_cloud: dict[str, list[Sample]] = {}
+    for cloud, family, region, trace, note in load_traces(data):
+        s = sample(trace)
+        by_cloud.setdefault(cloud, []).append(s)
+        risks.append(risk_from_sample(s, cloud=cloud, family=family, region=region, note=note))
+    for cloud, samples in by_cloud.items():
+        names = " + ".join(s.name for s in samples)
+        pooled = _cat(samples, f"pooled {names}")
+        risks.append(
+            risk_from_sample(
+                pooled,
+                cloud=cloud,
+                family="*",
+                region="*",
+                note=(
+                    f"Fallback for {cloud} families and regions without a trace: the "
+                    f"{cloud} traces pooled (lifetimes, loss events and waits together)."
+                ),
+            )
+        )
+    return SpotModel(risks=tuple(risks), fitted="")
+
+
+def table(model: SpotModel, samples: dict[str, float]) -> str:
+    head = (
+        f"{'cloud':5} {'family':6} {'region':9} {'shape':>6} {'scale_h':>8} {'mean_h':>7} "
+        f"{'rate/h':>7} {'naive/h':>8} {'co_loss':>7} {'out_p':>6} {'med_min':>8} {'p90_min':>8}"
+    )
+    lines = [head]
+    for r in model.risks:
+        lt, o = r.lifetime, r.outage
+        naive = samples.get(f"{r.cloud}/{r.family}", math.nan)
+        lines.append(
+            f"{r.cloud:5} {r.family:6} {r.region:9} {lt.shape:6.3f} {lt.scale_h:8.3f} "
+            f"{lt.mean_h:7.3f} {lt.rate_per_hour:7.3f} {naive:8.3f} {r.co_loss:7.3f} "
+            f"{o.prob:6.3f} {o.quantile_h(0.5) * 60:8.1f} {o.quantile_h(0.9) * 60:8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _naive_rates(root: Path) -> dict[str, float]:
+    import csv
+
+    path = root / "catalogs" / "data" / "spot_rates.csv"
+    with path.open(encoding="utf-8") as f:
+        return {f"{r['cloud']}/{r['family']}": float(r["per_hour"]) for r in csv.DictReader(f)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the model file to write")
+    ap.add_argument("--check", action="store_true", help="compare with --out, write nothing")
+    args = ap.parse_args(argv)
+    model = fit_all(args.data)
+    print(table(model, _naive_rates(ROOT)))
+    print(
+        "(mean_h, rate/h: of the fitted Weibull; naive/h: catalogs/data/spot_rates.csv; "
+        "med/p90_min: outage waits, minutes)"
+    )
+    if args.check:
+        shipped = json.loads(args.out.read_text(encoding="utf-8"))
+        same = shipped["risks"] == model.to_dict()["risks"]
+        print(f"{args.out}: {'up to date' if same else 'DIFFERS from this fit'}")
+        return 0 if same else 1
+    fitted = f"{dt.date.today().isoformat()}: python -m scripts.fit_spot_model"
+    doc = SpotModel(risks=model.risks, fitted=fitted).to_dict()
+    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

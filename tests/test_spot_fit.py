@@ -1,0 +1,124 @@
+"""The fitted spot model: the estimators recover the parameters of traces drawn from the model,
+and the shipped catalogs/data/spot_model.json is what scripts/fit_spot_model.py computes."""
+
+from __future__ import annotations
+
+import math
+from math import comb
+
+import numpy as np
+import pytest
+
+from kplan.planner.spot import Outage, SpotRisk, Weibull, load_spot_model
+from kplan.planner.spottrace import from_bamboo_csv, synthetic_trace
+from scripts import fit_spot_model as fit
+from tests.test_spot_trace import TRACES, needs_data
+
+DURATIONS = (0.1, 0.5, 2.0)  # hours; all longer than the 300 s restart
+
+
+def _risk(shape: float, scale: float, co: float, p: float) -> SpotRisk:
+    return SpotRisk("aws", "x", "*", Weibull(shape, scale), co, Outage(p, DURATIONS, 1.0), "t")
+
+
+@pytest.mark.parametrize(("shape", "scale"), [(0.7, 2.0), (1.3, 0.8)])
+def test_weibull_mle_recovers_the_lifetime_of_a_synthetic_trace(shape: float, scale: float) -> None:
+    # no co-loss: every node's life is the Weibull itself, censored at the end
+    t = synthetic_trace(_risk(shape, scale, 0.0, 0.3), pool=8, hours=2500 * scale, seed=11)
+    r = fit.fit_risk(t, cloud="aws", family="x", region="*", cluster_sizes=(8,))
+    lives = fit.sample(t)
+    d = int(lives.removed.sum())
+    assert d > 4000
+    _, se = fit.weibull_mle(lives.life_h, lives.removed)
+    # asymptotic sd: shape ~ 0.78 k / sqrt(d); log scale ~ 1.05 / (k sqrt(d)); allow 4 sd
+    assert se == pytest.approx(0.78 * shape / math.sqrt(d), rel=0.2)
+    assert abs(r.lifetime.shape - shape) < 4 * se
+    assert abs(math.log(r.lifetime.scale_h / scale)) < 4 * 1.05 / (shape * math.sqrt(d))
+
+
+def test_weibull_mle_uses_censoring_and_truncation() -> None:
+    rng = np.random.default_rng(5)
+    k, lam, n = 0.8, 3.0, 20_000
+    life = lam * rng.weibull(k, n)
+    # right-censoring at 2 h: about 40% censored
+    cens = np.minimum(life, 2.0)
+    w, se = fit.weibull_mle(cens, life <= 2.0)
+    assert abs(w.shape - k) < 4 * se and w.scale_h == pytest.approx(lam, rel=0.05)
+    naive, _ = fit.weibull_mle(cens, np.ones(n, dtype=bool))  # censoring ignored: far off
+    assert naive.scale_h < 0.7 * lam
+    # left-truncation: only nodes that lived past their entry age are seen
+    entry = rng.uniform(0, 3.0, n)
+    seen = life > entry
+    w, se = fit.weibull_mle(life[seen], np.ones(int(seen.sum()), dtype=bool), entry[seen])
+    assert abs(w.shape - k) < 4 * se and w.scale_h == pytest.approx(lam, rel=0.05)
+
+
+@pytest.mark.parametrize(("co", "pool"), [(0.0, 8), (0.3, 8), (0.15, 4)])
+def test_co_loss_and_outage_are_recovered_from_a_synthetic_trace(co: float, pool: int) -> None:
+    p = 0.3
+    t = synthetic_trace(_risk(0.8, 2.0, co, p), pool=pool, hours=4000, seed=3)
+    r = fit.fit_risk(t, cloud="aws", family="x", region="*", cluster_sizes=(pool,))
+    s = fit.sample(t)
+    n_ev = len(s.size)
+    # co_loss: mean of (b - 1) / (N - 1) over ~n_ev events, sd <= 0.5 / sqrt(n_ev); events
+    # closer than LOSS_WINDOW_S merge (~1-2% of them), a small upward bias
+    assert abs(r.co_loss - co) < 4 * 0.5 / math.sqrt(n_ev) + 0.01
+    out = fit.outage_estimate(s.wait_s, s.censored, s.continues)
+    assert out.events > 1000
+    assert abs(r.outage.prob - p) < 4 * math.sqrt(p * (1 - p) / out.events) + 0.01
+    # the waits are the drawn durations (a merged event starts up to the window earlier)
+    d = np.asarray(r.outage.durations_h)
+    near = np.min(np.abs(d[:, None] - np.asarray(DURATIONS)[None, :]), axis=1) <= 61 / 3600
+    assert near.mean() > 0.97
+    for v in DURATIONS:
+        assert np.mean(np.abs(d - v) <= 61 / 3600) == pytest.approx(1 / 3, abs=0.06)
+
+
+def test_co_loss_of_one_batch_matches_its_closed_form() -> None:
+    # one event of b removals out of N; clusters of 2: 1 + c = (2b/N) / P(hit)
+    b, big_n = 6, 30
+    hit = 1 - comb(big_n - b, 2) / comb(big_n, 2)
+    c = fit.co_loss_estimate(np.array([b]), np.array([big_n]), (2,))
+    assert c == pytest.approx((2 * b / big_n) / hit - 1, abs=1e-9)
+    # a pool-wide loss takes every node: co_loss 1; single losses in a big pool: ~0
+    assert fit.co_loss_estimate(np.array([10]), np.array([10]), (4,)) == pytest.approx(1.0)
+    assert fit.co_loss_estimate(np.array([1, 1]), np.array([40, 40]), (2, 4)) < 1e-6
+
+
+def test_outage_estimate_counts_only_waits_it_knows() -> None:
+    wait = np.array([60.0, 400.0, 7200.0, 100.0, 900.0])
+    censored = np.array([False, False, False, True, True])  # a short open wait: unknown
+    continues = np.array([False, False, True, False, False])
+    out = fit.outage_estimate(wait, censored, continues, restart_s=300.0)
+    assert (out.events, out.outages, out.lower_bounds) == (3, 2, 1)
+    assert out.prob == pytest.approx(2 / 3)
+    assert out.durations_h == (round(400 / 3600, 4), 0.25)
+
+
+@needs_data
+def test_fit_on_halves_splits_the_trace() -> None:
+    t = from_bamboo_csv(TRACES / "p3-trace.csv")
+    half = t.end_s / 2
+    a, b = fit.sample(t, until_s=half), fit.sample(t, since_s=half)
+    whole = fit.sample(t)
+    assert a.removals + b.removals == whole.removals
+    assert a.node_hours + b.node_hours == pytest.approx(whole.node_hours)
+    assert len(a.size) + len(b.size) >= len(whole.size)  # an event may straddle the cut
+    assert np.all(b.entry_h >= 0) and np.any(b.entry_h > 0)  # left-truncated survivors
+    r = fit.fit_risk(t, cloud="aws", family="p3", region="*", until_s=half)
+    assert 0.3 < r.lifetime.shape < 3 and 0 <= r.co_loss <= 1
+
+
+@needs_data
+def test_shipped_model_is_the_fit_of_the_shared_traces() -> None:
+    shipped = load_spot_model()
+    assert "fit_spot_model" in shipped.fitted
+    fresh = fit.fit_all(fit.DEFAULT_DATA if fit.DEFAULT_DATA.is_dir() else TRACES.parents[2])
+    assert [r.to_dict() for r in shipped.risks] == [r.to_dict() for r in fresh.risks]
+    p3 = shipped.lookup("aws", "p3.2xlarge", "us-east-1")
+    assert p3.family == "p3" and "167 removals" in p3.source and "273.1 node-hours" in p3.source
+    assert shipped.lookup("aws", "g5.xlarge", "us-west-2").family == "*"
+    assert shipped.lookup("gcp", "a2-highgpu-1g", "us-east1").region == "us-east1"
+    for r in shipped.risks:
+        assert r.outage.region_prob == 1.0 and "region_prob 1.0 assumed" in r.source
+        assert all(d * 3600 > 300 for d in r.outage.durations_h)
