@@ -4,7 +4,8 @@
 process (``local_agent``, one per instance, in a session of its own) that runs the instance's
 bootstrap, ``/bin/sh -c <user_data>``, with the runtime's environment; the bootstrap starts
 torchrun and its workers. Instance ids read ``local-<job>-<n>``; every instance has
-``private_ip`` 127.0.0.1, zone ``local`` and costs nothing.
+``private_ip`` 127.0.0.1, the zone it was asked for (``local`` by default) and costs nothing.
+Chaos may refuse launches for a while (``outages``: no capacity in a zone or market).
 
 What a cloud keeps, this provider keeps in files, so that any process (``kplan down`` after the
 launcher was killed) finds and ends the instances of a job::
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from kplan.errors import CloudError, InputError
+from kplan.errors import CapacityError, CloudError, InputError
 from kplan.launcher.provider import ClusterSpec, Instance, InstanceSpec, InstanceState
 from kplan.launcher.providers import Backend, ProviderSettings
 from kplan.launcher.providers import local_procs as procs
@@ -184,7 +185,8 @@ class LocalProvider:
         with self._locked(cluster.job_id) as state:
             if state["chaos_epoch"] is None:
                 state["chaos_epoch"] = time.time()
-            for spec in specs:
+            refused = self._refusal(specs, time.time() - float(state["chaos_epoch"]))
+            for spec in specs if refused is None else ():
                 try:
                     entry = self._start(cluster, spec, state)
                 except OSError as err:
@@ -192,6 +194,8 @@ class LocalProvider:
                     break
                 state["instances"].append(entry)
                 started.append(self._instance(entry, "pending", None))
+        if refused is not None:  # after the state (the chaos clock's start) is written
+            raise refused
         if failure is not None:
             self.terminate_instances([i.id for i in started])
             raise CloudError(
@@ -293,6 +297,21 @@ class LocalProvider:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def _refusal(self, specs: Sequence[InstanceSpec], t_s: float) -> CapacityError | None:
+        """Chaos outages: the whole request is refused, as a cloud does, if one launch is out."""
+        if self.chaos is None:
+            return None
+        for spec in specs:
+            outage = self.chaos.out_of_capacity(spec.zone or ZONE, spec.market, t_s)
+            if outage is not None:
+                until = "the end" if outage.until_s is None else f"{outage.until_s:g} s"
+                return CapacityError(
+                    f"local chaos: no {spec.market} capacity in zone {spec.zone or ZONE} "
+                    f"(outage {outage.from_s:g} s to {until} of the job's chaos clock)",
+                    hint="another zone or market may have capacity; or wait",
+                )
+        return None
+
     def _check_cluster(self, cluster: ClusterSpec) -> None:
         _check_job_id(cluster.job_id)
         if cluster.cloud != NAME:
@@ -362,6 +381,7 @@ class LocalProvider:
             "node_rank": spec.node_rank,
             "instance_type": spec.instance_type,
             "market": spec.market,
+            "zone": spec.zone or ZONE,
             "token": cfg.token,
             "agent_pid": agent.pid,
             "agent_ticks": procs.start_ticks(agent.pid),
@@ -379,7 +399,7 @@ class LocalProvider:
             name=entry["name"],
             cloud=NAME,
             region=REGION,
-            zone=ZONE,
+            zone=str(entry.get("zone") or ZONE),  # state files of older versions: local
             instance_type=entry["instance_type"],
             market=entry["market"],
             state=state,

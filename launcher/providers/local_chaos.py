@@ -15,6 +15,12 @@ When preemptions happen (both may be combined):
 - ``rate_per_hour``: random preemptions, a Poisson process per instance-hour; each instance's
   lifetime is drawn from a generator seeded by ``seed`` and the instance id (reproducible).
 
+Capacity outages (``outages``): a list of ``{"from_s", "until_s", "zone", "market"}`` (times on
+the same chaos clock; ``until_s`` null: to the end; ``zone`` / ``market`` null: every zone /
+market). While one covers a launch's zone and market, ``run_instances`` refuses it with a
+``CapacityError``, like a cloud with no capacity there (the launcher then tries another zone,
+on demand, or waits: ``launcher/LIFECYCLE.md``). The clock starts at the job's first launch.
+
 ``max_preemptions`` caps the preemptions of the job. Each preemption is claimed by creating a
 file with ``O_EXCL`` in the job's chaos folder, so the supervisors of several instances (separate
 processes) never take the same event twice.
@@ -22,6 +28,7 @@ processes) never take the same event twice.
 Configure with the ``KPLAN_LOCAL_CHAOS`` environment variable (JSON) or ``ChaosConfig(...)``::
 
     KPLAN_LOCAL_CHAOS='{"at_s": [20, 40, 60], "notice_factor": 0.05, "seed": 1}'
+    KPLAN_LOCAL_CHAOS='{"at_s": [20], "outages": [{"from_s": 19, "until_s": 80}]}'
 """
 
 from __future__ import annotations
@@ -50,7 +57,9 @@ _KEYS = (
     "max_preemptions",
     "notice_s",
     "notice_factor",
+    "outages",
 )
+_OUTAGE_KEYS = ("from_s", "until_s", "zone", "market")
 _STAGGER_S = 0.5  # untargeted events: instances wait a seeded share of this before claiming
 _EXAMPLE = '{"at_s": [20, 40], "notice_factor": 0.05}'
 
@@ -71,6 +80,57 @@ def _whole(value: object) -> bool:
 
 
 @dataclass(frozen=True)
+class Outage:
+    """No capacity for ``zone`` / ``market`` (None: any) from ``from_s`` until ``until_s``."""
+
+    from_s: float = 0.0
+    until_s: float | None = None  # None: until the end of the job
+    zone: str | None = None
+    market: str | None = None
+
+    def __post_init__(self) -> None:
+        ends = (self.from_s,) if self.until_s is None else (self.from_s, self.until_s)
+        if not all(_number(t) and math.isfinite(t) and t >= 0 for t in ends):
+            raise _bad(f"outage times {self.from_s!r}..{self.until_s!r} must be seconds >= 0")
+        if self.until_s is not None and self.until_s < self.from_s:
+            raise _bad(f"outage until_s {self.until_s} is before its from_s {self.from_s}")
+        for name in ("zone", "market"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise _bad(f"outage {name}={value!r} must be a name or null")
+
+    def covers(self, zone: str, market: str, t_s: float) -> bool:
+        """Does this outage refuse a launch in ``zone`` / ``market`` at chaos time ``t_s``?"""
+        if self.zone is not None and self.zone != zone:
+            return False
+        if self.market is not None and self.market != market:
+            return False
+        return self.from_s <= t_s and (self.until_s is None or t_s < self.until_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "from_s": self.from_s,
+            "until_s": self.until_s,
+            "zone": self.zone,
+            "market": self.market,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Outage:
+        if not isinstance(data, dict):
+            raise _bad(f"an outage must be an object with keys {', '.join(_OUTAGE_KEYS)}")
+        unknown = sorted(set(data) - set(_OUTAGE_KEYS))
+        if unknown:
+            raise _bad(f"unknown outage keys {unknown}")
+        return cls(
+            from_s=data.get("from_s", 0.0),
+            until_s=data.get("until_s"),
+            zone=data.get("zone"),
+            market=data.get("market"),
+        )
+
+
+@dataclass(frozen=True)
 class ChaosConfig:
     """When and how the local provider preempts instances (see the module docstring)."""
 
@@ -82,6 +142,7 @@ class ChaosConfig:
     max_preemptions: int | None = None
     notice_s: float = SPOT_NOTICE_S
     notice_factor: float = 1.0
+    outages: tuple[Outage, ...] = ()  # capacity refused (see the module docstring)
 
     def __post_init__(self) -> None:
         for t in self.at_s:
@@ -117,6 +178,10 @@ class ChaosConfig:
     def enabled(self) -> bool:
         return bool(self.at_s or self.rate_per_hour > 0) and self.max_preemptions != 0
 
+    def out_of_capacity(self, zone: str, market: str, t_s: float) -> Outage | None:
+        """The outage that refuses a launch in ``zone`` / ``market`` at chaos time ``t_s``."""
+        return next((o for o in self.outages if o.covers(zone, market, t_s)), None)
+
     @property
     def notice(self) -> float:
         """Seconds between the notice (SIGTERM) and the kill (SIGKILL)."""
@@ -151,6 +216,7 @@ class ChaosConfig:
             "max_preemptions": self.max_preemptions,
             "notice_s": self.notice_s,
             "notice_factor": self.notice_factor,
+            "outages": [o.to_dict() for o in self.outages],
         }
 
     @classmethod
@@ -169,6 +235,9 @@ class ChaosConfig:
             raise _bad(f"targets={targets!r} must be a list of node ranks (or nulls)")
         if nodes is not None and not isinstance(nodes, list):
             raise _bad(f"nodes={nodes!r} must be a list of node ranks")
+        outages = data.get("outages", [])
+        if not isinstance(outages, list):
+            raise _bad(f"outages={outages!r} must be a list of objects")
         return cls(
             at_s=tuple(at_s),
             targets=None if targets is None else tuple(targets),
@@ -178,6 +247,7 @@ class ChaosConfig:
             max_preemptions=data.get("max_preemptions"),
             notice_s=data.get("notice_s", SPOT_NOTICE_S),
             notice_factor=data.get("notice_factor", 1.0),
+            outages=tuple(Outage.from_dict(o) for o in outages),
         )
 
     @classmethod
