@@ -168,3 +168,39 @@ def test_real_workers_fail_when_capacity_does_not_return_in_time(home: Path) -> 
     assert not any(i.alive for i in db.instances(out.job_id))
     assert all(row.closed for row in db.ledger(out.job_id))
     db.close()
+
+
+@pytest.mark.slow
+def test_real_workers_fall_back_to_on_demand_and_return_to_spot(home: Path) -> None:
+    # The worker is preempted 8 s in while the region has no spot capacity until 16 s: it is
+    # replaced on demand at once, then goes back to spot (the on-demand group gets SIGTERM).
+    chaos = ChaosConfig(
+        at_s=(8.0,),
+        targets=(1,),
+        notice_s=1.0,
+        outages=(Outage(7.5, 16.0, None, "spot"),),
+    )
+    offers = (
+        ZoneOffer("local", "local-a", "spot", 0.0),
+        ZoneOffer("local", "local-a", "on-demand", 0.0),
+    )
+    spec = _spec(home, allow_on_demand=True, offers=offers, max_replacements=1)
+    out, db = _run(home, spec, chaos)
+    assert (out.status, out.preemptions) == ("succeeded", 1), out.reason
+    records = sorted(db.instances(out.job_id), key=lambda r: r.launched_at)
+    assert [(r.node_rank, r.market, r.state) for r in records] == [
+        (0, "spot", "terminated"),
+        (1, "spot", "preempted"),
+        (1, "on-demand", "terminated"),
+        (1, "spot", "terminated"),
+    ]
+    assert records[3].launched_at >= records[0].launched_at + 16.0 - 1.0  # after the outage
+    kinds = [e.kind for e in db.events(out.job_id)]
+    assert "waiting" not in kinds and kinds.count("spot-return") == 1
+    exits = {(d or {}).get("instance"): (d or {}).get("exit_code") for d in _exits(db, out)}
+    assert exits[records[0].name] == 0 and exits[records[3].name] == 0
+    db.close()
+
+
+def _exits(db: StateDB, out: JobOutcome) -> list[dict[str, Any] | None]:
+    return [e.data for e in db.events(out.job_id) if e.kind == "node-exit"]
