@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 
-from kplan.errors import CloudError, KplanError
+from kplan.errors import CapacityError, CloudError, KplanError
 from kplan.launcher.bootstrap import (
     CODE_KEY,
     Rendezvous,
@@ -97,6 +97,7 @@ class _Run(RunState):
         self.returning: dict[int, str] = {}  # rank -> spot instance taking over from on demand
         self.last_probe: float | None = None  # last try to bring on-demand fallbacks back
         self.returns = 0  # nodes brought back from on demand to spot
+        self.refusals: list[CloudError] = []  # why the last _launch_rank found no place
 
     def _create(self) -> None:
         s = self.spec
@@ -356,11 +357,13 @@ class _Run(RunState):
     def _launch_rank(self, node: NodeSpec, *, quiet: bool = False) -> InstanceRecord | None:
         """Launch one node: its zone first, then other zones, then on-demand (if allowed).
         ``quiet``: no event per refused try (the retries of a wait for capacity)."""
+        self.refusals = []
         for cand in self.spec.candidates(node):
             self._afford([cand.usd_per_hour], f"node {node.node_rank}")
             try:
                 return self._launch([cand])[0]
             except CloudError as err:
+                self.refusals.append(err)
                 if not quiet:
                     self._event(
                         "launch-failed",
@@ -380,12 +383,17 @@ class _Run(RunState):
             if head_gone:
                 self._check_losses()  # a head lost while it booted is a lost node too
                 if self._launch_rank(nodes[0]) is None:
-                    if self.generation == 0:  # the first start: nothing is lost, nothing waits
+                    refused = self.refusals
+                    if self.generation == 0 and not any(
+                        isinstance(e, CapacityError) for e in refused
+                    ):  # the first start, refused for another reason than capacity: say why
+                        why = f": {refused[-1].message}" if refused else ""
                         raise CloudError(
-                            "no zone could launch the head node",
+                            f"no zone could launch the head node{why}",
                             hint="try another region or type",
                         )
-                    self._no_capacity([0])  # a restart: wait for capacity (RecoveryPolicy)
+                    # Wait for capacity (RecoveryPolicy), the first start included.
+                    self._no_capacity([0], "provisioning" if self.generation == 0 else None)
                     self._tick()
                     self.clock.sleep(self.spec.check_interval_s)
                     continue
@@ -509,7 +517,7 @@ class _Run(RunState):
     def _markets(self) -> str:
         return "spot, on demand" if self.spec.allow_on_demand else "spot"
 
-    def _no_capacity(self, ranks: Sequence[int]) -> None:
+    def _no_capacity(self, ranks: Sequence[int], status: str | None = None) -> None:
         """No zone (nor on demand, when allowed) could take ``ranks``: wait for capacity up to
         ``capacity_wait_s`` (the surviving nodes stay up, billed, under the guard), then fail."""
         now = self.clock.now()
@@ -517,7 +525,7 @@ class _Run(RunState):
         if self.waiting_since is None:
             self.waiting_since = now
             why = f"waiting for capacity: no capacity for node(s) {list(ranks)} in {where}"
-            self._status("recovering", why)
+            self._status(status or "recovering", why)
             self._event(
                 "waiting",
                 f"{why}; retrying every {self.spec.check_interval_s:g} s for up to "

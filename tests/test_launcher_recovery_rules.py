@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kplan.errors import CloudError
+from kplan.errors import CloudError, QuotaError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer
 from kplan.launcher.lifecycle import JobOutcome, run_job
@@ -392,3 +392,26 @@ def test_the_job_spec_gives_the_policy_the_planner_prices(env: dict[str, Any]) -
     )
     one_zone = _spec(env, offers=(ZoneOffer("g4dn.xlarge", "us-east-1a", "spot", SPOT_A),))
     assert not one_zone.recovery_policy().zone_failover
+
+
+def test_the_first_head_waits_for_capacity_too(env: dict[str, Any]) -> None:
+    sim = _sim(env, {}, outages=_region_out(env, 0, 400))
+    out = _run(env, _spec(env, capacity_wait_s=900.0), sim)
+    assert out.status == "succeeded", out.reason
+    (wait,) = _events(env, "waiting")
+    assert "node(s) [0]" in wait.message
+    status = next(s for s in env["statuses"] if s[0] == "waiting")
+    assert status[1] == "provisioning" and (status[2] or "").startswith("waiting for capacity")
+    assert env["db"].instances(JOB)[0].launched_at >= env["t0"] + 400
+
+
+class _NoQuota(SimProvider):
+    def run_instances(self, cluster: Any, specs: Any) -> Any:
+        raise QuotaError("AWS could not launch: MaxSpotInstanceCountExceeded", hint="ask")
+
+
+def test_a_first_head_refused_for_another_reason_fails_at_once(env: dict[str, Any]) -> None:
+    sim = _NoQuota(env["clock"], env["storage"])
+    with pytest.raises(CloudError, match="no zone could launch the head node: AWS could not"):
+        _run(env, _spec(env), sim)
+    assert env["clock"].now() - env["t0"] < 60
