@@ -97,6 +97,7 @@ def main() -> None:
     # measured precision ratio (only the fixed share, from its own batch sweep, remains).
     one = Dataset(data.specs, [dataclasses.replace(smp, alt=None) for smp in data.samples])
     logo_one = [p for p in held_out(one, "gpu") if p.pair.cross_gpu]
+    lomo_one = [p for p in held_out(one, "model") if p.pair.cross_gpu]
     print(
         error_table(
             "Leave one GPU out, from a one-precision profile (no measured precision ratio: "
@@ -106,11 +107,20 @@ def main() -> None:
         )
     )
     print()
+    print(
+        error_table(
+            "Leave one model out, from a one-precision profile (what kplan estimate uses today)",
+            lomo_one,
+            "precision",
+        )
+    )
+    print()
     rows = []
     for name, preds in (
         ("leave one GPU out", logo),
         ("leave one model out", lomo),
         ("one GPU out, one-precision profile", logo_one),
+        ("one model out, one-precision profile", lomo_one),
     ):
         c = calibration(preds)
         rows.append(
@@ -125,9 +135,8 @@ def main() -> None:
     )
     shipped = load_device_model().to_dict()
     fresh = fit_document(data)
-    same = {k: fresh[k] for k in ("compute_weight", "memory_weight", "sigma")} == {
-        k: shipped[k] for k in ("compute_weight", "memory_weight", "sigma")
-    }
+    keys = ("compute_weight", "cuda_core_weight", "memory_weight", "sigma")
+    same = {k: fresh[k] for k in keys} == {k: shipped[k] for k in keys}
     print(f"\nShipped catalogs/data/device_model.json matches a fresh fit: {same}")
 
 

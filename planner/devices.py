@@ -1,27 +1,30 @@
 """Cross-device compute speed: scale a compute time measured on one GPU (and precision) to another.
 
-The model (schema ``kplan.device-model/2.x``) is a two-term roofline over published specs. The
-device time of a step in precision ``p`` on GPU ``g`` is taken as::
+The model (schema ``kplan.device-model/2.x``) is a roofline over published specs. The device time
+of a step in precision ``p`` on GPU ``g`` is taken as::
 
-    t ~ k_p / P_p(g) + m_p / BW(g)
+    t ~ k_p / P_p(g) + c_p / P_fp32(g) + m_p / BW(g)
 
 where ``P_p(g)`` is g's peak for the precision (TFLOPS; ``peak_tflops``: FP32 CUDA cores for
 fp32, TF32 tensor cores for tf32, FP16/BF16 tensor cores for fp16/bf16, with fallbacks on GPUs
 that lack them), ``BW(g)`` its memory bandwidth (GB/s), ``k_p`` the compute work per unit of
 memory traffic (the roofline share: a large ``k`` is compute-bound) and ``m_p`` the memory
-traffic relative to FP32 (16-bit activations move fewer bytes). A time measured on ``src`` maps
+traffic relative to FP32 (16-bit activations move fewer bytes). ``c_p`` (2.1; 0 for fp32/tf32
+and in a 2.0 file) is the work of a mixed-precision step that tensor cores do not run
+(normalisations, element-wise ops, the FP32 master-weight update): it runs on the FP32 CUDA
+cores, so a GPU with much more tensor than FP32 throughput (A100 over V100) gains less than its
+tensor peak. A time measured on ``src`` maps
 to ``dst`` as ``t_dst = t_src * T(dst) / T(src)``: the identity gives 1, swapping src and dst
-inverts the factor, and factors chain. Because ``T`` is a sum, the factor is bounded by the
-ratios of peaks and of bandwidths: a GPU with less bandwidth is never predicted faster than its
-peak FLOP/s allows on the memory-bound part.
+inverts the factor, and factors chain. Because ``T`` is a sum, the factor lies between the
+smallest and the largest of the ratios of peaks and of bandwidths.
 
 Where the caller knows which share ``f`` of the measured step is fixed per-step work (the
 intercept of step time against per-GPU batch on the source GPU, which a profile shows), that
 share moves as ``factor ** fixed_exponent`` (fitted: it speeds up less than the device part)
 and the step's factor is ``(1 - f) F + f F^gamma``; without it the whole step moves as ``F``.
 Where an fp32/tf32 source also measured the workload in another precision, the measured ratio
-gives its own compute share ``s`` (``T = s k_p / P_p + m_p / BW``, entering as
-``s ** workload_exponent``) across GPUs, instead of the precision's fitted one.
+gives its own tensor-core compute share ``s`` (``T = s k_p / P_p + c_p / P_fp32 + m_p / BW``,
+entering as ``s ** workload_exponent``) across GPUs, instead of the precision's fitted one.
 
 ``k_p`` and ``m_p`` are fitted offline (``scripts/fit_device_model.py``) on the shared GPU data;
 the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out and leave one
@@ -32,8 +35,9 @@ factor 1 and sigma 0 (the profile's own fitted sigma is all there is).
 
 Document shape::
 
-    {"schema": "kplan.device-model/2.0",
+    {"schema": "kplan.device-model/2.1",
      "compute_weight": {"fp32": 0.05, "tf32": 0.02, "bf16": 0.01, "fp16": 0.01},
+     "cuda_core_weight": {"fp32": 0.0, "tf32": 0.0, "bf16": 0.005, "fp16": 0.005},
      "memory_weight": {"fp32": 1.0, "tf32": 1.0, "bf16": 0.6, "fp16": 0.6},
      "sigma": {"cross_gpu": {"full": {"base": 0.1, "per_distance": 0.05}, "mixed": {...}},
                "cross_precision": {"full": 0.2, "mixed": 0.25}},
@@ -41,7 +45,8 @@ Document shape::
      "held_out_error": {...}, "source": "..."}
 
 A 1.x document (a geometric FP32/bandwidth blend with no precision) is refused with a hint to
-re-create it; the shipped file is 2.0. Pure: no I/O. ``kplan.catalogs.device_model`` reads it.
+re-create it; a 2.0 file (no ``cuda_core_weight``) reads with it 0;
+the shipped file is 2.1. Pure: no I/O. ``kplan.catalogs.device_model`` reads it.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from kplan.errors import CatalogError, DataFileError, SchemaVersionError
 from kplan.planner.catalog import GpuSpec
 from kplan.planner.precision import PRECISIONS
 
-DEVICE_MODEL_SCHEMA = "kplan.device-model/2.0"
+DEVICE_MODEL_SCHEMA = "kplan.device-model/2.1"
 _KIND = "kplan.device-model"
 FIT_PRECISIONS: Final[tuple[str, ...]] = tuple(PRECISIONS)
 FAMILIES: Final[tuple[str, ...]] = ("full", "mixed")  # fp32/tf32 and fp16/bf16
@@ -161,6 +166,8 @@ class DeviceModel:
     # A workload's own compute share from its measured speed-up between two precisions on the
     # source GPU, damped as ``scale ** workload_exponent`` (0: off, one share per precision).
     workload_exponent: float = 0.0
+    # c_p, per precision: the part of a step on the FP32 CUDA cores (missing precisions: 0).
+    cuda_core_weight: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, table in (
@@ -178,6 +185,17 @@ class DeviceModel:
                     or not (v > 0 and math.isfinite(v))
                 ):
                     raise ValueError(f"{name}.{p}={v!r} must be a positive number")
+        for p, v in self.cuda_core_weight.items():
+            if p not in FIT_PRECISIONS:
+                raise ValueError(f"cuda_core_weight: unknown precision {p!r}")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not (v >= 0 and math.isfinite(v))
+            ):
+                raise ValueError(f"cuda_core_weight.{p}={v!r} must be a number >= 0")
+        full = {p: float(self.cuda_core_weight.get(p, 0.0)) for p in FIT_PRECISIONS}
+        object.__setattr__(self, "cuda_core_weight", full)
         for g in (self.fixed_exponent, self.workload_exponent):
             if (
                 isinstance(g, bool)
@@ -232,12 +250,18 @@ class DeviceModel:
         return float(g["base"] + g["per_distance"]) if g else 0.0
 
     def device_time(self, gpu: GpuSpec, precision: str, scale: float = 1.0) -> float:
-        """``T(g, p) = s k_p / P_p(g) + m_p / BW(g)``: relative step time (only ratios matter);
-        ``scale`` (s) is the workload's compute share relative to the fitted one."""
+        """``T(g, p) = s k_p / P_p(g) + c_p / P_fp32(g) + m_p / BW(g)``: relative step time
+        (only ratios matter); ``scale`` (s) is the workload's share of work at the precision's
+        peak relative to the fitted one."""
         eff = effective_precision(gpu, precision)
-        return scale * self.compute_weight[eff] / peak_tflops(gpu, eff) + self.memory_weight[
-            eff
-        ] / _positive(gpu, "mem_bw_gbs")
+        return scale * self.compute_weight[eff] / peak_tflops(gpu, eff) + self._rest(gpu, eff)
+
+    def _rest(self, gpu: GpuSpec, eff: str) -> float:
+        """The part of ``device_time`` that a workload's share does not scale:
+        ``c_p / P_fp32(g) + m_p / BW(g)``."""
+        c = self.cuda_core_weight[eff]
+        cuda = c / _positive(gpu, "fp32_tflops") if c else 0.0
+        return cuda + self.memory_weight[eff] / _positive(gpu, "mem_bw_gbs")
 
     def workload_scale(
         self, gpu: GpuSpec, precision: str, other_precision: str, ratio: float
@@ -255,8 +279,7 @@ class DeviceModel:
             or not (ratio > 0 and math.isfinite(ratio))
         ):
             return 1.0
-        bw = _positive(gpu, "mem_bw_gbs")
-        num = (self.memory_weight[q] - ratio * self.memory_weight[p]) / bw
+        num = self._rest(gpu, q) - ratio * self._rest(gpu, p)
         den = ratio * self.compute_weight[p] / peak_tflops(gpu, p) - self.compute_weight[
             q
         ] / peak_tflops(gpu, q)
@@ -341,6 +364,7 @@ class DeviceModel:
                 workload_exponent=_number(
                     doc.get("workload_exponent", 0.0), source, "workload_exponent"
                 ),
+                cuda_core_weight=_cuda_core_weight(doc, source),
             )
         except (ValueError, TypeError, AttributeError) as err:
             raise DataFileError(
@@ -353,6 +377,7 @@ class DeviceModel:
             "schema": DEVICE_MODEL_SCHEMA,
             "compute_weight": dict(self.compute_weight),
             "memory_weight": dict(self.memory_weight),
+            "cuda_core_weight": dict(self.cuda_core_weight),
             "batch_half": self.batch_half,
             "sm_ref": self.sm_ref,
             "fixed_exponent": self.fixed_exponent,
@@ -391,6 +416,17 @@ def _check_schema(doc: Any, source: str) -> None:
             f"{source}: {_KIND} schema version {version} is not supported",
             hint="this kplan reads major version 2; upgrade kplan or re-create the file",
         )
+
+
+def _cuda_core_weight(doc: dict[str, Any], source: str) -> dict[str, float]:
+    """``cuda_core_weight`` (2.1): precision -> number >= 0; absent (a 2.0 file): none."""
+    table = doc.get("cuda_core_weight", {})
+    if not isinstance(table, dict):
+        raise DataFileError(
+            f"{source}: 'cuda_core_weight' must be an object of precision -> number, got {table!r}",
+            hint=f"give a number >= 0 for each of {', '.join(FIT_PRECISIONS)}, or leave it out",
+        )
+    return {str(p): _number(v, source, f"cuda_core_weight.{p}") for p, v in table.items()}
 
 
 def _field(doc: dict[str, Any], key: str, source: str) -> Any:

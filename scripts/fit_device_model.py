@@ -14,11 +14,13 @@ Data (the shared data folder: $KPLAN_SHARED_DATA, else ../shared/data beside the
   (specs from kplan's GPU catalog). Following its README's caveats, ``fp32`` rows on A100 are
   TF32 (the frameworks' default) and ``amp`` is fp16.
 
-Model (``kplan.planner.devices``): a two-term roofline, ``t ~ k_p / P_p(g) + m_p / BW(g)``, where
-``P_p(g)`` is GPU g's peak for precision p (FP32 CUDA cores, TF32 or FP16/BF16 tensor cores, with
-fallbacks) in TFLOPS and ``BW(g)`` its memory bandwidth in GB/s. ``k_p`` (compute work per unit
-of memory traffic, i.e. a global roofline share), ``m_p`` (memory traffic relative to FP32) and
-``gamma``, the exponent with which a workload's fixed per-step share moves, are fitted by
+Model (``kplan.planner.devices``): a roofline, ``t ~ k_p / P_p(g) + c_p / P_fp32(g) + m_p / BW(g)``,
+where ``P_p(g)`` is GPU g's peak for precision p (FP32 CUDA cores, TF32 or FP16/BF16 tensor
+cores, with fallbacks) in TFLOPS, ``P_fp32(g)`` its FP32 CUDA-core peak and ``BW(g)`` its memory
+bandwidth in GB/s. ``k_p`` (compute work per unit of memory traffic, i.e. a global roofline
+share), ``c_p`` (fp16/bf16 only: the work of a mixed-precision step that stays on the CUDA cores),
+``m_p`` (memory traffic relative to FP32) and ``gamma``, the exponent with which a workload's
+fixed per-step share moves, are fitted by
 non-linear least squares on log time ratios of the same job measured twice (two GPUs, or two
 precisions on one GPU). The fixed share of a pair is read from the source GPU's own rows of the
 workload at other per-GPU batches (the intercept of step time against batch, as a profile on
@@ -79,7 +81,8 @@ SOURCE = (
     "@6945927, MIT; FP32 single-GPU latencies, 8 NVIDIA GPUs) and NVIDIA DeepLearningExamples "
     "@729963d (published training throughput by GPU, precision and batch; V100 and A100)"
 )
-# Starting point of the fit: log k (TFLOPS per GB/s) per precision, log m for fp16/bf16.
+# Starting point of the fit: log k (TFLOPS per GB/s) per precision, log m for fp16/bf16, log
+# batch_half, log gamma, log workload_exponent, log c for fp16/bf16.
 START = np.array(
     [
         math.log(0.05),
@@ -89,6 +92,7 @@ START = np.array(
         math.log(4.0),
         math.log(0.5),
         math.log(0.5),
+        math.log(0.02),
     ]
 )
 
@@ -336,7 +340,8 @@ def _family(precision: str) -> str:
 
 
 def as_model(theta: NDArray[np.float64], digits: int | None = None, **extra: Any) -> DeviceModel:
-    """A planner model from fitted parameters (log k_fp32, log k_tf32, log k_half, log m_half)."""
+    """A planner model from fitted parameters (log k_fp32, log k_tf32, log k_half, log m_half,
+    then optionally log batch_half, log gamma, log workload_exponent, log c_half)."""
     k = {"fp32": theta[0], "tf32": theta[1], "fp16": theta[2], "bf16": theta[2]}
     m = {"fp32": 0.0, "tf32": 0.0, "fp16": theta[3], "bf16": theta[3]}
     return DeviceModel(
@@ -349,6 +354,9 @@ def as_model(theta: NDArray[np.float64], digits: int | None = None, **extra: Any
         batch_half=_round(math.exp(theta[4]), digits) if len(theta) > 4 else 0.0,
         fixed_exponent=_round(math.exp(theta[5]), digits) if len(theta) > 5 else 1.0,
         workload_exponent=_round(math.exp(theta[6]), digits) if len(theta) > 6 else 0.0,
+        cuda_core_weight={p: _round(math.exp(theta[7]), digits) for p in ("fp16", "bf16")}
+        if len(theta) > 7
+        else {},
     )
 
 
@@ -385,6 +393,9 @@ def log_factors(
         eff = effective_precision(g, prec)
         return idx[eff], 1.0 / peak_tflops(g, eff), 1.0 / g.mem_bw_gbs
 
+    def cuda(s: Sample) -> float:
+        return 1.0 / specs[s.gpu].fp32_tflops
+
     rows = []
     for p in pairs:
         a, d = p.src, p.dst
@@ -396,13 +407,14 @@ def log_factors(
             ja, qa, _ = end(a, a.alt[0])
             rho = a.alt[1] if ia not in (ja, 2) else 0.0  # from fp32/tf32 only
         sma, smd = specs[a.gpu].sm_count or 0, specs[d.gpu].sm_count or 0
+        fixed, batch = a.fixed or 0.0, a.batch or 0.0
         rows.append(
-            (ia, pa, ba, id_, pd, bd, ja, qa, rho, a.fixed or 0.0, a.batch or 0.0, sma, smd)
+            (ia, pa, ba, id_, pd, bd, ja, qa, rho, fixed, batch, sma, smd, cuda(a), cuda(d))
         )
     arr = np.array(rows, dtype=np.float64).T
     ia, id_, ja = (arr[i].astype(int) for i in (0, 3, 6))
-    pa, ba, pd, bd, qa, rho, f, batch, sma, smd = (
-        arr[i] for i in (1, 2, 4, 5, 7, 8, 9, 10, 11, 12)
+    pa, ba, pd, bd, qa, rho, f, batch, sma, smd, ca, cd = (
+        arr[i] for i in (1, 2, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14)
     )
     has_alt, has_b = rho > 0, batch > 0
     r = np.where(has_alt, rho, 1.0)
@@ -416,14 +428,21 @@ def log_factors(
         model = as_model(theta)
         k = np.array([model.compute_weight[q] for q in ("fp32", "tf32", "fp16")])
         m = np.array([model.memory_weight[q] for q in ("fp32", "tf32", "fp16")])
-        num = (m[ja] - r * m[ia]) * ba
+        c = np.array([model.cuda_core_weight[q] for q in ("fp32", "tf32", "fp16")])
+        # what a workload's share does not scale: CUDA-core work and memory traffic
+        rest_a, rest_q, rest_d = (
+            c[ia] * ca + m[ia] * ba,
+            c[ja] * ca + m[ja] * ba,
+            c[id_] * cd + m[id_] * bd,
+        )
+        num = rest_q - r * rest_a
         den = r * k[ia] * pa - k[ja] * qa
         ok = num * den > 0
         with np.errstate(divide="ignore", invalid="ignore"):
             raw = np.where(ok, np.clip(num / den, 1e-3, 1e3), np.where(den > 0, 1e-3, 1e3))
         use = has_alt & (model.workload_exponent > 0)
         scale = np.where(use, np.exp(np.clip(model.workload_exponent * np.log(raw), -50, 50)), 1.0)
-        factor = (scale * k[id_] * pd + m[id_] * bd) / (scale * k[ia] * pa + m[ia] * ba)
+        factor = (scale * k[id_] * pd + rest_d) / (scale * k[ia] * pa + rest_a)
         if model.batch_half:
             factor = factor * util(model, sma) / util(model, smd)
         factor = np.where(f > 0, (1 - f) * factor + f * factor**model.fixed_exponent, factor)

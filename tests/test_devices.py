@@ -1,4 +1,4 @@
-"""Cross-device compute speed (device model 2.0): planner/devices.py, the shipped file, the fit
+"""Cross-device compute speed (device model 2.x): planner/devices.py, the shipped file, the fit
 script, the precision mapping, and perfmodel.transfer's split of fixed and device work."""
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ def test_from_dict_round_trips_and_accepts_a_newer_minor_version() -> None:
         (doc(fixed_exponent=-0.5), "fixed_exponent"),
         (doc(fixed_exponent="1"), "fixed_exponent"),
         (doc(workload_exponent=-1), "workload_exponent"),
+        (doc(cuda_core_weight={"fp16": -0.1}), "cuda_core_weight"),
+        (doc(cuda_core_weight={"half": 0.1}), "half"),
+        (doc(cuda_core_weight=[0.1]), "cuda_core_weight"),
         ([1], "JSON object"),
         (doc(schema="nope"), "schema"),
     ],
@@ -165,17 +168,21 @@ def test_t4_to_l4_memory_bound_is_not_faster_than_bandwidth_allows() -> None:
     memory_bound = DeviceModel.from_dict(
         doc(compute_weight={"fp32": 1e-9, "tf32": 1e-9, "bf16": 1e-9, "fp16": 1e-9})
     )
-    for model in (dm, memory_bound):
-        # fp16 (the shipped fit finds it memory-bound): no faster than the bandwidth ratio.
-        f = compute_scale(model, T4, L4, src_precision="fp16", dst_precision="fp16").factor
-        assert f >= bw_ratio * 0.999
+    f = compute_scale(memory_bound, T4, L4, src_precision="fp16", dst_precision="fp16").factor
+    assert f >= bw_ratio * 0.999
     f = compute_scale(memory_bound, T4, L4).factor
     assert f == pytest.approx(bw_ratio, rel=1e-3)
-    # Whatever the share, the factor lies between the peak ratio and the bandwidth ratio.
+    # Whatever the shares, the factor lies between the smallest and the largest of the ratios
+    # of the peaks the terms run at (the precision's, FP32 CUDA cores) and of bandwidths.
     for model in (dm, MODEL):
-        f = compute_scale(model, T4, L4).factor
-        lo, hi = sorted((T4.fp32_tflops / L4.fp32_tflops, bw_ratio))
-        assert lo <= f <= hi
+        for p in ("fp32", "fp16"):
+            f = compute_scale(model, T4, L4, src_precision=p, dst_precision=p).factor
+            ratios = (
+                peak_tflops(T4, p) / peak_tflops(L4, p),
+                T4.fp32_tflops / L4.fp32_tflops,
+                bw_ratio,
+            )
+            assert min(ratios) <= f <= max(ratios)
 
 
 def test_sigma_grows_with_distance_and_adds_the_precision_projection() -> None:
@@ -199,6 +206,33 @@ def test_a_gpu_without_a_positive_peak_is_a_catalog_error() -> None:
     bad = GpuSpec("X", 16.0, 0.0, 65.0, 320.0, "test")
     with pytest.raises(CatalogError, match="fp32_tflops"):
         compute_scale(MODEL, T4, bad)
+
+
+def test_cuda_core_work_of_a_mixed_precision_step_follows_the_fp32_peak() -> None:
+    """A100 40 GB -> 80 GB: the same cores, 31% more bandwidth. A mixed-precision step with
+    work on the FP32 CUDA cores gains less than the bandwidth ratio; fp32 and tf32 (no such
+    term) are unchanged; a 2.0 document (none) reads with the term 0."""
+    a80 = CAT["A100-80GB"]
+    mem = {"fp32": 1.0, "tf32": 1.0, "bf16": 1.0, "fp16": 1.0}
+    tiny = {p: 1e-9 for p in mem}
+    bw_only = DeviceModel.from_dict(doc(compute_weight=tiny, memory_weight=mem))
+    assert bw_only.cuda_core_weight == {"fp32": 0.0, "tf32": 0.0, "bf16": 0.0, "fp16": 0.0}
+    split = DeviceModel.from_dict(
+        doc(compute_weight=tiny, memory_weight=mem, cuda_core_weight={"fp16": 0.002})
+    )
+    assert DeviceModel.from_dict(json.loads(json.dumps(split.to_dict()))) == split
+    bw_ratio = A100.mem_bw_gbs / a80.mem_bw_gbs
+    f_bw = compute_scale(bw_only, A100, a80, src_precision="fp16", dst_precision="fp16").factor
+    f = compute_scale(split, A100, a80, src_precision="fp16", dst_precision="fp16").factor
+    assert f_bw == pytest.approx(bw_ratio, rel=1e-3)
+    # T ~ c / P_fp32 + m / BW: both GPUs have 19.5 TFLOPS FP32, so the factor is exactly this.
+    c, p32 = 0.002, A100.fp32_tflops
+    expect = (c / p32 + 1 / a80.mem_bw_gbs) / (c / p32 + 1 / A100.mem_bw_gbs)
+    assert f == pytest.approx(expect, rel=1e-6) and bw_ratio < f < 1.0
+    for p in ("fp32", "tf32"):
+        assert compute_scale(split, V100, a80, src_precision=p, dst_precision=p).factor == (
+            compute_scale(bw_only, V100, a80, src_precision=p, dst_precision=p).factor
+        )
 
 
 def test_utilisation_makes_a_big_gpu_less_useful_at_a_small_batch() -> None:
@@ -287,8 +321,9 @@ def test_precision_ratio_comes_from_the_same_gpu_in_the_other_precision_family()
 
 def test_the_vectorised_fit_matches_the_planner_path() -> None:
     specs = {"T4": T4, "V100": V100, "A100": A100, "H100": H100}
-    theta = np.log([0.03, 0.08, 0.001, 1.2, 4.0, 0.5, 2.0])
+    theta = np.log([0.03, 0.08, 0.001, 1.2, 4.0, 0.5, 2.0, 0.004])
     model = as_model(theta)
+    assert model.cuda_core_weight["fp16"] == pytest.approx(0.004)
 
     def sm(gpu: str, prec: str, batch: float, fixed: float | None, alt: Any) -> Sample:
         return Sample(gpu, "m", "j", prec, batch, 1.0, fixed, alt)
@@ -340,7 +375,7 @@ def test_for_instance_takes_a_precision_defaulting_to_the_profiles() -> None:
 
 def test_shipped_model_loads_and_is_sane() -> None:
     dm = load_device_model()
-    assert dm.to_dict()["schema"] == "kplan.device-model/2.0"
+    assert dm.to_dict()["schema"] == "kplan.device-model/2.1"
     held = dm.held_out_error
     assert held["leave_one_gpu_out"]["all"]["kplan"]["n_pairs"] > 1000
     assert dm.sigma and set(dm.sigma["cross_gpu"]) == {"full", "mixed"}
