@@ -50,7 +50,10 @@ def estimate(
     epochs: float | None = None,
     dataset_size: int | None = None,
     catalog: Catalog | None = None,
+    other: Profile | None = None,
 ) -> Estimate:
+    """Plan ``profile``; ``other``: the same job on the same GPU in the other precision family
+    (its measured speed-up refines the cross-GPU prediction, see ``workload.precision_ratio``)."""
     from kplan import flags
 
     flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 90")
@@ -79,6 +82,7 @@ def estimate(
         epochs=epochs,
         dataset_size=dataset_size,
         ref_link_gbps=ref_links,
+        other=other,
     )
     plan = search(workload, catalog, dm, options)
     if (stale := staleness_note(catalog.version)) is not None:

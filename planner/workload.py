@@ -3,18 +3,21 @@
 A ``Workload`` is derived from a ``Profile`` (and, where the profile carries no fit, a fresh
 fit of its measurements). ``for_instance`` predicts the job on another instance type: compute
 through the device-speed model, all-reduce through the catalog's link bandwidths, and the
-largest local batch through a memory model.
+largest local batch through a memory model. A second profile of the same job on the same GPU in
+the other precision family (fp32/tf32 against fp16/bf16) gives ``precision_ratio``: how much the
+job gains from tensor cores tells the device model its own compute share across GPUs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kplan.errors import InputError
 from kplan.planner import fit, perfmodel
 from kplan.planner.catalog import GpuSpec, InstanceType
-from kplan.planner.devices import DeviceModel, compute_scale
+from kplan.planner.devices import DeviceModel, compute_scale, precision_family
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.planner.profile import GnsPoint, Profile
@@ -42,6 +45,9 @@ class Workload:
     per_sample_memory_gb: float | None
     ref_is_cpu: bool
     precision: Precision = DEFAULT_PRECISION  # what the profile measured in
+    # (other precision, per-sample time in it / in ``precision``) on ``ref_gpu``, from a second
+    # profile (``precision_ratio``); None: one precision measured.
+    precision_ratio: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.base_batch < 1:
@@ -66,8 +72,10 @@ def workload_from_profile(
     epochs: float | None = None,
     dataset_size: int | None = None,
     ref_link_gbps: tuple[float | None, float | None] = (None, None),
+    other: Profile | None = None,
 ) -> Workload:
-    """Build a Workload; fits the profile's measurements when no model is given."""
+    """Build a Workload; fits the profile's measurements when no model is given. ``other``: the
+    same job profiled on the same GPU in another precision family (see ``precision_ratio``)."""
     is_cpu = profile.gpu.lower() == "cpu"
     if is_cpu:
         if not (profile.measured_fp32_tflops and profile.measured_mem_bw_gbs):
@@ -110,7 +118,69 @@ def workload_from_profile(
         per_sample_memory_gb=profile.per_sample_memory_gb,
         ref_is_cpu=is_cpu,
         precision=profile.precision,
+        precision_ratio=precision_ratio(profile, other) if other is not None else None,
     )
+
+
+def precision_ratio(profile: Profile, other: Profile) -> tuple[str, float]:
+    """``(other.precision, r)``: r = the job's per-sample time in ``other`` over ``profile``, each
+    the geometric mean of step time / per-GPU batch over its one-GPU measurements (what
+    ``scripts/fit_device_model.py`` reads from the shared data). Both must be one GPU model, in
+    the two precision families (fp32/tf32 and fp16/bf16); InputError otherwise."""
+    if _fold(profile.gpu) != _fold(other.gpu) or _fold(profile.gpu) == "cpu":
+        raise InputError(
+            f"profiles {profile.name!r} ({profile.gpu}) and {other.name!r} ({other.gpu}) "
+            "were not measured on the same GPU",
+            hint="give two profiles of one job on one GPU model, e.g. `kplan profile "
+            "--precision fp32 --precision bf16` on a GPU machine",
+        )
+    if precision_family(profile.precision) == precision_family(other.precision):
+        raise InputError(
+            f"profiles {profile.name!r} and {other.name!r} are both "
+            f"{profile.precision}/{other.precision}: nothing to learn from the pair",
+            hint="give one fp32 or tf32 profile and one fp16 or bf16 profile",
+        )
+    logs = []
+    for prof in (profile, other):
+        one = [m for m in prof.measurements if m.nodes == 1 and m.workers == 1]
+        if not one:
+            raise InputError(
+                f"profile {prof.name!r} has no one-GPU measurement",
+                hint="re-run `kplan profile`; it measures one GPU at several batch sizes",
+            )
+        per_sample = [math.log(m.step_time / (m.local_batch * m.accum_steps)) for m in one]
+        logs.append(sum(per_sample) / len(per_sample))
+    return other.precision, math.exp(logs[1] - logs[0])
+
+
+def pick_source(
+    profiles: Sequence[Profile], precision: str | None
+) -> tuple[Profile, Profile | None]:
+    """(the profile to predict from, the other one or None) for one or two profiles of a job:
+    the one measured in ``precision`` if any, else one in its family (fp32/tf32, fp16/bf16),
+    else the first."""
+    if not 1 <= len(profiles) <= 2:
+        raise InputError(
+            f"got {len(profiles)} profiles",
+            hint="give one profile, or two of one job on one "
+            "GPU in two precisions (one fp32/tf32, one fp16/bf16)",
+        )
+    order = list(range(len(profiles)))
+    if precision is not None:
+        exact = [i for i in order if profiles[i].precision == precision]
+        family = [
+            i
+            for i in order
+            if precision_family(profiles[i].precision) == precision_family(precision)
+        ]
+        order = [*(exact or family)[:1], *order]
+    first = order[0]
+    rest = [profiles[i] for i in range(len(profiles)) if i != first]
+    return profiles[first], (rest[0] if rest else None)
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("_", "-")
 
 
 def _lookup(name: str, gpus: dict[str, GpuSpec]) -> str:
@@ -154,7 +224,12 @@ def for_instance(
     """
     dst_precision = w.precision if precision is None else check_precision(precision)
     speed = compute_scale(
-        dm, w.ref_gpu, gpu, src_precision=w.precision, dst_precision=dst_precision
+        dm,
+        w.ref_gpu,
+        gpu,
+        src_precision=w.precision,
+        dst_precision=dst_precision,
+        precision_ratio=w.precision_ratio,
     )
     extra = math.hypot(speed.log_sigma, CPU_TO_GPU_EXTRA_LOG_SIGMA if w.ref_is_cpu else 0.0)
     params = perfmodel.transfer(

@@ -14,7 +14,7 @@ import pytest
 
 from kplan.catalogs.device_model import load_device_model
 from kplan.catalogs.loader import load_catalog
-from kplan.errors import CatalogError, DataFileError, SchemaVersionError
+from kplan.errors import CatalogError, DataFileError, InputError, SchemaVersionError
 from kplan.planner import perfmodel
 from kplan.planner.catalog import GpuSpec, InstanceType
 from kplan.planner.devices import (
@@ -494,3 +494,115 @@ def test_for_instance_moves_the_fixed_part_of_a_gpu_profile_less() -> None:
     on_cpu = dataclasses.replace(w, ref_gpu=cpu_ref, ref_is_cpu=True)
     moved = for_instance(on_cpu, inst, V100, dm)
     assert moved.params.compute_a == pytest.approx(w.params.compute_a * moved.compute_factor)
+
+
+def _profiles() -> tuple[Any, Any]:
+    """The imagenet example (T4, fp32) and the same job in fp16, 2.5x faster per sample."""
+    import dataclasses
+
+    from kplan.planning import load_example
+
+    fp32 = load_example("imagenet-resnet50")
+    fp16 = dataclasses.replace(
+        fp32,
+        precision="fp16",
+        measurements=tuple(
+            dataclasses.replace(m, step_time=m.step_time / 2.5) if m.workers == 1 else m
+            for m in fp32.measurements
+        ),
+    )
+    return fp32, fp16
+
+
+def test_a_second_profile_in_the_other_precision_gives_the_measured_speed_up() -> None:
+    import dataclasses
+
+    from kplan.planner.workload import precision_ratio, workload_from_profile
+
+    fp32, fp16 = _profiles()
+    other, ratio = precision_ratio(fp32, fp16)
+    assert other == "fp16" and ratio == pytest.approx(0.4)
+    back = precision_ratio(fp16, fp32)
+    assert back[0] == "fp32" and back[1] == pytest.approx(2.5)
+    got = workload_from_profile(fp32, CAT, other=fp16).precision_ratio
+    assert got is not None and got[0] == "fp16" and got[1] == pytest.approx(0.4)
+    assert workload_from_profile(fp32, CAT).precision_ratio is None
+    with pytest.raises(InputError, match="same GPU"):
+        precision_ratio(fp32, dataclasses.replace(fp16, gpu="V100"))
+    with pytest.raises(InputError, match="nothing to learn"):
+        precision_ratio(fp32, dataclasses.replace(fp16, precision="tf32"))
+    multi = tuple(m for m in fp16.measurements if m.workers > 1)
+    with pytest.raises(InputError, match="no one-GPU measurement"):
+        precision_ratio(fp32, dataclasses.replace(fp16, measurements=multi))
+
+
+def test_for_instance_uses_the_measured_precision_ratio_across_gpus_only() -> None:
+    from kplan.planner.workload import workload_from_profile
+
+    dm = load_device_model()
+    assert dm.workload_exponent > 0
+    fp32, fp16 = _profiles()
+    one = workload_from_profile(fp32, CAT)
+    two = workload_from_profile(fp32, CAT, other=fp16)
+    a100 = InstanceType("aws", "p4d.24xlarge", "A100", 8, 96, 1152.0, 400.0, "nvlink", 600.0, "t")
+    for prec in ("fp32", "tf32"):
+        got = for_instance(two, a100, A100, dm, precision=prec).compute_factor
+        expect = compute_scale(
+            dm, T4, A100, src_precision="fp32", dst_precision=prec, precision_ratio=("fp16", 0.4)
+        ).factor
+        assert got == pytest.approx(expect)
+        assert got != pytest.approx(
+            for_instance(one, a100, A100, dm, precision=prec).compute_factor
+        )
+    # On the profiled GPU a ratio changes nothing: the profile is the measurement.
+    t4 = InstanceType("aws", "g4dn.xlarge", "T4", 1, 4, 16.0, 25.0, "none", 0.0, "t")
+    assert for_instance(two, t4, T4, dm).compute_factor == 1.0
+
+
+def test_pick_source_prefers_the_profile_in_the_asked_precision() -> None:
+    from kplan.planner.workload import pick_source
+
+    fp32, fp16 = _profiles()
+    assert pick_source([fp32, fp16], None) == (fp32, fp16)
+    assert pick_source([fp32, fp16], "fp16") == (fp16, fp32)
+    assert pick_source([fp32, fp16], "bf16") == (fp16, fp32)  # the same family
+    assert pick_source([fp16, fp32], "tf32") == (fp32, fp16)
+    assert pick_source([fp32], "fp16") == (fp32, None)
+    with pytest.raises(InputError, match="3 profiles"):
+        pick_source([fp32, fp16, fp32], None)
+
+
+def test_kplan_estimate_takes_two_profiles_of_one_job(tmp_path: Path) -> None:
+    """`kplan estimate --profile fp32.json --profile fp16.json`: the profile in the asked
+    precision is planned from; on another GPU its fp32 plan uses the measured speed-up."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from kplan.cli import app
+    from kplan.planner.profile import profile_to_dict
+
+    fp32, fp16 = _profiles()
+    paths = []
+    for prof in (fp32, fp16, dataclasses.replace(fp16, gpu="V100")):
+        path = tmp_path / f"{prof.precision}-{prof.gpu}.json"
+        path.write_text(json.dumps(profile_to_dict(prof)))
+        paths.append(str(path))
+    runner = CliRunner()
+
+    def plan(*args: str) -> dict[str, Any]:
+        base = ["estimate", "--json", "--gpu", "A100", "--nodes", "1", "--top", "1"]
+        result = runner.invoke(app, [*base, *args])
+        assert result.exit_code == 0, result.output
+        out: dict[str, Any] = json.loads(result.output)
+        return out
+
+    one = plan("--profile", paths[0], "--precision", "tf32")
+    two = plan("--profile", paths[0], "--profile", paths[1], "--precision", "tf32")
+    assert two["precision"] == "tf32" and "fp32" in two["precision_basis"]
+    assert two["chosen"]["step_time_s"] != one["chosen"]["step_time_s"]
+    measured = plan("--profile", paths[0], "--profile", paths[1], "--precision", "fp16")
+    assert "projected" not in measured["precision_basis"]
+    assert "projected" in plan("--profile", paths[0], "--precision", "fp16")["precision_basis"]
+    bad = runner.invoke(app, ["estimate", "--profile", paths[0], "--profile", paths[2]])
+    assert bad.exit_code == 2 and "same GPU" in bad.output and "Traceback" not in bad.output

@@ -33,8 +33,12 @@ def estimate_command(
     example: str | None = typer.Option(
         None, "--example", "-e", help="Built-in profile (see --list-examples)."
     ),
-    profile: Path | None = typer.Option(
-        None, "--profile", "-p", help="Profile JSON written by `kplan profile`."
+    profile: list[Path] = typer.Option(
+        [],
+        "--profile",
+        "-p",
+        help="Profile JSON written by `kplan profile`. Twice: one job on one GPU in fp32/tf32 "
+        "and in fp16/bf16; its measured speed-up tells the device model its compute share.",
     ),
     list_examples: bool = typer.Option(False, "--list-examples", help="List built-in examples."),
     epochs: float | None = typer.Option(None, help="Epochs to train (default: the profile's)."),
@@ -113,13 +117,18 @@ def estimate_command(
     if list_examples:
         typer.echo("\n".join(planning.example_names()))
         return
-    if (example is None) == (profile is None):
+    if (example is None) == (not profile):
         raise InputError(
             "give exactly one of --example or --profile",
             hint=f"e.g. kplan estimate --example imagenet-resnet50 "
             f"(examples: {', '.join(planning.example_names())})",
         )
-    prof = planning.load_example(example) if example else planning.load_profile(profile)  # type: ignore[arg-type]
+    from kplan.planner.workload import pick_source
+
+    profiles = (
+        [planning.load_example(example)] if example else [planning.load_profile(p) for p in profile]
+    )
+    prof, other = pick_source(profiles, prec)
     markets = ("on-demand", "spot") if spot is None else (("spot",) if spot else ("on-demand",))
     options = SearchOptions(
         clouds=tuple(c.lower() for c in cloud),
@@ -140,7 +149,7 @@ def estimate_command(
         mixed=mixed,
         top=top,
     )
-    result = planning.estimate(prof, options, epochs=epochs, dataset_size=dataset_size)
+    result = planning.estimate(prof, options, epochs=epochs, dataset_size=dataset_size, other=other)
     doc = result.plan.to_dict()
     doc["profile"] = prof.name
     doc["catalog"] = result.catalog.version
