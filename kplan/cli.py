@@ -97,12 +97,13 @@ def _root(
 
 
 def _register() -> None:
-    from kplan.commands import catalog, estimate, launch, model, profile, report
+    from kplan.commands import catalog, estimate, launch, model, profile, report, simulate
 
     estimate.register(app)
     profile.register(app)
     launch.register(app)
     report.register(app)
+    simulate.register(app)
     app.add_typer(model.app, name="model")
     app.add_typer(catalog.app, name="catalog")
 

@@ -56,6 +56,8 @@ class LaunchRequest:
     explore_trials: int | None = None
     replan_interval_s: float | None = None
     checkpoint_interval_s: float | None = None
+    max_replacements: int | None = None  # None: the plan's (planner/spotplan.py), else 20
+    capacity_wait_s: float | None = None  # None: the plan's, else 900 s
     image: str | None = None  # clouds: the nodes' boot image
     pip_index_url: str | None = None  # clouds: the nodes' pip --index-url
     install_deps: bool = True  # clouds: False when the image already has torch etc.
@@ -119,6 +121,10 @@ def _check_numbers(req: LaunchRequest) -> None:
     flags.integer("--max-nodes", req.max_nodes, low=lowest, high=flags.MAX_NODES)
     flags.integer("--max-restarts", req.max_restarts, low=lowest, high=10_000)
     flags.integer("--explore-trials", req.explore_trials, low=lowest, high=1000)
+    flags.integer("--max-replacements", req.max_replacements, low=0, high=100_000, hint="e.g. 40")
+    flags.number(
+        "--capacity-wait", req.capacity_wait_s, low_open=False, high=30 * 86400.0, hint="seconds"
+    )
     for flag, seconds in (
         ("--check-interval", req.check_interval_s),
         ("--replan-interval", req.replan_interval_s),
@@ -148,7 +154,14 @@ def _options(req: LaunchRequest) -> dict[str, Any]:
         out["external_ip"] = False
     out["explore"] = req.explore
     out["policies"] = tuple(policy_paths(req.policies, req.script, req.cloud or "local"))
-    for name in ("max_nodes", "explore_trials", "replan_interval_s", "checkpoint_interval_s"):
+    for name in (
+        "max_nodes",
+        "explore_trials",
+        "replan_interval_s",
+        "checkpoint_interval_s",
+        "max_replacements",
+        "capacity_wait_s",
+    ):
         value = getattr(req, name)
         if value is not None:
             out[name] = value
@@ -421,6 +434,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
         precision=check_precision(req.precision) if req.precision is not None else None,
         min_nodes=node_pin[0] if node_pin else 1,
         max_nodes=node_pin[1] if node_pin else 64,
+        allow_on_demand=req.allow_on_demand,
     )
     result = planning.estimate(prof, options)
     doc = result.plan.to_dict()
@@ -465,6 +479,10 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
                 )
         opts = {k: v for k, v in _options(req).items() if k != "job_id"}
         opts.setdefault("checkpoint_interval_s", float(row["checkpoint_interval_s"]) or None)
+        # the recovery rules the plan was priced with (plans before them: the launcher's)
+        if "max_replacements" in row and row.get("market") != "on-demand":
+            opts.setdefault("max_replacements", int(row["max_replacements"]))
+            opts.setdefault("capacity_wait_s", float(row["capacity_wait_s"]))
         return JobSpec(
             job_id=req.job_id or _new_id(),
             cloud=cloud,
@@ -474,7 +492,7 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             nodes=nodes,
             budget_usd=req.budget_usd,
             deadline_h=req.deadline_h,
-            allow_on_demand=req.allow_on_demand,
+            allow_on_demand=req.allow_on_demand or bool(row.get("allow_on_demand", False)),
             offers=_offers(cloud, region, {n.instance_type for n in nodes}),
             global_batch=int(row["global_batch"]),
             accum_steps=int(row["accum_steps"]),

@@ -71,27 +71,33 @@ def time_and_cost(
     billing_min_s: ArrayLike = 60.0,
     billing_increment_s: ArrayLike = 1.0,
     overheads: Overheads | None = None,
+    co_loss: ArrayLike = 0.0,
+    outage_wait_s: ArrayLike = 0.0,
 ) -> TimeCost:
     """Expected and p90 time and cost for each configuration (all inputs broadcast).
 
     ``usd_per_hour`` and ``preempt_per_hour`` are per instance; ``instances`` is the count.
-    For a mixed cluster, pass the summed price and summed rate with ``instances=1`` per group
-    via ``mixed_time_and_cost``.
+    ``co_loss`` and ``outage_wait_s`` (expected capacity wait per loss event) come from the
+    spot model (planner/spot.py). For a mixed cluster, pass the summed price and summed rate
+    with ``instances=1`` per group via ``mixed_time_and_cost``.
     """
     o = overheads or Overheads()
     w0 = np.asarray(train_seconds, dtype=float)
     n = np.asarray(instances, dtype=float)
     price = np.asarray(usd_per_hour, dtype=float)
     rate = np.asarray(preempt_per_hour, dtype=float)
+    per_event = 1.0 + np.asarray(co_loss, dtype=float) * np.maximum(n - 1.0, 0.0)
     return _time_and_cost(
         w0,
         n * price,
-        n * rate,
+        n * rate / per_event,
         np.asarray(log_sigma, dtype=float),
         checkpoint_s,
         billing_min_s,
         billing_increment_s,
         o,
+        wait_s=np.asarray(outage_wait_s, dtype=float),
+        idle_price=price * per_event,
     )
 
 
@@ -104,14 +110,17 @@ def _time_and_cost(
     billing_min_s: ArrayLike,
     billing_increment_s: ArrayLike,
     o: Overheads,
+    wait_s: ArrayLike = 0.0,
+    idle_price: ArrayLike = 0.0,
 ) -> TimeCost:
-    # preemptions per second, whole cluster (rates below 1e-9/h are no risk at all)
+    # loss events per second, whole cluster (rates below 1e-9/h are no risk at all)
     lam = np.where(rate_total < 1e-9, 0.0, rate_total) / 3600.0
     c = max(checkpoint_s, 1e-3)
     with np.errstate(divide="ignore", invalid="ignore"):
         tau_spot = np.clip(np.sqrt(2.0 * c / np.where(lam > 0, lam, np.nan)), 60.0, 3600.0)
     tau = np.where(lam > 0, tau_spot, o.on_demand_interval_s)
-    loss = o.restart_s + tau / 2.0
+    wait = np.asarray(wait_s, dtype=float)
+    loss = o.restart_s + tau / 2.0 + wait
     useful = 1.0 - lam * loss
     feasible = useful >= o.min_useful_fraction
     useful = np.where(feasible, useful, np.nan)
@@ -126,9 +135,10 @@ def _time_and_cost(
     run_p90 = wall_p90 + o.provisioning_s
     billed = _billed(run, billing_min_s, billing_increment_s)
     billed_p90 = _billed(run_p90, billing_min_s, billing_increment_s)
-    boot = o.provisioning_s
-    cost = price_total / 3600.0 * (billed + preemptions * boot)
-    cost_p90 = price_total / 3600.0 * (billed_p90 + n90 * boot)
+    # nodes lost in an event are not billed while they wait for capacity
+    unbilled = np.asarray(idle_price, dtype=float) / 3600.0 * wait
+    cost = price_total / 3600.0 * billed - preemptions * unbilled
+    cost_p90 = price_total / 3600.0 * billed_p90 - n90 * unbilled
     return TimeCost(
         hours=run / 3600.0,
         hours_p90=run_p90 / 3600.0,

@@ -57,6 +57,18 @@ class PlanRow:
     # Where each step-time term comes from (perfmodel.term_sources): compute, intra_sync and
     # inter_sync, each "measured", "transferred from <GPU>", "prior", ... or "none".
     terms: dict[str, str] = field(default_factory=dict)
+    # Spot: how the time and cost were computed, and the recovery rules the launcher must run
+    # for them to hold (planner/spot.py): its replacement limit, how long it waits for
+    # capacity, whether it may fall back to on-demand; the chance a run fails anyway.
+    time_cost_basis: str = "closed form"
+    fail_prob: float = 0.0
+    max_replacements: int = 20
+    capacity_wait_s: float = 900.0
+    allow_on_demand: bool = False
+    spot_model: str = ""  # the spot model row used (its source)
+    on_demand_cost_usd: float | None = None  # a spot row's cluster on demand, for comparison
+    on_demand_hours: float | None = None
+    recovery: dict[str, Any] = field(default_factory=dict)  # the whole RecoveryPolicy priced
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

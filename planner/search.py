@@ -10,18 +10,21 @@ workers by the runtime (per-worker batches may differ by one sample), so the ste
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kplan.errors import InfeasibleError, InputError
-from kplan.planner import costs, efficiency, perfmodel
+from kplan.planner import costs, efficiency, perfmodel, spotplan
 from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
 from kplan.planner.plan import OBJECTIVES, Group, Objective, Plan, PlanRow
 from kplan.planner.precision import Precision, check_precision
+from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, load_spot_model
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
 Array = NDArray[np.float64]
@@ -50,6 +53,14 @@ class SearchOptions:
     mixed: bool = True
     top: int = 10
     overheads: costs.Overheads = field(default_factory=costs.Overheads)
+    # Spot: the trace-fitted model (None: the shipped one), the launcher's recovery rules
+    # (on-demand fallback, capacity wait: None = the model's longest outage) and the
+    # Monte-Carlo that prices the spot rows kplan shows.
+    spot_model: SpotModel | None = None
+    allow_on_demand: bool = False
+    capacity_wait_s: float | None = None
+    spot_runs: int = 1000
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.budget_usd is not None and not self.budget_usd > 0:
@@ -81,6 +92,13 @@ class SearchOptions:
             )
         if self.top < 1:
             raise InputError(f"--top {self.top} must be >= 1", hint="e.g. --top 10")
+        if self.capacity_wait_s is not None and not 0 <= self.capacity_wait_s <= 30 * 86400:
+            raise InputError(
+                f"capacity wait {self.capacity_wait_s} s must be in 0..30 days",
+                hint="seconds, e.g. 3600",
+            )
+        if not 10 <= self.spot_runs <= 10**6:
+            raise InputError(f"spot runs {self.spot_runs} must be in 10..1e6", hint="e.g. 2000")
         bad = [m for m in self.markets if m not in ("on-demand", "spot")]
         if bad or not self.markets:
             raise InputError(f"unknown market {bad}", hint="use spot or on-demand")
@@ -111,6 +129,8 @@ class Candidate:
     preempt_per_hour: float
     billing_min_s: float
     billing_increment_s: float
+    risk: SpotRisk | None = None  # the spot model's row (None: on demand)
+    on_demand_usd_per_hour: float | None = None  # the same type's on-demand price in the region
 
 
 @dataclass
@@ -158,6 +178,12 @@ def candidates(
             best[key] = o
     preds: dict[tuple[str, str], InstancePrediction] = {}
     out: list[Candidate] = []
+    model = opts.spot_model or (load_spot_model() if "spot" in opts.markets else None)
+    od_price: dict[tuple[str, str, str], float] = {
+        (o.cloud, o.region, o.instance_type): o.usd_per_hour
+        for o in sorted(catalog.offers, key=lambda o: -o.usd_per_hour)
+        if o.market == "on-demand"
+    }
     for (cloud, _region, itype, market), offer in sorted(best.items()):
         inst = catalog.instances[(cloud, itype)]
         if (cloud, itype) not in preds:
@@ -169,9 +195,23 @@ def candidates(
         pred = preds[(cloud, itype)]
         if pred.max_local_batch < 1:
             continue
-        rate = catalog.spot_rate(cloud, itype).per_hour if market == "spot" else 0.0
+        risk = None
+        if market == "spot" and model is not None:
+            sr = catalog.spot_rate(cloud, itype)
+            risk = spotplan.risk_for(model, cloud, itype, offer.region, sr.per_hour, sr.family)
         bill = catalog.billing[cloud]
-        out.append(Candidate(offer, inst, pred, rate, bill.minimum_s, bill.increment_s))
+        out.append(
+            Candidate(
+                offer,
+                inst,
+                pred,
+                risk.rate_per_hour if risk is not None else 0.0,
+                bill.minimum_s,
+                bill.increment_s,
+                risk,
+                od_price.get((cloud, offer.region, itype)),
+            )
+        )
     return out, notes
 
 
@@ -294,6 +334,10 @@ def _evaluate_single(
     checkpoint_s: float,
     pool: _Pool,
 ) -> None:
+    co_loss, wait = 0.0, 0.0
+    if c.risk is not None:
+        co_loss = c.risk.co_loss
+        wait = spotplan.expected_wait_s(c.risk, opts.allow_on_demand, _capacity_wait(c.risk, opts))
     tc = costs.time_and_cost(
         train_seconds=tg.train_s,
         instances=tg.nodes,
@@ -304,6 +348,8 @@ def _evaluate_single(
         billing_min_s=c.billing_min_s,
         billing_increment_s=c.billing_increment_s,
         overheads=opts.overheads,
+        co_loss=co_loss,
+        outage_wait_s=wait,
     )
     pool.cand.append(np.full(tg.nodes.size, i, dtype=np.int64))
     for name in ("nodes", "batch", "local", "accum", "step", "sigma", "samples"):
@@ -342,9 +388,228 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
             cands, singles.best_per_candidate(), workload, opts, grid, checkpoint_s
         )
         mixes = [m for m in mixes if _mix_allowed(m, opts)]
-    table = singles.with_mixes(mixes)
-    plan = _choose(table, cands, workload, opts, notes, grid)
+    full = singles.with_mixes(mixes)
+    # Only a row on its own type's time/cost frontier (expected or p90) can be chosen or
+    # shown; the rest are counted but not ranked again after each Monte-Carlo round.
+    table = full.take(_own_fronts(full))
+
+    def refine(rows: NDArray[np.int64]) -> bool:
+        return _refine(table, rows, cands, opts, checkpoint_s)
+
+    plan = _choose(table, cands, workload, opts, notes, grid, refine)
+    plan = replace(plan, considered=len(full.cost), feasible=_feasible(full, opts))
     return _with_precision(plan, workload, opts)
+
+
+def _spot_notes(r: PlanRow) -> list[str]:
+    """Say when a spot plan is no better than the same cluster on demand, or may fail."""
+    out = []
+    od = r.on_demand_cost_usd
+    if r.market == "spot" and od is not None and r.on_demand_hours is not None and od <= r.cost_usd:
+        out.append(
+            f"spot is worse than on-demand here: {r.expected_preemptions:.1f} expected loss "
+            f"events and capacity waits make it ${r.cost_usd:,.2f} / {r.hours:.2f} h against "
+            f"${od:,.2f} / {r.on_demand_hours:.2f} h on demand (use --on-demand)"
+        )
+    if r.fail_prob >= 0.01:
+        out.append(
+            f"{r.fail_prob:.0%} of simulated runs fail (no spot capacity in the region for "
+            f"longer than {r.capacity_wait_s / 3600:.1f} h); allow on-demand fallback or a "
+            "longer capacity wait"
+        )
+    return out
+
+
+def _own_fronts(t: _Table) -> NDArray[np.int64]:
+    """Rows on their own candidate's frontier of (hours, cost) or (p90 hours, p90 cost)."""
+    finite = np.flatnonzero(np.isfinite(t.cost) & np.isfinite(t.hours))
+    keep: list[NDArray[np.int64]] = []
+    order = finite[np.argsort(t.cand[finite], kind="stable")]
+    bounds = np.flatnonzero(np.diff(t.cand[order])) + 1
+    for group in np.split(order, bounds):
+        if group.size == 0:
+            continue
+        keep.append(group[pareto_front(t.hours[group], t.cost[group])])
+        keep.append(group[pareto_front(t.hours_p90[group], t.cost_p90[group])])
+    if not keep:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(keep))
+
+
+def _feasible(t: _Table, opts: SearchOptions) -> int:
+    """Configurations within the budget and deadline (closed form for the unpriced ones)."""
+    ok = np.isfinite(t.cost) & np.isfinite(t.hours)
+    if opts.budget_usd is not None:
+        ok &= t.cost_p90 <= opts.budget_usd
+    if opts.deadline_hours is not None:
+        ok &= t.hours_p90 <= opts.deadline_hours
+    return int(ok.sum())
+
+
+def _capacity_wait(risk: SpotRisk, opts: SearchOptions) -> float:
+    if opts.capacity_wait_s is not None:
+        return opts.capacity_wait_s
+    return spotplan.default_capacity_wait_s(risk)
+
+
+@dataclass(frozen=True)
+class _SpotView:
+    """What the Monte-Carlo needs of one row: its risk, prices per node and billing."""
+
+    risk: SpotRisk
+    usd_per_hour: float
+    on_demand_usd_per_hour: float | None
+    billing_min_s: float
+    billing_increment_s: float
+
+
+def _spot_view(i: int, t: _Table, cands: list[Candidate]) -> _SpotView | None:
+    """A single-type spot row, or a mix with a spot group (priced with its riskiest group's
+    model for every node and the mean price per node: conservative). None: on demand."""
+    if t.cand[i] >= 0:
+        c = cands[int(t.cand[i])]
+        if c.risk is None:
+            return None
+        return _SpotView(
+            c.risk,
+            c.offer.usd_per_hour,
+            c.on_demand_usd_per_hour,
+            c.billing_min_s,
+            c.billing_increment_s,
+        )
+    mix = t.mixes[-1 - int(t.cand[i])]
+    by_key: dict[tuple[str, str, str], Candidate] = {
+        (c.offer.instance_type, c.offer.market, c.offer.zone): c for c in cands
+    }
+    members = [by_key.get((g.instance_type, g.market, g.zone)) for g in mix.groups]
+    risky = [c for c in members if c is not None and c.risk is not None]
+    if not risky or None in members:
+        return None
+    worst = max(risky, key=lambda c: c.preempt_per_hour)
+    assert worst.risk is not None
+    nodes = sum(g.nodes for g in mix.groups)
+    od = [c.on_demand_usd_per_hour for c in members if c is not None]
+    return _SpotView(
+        replace(worst.risk, source=f"{worst.risk.source}; a mix: the riskier group's model"),
+        sum(g.usd_per_hour * g.nodes for g in mix.groups) / nodes,
+        None
+        if any(x is None for x in od)
+        else sum((x or 0.0) * g.nodes for x, g in zip(od, mix.groups, strict=True)) / nodes,
+        worst.billing_min_s,
+        worst.billing_increment_s,
+    )
+
+
+def _refine(
+    t: _Table,
+    rows: NDArray[np.int64],
+    cands: list[Candidate],
+    opts: SearchOptions,
+    checkpoint_s: float,
+) -> bool:
+    """Price the spot rows among ``rows`` by Monte-Carlo (in place); False when every one of
+    them was priced already."""
+    views: dict[int, _SpotView] = {}
+    for i in dict.fromkeys(rows.tolist()):
+        if int(i) not in t.spot:
+            v = _spot_view(int(i), t, cands)
+            if v is not None:
+                views[int(i)] = v
+    if not views:
+        return False
+    todo = list(views)
+    o = opts.overheads
+    policies = [
+        RecoveryPolicy(
+            restart_s=o.restart_s,
+            provisioning_s=o.provisioning_s,
+            checkpoint_interval_s=float(t.tau[i]),
+            checkpoint_s=checkpoint_s,
+            capacity_wait_s=_capacity_wait(views[i].risk, opts),
+            allow_on_demand=opts.allow_on_demand and views[i].on_demand_usd_per_hour is not None,
+        )
+        for i in todo
+    ]
+    ix = np.array(todo, dtype=np.int64)
+    vs = [views[i] for i in todo]
+    price = np.array([v.usd_per_hour for v in vs])
+    od = np.array([v.on_demand_usd_per_hour or v.usd_per_hour for v in vs])
+    bill_min = np.array([v.billing_min_s for v in vs])
+    bill_inc = np.array([v.billing_increment_s for v in vs])
+    work = np.ceil(t.samples[ix] / t.batch[ix]) * t.step[ix]
+    priced = spotplan.simulate_rows(
+        work_s=work,
+        nodes=t.nodes[ix],
+        risks=[v.risk for v in vs],
+        policies=policies,
+        usd_per_hour=price,
+        usd_per_hour_on_demand=od,
+        log_sigma=t.sigma[ix],
+        billing_min_s=bill_min,
+        billing_increment_s=bill_inc,
+        runs=opts.spot_runs,
+        seed=opts.seed,
+    )
+    od_tc = costs.time_and_cost(
+        train_seconds=work,
+        instances=t.nodes[ix],
+        usd_per_hour=od,
+        preempt_per_hour=0.0,
+        log_sigma=t.sigma[ix],
+        checkpoint_s=checkpoint_s,
+        billing_min_s=bill_min,
+        billing_increment_s=bill_inc,
+        overheads=o,
+    )
+    for j, v in enumerate(vs):
+        if v.on_demand_usd_per_hour is not None:
+            priced[j] = replace(
+                priced[j],
+                on_demand_hours=float(od_tc.hours[j]),
+                on_demand_cost_usd=float(od_tc.cost_usd[j]),
+            )
+    names = ("hours", "hours_p90", "cost", "cost_p90")
+    closed = {n: getattr(t, n)[ix].copy() for n in names}
+    for i, r in zip(todo, priced, strict=True):
+        t.hours[i], t.hours_p90[i] = r.hours, r.hours_p90
+        t.cost[i], t.cost_p90[i] = r.cost_usd, r.cost_p90_usd
+        t.preempt[i] = r.losses
+        t.spot[i] = r
+    flags = np.array([c.risk is not None for c in cands] + [False])
+    is_spot = np.where(t.cand >= 0, flags[np.clip(t.cand, 0, len(cands))], False)
+    _carry_ratios(t, ix, closed, is_spot)
+    return True
+
+
+def _carry_ratios(
+    t: _Table, ix: NDArray[np.int64], closed: dict[str, Array], is_spot: NDArray[np.bool_]
+) -> None:
+    """Scale the estimates of the spot rows not priced yet by the median ratio of the rows just
+    priced to their estimates (the same candidate's where it has some, else all of them), so
+    that the next ranking starts near the Monte-Carlo values (the closed form misses early-life
+    preemptions, outage tails and node ages). Each ratio is to the current estimate, so a later
+    round corrects further rather than compounding."""
+    priced = np.zeros(len(t.cost), dtype=bool)
+    priced[list(t.spot)] = True
+    ratios: dict[str, Array] = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for name, before in closed.items():
+            ratios[name] = getattr(t, name)[ix] / before
+    done: list[int] = []
+    for c in np.unique(t.cand[ix]):
+        mine = t.cand[ix] == c
+        rows = np.flatnonzero((t.cand == c) & ~priced)
+        done.append(int(c))
+        for name, r in ratios.items():
+            k = float(np.nanmedian(r[mine])) if np.isfinite(r[mine]).any() else math.nan
+            if rows.size and math.isfinite(k) and k > 0:
+                getattr(t, name)[rows] *= k
+    others = ~priced & ~np.isin(t.cand, done) & is_spot
+    if others.any():
+        for name, r in ratios.items():
+            k = float(np.nanmedian(r)) if np.isfinite(r).any() else math.nan
+            if math.isfinite(k) and k > 0:
+                getattr(t, name)[others] *= k
 
 
 def _mix_allowed(m: MixCandidate, opts: SearchOptions) -> bool:
@@ -439,6 +704,7 @@ class _Table:
     preempt: Array
     tau: Array
     mixes: tuple[MixCandidate, ...] = ()
+    spot: dict[int, spotplan.SpotPricing] = field(default_factory=dict)  # Monte-Carlo rows
 
     @staticmethod
     def from_pool(pool: _Pool) -> _Table:
@@ -462,6 +728,14 @@ class _Table:
             tc("preemptions"),
             tc("checkpoint_interval_s"),
         )
+
+    def take(self, rows: NDArray[np.int64]) -> _Table:
+        arrays = {
+            f: getattr(self, f)[rows]
+            for f in self.__dataclass_fields__
+            if f not in ("mixes", "spot")
+        }
+        return _Table(**arrays, mixes=self.mixes)
 
     def best_per_candidate(self) -> dict[int, float]:
         """Cheapest expected cost reached by each single-type candidate."""
@@ -492,8 +766,10 @@ class _Table:
             "preempt": np.array([x.tc.preemptions for x in m]),
             "tau": np.array([x.tc.checkpoint_interval_s for x in m]),
         }
-        fields_ = {k: np.concatenate([getattr(self, k), v]) for k, v in extra.items()}
-        return _Table(**fields_, mixes=tuple(m))
+        fields_: dict[str, Any] = {
+            k: np.concatenate([getattr(self, k), v]) for k, v in extra.items()
+        }
+        return _Table(**fields_, mixes=tuple(m), spot=dict(self.spot))
 
 
 def pareto_front(hours: Array, cost: Array) -> NDArray[np.int64]:
@@ -525,6 +801,7 @@ def _choose(
     opts: SearchOptions,
     notes: list[str],
     grid: NDArray[np.int64],
+    refine: Callable[[NDArray[np.int64]], bool] | None = None,
 ) -> Plan:
     finite = np.isfinite(t.cost) & np.isfinite(t.hours)
     if not finite.any():
@@ -532,23 +809,25 @@ def _choose(
             "no configuration is feasible (spot preemptions too frequent?)",
             hint="try --on-demand or fewer --max-nodes",
         )
-    ok = finite.copy()
-    if opts.budget_usd is not None:
-        ok &= t.cost_p90 <= opts.budget_usd
-    if opts.deadline_hours is not None:
-        ok &= t.hours_p90 <= opts.deadline_hours
-    if not ok.any():
+    # The closed form ranks everything; the rows that would be shown are then priced by the
+    # Monte-Carlo, and the choice is made again until every shown row is priced that way.
+    rounds = 12
+    for attempt in range(rounds):
+        ranked = _rank(t, finite, opts)
+        if ranked is None:
+            # the Monte-Carlo prices of the best rows may still fit: price them, look again
+            near = np.flatnonzero(finite)
+            best = near[np.lexsort((t.cost_p90[near], t.hours_p90[near]))][: 2 * opts.top]
+            cheap = near[np.lexsort((t.hours_p90[near], t.cost_p90[near]))][: 2 * opts.top]
+            if refine is not None and refine(np.concatenate([best, cheap])):
+                continue
+            break
+        ok, front, order = ranked
+        shown = np.concatenate([front, _distinct_first(order, t, cands, opts.top)])
+        if refine is None or attempt == rounds - 1 or not refine(shown):
+            break
+    if ranked is None:
         raise InfeasibleError(*_infeasible_message(t, finite, opts))
-    idx = np.flatnonzero(ok)
-    front = idx[pareto_front(t.hours[idx], t.cost[idx])]
-    if opts.objective == "cost":
-        order = idx[np.lexsort((t.hours[idx], t.cost[idx]))]
-    elif opts.objective == "time":
-        order = idx[np.lexsort((t.cost[idx], t.hours[idx]))]
-    else:
-        knee = front[knee_index(t.hours[front], t.cost[front])]
-        score = _knee_score(t.hours[idx], t.cost[idx], t.hours[front], t.cost[front])
-        order = np.concatenate([[knee], idx[np.argsort(-score)]])
     rows = _top_distinct(order, t, cands, workload, opts.top)
     chosen = rows[0]
     frontier = tuple(_row(int(i), t, cands, workload) for i in front)
@@ -563,6 +842,7 @@ def _choose(
             "the profile has no gradient noise scale: the global batch is kept at "
             f"{workload.base_batch}"
         )
+    all_notes.extend(_spot_notes(chosen))
     if chosen.nodes > t_max_nodes(cands):
         all_notes.append(
             f"the chosen plan runs {chosen.nodes} nodes; the profile measured at most "
@@ -591,6 +871,54 @@ def _knee_score(h: Array, c: Array, fh: Array, fc: Array) -> Array:
     yn = (np.log(c) - ly.min()) / max(float(np.ptp(ly)), 1e-12)
     out: Array = 1.0 - xn - yn
     return out
+
+
+def _rank(
+    t: _Table, finite: NDArray[np.bool_], opts: SearchOptions
+) -> tuple[NDArray[np.bool_], NDArray[np.int64], NDArray[np.int64]] | None:
+    """(rows within the budget and deadline, their frontier, their objective order)."""
+    ok = finite.copy()
+    if opts.budget_usd is not None:
+        ok &= t.cost_p90 <= opts.budget_usd
+    if opts.deadline_hours is not None:
+        ok &= t.hours_p90 <= opts.deadline_hours
+    if not ok.any():
+        return None
+    idx = np.flatnonzero(ok)
+    front = idx[pareto_front(t.hours[idx], t.cost[idx])]
+    if opts.objective == "cost":
+        order = idx[np.lexsort((t.hours[idx], t.cost[idx]))]
+    elif opts.objective == "time":
+        order = idx[np.lexsort((t.cost[idx], t.hours[idx]))]
+    else:
+        knee = front[knee_index(t.hours[front], t.cost[front])]
+        score = _knee_score(t.hours[idx], t.cost[idx], t.hours[front], t.cost[front])
+        order = np.concatenate([[knee], idx[np.argsort(-score)]])
+    return ok, front, order
+
+
+def _key(i: int, t: _Table, cands: list[Candidate]) -> tuple[str, str, str]:
+    if t.cand[i] >= 0:
+        o = cands[int(t.cand[i])].offer
+        return (o.cloud, o.instance_type, o.market)
+    mix = t.mixes[-1 - int(t.cand[i])]
+    return (mix.cloud, "+".join(g.instance_type for g in mix.groups), "mixed")
+
+
+def _distinct_first(
+    order: NDArray[np.int64], t: _Table, cands: list[Candidate], n: int
+) -> NDArray[np.int64]:
+    """The first row of each (cloud, type, market) in ``order``, up to ``n`` of them."""
+    seen: set[tuple[str, str, str]] = set()
+    out: list[int] = []
+    for i in order:
+        k = _key(int(i), t, cands)
+        if k not in seen:
+            seen.add(k)
+            out.append(int(i))
+            if len(out) >= n:
+                break
+    return np.array(out, dtype=np.int64)
 
 
 def _top_distinct(
@@ -676,7 +1004,25 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         groups=groups,
         gpu=gpu,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
+        **_spot_fields(t.spot.get(i), market),
     )
+
+
+def _spot_fields(s: spotplan.SpotPricing | None, market: str) -> dict[str, Any]:
+    if s is None:
+        basis = "closed form" if market != "on-demand" else "on demand: no preemptions"
+        return {"time_cost_basis": basis}
+    return {
+        "fail_prob": s.fail_prob,
+        "max_replacements": s.policy.max_replacements,
+        "capacity_wait_s": s.policy.capacity_wait_s,
+        "allow_on_demand": s.policy.allow_on_demand,
+        "spot_model": s.source,
+        "time_cost_basis": f"Monte-Carlo, {s.runs} runs of the spot model",
+        "on_demand_cost_usd": s.on_demand_cost_usd,
+        "on_demand_hours": s.on_demand_hours,
+        "recovery": asdict(s.policy),
+    }
 
 
 def _infeasible_message(t: _Table, finite: NDArray[np.bool_], o: SearchOptions) -> tuple[str, str]:
@@ -732,6 +1078,7 @@ def _uncertainty(chosen: PlanRow, workload: Workload) -> str:
     if chosen.gpu != workload.ref_gpu.name:
         basis += f", device model ({workload.ref_gpu.name} -> {chosen.gpu})"
     return (
-        f"step time p90 is +{spread:.0%} over the expected value ({basis}); the p90 time and "
-        "cost also include the Poisson p90 of spot preemptions"
+        f"step time p90 is +{spread:.0%} over the expected value ({basis}); for spot plans "
+        "the p90 time and cost come from a Monte-Carlo of the trace-fitted preemption model "
+        "(lifetimes, nodes lost together, capacity outages) with the launcher's recovery rules"
     )

@@ -82,6 +82,18 @@ def estimate_command(
     precision: str | None = typer.Option(
         None, "--precision", help="fp32, tf32, bf16 or fp16 (default: the profile's)."
     ),
+    allow_on_demand: bool = typer.Option(
+        False,
+        "--allow-on-demand",
+        help="Price spot plans with the launcher's on-demand fallback (a lost node goes on "
+        "demand when the region has no spot capacity, and back to spot when it returns).",
+    ),
+    capacity_wait: float | None = typer.Option(
+        None,
+        "--capacity-wait",
+        help="Seconds a spot job waits for capacity before it fails (default: the spot "
+        "model's longest recorded outage, at least 900).",
+    ),
     mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Also consider two-type clusters."),
     top: int = typer.Option(10, help="How many plans to show."),
     out: Path | None = typer.Option(None, "--out", help="Write the plan JSON here."),
@@ -105,6 +117,7 @@ def estimate_command(
     prec = check_precision(precision) if precision is not None else None
     flags.texts("--instance-type", instance_type, hint="e.g. p3.16xlarge")
     flags.integer("--top", top, high=10_000, hint="e.g. --top 10")
+    flags.number("--capacity-wait", capacity_wait, high=30 * 86400.0, hint="seconds, e.g. 3600")
     flags.text("--objective", objective, hint="cost, time or knee")
     flags.texts("--cloud", cloud, hint="aws or gcp")
     flags.texts("--region", region, hint="e.g. us-east-1")
@@ -148,6 +161,8 @@ def estimate_command(
         fixed_global_batch=fixed_batch,
         mixed=mixed,
         top=top,
+        allow_on_demand=allow_on_demand,
+        capacity_wait_s=capacity_wait,
     )
     result = planning.estimate(prof, options, epochs=epochs, dataset_size=dataset_size, other=other)
     doc = result.plan.to_dict()

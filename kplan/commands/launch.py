@@ -183,6 +183,22 @@ def launch_command(
         float | None,
         typer.Option("--checkpoint-interval", help="Seconds between checkpoints (the plan's)."),
     ] = None,
+    max_replacements: Annotated[
+        int | None,
+        typer.Option(
+            "--max-replacements",
+            help="Lost spot nodes replaced before the job fails (default: the plan's, set "
+            "above its simulated p99; 20 without a plan).",
+        ),
+    ] = None,
+    capacity_wait: Annotated[
+        float | None,
+        typer.Option(
+            "--capacity-wait",
+            help="Seconds lost nodes wait for capacity anywhere in the region before the job "
+            "fails (default: the plan's, else 900).",
+        ),
+    ] = None,
     image: Annotated[
         str | None,
         typer.Option(
@@ -273,6 +289,8 @@ def launch_command(
         explore_trials=explore_trials,
         replan_interval_s=replan_interval,
         checkpoint_interval_s=checkpoint_interval,
+        max_replacements=max_replacements,
+        capacity_wait_s=capacity_wait,
         image=image,
         pip_index_url=pip_index_url,
         install_deps=install_deps,
