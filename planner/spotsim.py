@@ -46,6 +46,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -146,54 +147,66 @@ def simulate(
     def per_cfg(vals: Sequence[float]) -> Array:
         return np.asarray(vals, dtype=float)
 
-    shape_k = per_cfg([r.lifetime.shape if r else 1.0 for r in risk_list])
     co_loss = per_cfg([r.co_loss if r else 0.0 for r in risk_list])
-    # each slot's loss clock: the life's scale stretched by 1 + co_loss (n - 1) (spot.py)
-    scale_s = per_cfg([r.lifetime.scale_h * 3600.0 if r else INF for r in risk_list])
-    scale_s = scale_s * (1.0 + co_loss * (n_f - 1.0))
-    out_p = per_cfg([r.outage.prob if r else 0.0 for r in risk_list])
-    region_p = per_cfg([r.outage.region_prob if r else 0.0 for r in risk_list])
-    failover = np.array([p.zone_failover for p in pol])
-    allow_od = np.array([p.allow_on_demand for p in pol])
-    restart = per_cfg([p.restart_s for p in pol])
     prov = per_cfg([p.provisioning_s for p in pol])
     interval = per_cfg([p.checkpoint_interval_s for p in pol])
     ck_s = per_cfg([p.checkpoint_s for p in pol])
-    cycle = interval + ck_s
-    max_rep = per_cfg([float(p.max_replacements) for p in pol])
-    cap_wait = per_cfg([p.capacity_wait_s for p in pol])
+    by_cfg: dict[str, NDArray[Any]] = {
+        "k_inv": per_cfg([1.0 / r.lifetime.shape if r else 1.0 for r in risk_list]),
+        # each slot's loss clock: the life's scale stretched by 1 + co_loss (n - 1) (spot.py)
+        "scale": per_cfg([r.lifetime.scale_h * 3600.0 if r else INF for r in risk_list])
+        * (1.0 + co_loss * (n_f - 1.0)),
+        "co": co_loss.astype(np.float32),
+        "out_p": per_cfg([r.outage.prob if r else 0.0 for r in risk_list]),
+        "region_p": per_cfg([r.outage.region_prob if r else 0.0 for r in risk_list]),
+        "failover": np.array([p.zone_failover for p in pol]),
+        "allow_od": np.array([p.allow_on_demand for p in pol]),
+        "restart": per_cfg([p.restart_s for p in pol]),
+        "interval": interval,
+        "ck": ck_s,
+        "cycle": interval + ck_s,
+        "max_rep": per_cfg([float(p.max_replacements) for p in pol]),
+        "cap": per_cfg([p.capacity_wait_s for p in pol]),
+        "n_dur": np.array([len(r.outage.durations_h) if r else 0 for r in risk_list]),
+        "bmin": bmin,
+        "binc": binc,
+        "p_spot": p_spot,
+        "p_od": p_od,
+        "cf": np.arange(c_n),
+    }
     # outage durations: one padded row per configuration, sampled by index
-    n_dur = np.array([len(r.outage.durations_h) if r else 0 for r in risk_list])
-    durs = np.zeros((c_n, max(int(n_dur.max()), 1)))
+    durs = np.zeros((c_n, max(int(by_cfg["n_dur"].max()), 1)))
     for i, r in enumerate(risk_list):
         if r and r.outage.durations_h:
             durs[i, : len(r.outage.durations_h)] = np.asarray(r.outage.durations_h) * 3600.0
     any_co = bool(np.any(co_loss > 0))
 
     rng = np.random.default_rng(seed)
+    cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
+    # per-lane copies of the parameters, compacted with the state (no gather per event)
+    P = {key: x[cf] for key, x in by_cfg.items()}
 
-    def lives(cf: NDArray[np.intp]) -> Array:
-        """Fresh slot clocks (s from now) for configurations ``cf``."""
-        e = rng.exponential(1.0, size=cf.shape)
-        s = scale_s[cf]
+    def lives(idx: NDArray[np.intp]) -> Array:
+        """Fresh slot clocks (s from now) for lanes ``idx``."""
+        e = rng.exponential(1.0, size=idx.shape)
+        s = P["scale"][idx]
         with np.errstate(invalid="ignore", over="ignore"):
-            out: Array = np.where(np.isfinite(s), s * e ** (1.0 / shape_k[cf]), INF)
+            out: Array = np.where(np.isfinite(s), s * e ** P["k_inv"][idx], INF)
         return out
 
-    def billed_usd(cf: NDArray[np.intp], seconds: Array, usd_h: Array) -> Array:
-        out: Array = usd_h * _billed(seconds, bmin[cf], binc[cf]) / 3600.0
+    def billed_usd(idx: NDArray[np.intp], seconds: Array, usd_h: Array) -> Array:
+        out: Array = usd_h * _billed(seconds, P["bmin"][idx], P["binc"][idx]) / 3600.0
         return out
 
     # state of the lanes still running (compacted as lanes finish); lane = one run of one config
     # slots (node ranks): launch = INF for a slot not in the cluster or waiting for none;
     # launch_spot the same, INF on demand too (only spot nodes can be lost); death INF on demand
     orig = np.arange(m)
-    cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
     work = w0[cf] * np.exp(sig[cf] * rng.standard_normal(m))
     slot_on = np.arange(n_max)[None, :] < n_f[cf][:, None]  # (lanes, n_max)
     launch = np.where(slot_on, 0.0, INF)
     launch_spot = launch.copy()
-    death = np.where(slot_on, lives(np.broadcast_to(cf[:, None], slot_on.shape)), INF)
+    death = np.where(slot_on, lives(np.broadcast_to(np.arange(m)[:, None], slot_on.shape)), INF)
     on_od = np.zeros((m, n_max), dtype=bool)
     held = np.full((m, n_max), INF)  # the running clock of a slot while it is on demand
     t_res = prov[cf].copy()  # when every node is up (training resumes)
@@ -219,7 +232,7 @@ def simulate(
         j = np.argmin(death, axis=1)
         d = death[rows, j]
         rem = np.maximum(work - committed, 0.0)
-        fin = t_res + rem + ck_s[cf] * np.floor(rem / interval[cf] + EPS)
+        fin = t_res + rem + P["ck"] * np.floor(rem / P["interval"] + EPS)
         t_sw = np.where(n_od > 0, region_until, INF)
         done = running & (fin <= np.minimum(d, t_sw))
         sw = running & ~done & (t_sw <= d)
@@ -229,52 +242,52 @@ def simulate(
 
         if sw.any():  # back to spot when capacity returns: checkpoint, relaunch on spot
             e = np.where(sw, np.maximum(t_sw - t_res, 0.0), 0.0)
-            k = np.floor(e / cycle[cf] + EPS)
-            prog = k * interval[cf] + np.minimum(e - k * cycle[cf], interval[cf])
+            k = np.floor(e / P["cycle"] + EPS)
+            prog = k * P["interval"] + np.minimum(e - k * P["cycle"], P["interval"])
             committed = np.where(sw, np.minimum(committed + prog, work), committed)
             sr = np.flatnonzero(sw)
             g_r, g_c = np.nonzero(on_od[sr])
             g_r = sr[g_r]
             t = t_sw[g_r]
             dur = t - launch[g_r, g_c]
-            cost += np.bincount(g_r, billed_usd(cf[g_r], dur, p_od[cf[g_r]]), n_l)
+            cost += np.bincount(g_r, billed_usd(g_r, dur, P["p_od"][g_r]), n_l)
             od_s += np.bincount(g_r, dur, n_l)
             launch[g_r, g_c] = launch_spot[g_r, g_c] = t
             kept = held[g_r, g_c]
-            death[g_r, g_c] = np.where(kept > t, kept, t + lives(cf[g_r]))
+            death[g_r, g_c] = np.where(kept > t, kept, t + lives(g_r))
             on_od[g_r, g_c] = False
             n_od[sr] = 0.0
-            t_res[sr] = np.maximum(t_res[sr], t_sw[sr] + restart[cf[sr]])
+            t_res[sr] = np.maximum(t_res[sr], t_sw[sr] + P["restart"][sr])
 
         if ls.any():  # a loss event at d: the first death, and co-losses
             e = np.maximum(d - t_res, 0.0)
-            k = np.floor(e / cycle[cf] + EPS)
+            k = np.floor(e / P["cycle"] + EPS)
             train = ls & (d >= t_res)
-            committed = np.where(train, np.minimum(committed + k * interval[cf], work), committed)
+            committed = np.where(train, np.minimum(committed + k * P["interval"], work), committed)
             gone = death <= d[:, None]
             if any_co:
                 u = rng.random((n_l, n_max), dtype=np.float32)
-                gone |= u < co_loss[cf].astype(np.float32)[:, None]
+                gone |= u < P["co"][:, None]
             gone &= launch_spot <= d[:, None]
             gone[rows, j] = True
             g_r, g_c = np.nonzero(gone & ls[:, None])
             losses += ls
             lost += np.bincount(g_r, minlength=n_l)
             dur = d[g_r] - launch[g_r, g_c]
-            cost += np.bincount(g_r, billed_usd(cf[g_r], dur, p_spot[cf[g_r]]), n_l)
+            cost += np.bincount(g_r, billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
             # capacity: the region still out from an earlier outage, or a new draw
             still = region_until > d
             u1, u2, u3 = rng.random(n_l), rng.random(n_l), rng.random(n_l)
-            nd = n_dur[cf]
-            draw_d = durs[cf, np.minimum((u3 * nd).astype(np.intp), np.maximum(nd - 1, 0))]
-            regional = (u1 < out_p[cf]) & (~failover[cf] | (u2 < region_p[cf]))
+            nd = P["n_dur"]
+            draw_d = durs[P["cf"], np.minimum((u3 * nd).astype(np.intp), np.maximum(nd - 1, 0))]
+            regional = (u1 < P["out_p"]) & (~P["failover"] | (u2 < P["region_p"]))
             region_until = np.where(ls & ~still & regional, d + draw_d, region_until)
             # a capacity wait no longer than the restart is none (as ``replay`` reads a trace)
-            out = ls & (still | regional) & (region_until - d > restart[cf])
+            out = ls & (still | regional) & (region_until - d > P["restart"])
             d_wait = np.where(out, region_until - d, 0.0)
-            use_od = out & allow_od[cf]
-            wait_ok = out & ~allow_od[cf] & (d_wait <= cap_wait[cf])
-            no_cap = out & ~allow_od[cf] & ~wait_ok
+            use_od = out & P["allow_od"]
+            wait_ok = out & ~P["allow_od"] & (d_wait <= P["cap"])
+            no_cap = out & ~P["allow_od"] & ~wait_ok
             wait += np.where(wait_ok, d_wait, 0.0)
             t_launch = d + np.where(wait_ok, d_wait, 0.0)
             tl = t_launch[g_r]
@@ -285,15 +298,15 @@ def simulate(
             # the slot was empty): then a fresh one from tl
             clock = death[g_r, g_c]
             held[g_r, g_c] = clock  # kept through an on-demand spell (fired or not)
-            clock = np.where(clock > tl, clock, tl + lives(cf[g_r]))
+            clock = np.where(clock > tl, clock, tl + lives(g_r))
             death[g_r, g_c] = np.where(od, INF, clock)
             on_od[g_r, g_c] = od
             n_od += np.bincount(g_r, od, n_l)
-            np.maximum.at(t_res, g_r, tl + restart[cf[g_r]])
-            too_many = ls & (lost > max_rep[cf])
+            np.maximum.at(t_res, g_r, tl + P["restart"][g_r])
+            too_many = ls & (lost > P["max_rep"])
             failed = too_many | no_cap
             if failed.any():
-                t_end = np.where(too_many, d, np.where(no_cap, d + cap_wait[cf], t_end))
+                t_end = np.where(too_many, d, np.where(no_cap, d + P["cap"], t_end))
                 # the lost slots of a failed run have nothing running (already billed)
                 f = failed[g_r]
                 launch[g_r[f], g_c[f]] = INF
@@ -306,9 +319,9 @@ def simulate(
             g_r, g_c = np.nonzero(ln <= te[:, None])
             dur = np.minimum(death[er][g_r, g_c], te[g_r]) - ln[g_r, g_c]
             odf = on_od[er][g_r, g_c]
-            cfe = cf[er][g_r]
-            price = np.where(odf, p_od[cfe], p_spot[cfe])
-            cost[er] += np.bincount(g_r, billed_usd(cfe, dur, price), er.size)
+            lane = er[g_r]
+            price = np.where(odf, P["p_od"][lane], P["p_spot"][lane])
+            cost[er] += np.bincount(g_r, billed_usd(lane, dur, price), er.size)
             od_s[er] += np.bincount(g_r, np.where(odf, dur, 0.0), er.size)
             o = orig[er]
             r_end[o], r_cost[o], r_losses[o], r_lost[o] = te, cost[er], losses[er], lost[er]
@@ -318,7 +331,8 @@ def simulate(
             stopped = n_l - int(running.sum())
             if stopped * 4 > n_l or stopped == n_l:  # compact (a copy of every array)
                 keep = running
-                orig, cf, running, on_od = orig[keep], cf[keep], running[keep], on_od[keep]
+                P = {key: x[keep] for key, x in P.items()}
+                orig, running, on_od = orig[keep], running[keep], on_od[keep]
                 work, committed, region_until = work[keep], committed[keep], region_until[keep]
                 t_res, n_od, cost, losses = t_res[keep], n_od[keep], cost[keep], losses[keep]
                 lost, wait, od_s = lost[keep], wait[keep], od_s[keep]

@@ -170,6 +170,38 @@ def test_replay_past_the_trace_end_is_flagged() -> None:
     assert out.truncated and not out.failed
 
 
+def test_replay_picks_the_youngest_nodes_by_default() -> None:
+    rows = [(0.0, "add", "u"), (0.0, "add", "a"), (100.0, "add", "b"), (200.0, "add", "c")]
+    tr = SpotTrace(
+        name="hand",
+        source="test",
+        times_s=np.array([r[0] for r in rows]),
+        kinds=np.full(4, ADD, dtype=np.int8),
+        nodes=tuple(r[2] for r in rows),
+        end_s=1e6,
+        unknown_age=frozenset({"u"}),  # alive when the observation began: the oldest
+    )
+
+    def picked(pick: str) -> set[str]:
+        out = spotsim.replay(
+            tr,
+            start_s=300.0,
+            nodes=2,
+            work_s=WORK,
+            policy=POL,
+            usd_per_hour=1.0,
+            usd_per_hour_on_demand=4.0,
+            pick=pick,
+        )
+        return {x.node for x in out.instances}
+
+    assert picked("youngest") == {"b", "c"}
+    assert picked("oldest") == {"u", "a"}
+    assert len(picked("random")) == 2
+    with pytest.raises(ValueError, match="pick 'newest'"):
+        picked("newest")
+
+
 # --- simulate: closed forms and seeding -----------------------------------------------------
 
 
