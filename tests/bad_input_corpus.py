@@ -59,6 +59,9 @@ MEASUREMENTS = (
 )
 CONFIGS = "nodes,workers,local_batch\n1,1,16\n2,8,32\n"
 SCRIPT = "print('hello')\n"
+SPOT_PLAN = Mut("plan", ("chosen", "market"), "spot")
+SIM = ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv")
+TRACE = "# end_s=36000\ntime_s,event,node\n0,add,a\n0,add,b\n1800,remove,a\n2000,add,c\n"
 
 # Values for numeric flags; each maps to the expected exit code per flag kind below.
 FLAG_VALUES = ("nan", "inf", "-inf", "-1", "0", "1e308", "1" + "0" * 30, "abc")
@@ -89,6 +92,11 @@ def _flag_cases() -> list[Case]:
         ("estimate", est, "--deadline", "pos", ()),
         ("estimate", est, "--max-nodes", "int1", ()),
         ("estimate", est, "--top", "int1", ()),
+        ("estimate", est, "--capacity-wait", "pos", ()),
+        ("simulate", ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv"), "--runs",
+         "int1", ()),
+        ("simulate", ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv"), "--row",
+         "int0", ()),
         ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
          "--gradient-bytes", "pos", ()),
         ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
@@ -119,6 +127,8 @@ def _flag_cases() -> list[Case]:
         ("--max-restarts", "int0"),
         ("--explore-trials", "int1"),
         ("--max-nodes", "int1"),
+        ("--max-replacements", "int0"),
+        ("--capacity-wait", "nonneg"),
     ):
         specs.append(("launch", (*launch, "--budget", "1"), flag, kind, ()))
     specs.append(("launch", launch, "--budget", "nonneg", ()))
@@ -140,8 +150,8 @@ def _flag_cases() -> list[Case]:
                 match = "below the job's"
             if code == 0 and command == "profile":
                 continue  # a valid profile flag would run the profiler
-            if code == 0 and command == "down":
-                continue  # covered by the job cases below
+            if code == 0 and command in ("down", "simulate"):
+                continue  # covered by the job cases below / by tests/test_simulate_cli.py
             files: dict[str, Any] = {}
             if command == "model fit":
                 files["m.csv"] = MEASUREMENTS
@@ -187,6 +197,10 @@ def _file_slots() -> list[tuple[str, str, tuple[str, ...], dict[str, Any], str |
          {"train.py": s}, None),
         ("profile-script", "script", ("profile", "{f}"), {}, None),
         ("catalog-dir", "catalog", ("catalog", "list", "--catalog", "{f}"), {}, None),
+        ("simulate-plan", "json", ("simulate", "--plan", "{f}", "--trace", "{d}/t.csv"),
+         {"t.csv": TRACE}, None),
+        ("simulate-trace", "trace", ("simulate", "--plan", "{d}/p.json", "--trace", "{f}"),
+         {"p.json": Mut("plan")}, None),
     ]  # fmt: skip
 
 
@@ -448,6 +462,29 @@ def _enum_cases() -> list[Case]:
         ("down-neither", ("down",), 2, "--all", {}),
         ("down-bad-id", ("down", "Bad Id"), 2, "job id", {}),
         ("down-unknown-no-cloud", ("down", "kp-nope"), 2, "--cloud", {}),
+        # kplan simulate: traces that are not traces, plans it cannot replay (issue 11)
+        ("simulate-format-bad", (*SIM, "--format", "parquet"), 2, "--format",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-trace-unsorted", SIM, 2, "",
+         {"p.json": SPOT_PLAN, "t.csv": "time_s,event,node\n5,add,a\n1,remove,a\n"}),
+        ("simulate-trace-event", SIM, 2, "event",
+         {"p.json": SPOT_PLAN, "t.csv": "time_s,event,node\n0,add,a\n1,explode,a\n"}),
+        ("simulate-trace-remove-dead", SIM, 2, "",
+         {"p.json": SPOT_PLAN, "t.csv": "time_s,event,node\n0,add,a\n1,remove,b\n"}),
+        ("simulate-trace-unknown", SIM, 2, "not a spot trace",
+         {"p.json": SPOT_PLAN, "t.csv": "nodes,workers,local_batch\n1,1,1\n"}),
+        ("simulate-trace-short", SIM, 2, "the trace spans",
+         {"p.json": SPOT_PLAN, "t.csv": "# end_s=600\ntime_s,event,node\n0,add,a\n"}),
+        ("simulate-plan-on-demand", SIM, 2, "on demand",
+         {"p.json": Mut("plan", ("chosen", "market"), "on-demand"), "t.csv": TRACE}),
+        ("simulate-plan-no-row", (*SIM, "--row", "9999"), 2, "no row",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-plan-bad-row", SIM, 2, "malformed",
+         {"p.json": Mut("plan", ("chosen", "nodes"), "four"), "t.csv": TRACE}),
+        ("simulate-bamboo-bad", (*SIM, "--format", "bamboo"), 2, "",
+         {"p.json": SPOT_PLAN, "t.csv": "0,add\n"}),
+        ("simulate-gcp-bad", (*SIM, "--format", "gcp-counts"), 2, "",
+         {"p.json": SPOT_PLAN, "t.csv": "2021-12-11, 11:11:30, many\n"}),
         ("model-fit-missing-out", ("model", "fit", "-m", "{d}/m.csv"), 2, "--out",
          {"m.csv": MEASUREMENTS}),
         ("model-fit-valid", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/o.json"), 0, "",

@@ -31,7 +31,7 @@ from tests.bad_input_corpus import CASES, DEEP, DELETE, DIR, FIFO, HUGE, JOB, Ca
 TIMEOUT_S = 30.0
 _EXAMPLE = Path(__file__).resolve().parents[1] / "planner" / "examples" / "cifar10-resnet18.json"
 _COMMANDS = {"estimate", "profile", "model", "launch", "status", "logs", "down", "report",
-             "catalog"}  # fmt: skip
+             "catalog", "simulate"}  # fmt: skip
 
 
 @pytest.fixture(scope="session")
