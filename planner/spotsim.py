@@ -240,12 +240,13 @@ def simulate(
         t_end = np.where(done, fin, INF)
         failed = np.zeros(n_l, dtype=bool)
 
-        if sw.any():  # back to spot when capacity returns: checkpoint, relaunch on spot
-            e = np.where(sw, np.maximum(t_sw - t_res, 0.0), 0.0)
-            k = np.floor(e / P["cycle"] + EPS)
-            prog = k * P["interval"] + np.minimum(e - k * P["cycle"], P["interval"])
-            committed = np.where(sw, np.minimum(committed + prog, work), committed)
-            sr = np.flatnonzero(sw)
+        sr = np.flatnonzero(sw)
+        if sr.size:  # back to spot when capacity returns: checkpoint, relaunch on spot
+            e = np.maximum(t_sw[sr] - t_res[sr], 0.0)
+            cyc, ivl = P["cycle"][sr], P["interval"][sr]
+            k = np.floor(e / cyc + EPS)
+            prog = k * ivl + np.minimum(e - k * cyc, ivl)
+            committed[sr] = np.minimum(committed[sr] + prog, work[sr])
             g_r, g_c = np.nonzero(on_od[sr])
             g_r = sr[g_r]
             t = t_sw[g_r]
@@ -272,7 +273,8 @@ def simulate(
             gone[rows, j] = True
             g_r, g_c = np.nonzero(gone & ls[:, None])
             losses += ls
-            lost += np.bincount(g_r, minlength=n_l)
+            lost_now = np.bincount(g_r, minlength=n_l)
+            lost += lost_now
             dur = d[g_r] - launch[g_r, g_c]
             cost += np.bincount(g_r, billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
             # capacity: the region still out from an earlier outage, or a new draw
@@ -301,8 +303,8 @@ def simulate(
             clock = np.where(clock > tl, clock, tl + lives(g_r))
             death[g_r, g_c] = np.where(od, INF, clock)
             on_od[g_r, g_c] = od
-            n_od += np.bincount(g_r, od, n_l)
-            np.maximum.at(t_res, g_r, tl + P["restart"][g_r])
+            n_od += np.where(use_od, lost_now, 0)
+            t_res = np.where(ls, np.maximum(t_res, t_launch + P["restart"]), t_res)
             too_many = ls & (lost > P["max_rep"])
             failed = too_many | no_cap
             if failed.any():
