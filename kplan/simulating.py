@@ -3,7 +3,8 @@
 The plan's chosen row (or ``--row N`` of its plans) gives the job: nodes, training seconds
 (steps x step time), prices and the recovery rules it was priced with. The trace gives when the
 cloud granted and preempted spot nodes. Each replay starts at a random time of the trace and
-follows the launcher's rules (``spotsim.replay``); the distribution of time and cost is set
+follows the launcher's rules (``spotsim.replay``; a start in a capacity outage moves to when
+the pool has the plan's nodes again); the distribution of time and cost is set
 against the plan's own prediction, both with and without the step-time error (a replay runs
 the expected step time, so its fair comparison is the plan's spot-only prediction, made by the
 same Monte-Carlo with the step time held at its expected value).
@@ -206,10 +207,13 @@ def replay_plan(
             hint="replay a longer trace, or a shorter job (kplan estimate --epochs)",
         )
     rng = np.random.default_rng(seed)
-    starts = rng.uniform(0.0, trace.end_s - horizon, size=runs)
+    starts = [
+        _with_capacity(trace, float(t), job.nodes)
+        for t in rng.uniform(0.0, trace.end_s - horizon, size=runs)
+    ]
     outs = spotsim.replay_many(
         trace,
-        [float(s) for s in starts],
+        starts,
         nodes=job.nodes,
         work_s=job.work_s,
         policy=job.policy,
@@ -261,6 +265,19 @@ def replay_plan(
                 np.mean(cost > pred["cost_p90_usd"])
             )
     return out
+
+
+def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:
+    """The first event time at or after ``t`` with ``nodes`` nodes alive in the pool (or ``t``
+    when the pool never has them): a replay starts when its nodes can be had, as the plan's
+    prediction does (the first boot is its provisioning, not a capacity wait)."""
+    if trace.alive_at(t) >= nodes:
+        return t
+    later = trace.times_s[trace.times_s > t]
+    for u in later.tolist():
+        if trace.alive_at(u) >= nodes:
+            return float(u)
+    return t
 
 
 def plan_risk(doc: dict[str, Any], row: int | None, model: SpotModel | None = None) -> SpotRisk:

@@ -177,10 +177,16 @@ def outage_estimate(
     censored: NDArray[np.bool_],
     continues: NDArray[np.bool_],
     restart_s: float = RESTART_S,
+    pool_view: bool = True,
 ) -> OutageFit:
-    """``prob`` and ``durations_h`` (whole waits, hours) of the capacity waits after losses."""
+    """``prob`` and ``durations_h`` (whole waits, hours) of the capacity waits after losses.
+
+    With ``pool_view`` (the default) a loss that comes while an earlier loss's outage is still
+    on counts too, with its own (residual) wait: a cluster of a few nodes drawn from the pool
+    waits through the pool's outages, not only through those its own losses start. Without
+    it, only the losses that start an outage count (the pool as one cluster)."""
     wait = np.asarray(wait_s, dtype=float)
-    own = ~np.asarray(continues, dtype=bool)
+    own = np.ones(wait.shape, dtype=bool) if pool_view else ~np.asarray(continues, dtype=bool)
     cens = np.asarray(censored, dtype=bool)
     out = own & (wait > restart_s)
     known = own & (~cens | out)  # a censored short wait may still become an outage: unknown
@@ -282,10 +288,11 @@ def risk_from_sample(
     note: str = "",
     restart_s: float = RESTART_S,
     cluster_sizes: Sequence[int] = CLUSTER_SIZES,
+    pool_view: bool = True,
 ) -> SpotRisk:
     life, se = weibull_mle(s.life_h, s.removed, s.entry_h)
     co = co_loss_estimate(s.size, s.pool, cluster_sizes)
-    out = outage_estimate(s.wait_s, s.censored, s.continues, restart_s)
+    out = outage_estimate(s.wait_s, s.censored, s.continues, restart_s, pool_view)
     lifetime = Weibull(round(life.shape, 4), round(life.scale_h, 4))
     naive = s.removals / s.node_hours if s.node_hours > 0 else math.nan
     source = (
@@ -295,8 +302,9 @@ def risk_from_sample(
         f"Lifetime: Weibull censored MLE, shape {lifetime.shape:.3f} +- {se:.3f}. "
         f"co_loss: matches the loss events of random clusters of "
         f"{min(cluster_sizes)}-{max(cluster_sizes)} nodes of the pool. "
-        f"Outage: {out.outages} of {out.events} losses waited > {restart_s:g} s for the pool's "
-        f"next add ({out.lower_bounds} still waiting at the end: lower bounds); durations are "
+        f"Outage: {out.outages} of {out.events} losses (those during another loss's outage "
+        f"too: {pool_view}) waited > {restart_s:g} s for the pool's next add "
+        f"({out.lower_bounds} still waiting at the end: lower bounds); durations are "
         f"the whole waits. {REGION}." + (f" {note}" if note else "")
     )
     return SpotRisk(
@@ -320,9 +328,11 @@ def fit_risk(
     until_s: float | None = None,
     restart_s: float = RESTART_S,
     cluster_sizes: Sequence[int] = CLUSTER_SIZES,
+    pool_view: bool = True,
 ) -> SpotRisk:
     """The ``SpotRisk`` of ``trace`` fitted on ``[since_s, until_s)`` (seconds; default all):
-    fit on the first half of a trace and replay the second half."""
+    fit on the first half of a trace and replay the second half. ``pool_view``: see
+    ``outage_estimate`` (False reads the pool as one cluster, as ``synthetic_trace`` draws it)."""
     s = sample(trace, since_s, until_s, restart_s)
     return risk_from_sample(
         s,
@@ -331,6 +341,7 @@ def fit_risk(
         region=region,
         restart_s=restart_s,
         cluster_sizes=cluster_sizes,
+        pool_view=pool_view,
     )
 
 

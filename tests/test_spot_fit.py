@@ -57,14 +57,17 @@ def test_weibull_mle_uses_censoring_and_truncation() -> None:
 def test_co_loss_and_outage_are_recovered_from_a_synthetic_trace(co: float, pool: int) -> None:
     p = 0.3
     t = synthetic_trace(_risk(0.8, 2.0, co, p), pool=pool, hours=4000, seed=3)
-    r = fit.fit_risk(t, cloud="aws", family="x", region="*", cluster_sizes=(pool,))
+    # the synthetic pool is one cluster: read it so (pool_view=False); a real pool is shared
+    r = fit.fit_risk(t, cloud="aws", family="x", region="*", cluster_sizes=(pool,), pool_view=False)
     s = fit.sample(t)
     n_ev = len(s.size)
     # co_loss: mean of (b - 1) / (N - 1) over ~n_ev events, sd <= 0.5 / sqrt(n_ev); events
     # closer than LOSS_WINDOW_S merge (~1-2% of them), a small upward bias
     assert abs(r.co_loss - co) < 4 * 0.5 / math.sqrt(n_ev) + 0.01
-    out = fit.outage_estimate(s.wait_s, s.censored, s.continues)
+    out = fit.outage_estimate(s.wait_s, s.censored, s.continues, pool_view=False)
     assert out.events > 1000
+    shared = fit.outage_estimate(s.wait_s, s.censored, s.continues)
+    assert shared.prob >= out.prob  # a node of the pool also waits through others' outages
     assert abs(r.outage.prob - p) < 4 * math.sqrt(p * (1 - p) / out.events) + 0.01
     # the waits are the drawn durations (a merged event starts up to the window earlier)
     d = np.asarray(r.outage.durations_h)
@@ -89,10 +92,14 @@ def test_outage_estimate_counts_only_waits_it_knows() -> None:
     wait = np.array([60.0, 400.0, 7200.0, 100.0, 900.0])
     censored = np.array([False, False, False, True, True])  # a short open wait: unknown
     continues = np.array([False, False, True, False, False])
-    out = fit.outage_estimate(wait, censored, continues, restart_s=300.0)
+    out = fit.outage_estimate(wait, censored, continues, restart_s=300.0, pool_view=False)
     assert (out.events, out.outages, out.lower_bounds) == (3, 2, 1)
     assert out.prob == pytest.approx(2 / 3)
     assert out.durations_h == (round(400 / 3600, 4), 0.25)
+    # seen from a cluster of the pool, the loss during the 7200 s outage waits too
+    shared = fit.outage_estimate(wait, censored, continues, restart_s=300.0)
+    assert (shared.events, shared.outages) == (4, 3)
+    assert shared.durations_h == (round(400 / 3600, 4), 0.25, 2.0)
 
 
 @needs_data
