@@ -218,15 +218,16 @@ class DeviceModel:
                     or not (w >= 0 and math.isfinite(w))
                 ):
                     raise ValueError(f"sigma.cross_gpu.{fam}.{key}={w!r} must be a number >= 0")
-        for fam, v in dict(sigma.get("cross_precision", {})).items():
-            if fam not in FAMILIES:
-                raise ValueError(f"sigma.cross_precision.{fam}: expected 'full' or 'mixed'")
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not (v >= 0 and math.isfinite(v))
-            ):
-                raise ValueError(f"sigma.cross_precision.{fam}={v!r} must be a number >= 0")
+        for key in ("cross_precision", "cross_gpu_projection"):
+            for fam, v in dict(sigma.get(key, {})).items():
+                if fam not in FAMILIES:
+                    raise ValueError(f"sigma.{key}.{fam}: expected 'full' or 'mixed'")
+                if (
+                    isinstance(v, bool)
+                    or not isinstance(v, int | float)
+                    or not (v >= 0 and math.isfinite(v))
+                ):
+                    raise ValueError(f"sigma.{key}.{fam}={v!r} must be a number >= 0")
 
     def with_fixed_part(self, factor: float, fixed_fraction: float | None) -> float:
         """The whole step's factor when ``fixed_fraction`` of the source step is fixed per-step
@@ -298,21 +299,9 @@ class DeviceModel:
     ) -> float:
         """Held-out one-sigma log error of the src -> dst (and precision) projection."""
         assert self.sigma is not None
-        same_gpu = src.name == dst.name
-        ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
-        fam = precision_family(pd)
-        gpu_term = 0.0
-        if not same_gpu:
-            table = self.sigma.get("cross_gpu", {})
-            g = table.get(fam) or next(iter(table.values()), None)
-            if g:
-                d = spec_distance(src, dst, ps, pd)
-                gpu_term = float(g["base"] + g["per_distance"] * d)
-        prec_term = 0.0
-        if ps != pd if projected is None else projected:
-            table = self.sigma.get("cross_precision", {})
-            prec_term = float(table.get(fam, max(table.values(), default=0.0)))
-        return math.hypot(gpu_term, prec_term)
+        if projected is None:
+            projected = is_projection(src, dst, src_precision, dst_precision)
+        return held_out_sigma(self.sigma, src, dst, src_precision, dst_precision, projected)
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "device model") -> DeviceModel:
@@ -441,6 +430,49 @@ def _number(value: Any, source: str, name: str) -> float:
     return float(value)
 
 
+def is_projection(src: GpuSpec, dst: GpuSpec, src_precision: str, dst_precision: str) -> bool:
+    """Whether src -> dst runs the job in another precision than it was measured in. TF32 on a
+    GPU without it is FP32 exactly (the switch is ignored); BF16 without native support is
+    emulated at an unmeasured speed: taken as FP32, but still a projection."""
+    ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
+    return ps != pd or (
+        src_precision != dst_precision
+        and (_emulated_bf16(src, src_precision) or _emulated_bf16(dst, dst_precision))
+    )
+
+
+def held_out_sigma(
+    sigma: Mapping[str, Any],
+    src: GpuSpec,
+    dst: GpuSpec,
+    src_precision: str,
+    dst_precision: str,
+    projected: bool,
+) -> float:
+    """The one-sigma log error that the ``sigma`` tables give a src -> dst prediction:
+    ``cross_gpu`` (base + per_distance * spec distance) across GPUs; a projection to another
+    precision adds, in quadrature, ``cross_precision`` on one GPU or across families, and
+    ``cross_gpu_projection`` (2.1; else ``cross_precision``) across GPUs within a family (FP32 on
+    one GPU, TF32 tensor cores on the other)."""
+    ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
+    fam = precision_family(pd)
+    same_gpu = src.name == dst.name
+    gpu_term = 0.0
+    if not same_gpu:
+        table = sigma.get("cross_gpu", {})
+        g = table.get(fam) or next(iter(table.values()), None)
+        if g:
+            gpu_term = float(g["base"] + g["per_distance"] * spec_distance(src, dst, ps, pd))
+    prec_term = 0.0
+    if projected:
+        table = sigma.get("cross_precision", {})
+        prec_term = float(table.get(fam, max(table.values(), default=0.0)))
+        within = sigma.get("cross_gpu_projection", {})
+        if not same_gpu and precision_family(ps) == fam and fam in within:
+            prec_term = float(within[fam])
+    return math.hypot(gpu_term, prec_term)
+
+
 def compute_scale(
     model: DeviceModel,
     src: GpuSpec,
@@ -466,12 +498,7 @@ def compute_scale(
     if fixed_fraction is not None and not 0.0 <= fixed_fraction <= 1.0:
         raise ValueError(f"fixed_fraction={fixed_fraction!r} must be between 0 and 1")
     ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
-    # TF32 on a GPU without it is FP32 exactly (the switch is ignored); BF16 without native
-    # support is emulated at an unmeasured speed: taken as FP32, but still a projection.
-    projected = ps != pd or (
-        src_precision != dst_precision
-        and (_emulated_bf16(src, src_precision) or _emulated_bf16(dst, dst_precision))
-    )
+    projected = is_projection(src, dst, src_precision, dst_precision)
     if src.name == dst.name and not projected:
         return SpeedEstimate(1.0, 0.0)
     # Across GPUs only: on the same GPU a measured ratio would be the answer, not a share.

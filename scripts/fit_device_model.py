@@ -51,7 +51,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.planner.catalog import GpuSpec
-from kplan.planner.devices import FIT_PRECISIONS, DeviceModel, compute_scale, spec_distance
+from kplan.planner.devices import (
+    FIT_PRECISIONS,
+    DeviceModel,
+    compute_scale,
+    held_out_sigma,
+    is_projection,
+    spec_distance,
+)
 
 NEUSIGHT = Path("gpu") / "neusight-asplos25"
 DLE = Path("gpu") / "nvidia-dle" / "training_throughput.csv"
@@ -479,6 +486,15 @@ class Prediction:
     peak_residual: float  # baseline: ratio of the precision's peaks
     bw_residual: float  # baseline: ratio of memory bandwidths
     distance: float
+    src_spec: GpuSpec
+    dst_spec: GpuSpec
+
+    @property
+    def projected(self) -> bool:
+        """Whether the pair runs in another (effective) precision on dst than on src."""
+        return is_projection(
+            self.src_spec, self.dst_spec, self.pair.src.precision, self.pair.dst.precision
+        )
 
 
 def _baselines(pair: Pair, specs: dict[str, GpuSpec]) -> tuple[float, float]:
@@ -524,6 +540,8 @@ def held_out(data: Dataset, by: str) -> list[Prediction]:
                         p.src.precision,
                         p.dst.precision,
                     ),
+                    data.specs[p.src.gpu],
+                    data.specs[p.dst.gpu],
                 )
             )
     return out
@@ -532,16 +550,19 @@ def held_out(data: Dataset, by: str) -> list[Prediction]:
 def fit_sigma(preds: Sequence[Prediction]) -> dict[str, Any]:
     """Sigma of log error from held-out residuals.
 
-    Cross-GPU pairs: ``sigma(d) = base + per_distance * d`` per destination precision family,
-    from a least-squares fit of ``sqrt(pi/2) * |residual|`` on the spec distance ``d``
-    (``E|r| = sigma * sqrt(2/pi)`` for a normal error). Same-GPU projections to another
-    precision: the RMS residual per destination precision family.
+    Cross-GPU pairs in one precision: ``sigma(d) = base + per_distance * d`` per destination
+    precision family, from a least-squares fit of ``sqrt(pi/2) * |residual|`` on the spec
+    distance ``d`` (``E|r| = sigma * sqrt(2/pi)`` for a normal error). Cross-GPU pairs that also
+    change precision within a family (FP32 on one GPU, TF32 on the other): the term ``e`` that,
+    added in quadrature, gives ``E|r / sqrt(sigma(d)^2 + e^2)| = sqrt(2/pi)``. Same-GPU
+    projections to another precision: the RMS residual per destination precision family.
     """
     from sklearn.linear_model import LinearRegression
 
-    out: dict[str, Any] = {"cross_gpu": {}, "cross_precision": {}}
+    out: dict[str, Any] = {"cross_gpu": {}, "cross_precision": {}, "cross_gpu_projection": {}}
     for family in ("full", "mixed"):
-        sel = [p for p in preds if p.pair.cross_gpu and _family(p.pair.dst.precision) == family]
+        cross = [p for p in preds if p.pair.cross_gpu and _family(p.pair.dst.precision) == family]
+        sel = [p for p in cross if not p.projected] or cross
         if len(sel) >= 3:
             x = np.array([[p.distance] for p in sel])
             y = math.sqrt(math.pi / 2) * np.abs([p.residual for p in sel])
@@ -550,6 +571,11 @@ def fit_sigma(preds: Sequence[Prediction]) -> dict[str, Any]:
             if slope < 0 or base < 0:  # no distance trend the data supports: a constant
                 base, slope = float(np.sqrt(np.mean(np.square([p.residual for p in sel])))), 0.0
             out["cross_gpu"][family] = {"base": round(base, 4), "per_distance": round(slope, 4)}
+            both = [p for p in cross if p.projected]
+            if len(both) >= 3 and len(sel) < len(cross):
+                g = np.array([base + slope * p.distance for p in both])
+                r = np.abs([p.residual for p in both])
+                out["cross_gpu_projection"][family] = round(_extra_sigma(r, g), 4)
         same = [
             p for p in preds if not p.pair.cross_gpu and _family(p.pair.dst.precision) == family
         ]
@@ -559,22 +585,45 @@ def fit_sigma(preds: Sequence[Prediction]) -> dict[str, Any]:
     return out
 
 
+def _extra_sigma(r: NDArray[np.float64], g: NDArray[np.float64]) -> float:
+    """``e >= 0`` with ``mean(r / sqrt(g^2 + e^2)) = sqrt(2/pi)`` (bisection; 0 if ``g`` alone
+    already covers ``r``)."""
+    target = math.sqrt(2.0 / math.pi)
+
+    def z(e: float) -> float:
+        return float(np.mean(r / np.sqrt(g**2 + e**2)))
+
+    if z(0.0) <= target:
+        return 0.0
+    lo, hi = 0.0, 10.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if z(mid) > target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def sigma_of(sigma: dict[str, Any], pred: Prediction) -> float:
-    """The sigma a model with ``sigma`` tables states for ``pred``'s pair."""
-    fam = _family(pred.pair.dst.precision)
-    if not pred.pair.cross_gpu:
-        return float(sigma["cross_precision"].get(fam, 0.0))
-    g = sigma["cross_gpu"].get(fam) or next(iter(sigma["cross_gpu"].values()))
-    return float(g["base"] + g["per_distance"] * pred.distance)
+    """The sigma a model with ``sigma`` tables states for ``pred``'s pair: the planner's own
+    ``held_out_sigma``, as ``compute_scale`` applies it."""
+    return held_out_sigma(
+        sigma,
+        pred.src_spec,
+        pred.dst_spec,
+        pred.pair.src.precision,
+        pred.pair.dst.precision,
+        pred.projected,
+    )
 
 
-def calibration(preds: Sequence[Prediction]) -> dict[str, float]:
-    """Nested: each fold's sigma is fitted on the other folds' residuals only."""
+def calibration(preds: Sequence[Prediction], precision: str | None = None) -> dict[str, float]:
+    """Nested: each fold's sigma is fitted on the other folds' residuals only (all of them);
+    ``precision``: judge only the pairs with that destination precision."""
     within = below = 0
     n = 0
     for fold in sorted({p.fold for p in preds}):
         others = fit_sigma([p for p in preds if p.fold != fold])
-        for p in (q for q in preds if q.fold == fold):
+        judged = (q for q in preds if q.fold == fold)
+        for p in (q for q in judged if precision in (None, q.pair.dst.precision)):
             if not p.pair.cross_gpu and not others["cross_precision"]:
                 continue
             s = sigma_of(others, p)
@@ -622,6 +671,20 @@ def table(preds: Sequence[Prediction], group: str) -> dict[str, dict[str, dict[s
 # -------------------------------------------------------------------------------- the fit
 
 
+def one_precision(data: Dataset) -> Dataset:
+    """The data as a one-precision profile sees it: no workload has a measured precision ratio
+    (what ``kplan estimate`` has from one profile)."""
+    return Dataset(data.specs, [dataclasses.replace(s, alt=None) for s in data.samples])
+
+
+def sigma_residuals(data: Dataset) -> list[Prediction]:
+    """The held-out predictions the shipped sigma is fitted on: from one-precision profiles (the
+    planner's default; a second profile only lowers the error), leaving one GPU out (cross-GPU
+    pairs) and one model out (cross-GPU pairs and same-GPU projections)."""
+    one = one_precision(data)
+    return [p for p in held_out(one, "gpu") if p.pair.cross_gpu] + held_out(one, "model")
+
+
 def fit_document(data: Dataset) -> dict[str, Any]:
     """Fit on every pair; held-out errors and sigmas from leave-one-GPU/model-out folds."""
     theta = fit_theta(make_pairs(data.samples), data.specs)
@@ -629,7 +692,11 @@ def fit_document(data: Dataset) -> dict[str, Any]:
     lomo = held_out(data, "model")
     logo_x = [p for p in logo if p.pair.cross_gpu]
     lomo_x = [p for p in lomo if p.pair.cross_gpu]
-    sigma = fit_sigma(logo_x + lomo)
+    from_one = sigma_residuals(data)
+    gpus = {s.gpu for s in data.samples}
+    one_logo = [p for p in from_one if p.fold in gpus]
+    one_lomo = [p for p in from_one if p.fold not in gpus and p.pair.cross_gpu]
+    sigma = fit_sigma(from_one)
     held = {
         "metric": "APE = |predicted / measured - 1| of the destination's step time over ordered "
         "pairs of the same job (model, batch, GPU count) on two GPUs (same precision family) or "
@@ -645,6 +712,11 @@ def fit_document(data: Dataset) -> dict[str, Any]:
             "per_precision": table(lomo_x, "precision"),
             "cross_precision_same_gpu": summary([p.residual for p in lomo if not p.pair.cross_gpu]),
             "calibration": calibration(lomo_x),
+        },
+        "one_precision_profile": {
+            "leave_one_gpu_out": table(one_logo, "precision"),
+            "leave_one_model_out": table(one_lomo, "precision"),
+            "calibration": {"leave_one_gpu_out": calibration(one_logo)},
         },
     }
     model = as_model(
