@@ -20,6 +20,9 @@ launcher's recovery rules (``launcher/lifecycle.py``), so that all three follow 
   it out until the same time.
   With probability ``outage.region_prob`` every other zone of the region is out at the same time
   (zone failover does not help).
+- **Regimes**: the traces are calm for hours, then busy: each run draws its period's loss rate
+  and outage chance around the fitted ones (``rate_sigma``, ``outage_sigma``: the spread
+  between 2-hour blocks of the traces beyond what chance alone gives).
 - **Recovery** (``RecoveryPolicy``): training stops on any loss and resumes from the last
   checkpoint once every node is back; a replacement goes to the same zone, else another zone of
   the region, else (``allow_on_demand``) on demand, which goes back to spot when capacity returns
@@ -128,10 +131,19 @@ class SpotRisk:
     co_loss: float  # probability that each other node of the cluster goes in the same event
     outage: Outage
     source: str  # where the numbers come from (trace, span, how fitted), or why assumed
+    # Regimes: the market is calmer or busier from one period to the next. Each run of a job
+    # draws its period's loss rate (x exp(rate_sigma z - rate_sigma^2 / 2), mean 1) and its
+    # outage chance (logit + outage_sigma z'); 0: the same market throughout.
+    rate_sigma: float = 0.0
+    outage_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.co_loss <= 1.0:
             raise ValueError(f"co_loss {self.co_loss} must be in [0, 1]")
+        for name in ("rate_sigma", "outage_sigma"):
+            v = getattr(self, name)
+            if not (0.0 <= v <= 5.0):
+                raise ValueError(f"{name} {v} must be in [0, 5]")
 
     @property
     def rate_per_hour(self) -> float:
@@ -156,6 +168,8 @@ class SpotRisk:
                 "durations_h": list(self.outage.durations_h),
                 "region_prob": self.outage.region_prob,
             },
+            "rate_sigma": self.rate_sigma,
+            "outage_sigma": self.outage_sigma,
             "source": self.source,
         }
 
@@ -174,6 +188,8 @@ class SpotRisk:
                 region_prob=float(out["region_prob"]),
             ),
             source=str(d["source"]),
+            rate_sigma=float(d.get("rate_sigma", 0.0)),
+            outage_sigma=float(d.get("outage_sigma", 0.0)),
         )
 
 

@@ -21,7 +21,8 @@ from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, Weibull
 Array = NDArray[np.float64]
 MIN_REPLACEMENTS = 20  # the launcher's floor: a crash loop still stops
 REPLACEMENT_MARGIN = 1.5  # over the simulated p99 of lost nodes
-MIN_CAPACITY_WAIT_S = 900.0
+MIN_CAPACITY_WAIT_S = 3600.0
+CAPACITY_WAIT_MARGIN = 2.0  # over the longest outage the model draws
 
 
 def risk_for(
@@ -56,10 +57,12 @@ def expected_wait_s(risk: SpotRisk, allow_on_demand: bool, capacity_wait_s: floa
 
 
 def default_capacity_wait_s(risk: SpotRisk) -> float:
-    """Wait as long as the longest outage the traces recorded (at least 15 minutes): a job that
-    gives up sooner loses what it paid for, and the plan's p90 already holds the waits."""
+    """Twice the longest outage the model draws (its fitted tail), and at least an hour: the
+    traces are hours long and the next outage may be longer than any they saw; a job that gives
+    up loses the time it waited (it resumes from its checkpoint when relaunched), and the
+    plan's p90 already holds the waits the model expects."""
     longest = max(risk.outage.durations_h, default=0.0) * 3600.0
-    return max(MIN_CAPACITY_WAIT_S, longest)
+    return max(MIN_CAPACITY_WAIT_S, CAPACITY_WAIT_MARGIN * longest)
 
 
 def replacement_limit(lost_nodes_p99: float) -> int:

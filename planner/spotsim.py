@@ -90,6 +90,27 @@ class SimResult:
     samples: SimSamples
 
 
+def _draw_regimes(
+    P: dict[str, NDArray[Any]], risks: list[SpotRisk | None], cf: NDArray[np.intp], seed: int
+) -> None:
+    """Each run's market period (spot.py, Regimes): the loss hazard times ``exp(s z - s^2/2)``
+    (a Weibull's scale times that to the power -1/k) and the outage chance's logit plus
+    ``s' z'``. Drawn from their own stream: with no spread the runs are unchanged."""
+    rate_sd = np.array([r.rate_sigma if r else 0.0 for r in risks])[cf]
+    out_sd = np.array([r.outage_sigma if r else 0.0 for r in risks])[cf]
+    if not (np.any(rate_sd > 0) or np.any(out_sd > 0)):
+        return
+    g = np.random.default_rng([seed, 7919])
+    z1, z2 = g.standard_normal(cf.size), g.standard_normal(cf.size)
+    mult = np.exp(rate_sd * z1 - rate_sd**2 / 2.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        P["scale"] = np.where(np.isfinite(P["scale"]), P["scale"] * mult ** (-P["k_inv"]), INF)
+    p = np.clip(P["out_p"], 0.0, 1.0)
+    inner = (p > 0) & (p < 1)
+    logit = np.log(np.where(inner, p, 0.5) / np.where(inner, 1.0 - p, 0.5)) + out_sd * z2
+    P["out_p"] = np.where(inner, 1.0 / (1.0 + np.exp(-logit)), p)
+
+
 def _per_config(values: Sequence[object], c: int, name: str) -> list[object]:
     if len(values) == c:
         return list(values)
@@ -185,6 +206,7 @@ def simulate(
     cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
     # per-lane copies of the parameters, compacted with the state (no gather per event)
     P = {key: x[cf] for key, x in by_cfg.items()}
+    _draw_regimes(P, risk_list, cf, seed)
 
     def lives(idx: NDArray[np.intp]) -> Array:
         """Fresh slot clocks (s from now) for lanes ``idx``."""

@@ -172,6 +172,30 @@ class OutageFit:
     lower_bounds: int  # outages still on at the end of the trace (their length is a floor)
 
 
+TAIL_POINTS = 40  # quantiles of the fitted log-normal kept as the outage durations
+
+
+def lognormal_durations(
+    durations_h: tuple[float, ...], restart_s: float, points: int = TAIL_POINTS
+) -> tuple[float, ...]:
+    """The recorded waits as ``points`` quantiles of a log-normal fitted (maximum likelihood in
+    log space) to their part beyond the restart: sampling them reproduces the recorded median
+    and spread, and gives waits longer than the few recorded (a trace of hours sees a handful
+    of outages; the next one may be longer). Fewer than 3 waits: kept as recorded."""
+    d = np.asarray(durations_h, dtype=float) * 3600.0 - restart_s
+    if d.size < 3 or np.any(d <= 0):
+        return durations_h
+    logs = np.log(d)
+    mu, sigma = float(logs.mean()), float(logs.std(ddof=1))
+    if not sigma > 0:
+        return durations_h
+    from scipy.stats import norm
+
+    q = (np.arange(points) + 0.5) / points
+    excess = np.exp(mu + sigma * norm.ppf(q))
+    return tuple(round(float(x), 4) for x in (restart_s + excess) / 3600.0)
+
+
 def outage_estimate(
     wait_s: Array,
     censored: NDArray[np.bool_],
@@ -259,6 +283,58 @@ def sample(
     )
 
 
+BLOCK_H = 2.0  # the market periods whose spread the regimes measure (jobs of hours)
+
+
+def blocks(
+    trace: SpotTrace,
+    since_s: float | None = None,
+    until_s: float | None = None,
+    block_h: float = BLOCK_H,
+    restart_s: float = RESTART_S,
+) -> list[Sample]:
+    """The span cut into whole blocks of ``block_h`` (a last part shorter than half a block is
+    left out): one Sample each."""
+    since = 0.0 if since_s is None else max(float(since_s), 0.0)
+    until = trace.end_s if until_s is None else min(float(until_s), trace.end_s)
+    step = block_h * 3600.0
+    out = []
+    a = since
+    while until - a >= 0.5 * step:
+        b = min(a + step, until)
+        out.append(sample(trace, a, b, restart_s))
+        a = b
+    return out
+
+
+def regime_sigmas(parts: Sequence[Sample], restart_s: float = RESTART_S) -> tuple[float, float]:
+    """(rate_sigma, outage_sigma): the spread of the loss rate and of the outage chance between
+    blocks beyond chance (method of moments). Rate: removals r_j in e_j node-hours against a
+    common rate rho, Var(r_j) = rho e_j + (rho e_j)^2 s^2 for a rate multiplier of variance
+    s^2, so s^2 = sum((r_j - rho e_j)^2 - rho e_j) / sum((rho e_j)^2), and the log-normal's
+    sigma^2 = log(1 + s^2). Outage: k_j outages in n_j losses, the binomial's excess variance
+    over sum(n_j^2 (p (1 - p))^2) is the variance of the logit. Fewer than 2 blocks: 0."""
+    r = np.array([float(p.removals) for p in parts])
+    e = np.array([float(p.node_hours) for p in parts])
+    rate_sigma = 0.0
+    if len(parts) >= 2 and e.sum() > 0 and r.sum() > 0:
+        rho = r.sum() / e.sum()
+        mu = rho * e
+        s2 = float(np.sum((r - mu) ** 2 - mu) / np.sum(mu**2))
+        rate_sigma = math.sqrt(math.log1p(max(s2, 0.0)))
+    outage_sigma = 0.0
+    fits = [outage_estimate(p.wait_s, p.censored, p.continues, restart_s) for p in parts]
+    n = np.array([float(f.events) for f in fits])
+    k = np.array([float(f.outages) for f in fits])
+    if len(parts) >= 2 and n.sum() > 0:
+        p = k.sum() / n.sum()
+        if 0.0 < p < 1.0:
+            v = p * (1.0 - p)
+            excess = float(np.sum((k - p * n) ** 2 - v * n) / np.sum((n * v) ** 2))
+            outage_sigma = math.sqrt(max(excess, 0.0))
+    return round(min(rate_sigma, 5.0), 4), round(min(outage_sigma, 5.0), 4)
+
+
 def _cat(samples: Sequence[Sample], name: str) -> Sample:
     def c(attr: str) -> NDArray[np.generic]:
         return np.concatenate([getattr(s, attr) for s in samples])
@@ -289,10 +365,19 @@ def risk_from_sample(
     restart_s: float = RESTART_S,
     cluster_sizes: Sequence[int] = CLUSTER_SIZES,
     pool_view: bool = True,
+    smooth_tail: bool = True,
+    regimes: tuple[float, float] = (0.0, 0.0),
 ) -> SpotRisk:
     life, se = weibull_mle(s.life_h, s.removed, s.entry_h)
     co = co_loss_estimate(s.size, s.pool, cluster_sizes)
     out = outage_estimate(s.wait_s, s.censored, s.continues, restart_s, pool_view)
+    durations = lognormal_durations(out.durations_h, restart_s) if smooth_tail else out.durations_h
+    tail = (
+        f" Durations: {TAIL_POINTS} quantiles of a log-normal fitted to the recorded waits "
+        f"beyond the restart (longest recorded {max(out.durations_h, default=0.0):.2f} h)."
+        if durations != out.durations_h
+        else ""
+    )
     lifetime = Weibull(round(life.shape, 4), round(life.scale_h, 4))
     naive = s.removals / s.node_hours if s.node_hours > 0 else math.nan
     source = (
@@ -305,7 +390,9 @@ def risk_from_sample(
         f"Outage: {out.outages} of {out.events} losses (those during another loss's outage "
         f"too: {pool_view}) waited > {restart_s:g} s for the pool's next add "
         f"({out.lower_bounds} still waiting at the end: lower bounds); durations are "
-        f"the whole waits. {REGION}." + (f" {note}" if note else "")
+        f"the whole waits.{tail} Regimes: the spread between {BLOCK_H:g} h blocks beyond "
+        f"chance, rate sigma {regimes[0]:.2f}, outage logit sigma {regimes[1]:.2f}. {REGION}."
+        + (f" {note}" if note else "")
     )
     return SpotRisk(
         cloud=cloud,
@@ -313,8 +400,10 @@ def risk_from_sample(
         region=region,
         lifetime=lifetime,
         co_loss=round(co, 4),
-        outage=Outage(prob=round(out.prob, 4), durations_h=out.durations_h, region_prob=1.0),
+        outage=Outage(prob=round(out.prob, 4), durations_h=durations, region_prob=1.0),
         source=source,
+        rate_sigma=regimes[0],
+        outage_sigma=regimes[1],
     )
 
 
@@ -329,6 +418,8 @@ def fit_risk(
     restart_s: float = RESTART_S,
     cluster_sizes: Sequence[int] = CLUSTER_SIZES,
     pool_view: bool = True,
+    smooth_tail: bool = True,
+    regimes: bool = True,
 ) -> SpotRisk:
     """The ``SpotRisk`` of ``trace`` fitted on ``[since_s, until_s)`` (seconds; default all):
     fit on the first half of a trace and replay the second half. ``pool_view``: see
@@ -342,6 +433,10 @@ def fit_risk(
         restart_s=restart_s,
         cluster_sizes=cluster_sizes,
         pool_view=pool_view,
+        smooth_tail=smooth_tail,
+        regimes=regime_sigmas(blocks(trace, since_s, until_s, restart_s=restart_s), restart_s)
+        if regimes
+        else (0.0, 0.0),
     )
 
 
@@ -385,10 +480,22 @@ def _lives(trace: SpotTrace) -> tuple[Array, NDArray[np.bool_]]:
 def fit_all(data: Path) -> SpotModel:
     risks: list[SpotRisk] = []
     by_cloud: dict[str, list[Sample]] = {}
+    parts_by_cloud: dict[str, list[Sample]] = {}
     for cloud, family, region, trace, note in load_traces(data):
         s = sample(trace)
         by_cloud.setdefault(cloud, []).append(s)
-        risks.append(risk_from_sample(s, cloud=cloud, family=family, region=region, note=note))
+        parts = blocks(trace)
+        parts_by_cloud.setdefault(cloud, []).extend(parts)
+        risks.append(
+            risk_from_sample(
+                s,
+                cloud=cloud,
+                family=family,
+                region=region,
+                note=note,
+                regimes=regime_sigmas(parts),
+            )
+        )
     for cloud, samples in by_cloud.items():
         names = " + ".join(s.name for s in samples)
         pooled = _cat(samples, f"pooled {names}")
@@ -402,6 +509,7 @@ def fit_all(data: Path) -> SpotModel:
                     f"Fallback for {cloud} families and regions without a trace: the "
                     f"{cloud} traces pooled (lifetimes, loss events and waits together)."
                 ),
+                regimes=regime_sigmas(parts_by_cloud[cloud]),
             )
         )
     return SpotModel(risks=tuple(risks), fitted="")

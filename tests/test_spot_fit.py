@@ -58,7 +58,15 @@ def test_co_loss_and_outage_are_recovered_from_a_synthetic_trace(co: float, pool
     p = 0.3
     t = synthetic_trace(_risk(0.8, 2.0, co, p), pool=pool, hours=4000, seed=3)
     # the synthetic pool is one cluster: read it so (pool_view=False); a real pool is shared
-    r = fit.fit_risk(t, cloud="aws", family="x", region="*", cluster_sizes=(pool,), pool_view=False)
+    r = fit.fit_risk(
+        t,
+        cloud="aws",
+        family="x",
+        region="*",
+        cluster_sizes=(pool,),
+        pool_view=False,
+        smooth_tail=False,
+    )
     s = fit.sample(t)
     n_ev = len(s.size)
     # co_loss: mean of (b - 1) / (N - 1) over ~n_ev events, sd <= 0.5 / sqrt(n_ev); events
@@ -129,3 +137,55 @@ def test_shipped_model_is_the_fit_of_the_shared_traces() -> None:
     for r in shipped.risks:
         assert r.outage.region_prob == 1.0 and "region_prob 1.0 assumed" in r.source
         assert all(d * 3600 > 300 for d in r.outage.durations_h)
+
+
+def test_the_outage_tail_is_a_log_normal_through_the_recorded_waits() -> None:
+    """Sampling the kept quantiles gives the recorded median, and waits beyond the longest
+    recorded one (a handful of outages does not show the tail)."""
+    rng = np.random.default_rng(5)
+    restart = 300.0
+    excess = rng.lognormal(np.log(900.0), 0.8, size=12)
+    recorded = tuple(float(x) for x in (restart + excess) / 3600.0)
+    kept = np.asarray(fit.lognormal_durations(recorded, restart))
+    assert kept.size == fit.TAIL_POINTS and np.all(kept * 3600 > restart)
+    assert np.median(kept) == pytest.approx(
+        (restart + np.exp(np.mean(np.log(excess)))) / 3600, rel=1e-3
+    )
+    assert kept.max() > max(recorded)
+    assert fit.lognormal_durations(recorded[:2], restart) == recorded[:2]
+
+
+def test_regime_spread_is_found_where_blocks_differ_and_not_where_they_do_not() -> None:
+    """Blocks whose loss rates are drawn around a common one (a multiplier of log-sd 0.6)
+    give a rate sigma near 0.6; blocks of one Poisson rate give about 0."""
+    rng = np.random.default_rng(11)
+
+    def parts(sd: float, n: int = 400) -> list[fit.Sample]:
+        out = []
+        for _ in range(n):
+            e = 50.0  # node-hours per block
+            rate = 0.6 * math.exp(sd * rng.standard_normal() - sd**2 / 2)
+            r = int(rng.poisson(rate * e))
+            out.append(
+                fit.Sample(
+                    name="b",
+                    life_h=np.zeros(0),
+                    removed=np.zeros(0, dtype=bool),
+                    entry_h=np.zeros(0),
+                    size=np.ones(0, dtype=np.int64),
+                    pool=np.ones(0, dtype=np.int64),
+                    wait_s=np.zeros(0),
+                    censored=np.zeros(0, dtype=bool),
+                    continues=np.zeros(0, dtype=bool),
+                    hours=2.0,
+                    node_hours=e,
+                    removals=r,
+                )
+            )
+        return out
+
+    spread, _ = fit.regime_sigmas(parts(0.6))
+    assert spread == pytest.approx(0.6, abs=0.1)
+    calm, _ = fit.regime_sigmas(parts(0.0))
+    assert calm < 0.1
+    assert fit.regime_sigmas(parts(0.6, n=1)) == (0.0, 0.0)  # one block: no spread to see

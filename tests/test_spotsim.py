@@ -425,3 +425,34 @@ def test_replay_from_random_starts_of_one_long_trace() -> None:
     assert np.mean([o.wait_s for o in outs]) / 3600 == pytest.approx(
         sim.wait_hours_mean[0], rel=0.08
     )
+
+
+def test_regimes_widen_the_distribution_and_keep_the_mean_rate() -> None:
+    """A run's period may be calmer or busier (spot.py, Regimes): with exponential lives the
+    expected losses stay (the rate multiplier has mean 1) while the p90 time grows; with no
+    spread the runs are the ones without the field."""
+    from dataclasses import replace
+
+    r = risk(1.0, 4.0, 0.0, Outage(0.0, (), 1.0))
+    pol = RecoveryPolicy(checkpoint_s=10.0, max_replacements=10**6)
+
+    def sim(x: SpotRisk) -> spotsim.SimResult:
+        return spotsim.simulate(
+            work_s=20 * 3600.0,
+            nodes=2,
+            risks=[x],
+            policies=[pol],
+            usd_per_hour=1.0,
+            usd_per_hour_on_demand=3.0,
+            runs=20000,
+            seed=5,
+        )
+
+    base, wide = sim(r), sim(replace(r, rate_sigma=0.8))
+    same = sim(replace(r, rate_sigma=0.0, outage_sigma=0.0))
+    assert np.array_equal(base.samples.hours, same.samples.hours)
+    assert wide.hours_p90[0] > base.hours_p90[0] * 1.03
+    # losses per hour of wall time: the same mean rate
+    assert float(np.mean(wide.samples.losses / wide.samples.hours)) == pytest.approx(
+        float(np.mean(base.samples.losses / base.samples.hours)), rel=0.05
+    )

@@ -91,8 +91,8 @@ def estimate_command(
     capacity_wait: float | None = typer.Option(
         None,
         "--capacity-wait",
-        help="Seconds a spot job waits for capacity before it fails (default: the spot "
-        "model's longest recorded outage, at least 900).",
+        help="Seconds a spot job waits for capacity before it fails (default: twice the "
+        "spot model's longest outage, at least 3600).",
     ),
     mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Also consider two-type clusters."),
     top: int = typer.Option(10, help="How many plans to show."),
