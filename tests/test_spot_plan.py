@@ -196,3 +196,23 @@ def test_pruning_keeps_every_rows_own_frontier() -> None:
     assert s.pareto_front(hours, np.array([r.cost_usd for r in est.plan.frontier])).size == len(
         hours
     )
+
+
+def test_estimate_prints_the_recovery_rules_of_a_spot_plan() -> None:
+    from typer.testing import CliRunner
+
+    from kplan.cli import app
+
+    args = ["estimate", "-e", "yolov3", "--spot", "-t", "p3.2xlarge", "--nodes", "2"]
+    res = CliRunner().invoke(app, [*args, "--capacity-wait", "7200"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "spot: Monte-Carlo" in text and "waits up to 2.0 h" in text
+    fallback = CliRunner().invoke(app, [*args, "--allow-on-demand", "--json"])
+    assert fallback.exit_code == 0, fallback.output
+    import json
+
+    row = json.loads(fallback.output)["chosen"]
+    assert row["allow_on_demand"] and row["recovery"]["allow_on_demand"]
+    on_demand = CliRunner().invoke(app, ["estimate", "-e", "yolov3", "--on-demand"])
+    assert "spot: Monte-Carlo" not in " ".join(on_demand.output.split())

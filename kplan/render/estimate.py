@@ -72,6 +72,9 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
         front.add_row(_hours(r.hours), _money(r.cost_usd), _config(r), _batch(r))
     console.print(front)
     console.print(f"[bold]chosen:[/bold] {safe(plan.reason)}")
+    spot = _spot_line(plan.chosen)
+    if spot:
+        console.print(f"[dim]{safe(spot)}[/dim]")
     console.print(f"[dim]uncertainty: {safe(plan.uncertainty)}[/dim]")
     console.print(
         f"[dim]{plan.considered:,} configurations evaluated, {plan.feasible:,} feasible; "
@@ -79,6 +82,24 @@ def render_plan(plan: Plan, profile_name: str, catalog_version: str) -> None:
     )
     for note in plan.notes:
         console.print(f"[yellow]note:[/yellow] {safe(note)}")
+
+
+def _spot_line(r: PlanRow) -> str:
+    """The recovery rules a spot plan was priced with (the launcher runs the same)."""
+    if r.market == "on-demand" or not r.recovery:
+        return ""
+    wait = r.capacity_wait_s / 3600.0
+    fallback = "falls back to on-demand" if r.allow_on_demand else f"waits up to {wait:.1f} h"
+    return (
+        f"spot: {r.time_cost_basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min, "
+        f"up to {r.max_replacements} lost nodes replaced, with no capacity it {fallback}; "
+        f"{r.fail_prob:.1%} of simulated runs fail; same cluster on demand: "
+        + (
+            f"{_hours(r.on_demand_hours)}, {_money(r.on_demand_cost_usd)}"
+            if r.on_demand_hours is not None and r.on_demand_cost_usd is not None
+            else "not offered"
+        )
+    )
 
 
 def _thin(rows: tuple[PlanRow, ...], n: int) -> list[PlanRow]:
