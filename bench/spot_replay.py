@@ -25,10 +25,10 @@ import argparse
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from bench.traces import data_root
 from kplan import planning, simulating
 from kplan.errors import InputError
 from kplan.planner import costs
@@ -37,7 +37,7 @@ from kplan.planner.spot import SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
 from scripts.fit_spot_model import fit_risk
 
-DATA = Path("/work/shared/data/spot/bamboo-nsdi23-traces/traces")
+DATA = data_root() / "spot" / "bamboo-nsdi23-traces" / "traces"
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ def main() -> None:
         f" | {'plan >t':>7} {'fail':>4} {'n':>4}"
     )
     rows: list[tuple[float, ...]] = []
+    keys: list[tuple[str, int]] = []
     for case in CASES:
         full = _trace(case)
         half = full.end_s / 2.0
@@ -156,6 +157,7 @@ def main() -> None:
                         out["failed"] / max(out["runs"] - out["truncated"], 1),
                     )
                     rows.append(row)
+                    keys.append((case.family, nodes))
                     print(
                         f"{case.family:10} {example:18} {str(nodes) + ' x ' + itype:22} "
                         f"{job.hours:5.2f} | {row[0]:6.0%} {row[1]:6.0%} {row[2]:7.2f} "
@@ -169,6 +171,18 @@ def main() -> None:
     _summary("kplan (spot model, spot-only)", a[:, 0], a[:, 1], a[:, 2], a[:, 3])
     _summary("old (Poisson, no outages)", a[:, 4], a[:, 5], a[:, 6], a[:, 7])
     print(f"kplan plan p90 (with the step-time error): above {np.mean(a[:, 8]):.1%} of the time")
+    print()
+    print("by trace and node count (kplan spot-only | old):")
+    for key in dict.fromkeys(keys):
+        sel = np.array([k == key for k in keys])
+        b = a[sel]
+        print(
+            f"  {key[0]:5} {key[1]} node(s), {int(sel.sum())} plans: above p90 time "
+            f"{np.mean(b[:, 0]):4.0%}, cost {np.mean(b[:, 1]):4.0%}, time ratio "
+            f"{_gmean(b[:, 2]):.2f}, cost ratio {_gmean(b[:, 3]):.2f} | above p90 time "
+            f"{np.mean(b[:, 4]):4.0%}, cost {np.mean(b[:, 5]):4.0%}, time ratio "
+            f"{_gmean(b[:, 6]):.2f}, cost ratio {_gmean(b[:, 7]):.2f}"
+        )
 
 
 def _summary(

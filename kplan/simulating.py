@@ -24,6 +24,24 @@ from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
 
 FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
+EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: catalogs/data/traces/<name>.csv (Bamboo, MIT)
+
+
+def example_trace(name: str) -> SpotTrace:
+    """A shipped trace: the Bamboo EC2 p3 or g4dn spot autoscaling group (11 h each)."""
+    from importlib import resources
+
+    from kplan.planner.spottrace import read_trace
+
+    if name not in EXAMPLE_TRACES:
+        raise InputError(
+            f"unknown example trace {name!r}", hint=f"use one of {', '.join(EXAMPLE_TRACES)}"
+        )
+    ref = resources.files("kplan.catalogs").joinpath("data", "traces", f"{name}.csv")
+    with resources.as_file(ref) as path:
+        return read_trace(path)
+
+
 MAX_RUNS = 100_000
 
 

@@ -463,6 +463,12 @@ def _enum_cases() -> list[Case]:
         ("down-bad-id", ("down", "Bad Id"), 2, "job id", {}),
         ("down-unknown-no-cloud", ("down", "kp-nope"), 2, "--cloud", {}),
         # kplan simulate: traces that are not traces, plans it cannot replay (issue 11)
+        ("simulate-no-trace", ("simulate", "--plan", "{d}/p.json"), 2, "exactly one",
+         {"p.json": SPOT_PLAN}),
+        ("simulate-two-traces", (*SIM, "--example-trace", "p3"), 2, "exactly one",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-example-trace-bad", ("simulate", "--plan", "{d}/p.json", "--example-trace",
+                                        "p9"), 2, "p9", {"p.json": SPOT_PLAN}),
         ("simulate-format-bad", (*SIM, "--format", "parquet"), 2, "--format",
          {"p.json": SPOT_PLAN, "t.csv": TRACE}),
         ("simulate-trace-unsorted", SIM, 2, "",

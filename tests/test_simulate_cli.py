@@ -75,7 +75,9 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
 
 def test_simulate_prints_the_distribution_against_the_plan(tmp_path: Path) -> None:
     plan = _plan(tmp_path, 2)
-    trace = Path("/work/shared/data/spot/bamboo-nsdi23-traces/traces/p3-trace.csv")
+    from bench.traces import data_root
+
+    trace = data_root() / "spot" / "bamboo-nsdi23-traces" / "traces" / "p3-trace.csv"
     if not trace.exists():  # pragma: no cover - the shared data is on every dev machine
         pytest.skip("shared spot traces not here")
     res = runner.invoke(
@@ -86,6 +88,16 @@ def test_simulate_prints_the_distribution_against_the_plan(tmp_path: Path) -> No
     hours_line = next(ln for ln in res.output.splitlines() if ln.startswith("hours"))
     values = [float(v.rstrip("%")) for v in hours_line.split()[1:]]
     assert all(math.isfinite(v) for v in values) and values[0] > 0
+
+
+def test_the_shipped_traces_replay_a_plan(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, 1, epochs=10)
+    for name in ("p3", "g4dn"):
+        args = ["simulate", "--plan", str(plan), "--example-trace", name, "--runs", "30"]
+        res = runner.invoke(app, [*args, "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["trace_hours"] > 10 and out["replayed"]["hours"] > 0
 
 
 def test_replays_of_one_plan_are_seeded(tmp_path: Path) -> None:
