@@ -84,7 +84,14 @@ def main() -> None:
     lomo_all = held_out(data, "model")
     lomo = [p for p in lomo_all if p.pair.cross_gpu]
     proj = [p for p in lomo_all if not p.pair.cross_gpu]
-    print(error_table("Leave one GPU out, by precision: MAPE (median APE)", logo, "precision"))
+    print(
+        error_table(
+            "Leave one GPU out, by precision, with the precision ratio where the data have it "
+            "(kplan estimate --profile A --profile B): MAPE (median APE)",
+            logo,
+            "precision",
+        )
+    )
     print()
     print(error_table("Leave one GPU out, by held-out GPU", logo, "fold"))
     print()
@@ -103,7 +110,7 @@ def main() -> None:
     print(
         error_table(
             "Leave one GPU out, from a one-precision profile (no measured precision ratio: "
-            "what kplan estimate uses today)",
+            "kplan estimate with one profile)",
             logo_one,
             "precision",
         )
@@ -111,7 +118,7 @@ def main() -> None:
     print()
     print(
         error_table(
-            "Leave one model out, from a one-precision profile (what kplan estimate uses today)",
+            "Leave one model out, from a one-precision profile (kplan estimate with one profile)",
             lomo_one,
             "precision",
         )
