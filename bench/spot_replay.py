@@ -35,7 +35,7 @@ from kplan.planner import costs
 from kplan.planner.search import SearchOptions
 from kplan.planner.spot import SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
-from scripts.fit_spot_model import fit_risk
+from scripts.fit_spot_model import blocks, fit_risk
 
 DATA = data_root() / "spot" / "bamboo-nsdi23-traces" / "traces"
 
@@ -117,10 +117,22 @@ def main() -> None:
     )
     rows: list[tuple[float, ...]] = []
     keys: list[tuple[str, int]] = []
+    traces = {case.trace: _trace(case) for case in CASES}
+    first_blocks = {
+        c.trace: blocks(traces[c.trace], until_s=traces[c.trace].end_s / 2) for c in CASES
+    }
     for case in CASES:
-        full = _trace(case)
+        full = traces[case.trace]
         half = full.end_s / 2.0
-        risk = fit_risk(full, cloud=case.cloud, family=case.family, region="*", until_s=half)
+        others = [first_blocks[c.trace] for c in CASES if c.cloud == case.cloud and c != case]
+        risk = fit_risk(
+            full,
+            cloud=case.cloud,
+            family=case.family,
+            region="*",
+            until_s=half,
+            cloud_blocks=others,
+        )
         model = SpotModel((risk, _default(risk, case.cloud)))
         second = full.window(half, full.end_s)
         target_h = second.end_s / 3600.0 / 5.0  # a fifth of the half: starts spread over 2/3

@@ -307,32 +307,60 @@ def blocks(
     return out
 
 
+MIN_BLOCKS = 6  # fewer blocks than this in a row's own span: the cloud's pooled spread
+
+
 def regime_sigmas(parts: Sequence[Sample], restart_s: float = RESTART_S) -> tuple[float, float]:
+    """(rate_sigma, outage_sigma) of one span cut into blocks; see ``pooled_regimes``."""
+    return pooled_regimes([parts], restart_s)
+
+
+def pooled_regimes(
+    groups: Sequence[Sequence[Sample]], restart_s: float = RESTART_S
+) -> tuple[float, float]:
     """(rate_sigma, outage_sigma): the spread of the loss rate and of the outage chance between
-    blocks beyond chance (method of moments). Rate: removals r_j in e_j node-hours against a
-    common rate rho, Var(r_j) = rho e_j + (rho e_j)^2 s^2 for a rate multiplier of variance
-    s^2, so s^2 = sum((r_j - rho e_j)^2 - rho e_j) / sum((rho e_j)^2), and the log-normal's
-    sigma^2 = log(1 + s^2). Outage: k_j outages in n_j losses, the binomial's excess variance
+    blocks beyond chance (method of moments), each block against its own group's (trace's)
+    rate. Rate: removals r_j in e_j node-hours against the common rate rho, Var(r_j) =
+    rho e_j + (rho e_j)^2 s^2 for a rate multiplier of variance s^2, so
+    s^2 = sum((r_j - rho e_j)^2 - rho e_j) / sum((rho e_j)^2) and the log-normal's
+    sigma^2 = log(1 + s^2). Outage: k_j outages in n_j losses; the binomial's excess variance
     over sum(n_j^2 (p (1 - p))^2) is the variance of the logit. Fewer than 2 blocks: 0."""
-    r = np.array([float(p.removals) for p in parts])
-    e = np.array([float(p.node_hours) for p in parts])
-    rate_sigma = 0.0
-    if len(parts) >= 2 and e.sum() > 0 and r.sum() > 0:
-        rho = r.sum() / e.sum()
-        mu = rho * e
-        s2 = float(np.sum((r - mu) ** 2 - mu) / np.sum(mu**2))
-        rate_sigma = math.sqrt(math.log1p(max(s2, 0.0)))
-    outage_sigma = 0.0
-    fits = [outage_estimate(p.wait_s, p.censored, p.continues, restart_s) for p in parts]
-    n = np.array([float(f.events) for f in fits])
-    k = np.array([float(f.outages) for f in fits])
-    if len(parts) >= 2 and n.sum() > 0:
-        p = k.sum() / n.sum()
-        if 0.0 < p < 1.0:
-            v = p * (1.0 - p)
-            excess = float(np.sum((k - p * n) ** 2 - v * n) / np.sum((n * v) ** 2))
-            outage_sigma = math.sqrt(max(excess, 0.0))
-    return round(min(rate_sigma, 5.0), 4), round(min(outage_sigma, 5.0), 4)
+    num_r = den_r = num_o = den_o = 0.0
+    count = 0
+    for parts in groups:
+        if len(parts) < 2:
+            continue
+        count += len(parts)
+        r = np.array([float(p.removals) for p in parts])
+        e = np.array([float(p.node_hours) for p in parts])
+        if e.sum() > 0 and r.sum() > 0:
+            mu = r.sum() / e.sum() * e
+            num_r += float(np.sum((r - mu) ** 2 - mu))
+            den_r += float(np.sum(mu**2))
+        fits = [outage_estimate(p.wait_s, p.censored, p.continues, restart_s) for p in parts]
+        n = np.array([float(f.events) for f in fits])
+        k = np.array([float(f.outages) for f in fits])
+        if n.sum() > 0 and 0 < k.sum() < n.sum():
+            q = k.sum() / n.sum()
+            v = q * (1.0 - q)
+            num_o += float(np.sum((k - q * n) ** 2 - v * n))
+            den_o += float(np.sum((n * v) ** 2))
+    if count < 2:
+        return 0.0, 0.0
+    rate = math.sqrt(math.log1p(max(num_r / den_r, 0.0))) if den_r > 0 else 0.0
+    outage = math.sqrt(max(num_o / den_o, 0.0)) if den_o > 0 else 0.0
+    return round(min(rate, 5.0), 4), round(min(outage, 5.0), 4)
+
+
+def row_regimes(
+    own: Sequence[Sample], cloud_groups: Sequence[Sequence[Sample]]
+) -> tuple[tuple[float, float], str]:
+    """A row's regimes: its own span's spread when it has ``MIN_BLOCKS`` blocks, else the
+    spread pooled over the cloud's traces (a span of a few blocks cannot show it)."""
+    if len(own) >= MIN_BLOCKS:
+        return regime_sigmas(own), f"its own {len(own)} blocks"
+    n = sum(len(g) for g in cloud_groups)
+    return pooled_regimes(cloud_groups), f"the cloud's {n} blocks pooled (own: {len(own)})"
 
 
 def _cat(samples: Sequence[Sample], name: str) -> Sample:
@@ -420,10 +448,13 @@ def fit_risk(
     pool_view: bool = True,
     smooth_tail: bool = True,
     regimes: bool = True,
+    cloud_blocks: Sequence[Sequence[Sample]] = (),
 ) -> SpotRisk:
     """The ``SpotRisk`` of ``trace`` fitted on ``[since_s, until_s)`` (seconds; default all):
     fit on the first half of a trace and replay the second half. ``pool_view``: see
-    ``outage_estimate`` (False reads the pool as one cluster, as ``synthetic_trace`` draws it)."""
+    ``outage_estimate`` (False reads the pool as one cluster, as ``synthetic_trace`` draws it).
+    ``cloud_blocks``: the blocks (``blocks``) of the cloud's other traces, pooled with this
+    span's for the regimes when the span has fewer than ``MIN_BLOCKS`` blocks."""
     s = sample(trace, since_s, until_s, restart_s)
     return risk_from_sample(
         s,
@@ -434,10 +465,21 @@ def fit_risk(
         cluster_sizes=cluster_sizes,
         pool_view=pool_view,
         smooth_tail=smooth_tail,
-        regimes=regime_sigmas(blocks(trace, since_s, until_s, restart_s=restart_s), restart_s)
+        regimes=_span_regimes(trace, since_s, until_s, restart_s, cloud_blocks)
         if regimes
         else (0.0, 0.0),
     )
+
+
+def _span_regimes(
+    trace: SpotTrace,
+    since_s: float | None,
+    until_s: float | None,
+    restart_s: float,
+    cloud_blocks: Sequence[Sequence[Sample]],
+) -> tuple[float, float]:
+    own = blocks(trace, since_s, until_s, restart_s=restart_s)
+    return row_regimes(own, [*cloud_blocks, own] if cloud_blocks else [own])[0]
 
 
 def load_traces(data: Path) -> list[tuple[str, str, str, SpotTrace, str]]:
@@ -480,20 +522,22 @@ def _lives(trace: SpotTrace) -> tuple[Array, NDArray[np.bool_]]:
 def fit_all(data: Path) -> SpotModel:
     risks: list[SpotRisk] = []
     by_cloud: dict[str, list[Sample]] = {}
-    parts_by_cloud: dict[str, list[Sample]] = {}
-    for cloud, family, region, trace, note in load_traces(data):
+    groups: dict[str, list[list[Sample]]] = {}
+    loaded = load_traces(data)
+    for cloud, _family, _region, trace, _note in loaded:
+        groups.setdefault(cloud, []).append(blocks(trace))
+    for cloud, family, region, trace, note in loaded:
         s = sample(trace)
         by_cloud.setdefault(cloud, []).append(s)
-        parts = blocks(trace)
-        parts_by_cloud.setdefault(cloud, []).extend(parts)
+        regimes, basis = row_regimes(blocks(trace), groups[cloud])
         risks.append(
             risk_from_sample(
                 s,
                 cloud=cloud,
                 family=family,
                 region=region,
-                note=note,
-                regimes=regime_sigmas(parts),
+                note=f"{note} Regimes from {basis}.",
+                regimes=regimes,
             )
         )
     for cloud, samples in by_cloud.items():
@@ -509,7 +553,7 @@ def fit_all(data: Path) -> SpotModel:
                     f"Fallback for {cloud} families and regions without a trace: the "
                     f"{cloud} traces pooled (lifetimes, loss events and waits together)."
                 ),
-                regimes=regime_sigmas(parts_by_cloud[cloud]),
+                regimes=pooled_regimes(groups[cloud]),
             )
         )
     return SpotModel(risks=tuple(risks), fitted="")
