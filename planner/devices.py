@@ -30,7 +30,9 @@ entering as ``s ** workload_exponent``) across GPUs, instead of the precision's 
 the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out and leave one
 model out): ``base + per_distance * d`` for a prediction across GPUs, with ``d`` the spec
 distance ``|dlog peak| + |dlog bandwidth|``, and a fixed term for a projection to another
-precision on the same GPU; both add in quadrature. A same-GPU, same-precision prediction has
+precision (``cross_precision`` on the same GPU or across families; ``cross_gpu_projection``
+across GPUs within a family, e.g. FP32 on a V100 to TF32 on an A100); they add in quadrature
+(``held_out_sigma``). A same-GPU, same-precision prediction has
 factor 1 and sigma 0 (the profile's own fitted sigma is all there is).
 
 Document shape::
@@ -40,7 +42,8 @@ Document shape::
      "cuda_core_weight": {"fp32": 0.0, "tf32": 0.0, "bf16": 0.005, "fp16": 0.005},
      "memory_weight": {"fp32": 1.0, "tf32": 1.0, "bf16": 0.6, "fp16": 0.6},
      "sigma": {"cross_gpu": {"full": {"base": 0.1, "per_distance": 0.05}, "mixed": {...}},
-               "cross_precision": {"full": 0.2, "mixed": 0.25}},
+               "cross_precision": {"full": 0.2, "mixed": 0.25},
+               "cross_gpu_projection": {"full": 0.25}},
      "fixed_exponent": 0.5, "workload_exponent": 4.0, "log_sigma": 0.2, "fitted_on": [...],
      "held_out_error": {...}, "source": "..."}
 
