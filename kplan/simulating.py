@@ -24,7 +24,7 @@ from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
 
 FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
-EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: catalogs/data/traces/<name>.csv (Bamboo, MIT)
+EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: planner/traces/<name>.csv (Bamboo, MIT)
 
 
 def example_trace(name: str) -> SpotTrace:
@@ -37,7 +37,7 @@ def example_trace(name: str) -> SpotTrace:
         raise InputError(
             f"unknown example trace {name!r}", hint=f"use one of {', '.join(EXAMPLE_TRACES)}"
         )
-    ref = resources.files("kplan.catalogs").joinpath("data", "traces", f"{name}.csv")
+    ref = resources.files("kplan.planner").joinpath("traces", f"{name}.csv")
     with resources.as_file(ref) as path:
         return read_trace(path)
 
