@@ -688,6 +688,8 @@ class _Run(RunState):
             self.terminating.update(alive)
             self.provider.terminate_instances(alive)
         limit = self.clock.now() + self.spec.grace_s + self.spec.teardown_s
+        if alive:
+            self._tick()  # look once even with no grace: a cloud may end them at once
         while any(self.records[i].alive for i in alive) and self.clock.now() < limit:
             self.clock.sleep(min(self.spec.check_interval_s, 5.0))
             self._tick()

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from kplan.errors import CloudError
@@ -107,6 +107,30 @@ def db_dir(tmp_path: Path) -> Iterator[Path]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(sc=scenarios())
+# found by Hypothesis: the head preempted at once with no grace and no teardown time; the restart
+# never looked at the cloud before deciding its instances had not ended ("did not terminate")
+@example(
+    sc={
+        "interval": 10.0,
+        "grace": 0.0,
+        "teardown": 0.0,
+        "nodes": tuple(
+            NodeSpec(node_rank=r, instance_type="g4dn.xlarge", market="spot", zone="zone-a",
+                     gpus=1, usd_per_hour=1.0)
+            for r in (0, 1)
+        ),
+        "billing": Billing(cloud="aws", minimum_s=0.0, increment_s=1.0, source="test"),
+        "budget_ticks": 2.0,
+        "deadline_ticks": None,
+        "finish_ticks": None,
+        "boot_s": 0.0,
+        "latency": 0.0,
+        "preempt": [1.0],
+        "no_capacity": set(),
+        "allow_on_demand": False,
+        "exit_code": 0,
+    }
+)  # fmt: skip
 def test_no_run_ends_over_budget_or_with_a_live_instance(
     sc: dict[str, object], tmp_path: Path, db_dir: Path
 ) -> None:
