@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from kplan import planning, simulating
 from kplan.errors import InputError
 from kplan.planner import costs
 from kplan.planner.search import SearchOptions
-from kplan.planner.spot import SpotModel, SpotRisk
+from kplan.planner.spot import SpotModel
 from kplan.planner.spottrace import SpotTrace
 from scripts.fit_spot_model import blocks, fit_risk
 
@@ -133,7 +133,7 @@ def main() -> None:
             until_s=half,
             cloud_blocks=others,
         )
-        model = SpotModel((risk, _default(risk, case.cloud)))
+        model = SpotModel((risk, replace(risk, family="*", region="*")))
         second = full.window(half, full.end_s)
         target_h = second.end_s / 3600.0 / 5.0  # a fifth of the half: starts spread over 2/3
         for itype in case.types:
@@ -212,12 +212,6 @@ def _summary(
 
 def _gmean(x: np.ndarray) -> float:
     return float(math.exp(np.mean(np.log(x))))
-
-
-def _default(risk: SpotRisk, cloud: str) -> SpotRisk:
-    from dataclasses import replace
-
-    return replace(risk, family="*", region="*", cloud=cloud)
 
 
 if __name__ == "__main__":

@@ -438,12 +438,17 @@ def _own_fronts(t: _Table) -> NDArray[np.int64]:
 
 def _feasible(t: _Table, opts: SearchOptions) -> int:
     """Configurations within the budget and deadline (closed form for the unpriced ones)."""
-    ok = np.isfinite(t.cost) & np.isfinite(t.hours)
+    return int(_within(t, np.isfinite(t.cost) & np.isfinite(t.hours), opts).sum())
+
+
+def _within(t: _Table, finite: NDArray[np.bool_], opts: SearchOptions) -> NDArray[np.bool_]:
+    """The ``finite`` rows whose p90 cost and time fit the budget and deadline."""
+    ok = finite.copy()
     if opts.budget_usd is not None:
         ok &= t.cost_p90 <= opts.budget_usd
     if opts.deadline_hours is not None:
         ok &= t.hours_p90 <= opts.deadline_hours
-    return int(ok.sum())
+    return ok
 
 
 def _capacity_wait(risk: SpotRisk, opts: SearchOptions) -> float:
@@ -463,7 +468,12 @@ class _SpotView:
     billing_increment_s: float
 
 
-def _spot_view(i: int, t: _Table, cands: list[Candidate]) -> _SpotView | None:
+def _spot_view(
+    i: int,
+    t: _Table,
+    cands: list[Candidate],
+    by_key: dict[tuple[str, str, str], Candidate],
+) -> _SpotView | None:
     """A single-type spot row, or a mix with a spot group (priced with its riskiest group's
     model for every node and the mean price per node: conservative). None: on demand."""
     if t.cand[i] >= 0:
@@ -478,9 +488,6 @@ def _spot_view(i: int, t: _Table, cands: list[Candidate]) -> _SpotView | None:
             c.billing_increment_s,
         )
     mix = t.mixes[-1 - int(t.cand[i])]
-    by_key: dict[tuple[str, str, str], Candidate] = {
-        (c.offer.instance_type, c.offer.market, c.offer.zone): c for c in cands
-    }
     members = [by_key.get((g.instance_type, g.market, g.zone)) for g in mix.groups]
     risky = [c for c in members if c is not None and c.risk is not None]
     if not risky or None in members:
@@ -510,9 +517,13 @@ def _refine(
     """Price the spot rows among ``rows`` by Monte-Carlo (in place); False when every one of
     them was priced already."""
     views: dict[int, _SpotView] = {}
+    # a mix's groups, found by (type, market, zone) among the candidates
+    by_key: dict[tuple[str, str, str], Candidate] = {
+        (c.offer.instance_type, c.offer.market, c.offer.zone): c for c in cands
+    }
     for i in dict.fromkeys(rows.tolist()):
         if int(i) not in t.spot:
-            v = _spot_view(int(i), t, cands)
+            v = _spot_view(int(i), t, cands, by_key)
             if v is not None:
                 views[int(i)] = v
     if not views:
@@ -877,11 +888,7 @@ def _rank(
     t: _Table, finite: NDArray[np.bool_], opts: SearchOptions
 ) -> tuple[NDArray[np.bool_], NDArray[np.int64], NDArray[np.int64]] | None:
     """(rows within the budget and deadline, their frontier, their objective order)."""
-    ok = finite.copy()
-    if opts.budget_usd is not None:
-        ok &= t.cost_p90 <= opts.budget_usd
-    if opts.deadline_hours is not None:
-        ok &= t.hours_p90 <= opts.deadline_hours
+    ok = _within(t, finite, opts)
     if not ok.any():
         return None
     idx = np.flatnonzero(ok)

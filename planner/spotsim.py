@@ -537,9 +537,9 @@ def replay(
     - ``truncated``: the job ran past the trace's end, where nothing more is known (no adds:
       a wait there is endless); leave such replays out.
     """
-    return _replay(
-        _TraceIndex(trace),
-        start_s=start_s,
+    (out,) = replay_many(
+        trace,
+        [start_s],
         nodes=nodes,
         work_s=work_s,
         policy=policy,
@@ -549,9 +549,10 @@ def replay(
         billing_increment_s=billing_increment_s,
         pick=pick,
         seed=seed,
-        grace_s=policy.restart_s if grace_s is None else grace_s,
+        grace_s=grace_s,
         loss_window_s=loss_window_s,
     )
+    return out
 
 
 def replay_many(

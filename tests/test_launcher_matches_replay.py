@@ -84,6 +84,43 @@ def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _launch_like(
+    env: dict[str, Any],
+    spec: JobSpec,
+    sim_out: Any,
+    deaths: dict[int, list[float]],
+    region_out_at: float,
+    back_at: float,
+) -> tuple[SimProvider, Any, float]:
+    """Run the launcher on the simulated cloud through the replay's events: each instance of a
+    rank dies when the replay's instance of that slot died; zone a has no spot capacity from
+    the first loss, the whole region none from ``region_out_at`` to ``back_at``; training ends
+    when the replay's does. (provider, outcome, the clock's start)"""
+    clock = FakeClock()
+    t0 = clock.now()
+    first_loss = next(e.time_s for e in sim_out.events if e.kind == "preempted")
+
+    def preempt_after(ispec: Any) -> float | None:
+        queue = deaths[ispec.node_rank]
+        return queue.pop(0) - (clock.now() - t0) if queue else None
+
+    sim = SimProvider(
+        clock,
+        env["storage"],
+        boot_s=BOOT,
+        term_latency_s=5.0,
+        finish_at=t0 + sim_out.hours * 3600.0,
+        preempt_after=preempt_after,
+        outages=[
+            ("us-east-1a", "spot", t0 + first_loss, t0 + region_out_at),
+            ("us-east-1a", "spot", t0 + region_out_at, t0 + back_at),
+            ("us-east-1b", "spot", t0 + region_out_at, t0 + back_at),
+        ],
+    )
+    out = run_job(spec, Backend(sim, env["storage"]), env["db"], clock=clock, billing=AWS)
+    return sim, out, t0
+
+
 def test_an_injected_outage_waits_fails_over_and_bills_what_the_replay_bills(
     env: dict[str, Any],
 ) -> None:
@@ -135,31 +172,10 @@ def test_an_injected_outage_waits_fails_over_and_bills_what_the_replay_bills(
     # The same sequence on the simulated cloud: each instance of a rank dies when the replay's
     # instance of that slot died; zone a has no spot capacity after the first loss, the whole
     # region none during the replay's wait; training ends when the replay's does.
-    clock = FakeClock()
-    t0 = clock.now()
     deaths = {r: [i.end_s for i in by_slot[r] if i.end_s < end_s - 1e-6] for r in (0, 1)}
     wait_at = next(e.time_s for e in sim_out.events if e.kind == "wait")
     back_at = wait_at + sim_out.wait_s
-    first_loss = next(e.time_s for e in sim_out.events if e.kind == "preempted")
-
-    def preempt_after(ispec: Any) -> float | None:
-        queue = deaths[ispec.node_rank]
-        return queue.pop(0) - (clock.now() - t0) if queue else None
-
-    sim = SimProvider(
-        clock,
-        env["storage"],
-        boot_s=BOOT,
-        term_latency_s=5.0,
-        finish_at=t0 + end_s,
-        preempt_after=preempt_after,
-        outages=[
-            ("us-east-1a", "spot", t0 + first_loss, t0 + wait_at),
-            ("us-east-1a", "spot", t0 + wait_at, t0 + back_at),
-            ("us-east-1b", "spot", t0 + wait_at, t0 + back_at),
-        ],
-    )
-    out = run_job(spec, Backend(sim, env["storage"]), env["db"], clock=clock, billing=AWS)
+    sim, out, t0 = _launch_like(env, spec, sim_out, deaths, wait_at, back_at)
     db: StateDB = env["db"]
     assert out.status == "succeeded", out.reason
 
@@ -249,28 +265,7 @@ def test_an_on_demand_fallback_bills_what_the_replay_bills_plus_the_spot_boot(
             and i.end_s < end_s - 1e-6]
         for r in (0, 1)
     }  # fmt: skip
-    clock = FakeClock()
-    t0 = clock.now()
-
-    def preempt_after(ispec: Any) -> float | None:
-        queue = deaths[ispec.node_rank]
-        return queue.pop(0) - (clock.now() - t0) if queue else None
-
-    first_loss = next(e.time_s for e in sim_out.events if e.kind == "preempted")
-    sim = SimProvider(
-        clock,
-        env["storage"],
-        boot_s=BOOT,
-        term_latency_s=5.0,
-        finish_at=t0 + end_s,
-        preempt_after=preempt_after,
-        outages=[
-            ("us-east-1a", "spot", t0 + first_loss, t0 + loss_at),
-            ("us-east-1a", "spot", t0 + loss_at, t0 + back_at),
-            ("us-east-1b", "spot", t0 + loss_at, t0 + back_at),
-        ],
-    )
-    out = run_job(spec, Backend(sim, env["storage"]), env["db"], clock=clock, billing=AWS)
+    sim, out, t0 = _launch_like(env, spec, sim_out, deaths, loss_at, back_at)
     assert out.status == "succeeded", out.reason
     db: StateDB = env["db"]
     assert out.preemptions == sim_out.losses
