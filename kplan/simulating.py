@@ -299,10 +299,24 @@ def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:
 
 
 def plan_risk(doc: dict[str, Any], row: int | None, model: SpotModel | None = None) -> SpotRisk:
-    """The spot model row the plan was priced with (by its cloud, type and region)."""
+    """The spot model row the plan was priced with: as the search takes it (the catalog's spot
+    rate where it is more specific than the model's row), and for a mix its riskier group's."""
+    from kplan.catalogs import load_catalog
     from kplan.planner.spot import load_spot_model
     from kplan.planner.spotplan import risk_for
 
     r = doc["chosen"] if row is None else doc["plans"][row]
-    itype = str(r["instance_type"]).split("+")[0]
-    return risk_for(model or load_spot_model(), str(r["cloud"]), itype, str(r["region"]))
+    m = model or load_spot_model()
+    catalog = load_catalog()
+    cloud, region = str(r["cloud"]), str(r["region"])
+    risks = []
+    for itype in str(r["instance_type"]).split("+"):
+        try:
+            sr = catalog.spot_rate(cloud, itype)
+        except KeyError:
+            raise DataFileError(
+                f"the plan's cloud {cloud!r} has no spot rate in the catalog",
+                hint="re-create the plan with kplan estimate --out",
+            ) from None
+        risks.append(risk_for(m, cloud, itype, region, sr.per_hour, sr.family))
+    return max(risks, key=lambda x: x.rate_per_hour)

@@ -485,6 +485,8 @@ def _enum_cases() -> list[Case]:
          {"p.json": Mut("plan", ("chosen", "market"), "on-demand"), "t.csv": TRACE}),
         ("simulate-plan-no-row", (*SIM, "--row", "9999"), 2, "no row",
          {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-plan-cloud-bad", SIM, 2, "azure",
+         {"p.json": Mut("plan", ("chosen", "cloud"), "azure"), "t.csv": TRACE}),
         ("simulate-plan-bad-row", SIM, 2, "malformed",
          {"p.json": Mut("plan", ("chosen", "nodes"), "four"), "t.csv": TRACE}),
         ("simulate-bamboo-bad", (*SIM, "--format", "bamboo"), 2, "",
