@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from kplan.errors import CloudError, QuotaError
@@ -313,6 +313,20 @@ def _outage_runs(draw: st.DrawFn) -> dict[str, Any]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(sc=_outage_runs())
+# found by Hypothesis in CI: two nodes lost in one check with max_replacements 0 (2 lost, not 1)
+@example(
+    sc={
+        "markets": ("on-demand", "spot", "spot"),
+        "windows": [],
+        "preempt": [30.0, 30.0],
+        "allow_on_demand": False,
+        "capacity_wait_s": 0.0,
+        "probe_s": None,
+        "budget_usd": 1.0,
+        "max_replacements": 0,
+        "finish_h": 1.0,
+    }
+)
 def test_no_outage_run_ends_over_budget_or_with_a_live_instance(
     sc: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -356,9 +370,13 @@ def test_no_outage_run_ends_over_budget_or_with_a_live_instance(
             assert sim.alive() == [] and all(r.closed for r in rows)
             assert status in ("succeeded", "failed", "stopped", "error"), (status, reason)
             events = db.events(JOB)
-            lost = sum(e.kind in ("preempted", "lost") for e in events)
+            losses = [e.time for e in events if e.kind in ("preempted", "lost")]
+            lost = len(losses)
             if status == "failed" and "max_replacements" in reason:
-                assert lost == spec.max_replacements + 1
+                # it fails at the check that first sees more than the limit: nodes lost
+                # together in that check may take the count past limit + 1, none before it
+                assert lost > spec.max_replacements
+                assert sum(t < max(losses) for t in losses) <= spec.max_replacements
             else:
                 assert lost <= spec.max_replacements
             inst = {i.id: i for i in db.instances(JOB)}
