@@ -114,7 +114,7 @@ def on_shutdown(release: Callable[[], None]) -> None:
     _RELEASE.append(release)
 
 
-_EXIT: dict[str, bool] = {"completed": False, "failed": False}
+_EXIT: dict[str, Any] = {"completed": False, "failed": False, "code": None}
 
 
 def mark_completed() -> None:
@@ -129,11 +129,14 @@ def _watch_for_failure() -> None:
 
     def hook(*exc: Any) -> None:
         _EXIT["failed"] = True
+        if not issubclass(exc[0], KeyboardInterrupt):  # Python exits 1 after the traceback
+            _EXIT["code"] = 1
         previous_hook(*exc)
 
     def exit_(code: Any = 0) -> None:
         if code not in (None, 0):
             _EXIT["failed"] = True
+            _EXIT["code"] = code if isinstance(code, int) else 1  # a message: Python exits 1
         previous_exit(code)
 
     sys.excepthook = hook
@@ -148,7 +151,9 @@ def _shutdown() -> None:
     until then unless it is released first. Releasing first made it rare, not impossible (CI
     still saw it in 2 of ~480 tests under load), so once training has completed and nothing
     failed, the process ends here with status 0 after flushing, skipping the C++ teardown that
-    aborts. A failed or interrupted run keeps Python's normal exit and its exit code.
+    aborts. A run that failed with a known exit status (an exception: 1, ``sys.exit(n)``: n)
+    ends here the same way with that status (CI saw the abort there too); an interrupted run
+    keeps Python's normal exit.
     """
     for release in reversed(_RELEASE):
         release()
@@ -157,11 +162,18 @@ def _shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     if _EXIT["completed"] and not _EXIT["failed"]:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(0)
+        _end(0)
+    if _EXIT["failed"] and _EXIT["code"] is not None:
+        _end(int(_EXIT["code"]))
+
+
+def _end(code: int) -> None:
+    """Flush and end the process with ``code``, skipping the interpreter's teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: Context) -> Any:
