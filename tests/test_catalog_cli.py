@@ -48,6 +48,7 @@ def test_json_rows_have_every_field_and_are_cheapest_first() -> None:
         "instance_type",
         "gpu",
         "gpu_count",
+        "gpu_memory_gb",
         "vcpus",
         "memory_gb",
         "network_gbps",
@@ -59,6 +60,18 @@ def test_json_rows_have_every_field_and_are_cheapest_first() -> None:
         "usd_per_hour",
         "source",
     }
+
+
+def test_each_row_shows_its_gpus_memory() -> None:
+    """The table's GB/GPU column and the JSON's gpu_memory_gb come from gpus.csv (issue 12)."""
+    code, out, _ = run("--instance-type", "p4de.24xlarge", "--market", "on-demand")
+    assert code == 0
+    header = next(line for line in out.splitlines() if "instance" in line)
+    assert "GB/GPU" in header
+    row = next(line for line in out.splitlines() if "p4de.24xlarge" in line)
+    assert "8x A100-80GB" in row and " 80 " in row
+    memory = {r["gpu"]: r["gpu_memory_gb"] for r in listing("--region", "us-east-1")}
+    assert memory["T4"] == 16.0 and memory["A100-80GB"] == 80.0
 
 
 def test_filters_combine() -> None:

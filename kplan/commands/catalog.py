@@ -36,7 +36,8 @@ def list_offers(
         False, "--notes", help="List the rows the loader dropped or doubted."
     ),
 ) -> None:
-    """List offers (instance type, zone, market, price), cheapest first."""
+    """List offers (instance type, GPUs and their memory, zone, market, price), cheapest
+    first."""
     from kplan import flags
 
     flags.text("--cloud", cloud, hint="aws or gcp")
@@ -58,10 +59,14 @@ def list_offers(
     from kplan.render import catalog as render
 
     if as_json:
-        typer.echo(render.offers_json(rows))
+        typer.echo(render.offers_json(rows, catalog.gpus))
     else:
         render.print_offers(
-            rows, version=catalog.version, notes=catalog.notes, show_notes=show_notes
+            rows,
+            version=catalog.version,
+            notes=catalog.notes,
+            show_notes=show_notes,
+            gpus=catalog.gpus,
         )
 
 
@@ -79,7 +84,7 @@ def _check_catalog_dir(folder: Path) -> None:
 def update(
     cloud: str = typer.Option(..., "--cloud", help="aws or gcp: the cloud to refresh."),
     region: list[str] = typer.Option(
-        [], "--region", help="Region to refresh (repeatable; default: the catalog's regions)."
+        [], "--region", help="Region to refresh, repeatable (default: the catalog's regions)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from kplan.catalogs.listing import Listing
 from kplan.catalogs.update import UpdateResult
+from kplan.planner.catalog import GpuSpec
 from kplan.render.text import clean, safe
 
 NON_TTY_WIDTH = 160  # piped output: wide enough that rows do not wrap
 
 
-def listing_dict(row: Listing) -> dict[str, Any]:
-    """One listing as a flat JSON object."""
+def listing_dict(row: Listing, gpu_memory_gb: float | None = None) -> dict[str, Any]:
+    """One listing as a flat JSON object (``gpu_memory_gb``: each GPU's memory, from gpus.csv)."""
     o, i = row.offer, row.instance
     return {
         "cloud": o.cloud,
         "instance_type": o.instance_type,
         "gpu": i.gpu,
         "gpu_count": i.gpu_count,
+        "gpu_memory_gb": gpu_memory_gb,
         "vcpus": i.vcpus,
         "memory_gb": i.memory_gb,
         "network_gbps": i.network_gbps,
@@ -37,28 +40,41 @@ def listing_dict(row: Listing) -> dict[str, Any]:
     }
 
 
-def offers_json(rows: list[Listing]) -> str:
-    """The listings as a JSON list of objects."""
-    return json.dumps([listing_dict(r) for r in rows], indent=2)
+def offers_json(rows: list[Listing], gpus: Mapping[str, GpuSpec] | None = None) -> str:
+    """The listings as a JSON list of objects; ``gpus`` (the catalog's) gives GPU memory."""
+    return json.dumps([listing_dict(r, _memory(r, gpus)) for r in rows], indent=2)
+
+
+def _memory(row: Listing, gpus: Mapping[str, GpuSpec] | None) -> float | None:
+    spec = (gpus or {}).get(row.instance.gpu)
+    return None if spec is None else spec.memory_gb
 
 
 def print_offers(
-    rows: list[Listing], *, version: str, notes: tuple[str, ...], show_notes: bool
+    rows: list[Listing],
+    *,
+    version: str,
+    notes: tuple[str, ...],
+    show_notes: bool,
+    gpus: Mapping[str, GpuSpec] | None = None,
 ) -> None:
-    """Print the listings as a table, with the catalog version and its validation notes."""
+    """Print the listings as a table, with the catalog version and its validation notes; the
+    "GB/GPU" column is each GPU's memory (from ``gpus``, the catalog's GPU specs)."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else NON_TTY_WIDTH)
     table = Table(title=f"catalog {safe(version)}: {len(rows)} offer(s)", title_justify="left")
-    right = {"vCPU", "RAM GB", "net Gb/s", "$/h"}
-    for name in ("instance", "GPU", "vCPU", "RAM GB", "net Gb/s", "market", "region/zone", "$/h"):
+    right = {"GB/GPU", "vCPU", "RAM GB", "net Gb/s", "$/h"}
+    columns = ("instance", "GPU", "GB/GPU", "vCPU", "RAM GB", "net Gb/s", "market", "region/zone")
+    for name in (*columns, "$/h"):
         table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for r in rows:
         o, i = r.offer, r.instance
         table.add_row(
             safe(o.instance_type),
             f"{i.gpu_count}x {safe(i.gpu)}",
+            "?" if (memory := _memory(r, gpus)) is None else f"{memory:g}",
             str(i.vcpus),
             f"{i.memory_gb:g}",
             f"{i.network_gbps:g}",
