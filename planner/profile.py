@@ -13,7 +13,8 @@ Document shape (``schema`` = ``kplan.profile/1.x``)::
       "device": {"gpu": "T4", "gpus_per_node": 4, "cloud": "aws", "instance_type": "g4dn.12xlarge",
                  "fp32_tflops": 7.9, "mem_bw_gbs": 290.0},   # the last two: measured, optional
       "model": {"gradient_bytes": 102228128},
-      "batch": {"base_global_batch": 200, "max_local_batch": 200},
+      "batch": {"base_global_batch": 200, "max_local_batch": 200,
+                "max_local_limit": "oom"},   # optional: oom, memory or sweep (what set the max)
       "memory": {"device_memory_gb": 16.0, "static_gb": 1.5, "per_sample_gb": 0.06},   # optional
       "work": {"dataset_size": 1281167, "epochs": 90},
       "gns": {"trajectory": [{"progress": 0.0, "noise_scale": 150.0}, ...]},           # optional
@@ -102,6 +103,10 @@ class Profile:
     measured_mem_bw_gbs: float | None = None
     fit: dict[str, Any] | None = field(default=None, compare=False)
     precision: Precision = DEFAULT_PRECISION  # what the measurements ran in (profile 1.1)
+    # What set max_local_batch: "oom" (ran out of memory above it), "memory" (the measured memory
+    # line reaches the device's memory) or "sweep" (the largest size profiled; memory not
+    # measured). None: not recorded (older profiles, the built-in examples).
+    max_local_limit: str | None = None
 
 
 def check_schema(doc: Any, kind: str, source: str) -> str:
@@ -328,6 +333,22 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         measured_mem_bw_gbs=_opt(device, "mem_bw_gbs", source, "device", MAX_TFLOPS),
         fit=fit,
         precision=_precision(doc.get("precision", DEFAULT_PRECISION), source),
+        max_local_limit=_limit(batch.get("max_local_limit"), source),
+    )
+
+
+MAX_LOCAL_LIMITS = ("oom", "memory", "sweep")
+
+
+def _limit(value: Any, source: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value in MAX_LOCAL_LIMITS:
+        return value
+    raise DataFileError(
+        f"{source}: 'batch.max_local_limit' {str(value)[:40]!r} is not one of "
+        + ", ".join(MAX_LOCAL_LIMITS),
+        hint="omit it, or re-run `kplan profile`",
     )
 
 
@@ -377,6 +398,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
     }
     if p.precision != DEFAULT_PRECISION:
         doc["precision"] = p.precision
+    if p.max_local_limit is not None:
+        doc["batch"]["max_local_limit"] = p.max_local_limit
     if p.cloud:
         doc["device"]["cloud"] = p.cloud
     if p.instance_type:

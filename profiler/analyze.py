@@ -13,6 +13,7 @@ stall for reasons that have nothing to do with the job). The formulas:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -67,6 +68,10 @@ class Analysis:
     memory_fit: LinearFit | None  # bytes = static + per_sample * b (CUDA)
     allreduce: AllReduceEvent | None
     world_size: int
+    # What set max_local_batch: "oom" (the sweep ran out of memory above it), "memory" (the
+    # measured memory line reaches the device's memory there) or "sweep" (the largest size the
+    # sweep ran, memory not measured: a CPU run).
+    max_local_limit: str = "sweep"
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float], *, nonneg: bool = False) -> LinearFit:
@@ -185,12 +190,15 @@ def analyze(records: Sequence[Record], warmup: int, steps_per_batch: int) -> Ana
     for m in memory:
         if m.local_batch is not None:
             by_batch[m.local_batch] = max(by_batch.get(m.local_batch, 0), m.peak_bytes)
+    limit = "oom" if oom is not None else "sweep"
     if len(by_batch) >= 2:
-        memory_fit = fit_line(list(by_batch), [float(v) for v in by_batch.values()])
         totals = [m.total_bytes for m in memory if m.total_bytes]
-        if oom is None and totals and memory_fit.slope > 0:
+        # CUDA peaks come from the caching allocator, in blocks; a CPU's estimate is exact.
+        memory_fit = _memory_line(by_batch, ALLOCATOR_BLOCK_BYTES if totals else 1.0)
+        if oom is None and totals:
             ceiling = int((0.9 * min(totals) - memory_fit.intercept) / memory_fit.slope)
-            max_local = max(max_local, ceiling)
+            if ceiling > max_local:
+                max_local, limit = min(ceiling, MAX_LOCAL_CEILING), "memory"
     gns, gns_used = noise_scale(steps)
     return Analysis(
         sizes=sizes,
@@ -204,7 +212,38 @@ def analyze(records: Sequence[Record], warmup: int, steps_per_batch: int) -> Ana
         memory_fit=memory_fit,
         allreduce=allreduce[-1] if allreduce else None,
         world_size=max(s.world_size for s in steps),
+        max_local_limit=limit,
     )
+
+
+ALLOCATOR_BLOCK_BYTES = 2 * 2**20  # the CUDA caching allocator rounds large blocks to 2 MiB
+MAX_LOCAL_CEILING = 2**20  # a per-GPU batch past this is no memory limit worth stating
+
+
+def _memory_line(peak_by_batch: dict[int, int], resolution: float) -> LinearFit:
+    """Peak bytes against the local batch, with a per-sample slope of at least what the
+    measurement can resolve: a tiny model's peak may not grow measurably over the sweep (or
+    shrink by allocator noise), and a slope of 0 (or less) would call every batch free. The
+    floor is ``resolution`` bytes over the swept range (one allocator block on CUDA, a byte
+    for a CPU's exact count), an upper bound on a growth the sweep could not see; the line
+    still passes through the mean of the points."""
+    xs = list(peak_by_batch)
+    ys = [float(v) for v in peak_by_batch.values()]
+    fit = fit_line(xs, ys)
+    floor = resolution / max(max(xs) - min(xs), 1)
+    if fit.slope >= floor:
+        return fit
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return LinearFit(my - floor * mx, floor, fit.r2)
+
+
+def fit_quality(sizes: Sequence[SizeStats], fit: LinearFit) -> float:
+    """The compute line's relative RMS error over the swept sizes (0.1 = 10%): R^2 alone
+    cannot tell a flat, well-fitted line (a tiny model's fixed cost) from noise."""
+    errs = [
+        (fit(s.local_batch) - s.compute_time) / s.compute_time for s in sizes if s.compute_time > 0
+    ]
+    return math.sqrt(statistics.fmean(e * e for e in errs)) if errs else 0.0
 
 
 def measurements(a: Analysis, gpu: str) -> tuple[Measurement, ...]:

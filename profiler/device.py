@@ -60,21 +60,29 @@ class DeviceFacts:
     mem_bw_gbs: float
     memory_gb: float | None  # device memory (None on CPU)
     count: int  # CUDA devices visible (0 on CPU)
+    # The slowest repeat over the fastest, the larger of the two benchmarks (the best repeat is
+    # what is kept): near 1 on a quiet device; several times on a busy, shared machine.
+    spread: float = 1.0
 
 
-def _best_time(fn: Callable[[], Any], sync: Callable[[], None], repeats: int) -> float:
+def _best_time(
+    fn: Callable[[], Any], sync: Callable[[], None], repeats: int
+) -> tuple[float, float]:
+    """(fastest, slowest) of ``repeats`` timed runs after one warm-up run."""
     fn()  # warm up: allocation, kernel selection, thread pool start
     sync()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return min(times), max(times)
 
 
-def _time_matmul(torch: Any, dev: Any, n: int, sync: Callable[[], None], repeats: int) -> float:
+def _time_matmul(
+    torch: Any, dev: Any, n: int, sync: Callable[[], None], repeats: int
+) -> tuple[float, float]:
     a = torch.randn(n, n, device=dev, dtype=torch.float32)
     b = torch.randn(n, n, device=dev, dtype=torch.float32)
     out = torch.empty(n, n, device=dev, dtype=torch.float32)
@@ -87,7 +95,9 @@ def _time_matmul(torch: Any, dev: Any, n: int, sync: Callable[[], None], repeats
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def _time_copy(torch: Any, dev: Any, numel: int, sync: Callable[[], None], repeats: int) -> float:
+def _time_copy(
+    torch: Any, dev: Any, numel: int, sync: Callable[[], None], repeats: int
+) -> tuple[float, float]:
     src = torch.ones(numel, device=dev, dtype=torch.float32)
     dst = torch.empty_like(src)
     return _best_time(lambda: dst.copy_(src), sync, repeats)
@@ -129,8 +139,8 @@ def measure_device(device: str = "auto", quick: bool = False) -> DeviceFacts:
             return None
 
     numel = copy_mb * 2**20 // 4
-    matmul_s = _time_matmul(torch, dev, n, sync, repeats)
-    copy_s = _time_copy(torch, dev, numel, sync, repeats)
+    matmul_s, matmul_worst = _time_matmul(torch, dev, n, sync, repeats)
+    copy_s, copy_worst = _time_copy(torch, dev, numel, sync, repeats)
     if use_cuda:
         torch.cuda.empty_cache()
     return DeviceFacts(
@@ -140,4 +150,5 @@ def measure_device(device: str = "auto", quick: bool = False) -> DeviceFacts:
         mem_bw_gbs=2.0 * numel * 4 / copy_s / 1e9,  # one read and one write per element
         memory_gb=memory_gb,
         count=torch.cuda.device_count() if use_cuda else 0,
+        spread=max(matmul_worst / matmul_s, copy_worst / copy_s),
     )

@@ -294,6 +294,10 @@ def build_profile(
             f"{a.allreduce.backend} workers: {a.allreduce.seconds * 1e3:.2f} ms"
         )
     mem = a.memory_fit
+    if mem is not None and not gpus:
+        provenance += (
+            "; memory per sample estimated from the tensors autograd saves for backward (CPU)"
+        )
     return Profile(
         name=req.name,
         provenance=provenance,
@@ -312,4 +316,5 @@ def build_profile(
         measured_fp32_tflops=facts.fp32_tflops if facts else None,
         measured_mem_bw_gbs=facts.mem_bw_gbs if facts else None,
         precision=req.precision,
+        max_local_limit=a.max_local_limit,
     )

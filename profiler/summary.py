@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kplan.profiler.analyze import Analysis, fit_quality
+from kplan.profiler.device import DeviceFacts
 from kplan.profiler.run import ProfileResult
 
 
@@ -53,6 +55,8 @@ def summary_dict(
         },
         "allreduce": None,
         "workdir": str(result.workdir) if result.workdir else None,
+        "max_local_limit": a.max_local_limit,
+        "warnings": warnings(a, facts),
     }
     if allreduce is not None:
         k = allreduce.world_size
@@ -66,3 +70,37 @@ def summary_dict(
             "bus_gbs": bus,
         }
     return doc
+
+
+FIT_RMS_WARN = 0.10  # the compute line misses the swept times by more than this (relative RMS)
+SPREAD_WARN = 2.0  # the device benchmark's slowest repeat over its fastest
+
+
+def warnings(a: Analysis, facts: DeviceFacts | None) -> list[str]:
+    """What a user should know before trusting this profile's numbers, one line each."""
+    out: list[str] = []
+    rms = fit_quality(a.sizes, a.compute_fit)
+    if rms > FIT_RMS_WARN and len(a.sizes) > 1:
+        out.append(
+            f"the compute line misses the swept step times by {rms:.0%} RMS "
+            f"(R\u00b2 {a.compute_fit.r2:.2f}): the steps are noisy (a busy machine?) or do not "
+            "grow with the batch; predictions at other batches carry that error "
+            "(more --steps on a quiet machine narrow it)"
+        )
+    if facts is not None and facts.spread > SPREAD_WARN:
+        out.append(
+            f"the device benchmark's repeats varied {facts.spread:.1f}x (the fastest is kept): "
+            "the machine is busy, so predictions for other devices from this profile are "
+            "uncertain; re-run on a quiet machine"
+        )
+    if a.max_local_limit == "sweep":
+        out.append(
+            f"max batch {a.max_local_batch} per worker is the largest swept, not a memory limit"
+            + (
+                " (memory per sample is estimated from the tensors autograd saves on a CPU: "
+                "plans on GPUs scale it to each GPU's memory)"
+                if a.memory_fit is not None
+                else "; plans will not exceed it: raise --max-local-batch to lift it"
+            )
+        )
+    return out

@@ -42,6 +42,7 @@ from kplan.runtime.metrics import MetricsWriter
 from kplan.runtime.pid import BatchController, PidConfig
 from kplan.runtime.policy import Monitor, Policy, PolicyRunner, load_policies
 from kplan.runtime.profile_mode import ProfileRun, is_oom
+from kplan.runtime.profile_steps import SavedBytes, activation_probe
 from kplan.runtime.resume import load_into, runtime_state
 from kplan.runtime.sampler import GlobalBatchSampler, Position
 from kplan.runtime.step_end import round_up
@@ -60,15 +61,19 @@ class _StepContext:
     def __init__(self, job: Job) -> None:
         self.job = job
         self._cast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        self._probe: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
     def __enter__(self) -> _StepContext:
         self.job._enter_step()
+        self._probe = activation_probe(self.job)
+        self._probe.__enter__()
         self._cast = self.job.autocast()
         self._cast.__enter__()
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
         self._cast.__exit__(type(exc) if exc is not None else None, exc, None)
+        self._probe.__exit__(None, None, None)
         return self.job._exit_step(exc)
 
 
@@ -97,6 +102,7 @@ class Job:
         self.config = cfg = RuntimeConfig.from_env(config)
         self.profiling = cfg.profile is not None
         self._profile = None if cfg.profile is None else ProfileRun(cfg.profile)
+        self._saved_bytes: SavedBytes | None = None  # a CPU sweep's activation probe
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size={batch_size!r} is not an integer >= 1", "")
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):

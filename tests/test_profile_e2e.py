@@ -48,6 +48,14 @@ def test_profile_example_on_two_workers_writes_a_profile_and_csv(tmp_path: Path)
     assert summary["allreduce"]["nbytes"] == 4 * params
     assert summary["allreduce"]["workers"] == 2 and summary["allreduce"]["seconds"] > 0
     assert summary["compute_fit"]["b_c"] >= 0
+    # Memory on a CPU: the tensors autograd saved, per sample at least the input and the two
+    # hidden activations' one kept storage (fp32); the sweep, not memory, set the max batch.
+    assert profile.max_local_limit == "sweep" and summary["max_local_limit"] == "sweep"
+    assert profile.per_sample_memory_gb is not None
+    assert profile.per_sample_memory_gb * 1e9 >= 4 * (32 + 256)
+    assert profile.static_memory_gb is not None and profile.static_memory_gb * 1e9 >= 8 * params
+    assert any("autograd saves" in w for w in summary["warnings"])
+    assert "estimated from the tensors autograd saves" in profile.provenance
 
     with rows.open() as f:
         table = list(csv.DictReader(f))

@@ -110,3 +110,6 @@ def render_summary(summary: dict[str, Any]) -> None:
     lines.append(f"took          {summary['wall_s']:.1f} s")
     for line in lines:
         console.print(clean(line), highlight=False, markup=False)
+    warn = Console(stderr=True)
+    for line in summary.get("warnings", ()):
+        warn.print(f"warning: {clean(line)}", highlight=False, markup=False)
