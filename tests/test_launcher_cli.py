@@ -281,8 +281,8 @@ def test_launch_local_runs_two_worker_groups(home: Path, script: Path) -> None:
         "launch", str(script), "--budget", "0", "--nodes", "2", "--check-interval", "0.5", "--json"
     )
     assert res.exit_code == 0, res.output
-    outcome = json.loads(res.output[res.output.index("{") :])
-    assert outcome["status"] == "succeeded"
+    outcome = json.loads(res.output.splitlines()[-1])  # --json: one event per line
+    assert outcome["event"] == "finished" and outcome["status"] == "succeeded"
     job = outcome["job_id"]
     res = _invoke("logs", job)
     assert "rank 0" in res.output and "rank 1" in res.output

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -254,7 +256,20 @@ def launch_command(
             "cloud SDK needed).",
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="No progress while it runs: errors and the final summary only."
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="JSON: with --dry-run one document; else one event per line (started, node, "
+            "progress, preempted, launcher, finished with the outcome).",
+        ),
+    ] = False,
 ) -> None:
     from kplan.launcher.dryrun import dry_run as plan_requests
     from kplan.launcher.dryrun import first_check
@@ -327,7 +342,7 @@ def launch_command(
             f"--budget {budget:g} cannot start this cluster: {first.message}",
             hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
         )
-    _run(spec, backend, as_json)
+    _run(spec, backend, as_json, quiet)
 
 
 def _offline_target(spec: JobSpec) -> dict[str, Any]:
@@ -367,22 +382,35 @@ def _echo_target(cloud: str, target: dict[str, Any]) -> None:
         typer.echo(f"a real launch needs: {target['needs']}")
 
 
-def _run(spec: JobSpec, backend: Backend, as_json: bool) -> None:
+def _run(spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False) -> None:
+    """Run the job in the foreground; progress goes to a live panel (a terminal), plain lines
+    (a file or pipe), JSON lines (``--json``) or nowhere (``--quiet``), then the summary."""
     from kplan.launcher.lifecycle import run_job
-    from kplan.render.launch import progress, render_outcome
+    from kplan.render.launch import render_outcome
+    from kplan.render.live import JsonView, Watcher, choose_view, quietly
 
     db = _db()
+    view = choose_view(as_json, quiet)
     handler = _Interrupts()
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: a closed terminal stops the job with its teardown instead of orphaning it.
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in sigs}
+    # A cloud bucket costs a request per metrics file: read it less often than a local folder.
+    metrics_every_s = 1.0 if spec.cloud == "local" else 15.0
     try:
-        outcome = run_job(spec, backend, db, on_event=None if as_json else progress)
+        view.start(_started(spec))
+        try:
+            with Watcher(spec.job_id, db.path, backend.storage, view, 1.0, metrics_every_s):
+                outcome = run_job(spec, backend, db, on_event=quietly(view.on_event))
+        finally:
+            view.close()
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
         db.close()
     doc = asdict(outcome)
-    if as_json:
-        typer.echo(json.dumps(doc, indent=1))
+    if isinstance(view, JsonView):
+        view.finished(doc)
     else:
         render_outcome(doc)
     if outcome.status != "succeeded":
@@ -390,6 +418,22 @@ def _run(spec: JobSpec, backend: Backend, as_json: bool) -> None:
             f"job {outcome.job_id} {outcome.status}: {outcome.reason}",
             hint=f"see `kplan status {outcome.job_id}` and `kplan logs {outcome.job_id}`",
         )
+
+
+def _started(spec: JobSpec) -> dict[str, Any]:
+    """The ``started`` event of ``--json``: the job and its cluster."""
+    return {
+        "job_id": spec.job_id,
+        "cloud": spec.cloud,
+        "region": spec.region,
+        "script": spec.script,
+        "args": list(spec.args),
+        "nodes": len(spec.nodes),
+        "workers": sum(n.gpus for n in spec.nodes),
+        "usd_per_hour": spec.usd_per_hour,
+        "budget_usd": spec.budget_usd,
+        "deadline_h": spec.deadline_h,
+    }
 
 
 def status_command(
@@ -405,7 +449,10 @@ def status_command(
 
     if not 0 < interval <= 86400:
         raise InputError(f"--interval {interval} must be > 0 and <= 86400", hint="seconds, e.g. 2")
-    with _db(readonly=True) as db:
+    if watch and not as_json and sys.stdout.isatty():
+        _watch_live(job, interval)  # redrawn in place until the job ends (or Ctrl-C)
+        return
+    with _db(readonly=True) as db, contextlib.suppress(KeyboardInterrupt):
         while True:
             now = time.time()
             if job is None:
@@ -428,6 +475,55 @@ def status_command(
 
 
 _ACTIVE = ("pending", "provisioning", "running", "recovering", "resizing", "stopping")
+
+
+def _watch_live(job: str | None, interval: float) -> None:
+    """``status --watch`` on a terminal: one view redrawn in place (every job's table, or one
+    job's progress panel over its instances and latest events) until it ends; Ctrl-C ends it
+    with exit 0."""
+    import time
+
+    from kplan.launcher.summary import job_summary
+    from kplan.render.launch import job_view, jobs_view
+    from kplan.render.live import watch_live
+
+    with _db(readonly=True) as db:
+        if job is None:
+
+            def frame() -> tuple[Any, bool]:
+                docs = [job_summary(db, j, time.time(), events=0) for j in db.jobs()]
+                return jobs_view(docs), all(d["status"] not in _ACTIVE for d in docs)
+
+        else:
+            from rich.console import Group
+
+            from kplan.launcher.progress import ProgressTracker
+            from kplan.render.live import progress_panel
+
+            tracker = ProgressTracker(job, _storage_or_none(_job_or_fail(db, job)))
+
+            def frame() -> tuple[Any, bool]:
+                now = time.time()
+                doc = job_summary(db, _job_or_fail(db, job), now, events=5)
+                snap = tracker.snapshot(db, now)
+                done = doc["status"] not in _ACTIVE or doc["launcher"] == "gone"
+                if snap is None:
+                    return job_view(doc), done
+                return Group(progress_panel(snap, "kplan status"), job_view(doc)), done
+
+        watch_live(frame, interval)
+
+
+def _storage_or_none(rec: JobRecord) -> Any:
+    """The job's storage (its metrics), or None when it cannot be reached from here (a cloud
+    without credentials or SDK): the view then shows the job without training numbers."""
+    from kplan.errors import KplanError
+    from kplan.launcher.jobspec import JobSpec
+
+    try:
+        return _backend(rec.cloud, rec.region, JobSpec.from_dict(rec.spec).storage_uri).storage
+    except (KplanError, ImportError):
+        return None
 
 
 def logs_command(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from kplan.launcher.state import EventRecord
 from kplan.render.text import clean, safe
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 def _money(x: float | None) -> str:
@@ -23,11 +25,6 @@ def _hours(h: float | None) -> str:
 
 def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
-
-
-def progress(event: EventRecord) -> None:
-    """One line per launcher event, as it happens."""
-    typer.echo(f"{_clock(event.time)} {clean(event.kind):<12} {clean(event.message)}")
 
 
 def render_dry_run(doc: dict[str, Any]) -> None:
@@ -95,11 +92,20 @@ def render_outcome(outcome: dict[str, Any]) -> None:
 
 def render_jobs(jobs: list[dict[str, Any]]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     if not jobs:
         typer.echo("no jobs")
         return
+    Console().print(jobs_view(jobs))
+
+
+def jobs_view(jobs: list[dict[str, Any]]) -> RenderableType:
+    """The table of ``kplan status`` (every job)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if not jobs:
+        return Text("no jobs")
     table = Table(title="kplan jobs", title_justify="left", pad_edge=False)
     for col in ("job", "status", "cloud", "nodes", "elapsed", "spent", "budget", "predicted"):
         table.add_column(
@@ -119,14 +125,21 @@ def render_jobs(jobs: list[dict[str, Any]]) -> None:
             _money(j["budget_usd"]),
             f"{_hours(j['predicted_hours'])} / {_money(j['predicted_cost_usd'])}",
         )
-    Console().print(table)
+    return table
 
 
 def render_job(j: dict[str, Any]) -> None:
     from rich.console import Console
+
+    Console().print(job_view(j))
+
+
+def job_view(j: dict[str, Any]) -> RenderableType:
+    """One job (``kplan status JOB``): its line, spend, prediction, instances and events."""
+    from rich.console import Group
     from rich.table import Table
 
-    console = Console()
+    console = _Lines()
     gone = " [red](launcher gone: run kplan down " + safe(j["id"]) + ")[/red]"
     console.print(
         f"[bold]{safe(j['id'])}[/bold] {safe(j['status'])}"
@@ -185,6 +198,24 @@ def render_job(j: dict[str, Any]) -> None:
         console.print(
             f"{_clock(e['time'])} {safe(e['kind']):<12} {safe(e['message'])}", highlight=False
         )
+    return Group(*console.parts)
+
+
+class _Lines:
+    """Collects what would be printed, as renderables (so that a live view can redraw it)."""
+
+    def __init__(self) -> None:
+        self.parts: list[RenderableType] = []
+
+    def print(self, item: RenderableType, highlight: bool = True) -> None:
+        from rich.highlighter import ReprHighlighter
+        from rich.text import Text
+
+        if isinstance(item, str):
+            text = Text.from_markup(item)
+            self.parts.append(ReprHighlighter()(text) if highlight else text)
+        else:
+            self.parts.append(item)
 
 
 def render_down(results: list[dict[str, Any]]) -> None:
