@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def _money(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"${x:,.2f}" if x >= 1 else f"${x:,.4f}"
+    return f"${x:,.2f}" if x >= 1 or x == 0 else f"${x:,.4f}"
 
 
 def _hours(h: float | None) -> str:
