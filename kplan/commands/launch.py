@@ -334,6 +334,12 @@ def launch_command(
             render_dry_run(doc)
             _echo_target(spec.cloud, target)
         return
+    from kplan.extras import require_extra, require_torch
+
+    if spec.cloud == "local":
+        require_torch("launch")  # before any worker starts: they run torchrun on this machine
+    if explore:
+        require_extra("launch --explore", "fit")  # its Bayesian optimisation runs here
     backend = _backend(spec.cloud, spec.region, spec.storage_uri)  # checks credentials first
     # Only the guard's answer: the code is packed once, by run_job, after the guard agrees.
     first = first_check(spec, billing)

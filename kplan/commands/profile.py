@@ -119,6 +119,9 @@ def profile(
     ] = False,
 ) -> None:
     from kplan import flags
+    from kplan.extras import require_torch
+
+    require_torch("profile")  # before anything imports it: one line and the install command
     from kplan.profiler.run import resolve
 
     for flag, seconds in (
