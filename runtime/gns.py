@@ -18,6 +18,18 @@ both unbiased for any split; with equal b_i they are McCandlish's formulas. The 
 serve a single worker whose "workers" are gradient-accumulation micro-batches, or two
 consecutive steps.
 
+A finite data set (derived here). The sampler draws without replacement within an epoch, so
+with N samples, G their mean gradient and Σ their population covariance (divisor N), a mean
+over b samples has E|g_b|² = |G|² + (tr(Σ)/b)(N - b)/(N - 1), and the k small batches are
+disjoint. Then E[s̄ - S] = tr(Σ) (k - 1) N / (B (N - 1)) and E[S] = |G|² + tr(Σ)(N - B)/(B (N - 1)),
+so the formulas above read |G|² low by tr(Σ)/(N - 1) (B_noise high by about 1/(1 - B_noise/N)),
+and the unbiased pair is
+
+    tr(Σ) ≈ B (N - 1) (s̄ - S) / (N (k - 1))     |G|² ≈ (k S - s̄)/(k - 1) + B (s̄ - S) / (N (k - 1))
+
+which tends to the formulas above as N grows (``estimate(..., population=N)``). At B = N, |G|²
+is S exactly, as it should be.
+
 Each step gives a very noisy pair; :class:`GnsEstimator` keeps bias-corrected exponential moving
 averages of |G|² and tr(Σ) separately and reports B_noise as the ratio of the averages (a ratio
 of noisy estimates would be biased).
@@ -42,12 +54,18 @@ class GnsSample:
 
 
 def estimate(
-    local_sqr: Sequence[float], local_batch: Sequence[int], global_sqr: float
+    local_sqr: Sequence[float],
+    local_batch: Sequence[int],
+    global_sqr: float,
+    population: int | None = None,
 ) -> GnsSample:
     """Unbiased |G|² and tr(Σ) from k >= 2 local squared norms and the combined one.
 
     ``local_sqr[i]`` is |g_i|² of the mean gradient over ``local_batch[i]`` samples, and
     ``global_sqr`` is |Σ (b_i/B) g_i|² (what weighted all-reduce averaging produces).
+    ``population``: the data set's size N when the batches were drawn from it without
+    replacement (the finite-population correction of the module docstring); None, or an N
+    below the batch (draws that may repeat samples), treats the data as unlimited.
     """
     k = len(local_sqr)
     if k != len(local_batch):
@@ -65,6 +83,9 @@ def estimate(
     # |G|^2 ~ (k S - s̄)/(k-1);  tr(Σ) ~ B (s̄ - S)/(k-1)   (see the module docstring)
     grad_sqr = (k * global_sqr - mean_small) / (k - 1)
     grad_var = total * (mean_small - global_sqr) / (k - 1)
+    if population is not None and population >= total:
+        grad_sqr += grad_var / population
+        grad_var *= (population - 1) / population
     return GnsSample(grad_sqr=grad_sqr, grad_var=grad_var)
 
 
@@ -86,7 +107,9 @@ def adascale_gain(grad_sqr: float, grad_var: float, base_batch: int, batch: int)
 class GnsEstimator:
     """Bias-corrected EMAs of |G|² and tr(Σ); B_noise = EMA(tr Σ) / EMA(|G|²).
 
-    ``smoothing`` is the EMA weight of the past (0.99 averages about the last 200 steps).
+    ``smoothing`` is the EMA weight of the past: the averages' mean age is
+    ``smoothing / (1 - smoothing)`` steps (0.99: about the last 100 steps), so while training
+    the reported value lags the current one (``window_steps``).
     """
 
     def __init__(self, smoothing: float = 0.99) -> None:
@@ -107,6 +130,12 @@ class GnsEstimator:
         self._var = beta * self._var + (1.0 - beta) * sample.grad_var
         self._weight = beta * self._weight + (1.0 - beta)
         self.count += 1
+
+    @property
+    def window_steps(self) -> float:
+        """The mean age of the averages, in steps (what "a moving average over about the last
+        N steps" means here)."""
+        return self.smoothing / (1.0 - self.smoothing)
 
     @property
     def grad_sqr(self) -> float | None:

@@ -262,6 +262,10 @@ class Job:
             accum_steps=self.accum_steps,
             profiling=self.profiling,
             precision=self.amp.precision,
+            # The GNS records are moving averages: their mean age in steps, and the data-set
+            # size its finite-population correction uses (runtime/gns.py).
+            gns_window_steps=round(self._gns.window_steps, 1),
+            gns_population=self._dataset_size,
         )
         self.metrics.event(
             "model",

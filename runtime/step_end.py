@@ -320,7 +320,8 @@ def update_gns(
     else:
         return
     if all(math.isfinite(v) for v in [*local, big]):
-        sample: GnsSample = estimate(local, batches, big)
+        # Within an epoch the sampler draws without replacement: the finite-set correction.
+        sample: GnsSample = estimate(local, batches, big, population=job._dataset_size)
         job._gns.update(sample)
 
 
