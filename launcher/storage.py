@@ -54,6 +54,16 @@ class LocalStorage:
         path = self._path(key)
         return path.read_bytes() if path.is_file() else None
 
+    def read_from(self, key: str, start: int) -> bytes:
+        """The object's bytes from offset ``start`` (b"" when it is shorter or missing): the
+        metrics readers poll growing files without reading them whole each time."""
+        try:
+            with open(self._path(key), "rb") as handle:
+                handle.seek(start)
+                return handle.read()
+        except FileNotFoundError:
+            return b""
+
     def list_keys(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root.resolve()
         if base.is_file():

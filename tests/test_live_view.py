@@ -394,3 +394,16 @@ def test_live_view_and_status_watch_in_a_terminal(home: Path) -> None:
             tmux("send-keys", "-t", "launch", "C-c")  # the launcher tears down on SIGINT
             tmux.wait_for("launch", r"KPLAN-EXIT=", 60)
         tmux.close()
+
+
+def test_local_storage_reads_a_growing_file_from_an_offset(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "jobs")
+    assert storage.read_from(f"{JOB}/metrics/rank-0.jsonl", 0) == b""  # not written yet
+    _write_metrics(storage, [_step(0, T0, 1.0)])
+    first = storage.read_from(f"{JOB}/metrics/rank-0.jsonl", 0)
+    _write_metrics(storage, [_step(1, T0 + 1, 2.0)])
+    rest = storage.read_from(f"{JOB}/metrics/rank-0.jsonl", len(first))
+    assert json.loads(first)["step"] == 0 and json.loads(rest)["step"] == 1
+    assert storage.read_from(f"{JOB}/metrics/rank-0.jsonl", 10**6) == b""
+    with pytest.raises(ValueError, match="escapes the storage root"):
+        storage.read_from("../outside", 0)
