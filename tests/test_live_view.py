@@ -305,6 +305,35 @@ def test_launch_json_streams_one_event_per_line(
     assert docs[-1]["job_id"] == docs[0]["job_id"]
 
 
+@pytest.mark.slow
+def test_launch_quiet_prints_only_the_summary_and_plain_prints_events(
+    home: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hello')\n")
+    args = ["launch", str(script), "--budget", "0", "--check-interval", "0.5"]
+    quiet = CliRunner().invoke(app, [*args, "--quiet"])
+    assert quiet.exit_code == 0, quiet.output
+    assert re.fullmatch(r"job kp-\S+: succeeded \(every node finished\); spent \$0\.00 in .*\n",
+                        quiet.output)  # fmt: skip
+    plain = CliRunner().invoke(app, args)  # not a terminal: plain lines
+    assert plain.exit_code == 0, plain.output
+    lines = plain.output.splitlines()
+    assert re.match(r"\d\d:\d\d:\d\d created +job kp-", lines[0])
+    assert any(re.match(r"\d\d:\d\d:\d\d launch +node 0: ", x) for x in lines)
+    assert "\x1b" not in plain.output and "╭" not in plain.output  # no panel, no escapes
+    assert lines[-1].startswith("job kp-") and ": succeeded" in lines[-1]
+
+
+def test_choose_view() -> None:
+    from kplan.render.live import LiveView, QuietView, choose_view
+
+    assert isinstance(choose_view(as_json=True, quiet=True, tty=True), JsonView)
+    assert isinstance(choose_view(as_json=False, quiet=True, tty=True), QuietView)
+    assert isinstance(choose_view(as_json=False, quiet=False, tty=True), LiveView)
+    assert isinstance(choose_view(as_json=False, quiet=False, tty=False), PlainView)
+
+
 # --- in a terminal: kplan launch's live view and kplan status --watch (tmux) ------------------
 
 
