@@ -82,7 +82,7 @@ def _text(renderable: object, width: int = 100) -> str:
 
 def test_panel_shows_every_number_of_a_snapshot() -> None:
     text = _text(progress_panel(_snapshot()))
-    assert "kp-live-1  running  elapsed 0:01:35  1 preemption(s)" in text
+    assert "kp-live-1  running  elapsed 0:01:35 (predicted 0:30:00)  1 preemption(s)" in text
     assert "step 412  epoch 2/3  loss 0.1235  5,120 samples/s  ETA 0:00:40" in text
     assert "[###################-----------] 62% done" in text
     assert "spend $0.42 of $5.00 budget (predicted $1.10)" in text
@@ -95,7 +95,8 @@ def test_panel_shows_every_number_of_a_snapshot() -> None:
 def test_panel_before_the_first_step_and_without_a_prediction() -> None:
     snap = _snapshot(
         step=None, epoch=None, loss=None, samples_per_s=None, progress=None, eta_s=None,
-        predicted_cost_usd=None, nodes=(), preemptions=0, last_event=None, spend_usd=0.0,
+        predicted_cost_usd=None, predicted_hours=None, nodes=(), preemptions=0, last_event=None,
+        spend_usd=0.0,
     )  # fmt: skip
     text = _text(progress_panel(snap))
     assert "training: no step yet" in text and "nodes: none yet" in text

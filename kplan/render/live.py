@@ -135,6 +135,11 @@ def progress_panel(p: Progress, title: str = "kplan launch") -> RenderableType:
     status = safe(p.status) + (f" ({safe(p.reason)})" if p.reason else "")
     head = Text.from_markup(
         f"[bold]{safe(p.job_id)}[/bold]  {status}  elapsed {duration(p.elapsed_s)}"
+        + (
+            ""
+            if p.predicted_hours is None
+            else f" (predicted {duration(p.predicted_hours * 3600)})"
+        )
         + (f"  [red]{p.preemptions} preemption(s)[/red]" if p.preemptions else "")
     )
     train = Text(clean(training_text(p, with_share=False)))
