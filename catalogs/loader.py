@@ -2,7 +2,7 @@
 
 Files (columns in ``kplan.catalogs.rows``; meaning and sources in docs/catalogs.md):
 ``gpus.csv``, ``instances.csv``, ``prices.csv``, ``spot_rates.csv``, ``billing.csv`` and
-``VERSION.txt``.
+``VERSION.txt``; optional ``zones.csv`` (the opt-in zones, ``kplan.catalogs.zones``).
 
 Rules: a file that is missing or malformed raises ``CatalogError``. A bad row is never used: it
 is dropped and ``Catalog.notes`` records ``file:line: reason``. Rows are bad when a required field
@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -37,8 +37,17 @@ from kplan.catalogs.rows import (
     parse_offer,
     parse_spot_rate,
 )
+from kplan.catalogs.zones import ZONE_COLUMNS, ZONE_FILE, parse_zone, zone_type_from_id
 from kplan.errors import CatalogError
-from kplan.planner.catalog import Billing, Catalog, GpuSpec, InstanceType, Offer, SpotRate
+from kplan.planner.catalog import (
+    Billing,
+    Catalog,
+    GpuSpec,
+    InstanceType,
+    Offer,
+    SpotRate,
+    ZoneType,
+)
 
 VERSION_FILE = "VERSION.txt"
 SHIPPED_LABEL = "kplan.catalogs/data"
@@ -62,7 +71,7 @@ def load_catalog(directory: Path | None = None) -> Catalog:
             files.note(
                 f"instances.csv:{line}: unknown GPU {inst.gpu!r} (not in gpus.csv); row dropped"
             )
-    offers = _load_offers(files, instances)
+    offers = _with_zone_types(files, _load_offers(files, instances))
     spot_rates = tuple(
         r
         for _, r in files.unique(
@@ -181,6 +190,21 @@ def _load_offers(
                 )
         offers.append(offer)
     return tuple(offers)
+
+
+def _with_zone_types(files: _Files, offers: tuple[Offer, ...]) -> tuple[Offer, ...]:
+    """Each offer's zone type: from zones.csv (optional), else from its zone id's form."""
+    listed: dict[tuple[str, str], ZoneType] = {}
+    if (files.root / ZONE_FILE).is_file():
+        for _, (cloud, zone, kind) in files.unique(
+            ZONE_FILE, ZONE_COLUMNS, parse_zone, lambda z: (z[0], z[1])
+        ):
+            listed[(cloud, zone)] = kind
+    out: list[Offer] = []
+    for o in offers:
+        kind = listed.get((o.cloud, o.zone)) or zone_type_from_id(o.cloud, o.zone)
+        out.append(o if kind == o.zone_type else replace(o, zone_type=kind))
+    return tuple(out)
 
 
 def _check_complete(

@@ -12,6 +12,10 @@ Cloud = Literal["aws", "gcp"]
 Market = Literal["on-demand", "spot"]
 CLOUDS: tuple[Cloud, ...] = ("aws", "gcp")
 MARKETS: tuple[Market, ...] = ("on-demand", "spot")
+# What kind of zone an offer is in (the EC2 API's ``ZoneType``). Local Zones and Wavelength
+# Zones must be opted into per account and have few instances: searched only when asked.
+ZoneType = Literal["availability-zone", "local-zone", "wavelength-zone"]
+ZONE_TYPES: tuple[ZoneType, ...] = ("availability-zone", "local-zone", "wavelength-zone")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,12 @@ class Offer:
     market: Market
     usd_per_hour: float
     source: str
+    zone_type: ZoneType = "availability-zone"  # zones.csv, else from the zone id (catalogs.zones)
+
+    @property
+    def opt_in(self) -> bool:
+        """A zone an account must opt into (AWS Local Zone or Wavelength Zone)."""
+        return self.zone_type != "availability-zone"
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ class PlanRow:
     on_demand_cost_usd: float | None = None  # a spot row's cluster on demand, for comparison
     on_demand_hours: float | None = None
     recovery: dict[str, Any] = field(default_factory=dict)  # the whole RecoveryPolicy priced
+    # "local-zone" / "wavelength-zone": an AWS zone the account must opt into (``zone`` names it)
+    zone_type: str = "availability-zone"
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -89,6 +91,8 @@ class Plan:
     uncertainty: str = ""
     precision: str = "fp32"  # what every row runs in
     precision_basis: str = "measured"  # or "projected from the profile's fp32"
+    tie_tolerance: float = 0.05  # times within this fraction are tied; a tie goes to the cheaper
+    order: str = ""  # how ``plans`` is ordered, in words
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,8 @@ class Plan:
             "precision_basis": self.precision_basis,
             "considered": self.considered,
             "feasible": self.feasible,
+            "tie_tolerance": self.tie_tolerance,
+            "order": self.order,
             "notes": list(self.notes),
             "chosen": self.chosen.to_dict(),
             "plans": [r.to_dict() for r in self.plans],

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.errors import InfeasibleError, InputError
-from kplan.planner import costs, efficiency, perfmodel, spotplan
+from kplan.planner import costs, efficiency, fmt, perfmodel, spotplan
 from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
@@ -29,6 +29,11 @@ from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
 Array = NDArray[np.float64]
 EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.05  # uncertainty added per doubling past the profile
+# Plans whose expected times differ by less than this fraction are tied, and a tie goes to the
+# cheaper plan: "fastest" is the cheapest plan within 5% of the fastest time; the knee is found
+# after merging frontier points within 5% of each other's time (the cheapest of each kept).
+# 5% is below the step-time model's own error (its p90 is +20-60% over the expected value).
+TIE_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class SearchOptions:
     capacity_wait_s: float | None = None
     spot_runs: int = 1000
     seed: int = 0
+    tie_tolerance: float = TIE_TOLERANCE  # relative time difference counted as a tie
+    opt_in_zones: bool = False  # also AWS Local Zones and Wavelength Zones (opt-in per account)
 
     def __post_init__(self) -> None:
         if self.budget_usd is not None and not self.budget_usd > 0:
@@ -96,6 +103,10 @@ class SearchOptions:
             raise InputError(
                 f"capacity wait {self.capacity_wait_s} s must be in 0..30 days",
                 hint="seconds, e.g. 3600",
+            )
+        if not 0 <= self.tie_tolerance <= 1:
+            raise InputError(
+                f"tie tolerance {self.tie_tolerance} must be in 0..1", hint="e.g. 0.05 (5%)"
             )
         if not 10 <= self.spot_runs <= 10**6:
             raise InputError(f"spot runs {self.spot_runs} must be in 10..1e6", hint="e.g. 2000")
@@ -162,6 +173,8 @@ def candidates(
     types_wanted = {t.lower() for t in opts.instance_types}
     best: dict[tuple[str, str, str, str], Offer] = {}
     for o in catalog.offers:
+        if o.opt_in and not opts.opt_in_zones:
+            continue
         if opts.clouds and o.cloud not in opts.clouds:
             continue
         if opts.regions and o.region not in opts.regions:
@@ -182,7 +195,7 @@ def candidates(
     od_price: dict[tuple[str, str, str], float] = {
         (o.cloud, o.region, o.instance_type): o.usd_per_hour
         for o in sorted(catalog.offers, key=lambda o: -o.usd_per_hour)
-        if o.market == "on-demand"
+        if o.market == "on-demand" and (opts.opt_in_zones or not o.opt_in)
     }
     for (cloud, _region, itype, market), offer in sorted(best.items()):
         inst = catalog.instances[(cloud, itype)]
@@ -361,9 +374,11 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
     """Evaluate every configuration and choose one by the objective, within budget/deadline."""
     cands, notes = candidates(workload, catalog, dm, opts)
     if not cands:
+        hint = "relax --cloud/--region/--gpu, or check `kplan catalog list`"
+        if not opts.opt_in_zones and any(o.opt_in for o in catalog.offers):
+            hint += "; --opt-in-zones adds AWS Local and Wavelength Zones"
         raise InfeasibleError(
-            "no instance type matches the filters and fits the job in GPU memory",
-            hint="relax --cloud/--region/--gpu, or check `kplan catalog list`",
+            "no instance type matches the filters and fits the job in GPU memory", hint=hint
         )
     grid = batch_grid(workload, opts)
     checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
@@ -408,8 +423,9 @@ def _spot_notes(r: PlanRow) -> list[str]:
     if r.market == "spot" and od is not None and r.on_demand_hours is not None and od <= r.cost_usd:
         out.append(
             f"spot is worse than on-demand here: {r.expected_preemptions:.1f} expected loss "
-            f"events and capacity waits make it ${r.cost_usd:,.2f} / {r.hours:.2f} h against "
-            f"${od:,.2f} / {r.on_demand_hours:.2f} h on demand (use --on-demand)"
+            f"events and capacity waits make it {fmt.money(r.cost_usd)} / "
+            f"{fmt.duration(r.hours)} against {fmt.money(od)} / "
+            f"{fmt.duration(r.on_demand_hours)} on demand (use --on-demand)"
         )
     if r.fail_prob >= 0.01:
         out.append(
@@ -794,6 +810,31 @@ def pareto_front(hours: Array, cost: Array) -> NDArray[np.int64]:
     return front
 
 
+def merge_near_times(hours: Array, tol: float) -> NDArray[np.int64]:
+    """Positions kept from a frontier (fastest first, cost falling) after merging points whose
+    time is within ``tol`` of their group's fastest: the last, i.e. the cheapest, of each group."""
+    keep: list[int] = []
+    i, n = 0, len(hours)
+    while i < n:
+        j = i
+        while j + 1 < n and hours[j + 1] <= hours[i] * (1.0 + tol):
+            j += 1
+        keep.append(j)
+        i = j + 1
+    return np.array(keep, dtype=np.int64)
+
+
+def cheapest_of_fastest(
+    hours: Array, cost: Array, tol: float
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """(the rows within ``tol`` of the fastest time, cheapest first; the others, fastest first)."""
+    order = np.lexsort((cost, hours))
+    tied = hours[order] <= hours[order[0]] * (1.0 + tol)
+    head = order[tied]
+    head = head[np.argsort(cost[head], kind="stable")]
+    return head.astype(np.int64), order[~tied].astype(np.int64)
+
+
 def knee_index(hours: Array, cost: Array) -> int:
     """The frontier point farthest below the chord joining its ends (log-log, normalised)."""
     if len(hours) <= 2:
@@ -801,8 +842,11 @@ def knee_index(hours: Array, cost: Array) -> int:
     x, y = np.log(hours), np.log(cost)
     xn = (x - x.min()) / max(float(np.ptp(x)), 1e-12)
     yn = (y - y.min()) / max(float(np.ptp(y)), 1e-12)
-    # chord from the fastest (xn=0, yn=1) to the cheapest (xn=1, yn=0): distance below it
-    return int(np.argmax(1.0 - xn - yn))
+    # chord from the fastest (xn=0, yn=1) to the cheapest (xn=1, yn=0): distance below it;
+    # when no point lies below it (the ends tie at 0), the cheapest of the best
+    score = 1.0 - xn - yn
+    best = np.flatnonzero(score >= score.max() - 1e-9)
+    return int(best[np.argmin(cost[best])])
 
 
 def _choose(
@@ -869,6 +913,8 @@ def _choose(
         feasible=int(ok.sum()),
         notes=tuple(all_notes),
         uncertainty=_uncertainty(chosen, workload),
+        tie_tolerance=opts.tie_tolerance,
+        order=order_text(opts),
     )
 
 
@@ -893,14 +939,17 @@ def _rank(
         return None
     idx = np.flatnonzero(ok)
     front = idx[pareto_front(t.hours[idx], t.cost[idx])]
+    tol = opts.tie_tolerance
     if opts.objective == "cost":
         order = idx[np.lexsort((t.hours[idx], t.cost[idx]))]
     elif opts.objective == "time":
-        order = idx[np.lexsort((t.cost[idx], t.hours[idx]))]
+        head, rest = cheapest_of_fastest(t.hours[idx], t.cost[idx], tol)
+        order = idx[np.concatenate([head, rest])]
     else:
-        knee = front[knee_index(t.hours[front], t.cost[front])]
-        score = _knee_score(t.hours[idx], t.cost[idx], t.hours[front], t.cost[front])
-        order = np.concatenate([[knee], idx[np.argsort(-score)]])
+        merged = front[merge_near_times(t.hours[front], tol)]
+        knee = merged[knee_index(t.hours[merged], t.cost[merged])]
+        score = _knee_score(t.hours[idx], t.cost[idx], t.hours[merged], t.cost[merged])
+        order = np.concatenate([[knee], idx[np.argsort(-score, kind="stable")]])
     return ok, front, order
 
 
@@ -969,6 +1018,7 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         )
         cloud: str = c.offer.cloud
         region, zone = c.offer.region, c.offer.zone
+        zone_type: str = c.offer.zone_type
         market: str = c.offer.market
         itype, gpu = c.offer.instance_type, c.inst.gpu
         price = c.offer.usd_per_hour * nodes
@@ -977,6 +1027,11 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         mix = t.mixes[-1 - int(t.cand[i])]
         groups = mix.groups
         cloud, region, zone = mix.cloud, mix.region, groups[0].zone
+        zone_type = "availability-zone"
+        types = {c.offer.zone: c.offer.zone_type for c in cands if c.offer.cloud == cloud}
+        opt_in = [g.zone for g in groups if types.get(g.zone, "availability-zone") != zone_type]
+        zone = opt_in[0] if opt_in else zone  # a mix shows its opt-in zone, if it has one
+        zone_type = types[zone] if opt_in else zone_type
         itype = "+".join(g.instance_type for g in groups)
         markets = {g.market for g in groups}
         market = markets.pop() if len(markets) == 1 else "mixed"
@@ -1010,6 +1065,7 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         checkpoint_interval_s=float(t.tau[i]),
         groups=groups,
         gpu=gpu,
+        zone_type=zone_type,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
         **_spot_fields(t.spot.get(i), market),
     )
@@ -1037,45 +1093,75 @@ def _infeasible_message(t: _Table, finite: NDArray[np.bool_], o: SearchOptions) 
     fastest = float(np.min(t.hours_p90[finite]))
     parts = []
     if o.budget_usd is not None:
-        parts.append(f"budget ${o.budget_usd:,.2f}")
+        parts.append(f"budget {fmt.money(o.budget_usd)}")
     if o.deadline_hours is not None:
         parts.append(f"deadline {o.deadline_hours:g} h")
     hint = (
-        f"the cheapest plan costs ${cheapest:,.2f} (p90) and the fastest takes "
-        f"{fastest:.2f} h (p90); raise --budget or --deadline"
+        f"the cheapest plan costs {fmt.money(cheapest)} (p90) and the fastest takes "
+        f"{fmt.duration(fastest)} (p90); raise --budget or --deadline"
     )
     if o.budget_usd is not None and o.deadline_hours is not None:
         hint += ", or drop one of them"
     return f"no plan meets the {' and '.join(parts)}", hint
 
 
+def order_text(o: SearchOptions) -> str:
+    """How the plans are ordered, in one line."""
+    tol = fmt.percent(o.tie_tolerance)
+    if o.objective == "cost":
+        return "cheapest first (expected cost)"
+    if o.objective == "time":
+        return (
+            f"fastest first (expected time); plans within {tol} of the fastest time are tied "
+            "and go cheapest first"
+        )
+    return (
+        "the knee first, then by how far each plan lies below the line from the fastest to "
+        f"the cheapest plan (log time against log cost; times within {tol} merged)"
+    )
+
+
+def where(r: PlanRow) -> str:
+    """The region, and the zone when it is an opt-in one (AWS Local or Wavelength Zone)."""
+    if r.zone_type == "local-zone":
+        return f"{r.region}, Local Zone {r.zone}"
+    if r.zone_type == "wavelength-zone":
+        return f"{r.region}, Wavelength Zone {r.zone}"
+    return r.region
+
+
 def _reason(chosen: PlanRow, frontier: tuple[PlanRow, ...], o: SearchOptions, nb: int) -> str:
     what = (
-        f"{chosen.nodes} x {chosen.instance_type} ({chosen.market}, {chosen.region}), "
+        f"{chosen.nodes} x {chosen.instance_type} ({chosen.market}, {where(chosen)}), "
         f"global batch {chosen.global_batch}"
     )
+    tol = fmt.percent(o.tie_tolerance)
     limits = []
     if o.budget_usd is not None:
-        limits.append(f"p90 cost within ${o.budget_usd:,.2f}")
+        limits.append(f"p90 cost within {fmt.money(o.budget_usd)}")
     if o.deadline_hours is not None:
         limits.append(f"p90 time within {o.deadline_hours:g} h")
     within = f" with {' and '.join(limits)}" if limits else ""
     if o.objective == "cost":
         head = f"cheapest plan{within}"
     elif o.objective == "time":
-        head = f"fastest plan{within}"
+        head = f"fastest plan{within} (within {tol} of the fastest time; the cheapest of those)"
     else:
-        head = f"knee of the time/cost frontier{within}"
+        head = (
+            f"knee of the time/cost frontier{within} (times within {tol} of each other merged; "
+            "the cheapest of those)"
+        )
     fast = min(frontier, key=lambda r: r.hours)
     cheap = min(frontier, key=lambda r: r.cost_usd)
     tail = ""
     if chosen is not fast and fast.hours < chosen.hours:
+        a, b = fmt.durations([fast.hours, chosen.hours])
         tail = (
-            f"; the fastest plan takes {fast.hours:.2f} h for ${fast.cost_usd:,.2f} "
+            f"; the fastest plan takes {a} (this one {b}) for {fmt.money(fast.cost_usd)} "
             f"({fast.cost_usd / max(chosen.cost_usd, 1e-9):.1f}x the cost)"
         )
     elif cheap.cost_usd < chosen.cost_usd:
-        tail = f"; the cheapest takes {cheap.hours:.2f} h for ${cheap.cost_usd:,.2f}"
+        tail = f"; the cheapest takes {fmt.duration(cheap.hours)} for {fmt.money(cheap.cost_usd)}"
     return f"{head}: {what}{tail}"
 
 

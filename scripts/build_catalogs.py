@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kplan.catalogs.zones import ZONE_COLUMNS, zone_source, zone_type_from_id
 from scripts.catalog_facts import BILLING, GPUS, TENSOR_SPECS
 from scripts.catalog_offers import AWS_LIST_REGIONS, Build, build_aws, build_gcp
 
@@ -190,6 +191,7 @@ HEADERS = {
     "prices.csv": ["cloud", "instance_type", "region", "zone", "market", "usd_per_hour", "source"],
     "spot_rates.csv": ["cloud", "family", "per_hour", "source"],
     "billing.csv": ["cloud", "minimum_s", "increment_s", "source"],
+    "zones.csv": list(ZONE_COLUMNS),
 }
 
 
@@ -229,9 +231,16 @@ def render(b: Build) -> dict[str, str]:
         "prices.csv": _csv(HEADERS["prices.csv"], prices),
         "spot_rates.csv": _csv(HEADERS["spot_rates.csv"], b.spot_rates),
         "billing.csv": _csv(HEADERS["billing.csv"], [list(r) for r in BILLING]),
+        "zones.csv": _csv(HEADERS["zones.csv"], zone_rows(prices)),
         "VERSION.txt": VERSION + "\n",
         "BUILD_REPORT.md": "\n".join(report) + "\n",
     }
+
+
+def zone_rows(prices: list[list[Any]]) -> list[list[Any]]:
+    """One zones.csv row per zone with an offer: its type from the zone id's documented form."""
+    zones = sorted({(p[0], p[2], p[3]) for p in prices})
+    return [[c, r, z, zone_type_from_id(c, z), zone_source(c)] for c, r, z in zones]
 
 
 def moto_ec2_resources(given: Path | None) -> Path:

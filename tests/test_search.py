@@ -24,7 +24,15 @@ def test_cost_objective_picks_cheapest_and_frontier_is_sane() -> None:
 def test_time_objective_is_fastest_and_budget_is_respected() -> None:
     cat, dm = catalog(), device_model()
     free = search(workload(), cat, dm, SearchOptions(objective="time", max_nodes=16))
-    assert free.chosen.hours == min(r.hours for r in free.frontier)
+    # the fastest within the tie tolerance, and the cheapest of those
+    fastest = min(r.hours for r in free.frontier)
+    tied = [r for r in free.frontier if r.hours <= fastest * (1 + free.tie_tolerance)]
+    assert free.chosen.hours <= fastest * (1 + free.tie_tolerance)
+    assert free.chosen.cost_usd == min(r.cost_usd for r in tied)
+    strict = search(
+        workload(), cat, dm, SearchOptions(objective="time", max_nodes=16, tie_tolerance=0.0)
+    )
+    assert strict.chosen.hours == fastest
     budget = free.chosen.cost_p90_usd / 2
     capped = search(
         workload(), cat, dm, SearchOptions(objective="time", max_nodes=16, budget_usd=budget)

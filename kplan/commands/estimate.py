@@ -16,6 +16,10 @@ Reads a built-in example (--example) or a profile from `kplan profile` (--profil
 every cloud, region, instance type, market, node count, global batch and accumulation (and
 two-type mixes), and prints the best plans and the time/cost frontier. Times and costs are
 expected values with a p90; plans are filtered by their p90 against --budget and --deadline.
+Times within 5% of each other count as tied, and a tie goes to the cheaper plan. It prints what
+it assumed (the workload, where it was measured, what it searched) and the `kplan launch` line
+that runs the plan saved by --out. AWS Local and Wavelength Zones (opt-in per account) are left
+out unless --opt-in-zones. --wide shows prices per hour, zones, preemptions and throughput.
 
 Pin the question: --instance-type (repeatable), --nodes 4 (exact) or --nodes 2-8 (a range),
 --global-batch B (exact) or --max-global-batch B (default cap: 32 x the profile's batch),
@@ -40,7 +44,9 @@ def estimate_command(
         help="Profile JSON written by `kplan profile`. Twice: one job on one GPU in fp32/tf32 "
         "and in fp16/bf16; its measured speed-up tells the device model its compute share.",
     ),
-    list_examples: bool = typer.Option(False, "--list-examples", help="List built-in examples."),
+    list_examples: bool = typer.Option(
+        False, "--list-examples", help="List the built-in examples (with --json: as JSON)."
+    ),
     epochs: float | None = typer.Option(None, help="Epochs to train (default: the profile's)."),
     dataset_size: int | None = typer.Option(
         None, "--dataset-size", help="Samples per epoch (default: the profile's)."
@@ -60,7 +66,7 @@ def estimate_command(
         None, "--nodes", help="Exactly N instances (--nodes 4) or a range (--nodes 2-8)."
     ),
     max_nodes: int | None = typer.Option(
-        None, "--max-nodes", help="Most instances in one plan (default 64; same as --nodes 1-N)."
+        None, "--max-nodes", help="Most instances in one plan, as --nodes 1-N (default: 64)."
     ),
     objective: str | None = typer.Option(
         None,
@@ -95,8 +101,18 @@ def estimate_command(
         "spot model's longest outage, at least 3600).",
     ),
     mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Also consider two-type clusters."),
+    opt_in_zones: bool = typer.Option(
+        False,
+        "--opt-in-zones",
+        help="Also plan in AWS Local Zones and Wavelength Zones (your account must opt in).",
+    ),
     top: int = typer.Option(10, help="How many plans to show."),
-    out: Path | None = typer.Option(None, "--out", help="Write the plan JSON here."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write the plan JSON here (for `kplan launch --plan`)."
+    ),
+    wide: bool = typer.Option(
+        False, "--wide", help="More detail per plan (needs about 130 columns)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     from kplan import flags, pins, planning
@@ -128,7 +144,13 @@ def estimate_command(
 
         check_writable(out, "--out")
     if list_examples:
-        typer.echo("\n".join(planning.example_names()))
+        rows = planning.example_rows()
+        if as_json:
+            typer.echo(json.dumps(rows, indent=1))
+        else:
+            from kplan.render.estimate import render_examples
+
+            render_examples(rows)
         return
     if (example is None) == (not profile):
         raise InputError(
@@ -160,14 +182,22 @@ def estimate_command(
         objective=objective if objective is not None else default_objective(budget, deadline),  # type: ignore[arg-type]
         fixed_global_batch=fixed_batch,
         mixed=mixed,
+        opt_in_zones=opt_in_zones,
         top=top,
         allow_on_demand=allow_on_demand,
         capacity_wait_s=capacity_wait,
     )
     result = planning.estimate(prof, options, epochs=epochs, dataset_size=dataset_size, other=other)
+    source = f"example {example}" if example else ", ".join(str(p) for p in profile)
+    plan_file = out if out is not None else Path("plan.json")
+    launch = planning.launch_command(
+        result.plan, planning.script_for(prof), plan_file, budget, deadline
+    )
     doc = result.plan.to_dict()
     doc["profile"] = prof.name
     doc["catalog"] = result.catalog.version
+    doc["assumptions"] = planning.assumptions(result, options, source)
+    doc["next_command"] = launch
     if out is not None:
         from kplan.io import write_json
 
@@ -175,6 +205,7 @@ def estimate_command(
     if as_json:
         typer.echo(json.dumps(doc, indent=1))
         return
-    from kplan.render.estimate import render_plan
+    from kplan.render.estimate import NextStep, render_plan
 
-    render_plan(result.plan, prof.name, result.catalog.version)
+    step = NextStep(launch, out, planning.script_for(prof) is None)
+    render_plan(result.plan, doc["assumptions"], result.catalog.version, step, wide=wide)
