@@ -266,6 +266,45 @@ def test_tracker_after_the_job_ended_uses_the_ledger_as_written(tmp_path: Path) 
     assert snap.elapsed_s == pytest.approx(61.0) and snap.eta_s is None
 
 
+class _Recorder:
+    def __init__(self) -> None:
+        self.snaps: list[Progress] = []
+
+    def start(self, info: dict[str, object]) -> None:
+        pass
+
+    def on_event(self, event: EventRecord) -> None:
+        pass
+
+    def on_progress(self, p: Progress) -> None:
+        self.snaps.append(p)
+
+    def close(self) -> None:
+        pass
+
+
+def test_watcher_feeds_snapshots_from_its_own_thread_and_a_last_one_at_the_end(
+    tmp_path: Path,
+) -> None:
+    from kplan.render.live import Watcher
+
+    storage = LocalStorage(tmp_path / "jobs")
+    view = _Recorder()
+    with StateDB.open(tmp_path / "kplan.db") as db:
+        with Watcher(JOB, db.path, storage, view, refresh_s=0.02):
+            time.sleep(0.2)  # no job row yet: nothing to show
+            assert view.snaps == []
+            db.create_job(_job("local"))
+            _write_metrics(storage, [_step(0, T0, 1.0), _step(1, T0 + 1, 2.0)])
+            deadline = time.monotonic() + 10
+            while not any(p.step == 1 for p in view.snaps) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            db.set_status(JOB, "succeeded", time.time(), "every node finished")
+        final = view.snaps[-1]
+    assert any(p.step == 1 and p.status == "running" for p in view.snaps)
+    assert final.status == "succeeded" and final.step == 1  # the snapshot taken at exit
+
+
 # --- kplan launch --json: the event stream of a real local launch -----------------------------
 
 

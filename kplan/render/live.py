@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import sys
 import threading
@@ -353,7 +354,9 @@ def choose_view(as_json: bool, quiet: bool, tty: bool | None = None) -> View:
         return JsonView()
     if quiet:
         return QuietView()
-    if sys.stdout.isatty() if tty is None else tty:
+    if tty is None:  # a dumb terminal cannot move its cursor: lines there too
+        tty = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+    if tty:
         return LiveView()
     return PlainView()
 
@@ -409,6 +412,7 @@ class Watcher:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="kplan-progress", daemon=True)
         self.error: str | None = None
+        self.muted = False
 
     def __enter__(self) -> Watcher:
         self.thread.start()
@@ -417,6 +421,7 @@ class Watcher:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=10.0)
+        self.muted = True  # a thread still stuck in a slow read prints nothing after this
 
     def _loop(self) -> None:
         from kplan.errors import KplanError
@@ -437,7 +442,7 @@ class Watcher:
                     if read:
                         metrics_at = now
                     snap = tracker.snapshot(db, now, metrics=read)
-                    if snap is not None:
+                    if snap is not None and not self.muted:
                         with contextlib.suppress(OSError, ValueError):  # output closed
                             self.view.on_progress(snap)
                 except KplanError as err:  # a database being created or migrated: next time
