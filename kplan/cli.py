@@ -6,21 +6,59 @@ inside the commands that need them so that ``kplan --help`` starts fast.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
 from kplan import __version__
 from kplan.errors import KplanError
+from kplan.help_text import KplanCommand, KplanGroup
+
+# Exit status when stdout is a pipe that closed early (`kplan ... | head`): 128 + SIGPIPE, what
+# a shell reports for a tool that the closed pipe ended; no message.
+EXIT_BROKEN_PIPE = 141
 
 
-class _KplanGroup(typer.core.TyperGroup):
+def _broken_pipe() -> NoReturn:
+    """stdout's reader is gone: point stdout at /dev/null (so the flush at exit cannot fail
+    again) and leave quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test runner's buffer)
+        pass
+    raise typer.Exit(EXIT_BROKEN_PIPE)
+
+
+def _stdout_is_devnull() -> bool:
+    try:
+        out, null = os.fstat(sys.stdout.fileno()), os.stat(os.devnull)
+    except (OSError, ValueError):
+        return False
+    return (out.st_dev, out.st_ino) == (null.st_dev, null.st_ino)
+
+
+class _KplanGroup(KplanGroup):
     """Top-level group: turns every KplanError into one line plus a hint and its exit code."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:  # `kplan --help` prints while parsing, before invoke
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            _broken_pipe()
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _broken_pipe()
+        except SystemExit as done:
+            # rich's Console meets a closed pipe by pointing stdout at /dev/null and exiting 1.
+            if done.code == 1 and _stdout_is_devnull():
+                raise typer.Exit(EXIT_BROKEN_PIPE) from None
+            raise
         except KplanError as err:
             if ctx.meta.get("kplan.debug"):
                 raise
@@ -74,8 +112,9 @@ app = typer.Typer(
     name="kplan",
     help="Plan, launch and account for distributed PyTorch training on the cloud, cost-aware.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -104,8 +143,13 @@ def _register() -> None:
     launch.register(app)
     report.register(app)
     simulate.register(app)
-    app.add_typer(model.app, name="model")
-    app.add_typer(catalog.app, name="catalog")
+    app.add_typer(model.app, name="model", cls=KplanGroup)
+    app.add_typer(catalog.app, name="catalog", cls=KplanGroup)
+    # Every command's help follows one style (kplan/help_text.py): examples, metavars, defaults.
+    for typer_app in (app, model.app, catalog.app):
+        for info in typer_app.registered_commands:
+            if info.cls in (None, typer.core.TyperCommand):
+                info.cls = KplanCommand
 
 
 _register()
@@ -113,4 +157,13 @@ _register()
 
 def main() -> None:
     """Console-script entry point."""
-    sys.exit(app(standalone_mode=True))
+    try:
+        try:
+            app(standalone_mode=True)
+        finally:
+            sys.stdout.flush()  # a pipe closed early shows here, not as a warning at exit
+    except BrokenPipeError:
+        try:
+            _broken_pipe()
+        except typer.Exit as done:
+            sys.exit(done.exit_code)
