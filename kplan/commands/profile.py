@@ -59,7 +59,8 @@ def profile(
         typer.Option(
             "--precision",
             "-p",
-            help="fp32 (default), tf32, bf16 or fp16; repeat to profile several, one file each.",
+            help="fp32, tf32, bf16 or fp16; repeat to profile several, one file each "
+            "(default: fp32).",
         ),
     ] = None,
     min_local_batch: Annotated[
