@@ -498,7 +498,8 @@ def _watch_live(job: str | None, interval: float) -> None:
 
             def frame() -> tuple[Any, bool]:
                 docs = [job_summary(db, j, time.time(), events=0) for j in db.jobs()]
-                return jobs_view(docs), all(d["status"] not in _ACTIVE for d in docs)
+                done = all(d["status"] not in _ACTIVE or d["launcher"] == "gone" for d in docs)
+                return jobs_view(docs), done
 
         else:
             from rich.console import Group
