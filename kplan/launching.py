@@ -4,7 +4,8 @@ A cloud job takes its nodes, batch and predictions from a Plan: a file written b
 ``kplan estimate --out`` (``--plan``) or a search run now from a profile (``--profile`` or
 ``--example-profile``), restricted to the cloud and market asked for and to the budget and
 deadline. A local job runs ``--nodes`` worker groups of ``--workers-per-node`` workers on this
-machine, free.
+machine, free or at ``--price`` USD/h for the machine; with a profile (or a local plan) it is
+predicted first (``kplan/local_plan.py``) so that ``kplan report`` compares prediction and run.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class LaunchRequest:
     max_global_batch: int | None = None
     fixed_batch: bool = False
     precision: str | None = None
+    # The work to plan for (kplan estimate's --epochs / --dataset-size; default: the profile's)
+    epochs: float | None = None
+    dataset_size: int | None = None
+    price_usd_per_hour: float | None = None  # local: this machine's price (None: free)
 
 
 def _check_common(req: LaunchRequest) -> None:
@@ -134,6 +139,12 @@ def _check_numbers(req: LaunchRequest) -> None:
     for flag, value in (("--region", req.region), ("--storage", req.storage_uri)):
         flags.text(flag, value)
     flags.text("--example-profile", req.example_profile)
+    flags.number(
+        "--price", req.price_usd_per_hour, low_open=False, high=flags.MAX_USD,
+        hint="USD per hour for this machine, e.g. --price 0.5",
+    )  # fmt: skip
+    flags.number("--epochs", req.epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 5")
+    flags.integer("--dataset-size", req.dataset_size, high=flags.MAX_SAMPLES, hint="samples")
 
 
 def _options(req: LaunchRequest) -> dict[str, Any]:
@@ -212,12 +223,9 @@ def build_spec(req: LaunchRequest) -> JobSpec:
     plan_doc = read_plan(req.plan_file) if req.plan_file is not None else None
     cloud = req.cloud or (plan_doc["chosen"]["cloud"] if plan_doc else "local")
     _check_pins(req, plans_now=cloud != "local" and plan_doc is None, local=cloud == "local")
+    _check_work(req, plans_now=plan_doc is None and (req.profile or req.example_profile))
     if cloud == "local":
-        if plan_doc is not None or req.profile or req.example_profile:
-            raise InputError(
-                "plans and profiles are for --cloud aws or gcp; a local job runs on this machine",
-                hint="use --nodes and --workers-per-node for a local job",
-            )
+        prediction = local_prediction(req, plan_doc)
         if req.region not in (None, "local"):
             raise InputError(f"the local cloud has no region {req.region!r}", hint="drop --region")
         if req.image is not None or req.pip_index_url is not None or not req.install_deps:
@@ -230,21 +238,111 @@ def build_spec(req: LaunchRequest) -> JobSpec:
         options.setdefault("rdzv_port", free_port())
         if req.precision is not None:
             options["precision"] = check_precision(req.precision)
-        return JobSpec.local(
+        nodes, workers = req.nodes, req.workers_per_node
+        if prediction is not None:
+            row = prediction["chosen"]
+            nodes, workers = int(row["nodes"]), int(row["groups"][0]["gpus_per_node"])
+            options["global_batch"] = int(row["global_batch"])
+            options.update(
+                predicted_hours=float(row["hours"]),
+                predicted_cost_usd=float(row["cost_usd"]),
+                predicted_cost_p90_usd=float(row["cost_p90_usd"]),
+                plan=prediction,
+            )
+        spec = JobSpec.local(
             str(req.script.resolve()),
             req.args,
-            nodes=req.nodes,
-            workers_per_node=req.workers_per_node,
+            nodes=nodes,
+            workers_per_node=workers,
             budget_usd=req.budget_usd,
             deadline_h=req.deadline_h,
             python=sys.executable,
             **options,
+        )
+        price = req.price_usd_per_hour or 0.0
+        if price > 0:  # the machine's price, shared by its worker groups
+            priced = tuple(replace(n, usd_per_hour=price / nodes) for n in spec.nodes)
+            spec = replace(spec, nodes=priced)
+        return spec
+    if req.price_usd_per_hour is not None:
+        raise InputError(
+            f"--price is for a local job; {cloud} prices come from the catalog",
+            hint="drop --price (kplan catalog update refreshes the catalog's prices)",
         )
     _check_node_install(req)
     _check_gcp_placement(req, cloud)
     if plan_doc is None:
         plan_doc = plan_now(req, cloud)
     return with_node_install(spec_from_plan(req, plan_doc, cloud), req)
+
+
+def _check_work(req: LaunchRequest, *, plans_now: object) -> None:
+    given = [
+        flag
+        for flag, value in (("--epochs", req.epochs), ("--dataset-size", req.dataset_size))
+        if value is not None
+    ]
+    if given and not plans_now:
+        raise InputError(
+            f"{', '.join(given)}: only for a plan made now from --profile or --example-profile",
+            hint="a saved --plan carries its own work (kplan estimate --epochs ... --out)",
+        )
+
+
+def local_prediction(req: LaunchRequest, plan_doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The local job's plan: a local plan file as given, or one made now from the profile
+    (``kplan/local_plan.py``); None without either (the job runs unpredicted)."""
+    from kplan import planning
+    from kplan.local_plan import local_plan
+
+    price = req.price_usd_per_hour or 0.0
+    if plan_doc is not None:
+        row = plan_doc["chosen"]
+        if row.get("cloud") != "local":
+            raise InputError(
+                f"the plan is for {row.get('cloud')!r}; a local job runs on this machine",
+                hint="give --profile p.json (kplan profile) to predict the local run, or drop "
+                "--cloud local to run the plan",
+            )
+        if req.price_usd_per_hour is not None and price != float(row.get("usd_per_hour", 0.0)):
+            raise InputError(
+                f"--price {price:g}: the local plan was priced at ${row.get('usd_per_hour')}/h",
+                hint="drop --price, or make the plan again with it",
+            )
+        from kplan import flags
+
+        group = row["groups"][0]
+        if len(row["groups"]) != 1 or int(row["nodes"]) > flags.MAX_LOCAL_NODES:
+            raise DataFileError(
+                f"{req.plan_file}: a local plan has one group of at most "
+                f"{flags.MAX_LOCAL_NODES} nodes",
+                hint="make it again with kplan launch --profile",
+            )
+        if int(group["gpus_per_node"]) > flags.MAX_LOCAL_WORKERS:
+            raise DataFileError(
+                f"{req.plan_file}: {group['gpus_per_node']} workers per group is more than "
+                f"{flags.MAX_LOCAL_WORKERS}",
+                hint="make it again with kplan launch --profile",
+            )
+        return plan_doc
+    if req.profile is None and req.example_profile is None:
+        return None
+    if req.nodes < 1 or req.workers_per_node < 1:
+        return None  # JobSpec.local refuses them with its own message
+    prof = (
+        planning.load_example(req.example_profile)
+        if req.example_profile is not None
+        else planning.load_profile(req.profile)  # type: ignore[arg-type]
+    )
+    return local_plan(
+        prof,
+        nodes=req.nodes,
+        workers_per_node=req.workers_per_node,
+        usd_per_hour=price,
+        epochs=req.epochs,
+        dataset_size=req.dataset_size,
+        precision=req.precision,
+    )
 
 
 def _check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
@@ -436,7 +534,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
         max_nodes=node_pin[1] if node_pin else 64,
         allow_on_demand=req.allow_on_demand,
     )
-    result = planning.estimate(prof, options)
+    result = planning.estimate(prof, options, epochs=req.epochs, dataset_size=req.dataset_size)
     doc = result.plan.to_dict()
     doc["profile"] = prof.name
     doc["catalog"] = result.catalog.version

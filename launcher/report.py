@@ -4,13 +4,16 @@ Built from the state database (job row, instances, events, ledger) and the runti
 (``<job>/metrics/*.jsonl`` in the job's storage). Every dollar comes from the ledger: the total
 is the database's own sum (``StateDB.spend``, the number ``kplan status`` and the guard use), the
 breakdowns are the ledger rows grouped by instance, market and zone. Predictions come from the
-plan the job was launched from (``None`` when it had none, e.g. a local job).
+plan the job was launched from: a cloud plan (``kplan estimate``, or a search at launch) or a
+local plan (``kplan launch --profile`` on this machine, ``kplan/local_plan.py``); ``None`` when
+the job had none.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -93,6 +96,27 @@ class Metrics:
     gns: list[tuple[int, float]] = field(default_factory=list)
     checkpoints: int = 0
     resumes: int = 0
+    loss: list[tuple[int, float]] = field(default_factory=list)  # rank 0 (step, global loss)
+    throughput: list[tuple[int, float]] = field(default_factory=list)  # (step, samples/s)
+    step_clock: list[tuple[int, float]] = field(default_factory=list)  # (step, unix time)
+    first_step_time: float | None = None  # unix time of rank 0's first step record
+    last_step_time: float | None = None
+    samples: float = 0.0  # samples trained (rank 0's global batches; redone steps count again)
+    epochs: float | None = None  # the work the job set out to do (the runtime's "epochs" event)
+    dataset_size: int | None = None
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What the job was planned as, in words."""
+
+    config: str  # e.g. "2 x g4dn.xlarge (spot, us-east-1a), global batch 256 (128 per worker)"
+    profile: str | None
+    work: str | None  # the work predicted for
+    reason: str
+    uncertainty: str
+    notes: list[str]
+    precision: str | None
 
 
 @dataclass(frozen=True)
@@ -103,6 +127,9 @@ class JobReport:
     cloud: str
     region: str
     script: str | None
+    command: str  # the training script and its arguments
+    workers: int  # in all, at launch
+    plan: PlanInfo | None
     created_at: float
     ended_at: float  # last status change (terminal jobs) or now
     budget_usd: float
@@ -116,6 +143,12 @@ class JobReport:
     predicted_cost_p90_usd: float | None
     predicted_step_s: float | None
     predicted_step_p90_s: float | None
+    predicted_steps: int | None
+    predicted_train_s: float | None  # steps x step time
+    predicted_train_p90_s: float | None
+    predicted_start_s: float | None  # local plans: the assumed start (clouds: in the hours)
+    actual_start_s: float | None  # job created -> rank 0's first step
+    actual_train_s: float | None  # rank 0's first step -> its last
     instances: list[InstanceSpend]
     by_instance: dict[str, float]
     by_market: dict[str, float]
@@ -160,6 +193,10 @@ def build_report(
     chosen = (job.plan or {}).get("chosen") or {}
     metrics = read_metrics(storage, job.id) if storage is not None else Metrics(storage_note)
     end = job.updated_at if job.terminal else now
+    step, step_p90 = _num(chosen.get("step_time_s")), _num(chosen.get("step_time_p90_s"))
+    steps = chosen.get("steps") if isinstance(chosen.get("steps"), int) else None
+    first, last = metrics.first_step_time, metrics.last_step_time
+    local = (job.plan or {}).get("local") or {}
     return JobReport(
         id=job.id,
         status=job.status,
@@ -167,6 +204,9 @@ def build_report(
         cloud=job.cloud,
         region=job.region,
         script=job.spec.get("script"),
+        command=_command(job.spec),
+        workers=sum(int(n.get("gpus", 1)) for n in job.spec.get("nodes") or ()),
+        plan=plan_info(job.plan),
         created_at=job.created_at,
         ended_at=end,
         budget_usd=job.budget_usd,
@@ -178,8 +218,14 @@ def build_report(
         predicted_hours_p90=_num(chosen.get("hours_p90")),
         predicted_cost_usd=job.predicted_cost_usd,
         predicted_cost_p90_usd=job.predicted_cost_p90_usd,
-        predicted_step_s=_num(chosen.get("step_time_s")),
-        predicted_step_p90_s=_num(chosen.get("step_time_p90_s")),
+        predicted_step_s=step,
+        predicted_step_p90_s=step_p90,
+        predicted_steps=steps,
+        predicted_train_s=None if step is None or steps is None else step * steps,
+        predicted_train_p90_s=None if step_p90 is None or steps is None else step_p90 * steps,
+        predicted_start_s=_num(local.get("start_s")),
+        actual_start_s=None if first is None else max(first - job.created_at, 0.0),
+        actual_train_s=None if first is None or last is None else last - first,
         instances=spends,
         by_instance=_group(spends, lambda s: s.instance),
         by_market=_group(spends, lambda s: s.market),
@@ -193,7 +239,46 @@ def build_report(
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _command(spec: dict[str, Any]) -> str:
+    script = spec.get("script")
+    if not isinstance(script, str):
+        return "?"
+    args = [str(a) for a in spec.get("args") or ()]
+    return shlex.join(["python", script, *args])
+
+
+def plan_info(plan: dict[str, Any] | None) -> PlanInfo | None:
+    """The plan stored with a job, in words (None: no plan, or one without a chosen row)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("chosen"), dict):
+        return None
+    row = plan["chosen"]
+    groups = [g for g in row.get("groups") or () if isinstance(g, dict)]
+    parts = [
+        f"{g.get('nodes')} x {g.get('instance_type')} ({g.get('market')}, {g.get('zone')}, "
+        f"{g.get('gpus_per_node')} x {g.get('gpu')})"
+        for g in groups
+    ]
+    batch = f"global batch {row.get('global_batch')}, {row.get('local_batch')} per worker"
+    if isinstance(row.get("accum_steps"), int) and row["accum_steps"] > 1:
+        batch += f" x {row['accum_steps']} accumulation steps"
+    local = plan.get("local")
+    work = local.get("work") if isinstance(local, dict) else None
+    if work is None and _num(row.get("samples")) is not None:
+        work = f"{row['samples']:,.0f} samples at batch {row.get('global_batch')}"
+    notes = plan.get("notes")
+    return PlanInfo(
+        config=" + ".join(parts) + f"; {batch}",
+        profile=plan.get("profile") if isinstance(plan.get("profile"), str) else None,
+        work=str(work) if work is not None else None,
+        reason=str(plan.get("reason") or ""),
+        uncertainty=str(plan.get("uncertainty") or ""),
+        notes=[str(n) for n in notes] if isinstance(notes, list) else [],
+        precision=str(row["precision"]) if isinstance(row.get("precision"), str) else None,
+    )
 
 
 def _instance_spend(
@@ -355,6 +440,8 @@ def read_metrics(storage: Storage, job_id: str) -> Metrics:
         if isinstance(r.get("local_batch"), int):
             local[int(r.get("rank", 0))].append((int(r["step"]), int(r["local_batch"])))
     values = [t for _, t in times]
+    work = next((r for r in records if r.get("event") == "epochs" and r.get("rank", 0) == 0), {})
+    clock = [(int(r["step"]), float(r["time"])) for r in rank0 if _num(r.get("time"))]
     stats = None
     if values:
         ordered = sorted(values)
@@ -376,6 +463,20 @@ def read_metrics(storage: Storage, job_id: str) -> Metrics:
         gns=_thin([(int(r["step"]), float(r["gns"])) for r in rank0 if _num(r.get("gns"))]),
         checkpoints=sum(1 for r in records if r.get("event") == "checkpoint"),
         resumes=sum(1 for r in records if r.get("event") == "resume" and r.get("rank", 0) == 0),
+        loss=_thin([(int(r["step"]), float(r["loss"])) for r in rank0 if _num(r.get("loss"))]),
+        throughput=_thin(
+            [
+                (int(r["step"]), float(r["global_batch"]) / float(r["step_time"]))
+                for r in rank0
+                if _num(r.get("global_batch")) and (_num(r.get("step_time")) or 0.0) > 0
+            ]
+        ),
+        step_clock=_thin(clock),
+        first_step_time=clock[0][1] if clock else None,
+        last_step_time=clock[-1][1] if clock else None,
+        samples=math.fsum(float(r["global_batch"]) for r in rank0 if _num(r.get("global_batch"))),
+        epochs=_num(work.get("total")),
+        dataset_size=work["dataset_size"] if isinstance(work.get("dataset_size"), int) else None,
     )
 
 

@@ -128,7 +128,7 @@ def test_local_dry_run_shows_the_torchrun_command(home: Path, script: Path) -> N
             ["at most one of --plan, --profile"],
         ),
         (["{script}", "--budget", "1", "--job-id", "Bad_Id"], ["job id 'Bad_Id' is not valid"]),
-        (["{script}", "--budget", "1", "--example-profile", "x"], ["plans and profiles are for"]),
+        (["{script}", "--budget", "1", "--example-profile", "x"], ["unknown example 'x'"]),
         (
             ["{script}", "--budget", "1", "--nodes", "2", "--max-nodes", "1"],
             ["--max-nodes 1 is below the job's 2 node(s)", "hint:"],

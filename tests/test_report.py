@@ -1,7 +1,8 @@
 """``kplan report`` on real local jobs: a priced two-node training run that succeeds, a job the
 guard stops at its budget and a job whose script fails. Each runs through the launcher's
 lifecycle on the local provider (real worker processes, real ledger), then is reported through
-the ``kplan`` CLI: the terminal, JSON and HTML totals must equal the ledger's sum exactly."""
+the ``kplan`` CLI: the JSON and the page's ``data-total-usd`` must equal the ledger's sum
+exactly, the terminal and the page print the same rounded figure of it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kplan.cli import app
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.lifecycle import run_job
 from kplan.launcher.providers import ProviderSettings, get_backend
+from kplan.launcher.report_html import money
 from kplan.launcher.state import StateDB
 from kplan.launching import free_port
 from tests.test_provider_local import kill_leftovers
@@ -92,7 +94,7 @@ def test_report_totals_equal_the_ledger(home: Path, job: str, status: str) -> No
         ledger = db.spend(job)
         rows = db.ledger(job)
     assert ledger > 0 and all(r.closed for r in rows)
-    expected = f"${ledger:,.6f}"
+    expected = money(ledger)  # the same figure in the terminal and the page
 
     doc = json.loads(_cli(home, "report", job, "--json"))
     assert doc["total_usd"] == ledger  # exactly: the same float
@@ -122,8 +124,10 @@ def test_report_of_a_training_run_has_metrics_and_plots(home: Path) -> None:
     assert doc["naive"]["usd"] is None and "local" in doc["naive"]["note"]
     page = home / "ok.html"
     _cli(home, "report", "kp-rep-ok", "--html", str(page))
-    # cost, step time, per-worker batches (GNS too, when the run was long enough to have it)
-    assert page.read_text().count('src="data:image/png;base64,') >= 3 + bool(m["gns"])
+    # spend, step time, throughput, loss, per-worker batches (GNS too, when the run was long
+    # enough to have it)
+    assert page.read_text().count('src="data:image/png;base64,') == 5 + bool(m["gns"])
+    assert m["loss"] and m["throughput"] and doc["plan"] is None
 
 
 def test_report_all_and_bad_job(home: Path) -> None:

@@ -167,6 +167,26 @@ def launch_command(
             "plan made now is for (a saved --plan carries its own). The workers run in it.",
         ),
     ] = None,
+    epochs: Annotated[
+        float | None,
+        typer.Option(
+            "--epochs", help="Planning now: epochs to predict for (default: the profile's)."
+        ),
+    ] = None,
+    dataset_size: Annotated[
+        int | None,
+        typer.Option(
+            "--dataset-size", help="Planning now: samples per epoch (default: the profile's)."
+        ),
+    ] = None,
+    price: Annotated[
+        float | None,
+        typer.Option(
+            "--price",
+            help="Local: what this machine costs, USD per hour (default: 0, free); the ledger, "
+            "the guard and the prediction use it.",
+        ),
+    ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -319,6 +339,9 @@ def launch_command(
         max_global_batch=max_global_batch,
         fixed_batch=fixed_batch,
         precision=precision,
+        epochs=epochs,
+        dataset_size=dataset_size,
+        price_usd_per_hour=price,
     )
     spec = build_spec(req)
     billing = billing_for(spec.cloud)

@@ -10,7 +10,7 @@ def render_report(r: JobReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kplan.launcher.report_html import measured_step, money
+    from kplan.launcher.report_html import SUMMARY_HEADER, money, summary_note, summary_rows, where
 
     def opt(x: float | None, fmt: str) -> str:
         return "n/a" if x is None else format(x, fmt)
@@ -18,18 +18,23 @@ def render_report(r: JobReport) -> None:
     console = Console()
     console.print(
         f"[bold]{safe(r.id)}[/bold] {safe(r.status)} ({safe(r.reason or '-')}) on "
-        f"{safe(r.cloud)} {safe(r.region)}, "
-        f"budget {money(r.budget_usd)}"
+        f"{safe(where(r))}, budget {money(r.budget_usd)}",
+        highlight=False,
     )
+    console.print(f"command: {safe(r.command)}", highlight=False)
     console.print(f"total spend (ledger): [bold]{money(r.total_usd)}[/bold]", highlight=False)
-    t = Table("", "predicted", "predicted p90", "actual")
-    t.add_row("time (h)", opt(r.predicted_hours, ".4f"), opt(r.predicted_hours_p90, ".4f"),
-              f"{r.actual_hours:.4f} wall clock")  # fmt: skip
-    t.add_row("cost", money(r.predicted_cost_usd), money(r.predicted_cost_p90_usd),
-              f"{money(r.total_usd)} ledger, {r.billed_seconds:,.0f} billed s")  # fmt: skip
-    t.add_row("step time (s)", opt(r.predicted_step_s, ".4f"), opt(r.predicted_step_p90_s, ".4f"),
-              safe(measured_step(r)))  # fmt: skip
+    t = Table(*SUMMARY_HEADER)
+    for row in summary_rows(r):
+        t.add_row(*(safe(c) for c in row))
     console.print(t)
+    console.print(safe(summary_note(r)), highlight=False)
+    if r.plan is None:
+        console.print("plan: none (launched without --profile or --plan: nothing predicted)")
+    else:
+        console.print(f"plan: {safe(r.plan.config)}", highlight=False)
+        for label, text in (("work predicted", r.plan.work), ("uncertainty", r.plan.uncertainty)):
+            if text:
+                console.print(f"  {label}: {safe(text)}", highlight=False)
     s = Table("instance", "type", "market", "zone", "USD/h", "billed s", "USD", title="spend")
     for i in r.instances:
         s.add_row(safe(i.instance), safe(i.type), safe(i.market), safe(i.zone),
