@@ -231,3 +231,26 @@ def local_plan(
         "catalog": "local",
         "local": {**facts, "work": work, "start_s": LOCAL_START_S, "log_sigma": sigma},
     }
+
+
+def prediction_line(plan: dict[str, Any]) -> str:
+    """The local plan in one line, printed when the launch starts."""
+    from kplan.launcher.report_html import money
+
+    row, local = plan["chosen"], plan.get("local") or {}
+
+    def secs(h: float) -> str:
+        s = h * 3600
+        return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{h:.2f} h"
+
+    price = (
+        "free"
+        if not row["usd_per_hour"]
+        else f"{money(row['cost_usd'])} (p90 {money(row['cost_p90_usd'])})"
+    )
+    return (
+        f"predicted on this machine: {secs(row['hours'])} (p90 {secs(row['hours_p90'])}), "
+        f"{price}; step {row['step_time_s'] * 1000:.1f} ms (p90 "
+        f"{row['step_time_p90_s'] * 1000:.1f} ms) x {row['steps']:,} steps; "
+        f"work: {local.get('work', '?')}; `kplan report` compares it with the run"
+    )

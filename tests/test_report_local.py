@@ -331,3 +331,22 @@ def test_local_demo_html_report_in_chromium(demo: tuple[Path, str]) -> None:
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height = int.from_bytes(shot.read_bytes()[20:24], "big")
     assert height > 2000  # the whole page, not the first screen
+
+
+def test_a_local_launch_says_its_prediction_first(
+    cpu_machine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from kplan.cli import app
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path))
+    argv = ["launch", str(SCRIPT), "--nodes", "2", "--budget", "1", "--profile", str(PROFILE),
+            "--epochs", "2", "--dataset-size", "6000", "--price", "0.36", "--dry-run"]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first.startswith("predicted on this machine: ") and " x 47 steps; " in first, first
+    assert "(p90 " in first and "$" in first and "6,000 per epoch x 2 epochs" in first
+    quiet = CliRunner().invoke(app, [*argv[:-1], "--json", "--dry-run"])
+    assert quiet.exit_code == 0 and "predicted on this machine" not in quiet.output

@@ -344,6 +344,10 @@ def launch_command(
         price_usd_per_hour=price,
     )
     spec = build_spec(req)
+    if spec.cloud == "local" and spec.plan is not None and not (as_json or quiet):
+        from kplan.local_plan import prediction_line
+
+        typer.echo(prediction_line(spec.plan))
     billing = billing_for(spec.cloud)
     if dry_run:  # offline: no provider, no cloud SDK, no credentials (placeholders instead)
         target = _offline_target(spec)
