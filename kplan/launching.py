@@ -2,7 +2,7 @@
 
 A cloud job takes its nodes, batch and predictions from a Plan: a file written by
 ``kplan estimate --out`` (``--plan``) or a search run now from a profile (``--profile`` or
-``--example-profile``), restricted to the cloud and market asked for and to the budget and
+``--example``), restricted to the cloud and market asked for and to the budget and
 deadline. A local job runs ``--nodes`` worker groups of ``--workers-per-node`` workers on this
 machine, free or at ``--price`` USD/h for the machine; with a profile (or a local plan) it is
 predicted first (``kplan/local_plan.py``) so that ``kplan report`` compares prediction and run.
@@ -43,6 +43,9 @@ class LaunchRequest:
     profile: Path | None = None
     example_profile: str | None = None
     region: str | None = None
+    # Several --cloud / --region: the places a plan made now chooses from (kplan/launch_flags.py)
+    clouds: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
     storage_uri: str | None = None
     nodes: int = 1  # local only
     workers_per_node: int = 1  # local only
@@ -94,7 +97,7 @@ def _check_common(req: LaunchRequest) -> None:
     given = [x for x in (req.plan_file, req.profile, req.example_profile) if x is not None]
     if len(given) > 1:
         raise InputError(
-            "give at most one of --plan, --profile and --example-profile",
+            "give at most one of --plan, --profile and --example",
             hint="--plan reuses a saved plan; the others plan now",
         )
 
@@ -138,7 +141,7 @@ def _check_numbers(req: LaunchRequest) -> None:
         flags.number(flag, seconds, low=-math.inf, high=flags.MAX_SECONDS, hint="seconds")
     for flag, value in (("--region", req.region), ("--storage", req.storage_uri)):
         flags.text(flag, value)
-    flags.text("--example-profile", req.example_profile)
+    flags.text("--example", req.example_profile)
     flags.number(
         "--price", req.price_usd_per_hour, low_open=False, high=flags.MAX_USD,
         hint="USD per hour for this machine, e.g. --price 0.5",
@@ -222,6 +225,8 @@ def build_spec(req: LaunchRequest) -> JobSpec:
     _check_common(req)
     plan_doc = read_plan(req.plan_file) if req.plan_file is not None else None
     cloud = req.cloud or (plan_doc["chosen"]["cloud"] if plan_doc else "local")
+    if req.clouds:  # several: the plan made now picks one; checks run for the first until then
+        cloud = req.clouds[0]
     _check_pins(req, plans_now=cloud != "local" and plan_doc is None, local=cloud == "local")
     _check_work(req, plans_now=plan_doc is None and (req.profile or req.example_profile))
     if cloud == "local":
@@ -273,6 +278,7 @@ def build_spec(req: LaunchRequest) -> JobSpec:
     _check_gcp_placement(req, cloud)
     if plan_doc is None:
         plan_doc = plan_now(req, cloud)
+        cloud = plan_doc["chosen"]["cloud"] if req.clouds else cloud
     return with_node_install(spec_from_plan(req, plan_doc, cloud), req)
 
 
@@ -284,7 +290,7 @@ def _check_work(req: LaunchRequest, *, plans_now: object) -> None:
     ]
     if given and not plans_now:
         raise InputError(
-            f"{', '.join(given)}: only for a plan made now from --profile or --example-profile",
+            f"{', '.join(given)}: only for a plan made now from --profile or --example",
             hint="a saved --plan carries its own work (kplan estimate --epochs ... --out)",
         )
 
@@ -491,7 +497,7 @@ def _check_pins(req: LaunchRequest, *, plans_now: bool, local: bool) -> None:
     if not plans_now:
         raise InputError(
             f"{', '.join(given)}: only for a plan made now, and this launch makes none",
-            hint="use them with --cloud aws|gcp and --profile or --example-profile, or in "
+            hint="use them with --cloud aws|gcp and --profile or --example, or in "
             "kplan estimate --out plan.json",
         )
 
@@ -504,7 +510,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
 
     if req.example_profile is None and req.profile is None:
         raise InputError(
-            f"--cloud {cloud} needs a plan: --plan FILE, --profile FILE or --example-profile NAME",
+            f"--cloud {cloud} needs a plan: --plan FILE, --profile FILE or --example NAME",
             hint="e.g. kplan estimate --profile p.json --cloud aws --out plan.json",
         )
     prof = (
@@ -517,8 +523,8 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
         markets = ("spot",) if req.spot else ("on-demand",)
     node_pin = pins.node_range(req.plan_nodes, "--plan-nodes")
     options = SearchOptions(
-        clouds=(cloud,),
-        regions=(req.region,) if req.region else (),
+        clouds=req.clouds or (cloud,),
+        regions=req.regions or ((req.region,) if req.region else ()),
         markets=markets,
         budget_usd=req.budget_usd if req.budget_usd > 0 else None,
         deadline_hours=req.deadline_h,

@@ -432,9 +432,25 @@ def _enum_cases() -> list[Case]:
                                  "--dry-run"), 2, "--region", s),
         ("launch-job-id-bad", ("launch", "{d}/train.py", "--budget", "1", "--job-id", "Bad Id",
                                "--dry-run"), 2, "job id", s),
+        ("launch-example-empty", ("launch", "{d}/train.py", "--budget", "1", "--cloud",
+                                  "aws", "--example", "", "--dry-run"), 2, "--example", s),
+        # its old name, still read (issue 12)
         ("launch-example-profile-empty", ("launch", "{d}/train.py", "--budget", "1", "--cloud",
                                           "aws", "--example-profile", "", "--dry-run"), 2,
-         "--example-profile", s),
+         "--example", s),
+        ("launch-example-twice", ("launch", "{d}/train.py", "--budget", "1", "--cloud", "aws",
+                                  "--example", "yolov3", "--example-profile", "yolov3",
+                                  "--dry-run"), 2, "--example once", s),
+        ("launch-cloud-no-budget", ("launch", "{d}/train.py", "--cloud", "aws", "--example",
+                                    "yolov3", "--dry-run"), 2, "needs --budget", s),
+        ("launch-price-no-budget", ("launch", "{d}/train.py", "--price", "1", "--dry-run"), 2,
+         "give --budget", s),
+        ("launch-clouds-with-local", ("launch", "{d}/train.py", "--budget", "1", "--cloud", "aws",
+                                      "--cloud", "local", "--example", "yolov3", "--dry-run"), 2,
+         "--cloud local", s),
+        ("launch-regions-no-plan", ("launch", "{d}/train.py", "--budget", "1", "--region", "a",
+                                    "--region", "b", "--dry-run"), 2, "--region", s),
+        ("launch-local-no-budget-valid", ("launch", "{d}/train.py", "--dry-run"), 0, "", s),
         ("launch-local-cloud-plan", ("launch", "{d}/train.py", "--budget", "1", "--cloud",
                                      "local", "--plan", "{d}/plan.json", "--dry-run"), 2,
          "a local job runs on this machine", {**s, "plan.json": Mut("plan")}),
@@ -543,7 +559,7 @@ def _enum_cases() -> list[Case]:
         ("launch-dataset-size-0", ("launch", "{d}/train.py", "--budget", "1", "--dataset-size",
                                    "0", "--dry-run"), 2, "--dataset-size", s),
         ("launch-plan-nodes-8-2", ("launch", "{d}/train.py", "--budget", "1", "--cloud", "aws",
-                                   "--example-profile", "cifar10-resnet18", "--plan-nodes",
+                                   "--example", "cifar10-resnet18", "--plan-nodes",
                                    "8-2", "--dry-run"), 2, "--plan-nodes", s),
     ]  # fmt: skip
     return [
@@ -644,7 +660,7 @@ def _catalog_cases() -> list[Case]:
         ("estimate", ("estimate", "--example", "cifar10-resnet18"), {}),
         ("catalog-list", ("catalog", "list"), {}),
         ("launch", ("launch", "{d}/train.py", "--budget", "5", "--cloud", "aws",
-                    "--example-profile", "cifar10-resnet18", "--dry-run"), s),
+                    "--example", "cifar10-resnet18", "--dry-run"), s),
     ]  # fmt: skip
     return [
         Case(f"home-catalog-fifo-{name}", argv, 2, "FIFO", files=files, home="catalog-fifo")

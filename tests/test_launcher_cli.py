@@ -152,8 +152,10 @@ def test_launch_bad_input(
     assert "Traceback" not in res.output
 
 
-def test_launch_without_budget_is_a_usage_error(home: Path, script: Path) -> None:
-    _fail(_invoke("launch", str(script)), 2, "--budget")
+def test_a_cloud_launch_without_budget_is_a_usage_error(home: Path, script: Path) -> None:
+    # A free local run needs none (tests/test_cli_conventions.py); a cloud launch does.
+    args = ("launch", str(script), "--cloud", "aws", "--example", "cifar10-resnet18", "--dry-run")
+    _fail(_invoke(*args), 2, "needs --budget", "hint:")
 
 
 # --- status, logs, down over a recorded job ---------------------------------------------------

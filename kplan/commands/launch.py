@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 _LAUNCH_HELP = (
     "Launch SCRIPT on a cluster and keep it alive within --budget and --deadline.\n\n"
     "The training script's own flags go after `--`. On aws/gcp the cluster comes from a plan: "
-    "--plan FILE (from `kplan estimate --out`), or a search now from --profile or "
-    "--example-profile. --cloud local (the default) runs --nodes worker groups on this machine. "
+    "--plan FILE (from `kplan estimate --out`), or a search now from --profile or --example "
+    "(several --cloud/--region: the search picks among them). --cloud local (the default) runs "
+    "--nodes worker groups on this machine, free unless --price; --budget is needed only for a "
+    "cost. "
     "The launcher stays in the foreground: it replaces preempted spot instances, accrues the "
     "ledger, stops the job (with a checkpoint) before the budget or the deadline would be "
     "crossed, and always tears down."
@@ -77,12 +79,24 @@ def launch_command(
         typer.Argument(metavar="SCRIPT [-- ARGS...]", help="Training script and its arguments."),
     ] = None,
     *,
-    budget: Annotated[float, typer.Option("--budget", help="Budget in USD (hard limit).")],
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            help="Budget in USD (hard limit). Needed on aws/gcp and for a priced local machine "
+            "(default: none for a free local run).",
+        ),
+    ] = None,
     deadline: Annotated[
         float | None, typer.Option("--deadline", help="Deadline in hours from now (hard limit).")
     ] = None,
     cloud: Annotated[
-        str | None, typer.Option("--cloud", help="local (default), aws or gcp.")
+        list[str] | None,
+        typer.Option(
+            "--cloud",
+            help="local, aws or gcp; repeat (aws and gcp) to let a plan made now choose "
+            "(default: the plan's, else local).",
+        ),
     ] = None,
     spot: Annotated[
         bool | None, typer.Option("--spot/--on-demand", help="Plan only spot or on-demand.")
@@ -90,13 +104,20 @@ def launch_command(
     plan: Annotated[
         Path | None, typer.Option("--plan", help="Plan JSON from `kplan estimate --out`.")
     ] = None,
+    example: Annotated[
+        str | None,
+        typer.Option("--example", "-e", help="Plan from a built-in profile (kplan estimate's)."),
+    ] = None,
     example_profile: Annotated[
-        str | None, typer.Option("--example-profile", help="Plan from a built-in profile.")
+        str | None, typer.Option("--example-profile", hidden=True, help="Old name of --example.")
     ] = None,
     profile: Annotated[
         Path | None, typer.Option("--profile", help="Plan from a profile (kplan profile).")
     ] = None,
-    region: Annotated[str | None, typer.Option("--region", help="Region to plan in.")] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option("--region", help="Region to run or plan in (repeatable when planning now)."),
+    ] = None,
     storage: Annotated[
         str | None, typer.Option("--storage", help="s3://bucket/prefix or gs://bucket/prefix.")
     ] = None,
@@ -196,14 +217,17 @@ def launch_command(
         ),
     ] = None,
     explore_trials: Annotated[
-        int | None, typer.Option("--explore-trials", help="Most trials of --explore (6).")
+        int | None, typer.Option("--explore-trials", help="Most trials of --explore (default: 6).")
     ] = None,
     replan_interval: Annotated[
-        float | None, typer.Option("--replan-interval", help="Seconds between re-plans (60).")
+        float | None,
+        typer.Option("--replan-interval", help="Seconds between re-plans (default: 60)."),
     ] = None,
     checkpoint_interval: Annotated[
         float | None,
-        typer.Option("--checkpoint-interval", help="Seconds between checkpoints (the plan's)."),
+        typer.Option(
+            "--checkpoint-interval", help="Seconds between checkpoints (default: the plan's)."
+        ),
     ] = None,
     max_replacements: Annotated[
         int | None,
@@ -291,6 +315,7 @@ def launch_command(
         ),
     ] = False,
 ) -> None:
+    from kplan.launch_flags import budget_or_default, example_name, places
     from kplan.launcher.dryrun import dry_run as plan_requests
     from kplan.launcher.dryrun import first_check
     from kplan.launcher.ledger import billing_for
@@ -298,18 +323,26 @@ def launch_command(
 
     args = list(argv or [])
     if not args:
-        raise InputError("give the training script", hint="kplan launch train.py --budget 5")
+        raise InputError("give the training script", hint="kplan launch train.py")
+    example_profile = example_name(example, example_profile)
+    where = places(
+        cloud or [],
+        region or [],
+        plans_now=plan is None and (profile or example_profile) is not None,
+    )
     req = LaunchRequest(
         script=Path(args[0]),
         args=tuple(args[1:]),
-        budget_usd=budget,
+        budget_usd=budget_or_default(budget, where.cloud, where.clouds, plan, price),
         deadline_h=deadline,
-        cloud=cloud.lower() if cloud is not None else None,
+        cloud=where.cloud,
+        clouds=where.clouds,
         spot=spot,
         plan_file=plan,
         profile=profile,
         example_profile=example_profile,
-        region=region,
+        region=where.region,
+        regions=where.regions,
         storage_uri=storage,
         nodes=nodes,
         workers_per_node=workers_per_node,
@@ -372,7 +405,7 @@ def launch_command(
     first = first_check(spec, billing)
     if first.stop:
         raise InputError(
-            f"--budget {budget:g} cannot start this cluster: {first.message}",
+            f"--budget {spec.budget_usd:g} cannot start this cluster: {first.message}",
             hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
         )
     _run(spec, backend, as_json, quiet)
