@@ -103,7 +103,7 @@ def torchrun_args(spec: JobSpec, node: NodeSpec, rdzv: Rendezvous, host_expr: st
     conf = f"is_host={int(rdzv.is_host)},last_call_timeout={spec.rdzv_last_call_s:g}"
     return [
         "-m",
-        "torch.distributed.run",
+        "kplan.launcher.noderun",  # torchrun, exiting with the script's code (noderun.py)
         f"--nnodes=1:{len(spec.nodes)}",
         f"--nproc-per-node={node.gpus}",
         "--rdzv-backend=c10d",

@@ -380,6 +380,7 @@ class _Run(RunState):
         while self.head_addr is None:
             head_id = self.current.get(0)
             head_gone = head_id is None or not self.records[head_id].alive
+            self._check_failed()  # a head whose script failed while it booted fails the job
             if head_gone:
                 self._check_losses()  # a head lost while it booted is a lost node too
                 if self._launch_rank(nodes[0]) is None:
@@ -432,10 +433,9 @@ class _Run(RunState):
             self._tick()
             ranks = {n.node_rank for n in self.spec.nodes}
             now = self.clock.now()
+            self._check_failed()
             for rank, doc in sorted(self.finished.items()):
                 code = int(doc.get("exit_code", 1))
-                if 0 < code < _SIGNAL_EXIT:
-                    return "failed", f"node {rank} exited with code {code}"
                 if code != 0 and rank not in self.lost:  # killed by a signal: replace the node
                     self._drop(rank, now, f"exited with signal code {code}")
             done = {r for r, d in self.finished.items() if d.get("exit_code") == 0}
@@ -453,6 +453,14 @@ class _Run(RunState):
                     if not self.lost and not self.returning:
                         self._adapt()
             self.clock.sleep(self.spec.check_interval_s - (self.clock.now() - t0))
+
+    def _check_failed(self) -> None:
+        """A node whose status says 1..127 (the script failed; torchrun gave up on it) fails the
+        job, with the error line of the node's log in the reason."""
+        for rank, doc in sorted(self.finished.items()):
+            code = int(doc.get("exit_code", 1))
+            if 0 < code < _SIGNAL_EXIT:
+                raise Finish("failed", self.failure_reason(rank, code))
 
     def _drop(self, rank: int, now: float, why: str) -> None:
         """Give up on a rank's current instance (terminate it if alive) and mark it lost."""
@@ -477,6 +485,7 @@ class _Run(RunState):
                 self.lost_nodes += 1
 
     def _check_losses(self) -> None:
+        self._check_crashes()
         self._count_losses()
         if self.lost_nodes > self.spec.max_replacements:
             raise Finish(

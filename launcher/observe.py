@@ -18,6 +18,7 @@ from kplan.errors import CloudError, KplanError
 from kplan.launcher.adapt import Adapter
 from kplan.launcher.bootstrap import cluster_spec, job_key
 from kplan.launcher.clock import Clock
+from kplan.launcher.failure import node_error
 from kplan.launcher.guard import Guard, Running
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.journal import Journal, instance_doc
@@ -29,6 +30,9 @@ from kplan.launcher.state import GONE_STATES, EventRecord, InstanceRecord, State
 
 EventSink = Callable[[EventRecord], None]
 _MAX_QUERY_FAILURES = 3
+CRASH_LIMIT = 3
+"""A node rank whose instances fail with the same error this many times in a row fails the job
+(a script that cannot start would otherwise be relaunched until ``max_replacements``)."""
 
 
 class Finish(Exception):
@@ -77,6 +81,7 @@ class RunState:
         self.lost: dict[int, tuple[float, str]] = {}  # rank -> (when, why)
         self.recovering: dict[int, float] = {}  # rank -> when it was lost
         self.finished: dict[int, dict[str, Any]] = {}
+        self.crashes: dict[int, tuple[str, int]] = {}  # rank -> (error, failures in a row)
         self.first_done: float | None = None
         self.replacements = 0
         self.preemptions = 0
@@ -185,12 +190,38 @@ class RunState:
         kind = "preempted" if rec.state == "preempted" else "lost"
         if kind == "preempted":
             self.preemptions += 1
+            self.crashes.pop(rec.node_rank, None)
+        elif _crashed(rec.reason):
+            self._crash(rec.node_rank, rec.reason or "exited")
         self.lost[rec.node_rank] = (now, rec.reason or kind)
         self._event(
             kind,
             f"node {rec.node_rank}: {rec.id} {kind} ({rec.reason or 'no reason given'})",
             {"instance": rec.id, "node_rank": rec.node_rank, "reason": rec.reason},
         )
+
+    def _crash(self, rank: int, why: str) -> None:
+        """Count a failure of ``rank``'s instance (it ended by itself with an error, not by a
+        preemption): the same error as the last one (its log's error line, else ``why``) makes
+        one more in a row. The job fails at :data:`CRASH_LIMIT` in a row (``_check_crashes``);
+        until then its status reads ``recovering (restarting node R (n/N): <error>)``."""
+        error = node_error(self.storage, self.spec.job_id, rank) or why
+        last, count = self.crashes.get(rank, ("", 0))
+        count = count + 1 if error == last else 1
+        self.crashes[rank] = (error, count)
+        if count < CRASH_LIMIT:
+            self._status("recovering", f"restarting node {rank} ({count}/{CRASH_LIMIT}): {error}")
+
+    def _check_crashes(self) -> None:
+        """Fail the job once a rank failed :data:`CRASH_LIMIT` times in a row the same way."""
+        for rank, (error, count) in sorted(self.crashes.items()):
+            if count >= CRASH_LIMIT:
+                raise Finish("failed", f"node {rank} failed {count} times in a row: {error}")
+
+    def failure_reason(self, rank: int, code: int) -> str:
+        """``node R exited with code C: <the error line of its log>``."""
+        error = node_error(self.storage, self.spec.job_id, rank)
+        return f"node {rank} exited with code {code}" + (f": {error}" if error else "")
 
     def _recovered(self, rec: InstanceRecord, now: float) -> None:
         lost_at = self.recovering.get(rec.node_rank)
@@ -248,3 +279,9 @@ class RunState:
         with self.db.transaction():
             self.db.add_instance(rec)
             self.ledger.open(rec)
+
+
+def _crashed(reason: str | None) -> bool:
+    """Whether an instance's end reason says its bootstrap failed (``exited N``, N not 0): an
+    error of the node's own, not a preemption, a termination or a vanished machine."""
+    return reason is not None and reason.startswith("exited ") and reason != "exited 0"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from kplan.errors import InputError, KplanError
 from kplan.launcher.clock import Clock, SystemClock
 
 SCHEMA_VERSION = 1
+LAST_JOB = "last"  # names the most recently created job wherever a job id is taken
+_JOB_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # an id or a prefix of one
 GONE_STATES = ("terminated", "preempted")  # instance states that bill nothing more
 TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "cancelled", "error")
 JOB_STATUSES = (
@@ -396,6 +399,44 @@ class StateDB:
     def job(self, job_id: str) -> JobRecord | None:
         row = self._conn.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         return None if row is None else _job(row)
+
+    def resolve_job_id(self, text: str, *, known_only: bool = True) -> str:
+        """The job id that ``text`` names: an id, a prefix of exactly one id, or ``last`` (the
+        most recently created job). Raises ``InputError`` (exit 2) for a prefix of several ids
+        (up to 5 listed) and, with ``known_only``, for one of none; without it a text that names
+        no job comes back as is (``kplan down`` then looks in the journals and by tag)."""
+        if not isinstance(text, str) or not _JOB_TEXT.match(text):
+            raise InputError(
+                f"job id {text!r} is not valid",
+                hint="a job id (kp-...), a unique prefix of one, or `last`",
+            )
+        if text == LAST_JOB:
+            row = self._conn.execute(
+                "SELECT id FROM jobs ORDER BY created_at DESC, id DESC LIMIT 1"
+            ).fetchone()
+            if row is None:
+                raise InputError(f"no jobs in {self.path}", hint="start one with `kplan launch`")
+            return str(row["id"])
+        if self.job(text) is not None:
+            return text
+        rows = self._conn.execute(
+            "SELECT id FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC, id DESC",
+            (len(text), text),
+        ).fetchall()
+        ids = [str(r["id"]) for r in rows]
+        if len(ids) == 1:
+            return ids[0]
+        if len(ids) > 1:
+            shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+            raise InputError(
+                f"job id prefix {text!r} matches {len(ids)} jobs: {shown}",
+                hint="type more of the id (`kplan status` lists the jobs)",
+            )
+        if known_only:
+            raise InputError(
+                f"no job {text!r} in {self.path}", hint="`kplan status` lists the jobs"
+            )
+        return text
 
     def jobs(self) -> list[JobRecord]:
         rows = self._conn.execute("SELECT * FROM jobs ORDER BY created_at, id").fetchall()

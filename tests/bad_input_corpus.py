@@ -29,6 +29,7 @@ HUGE = "<huge>"
 DEEP = "<deep>"
 DELETE = object()
 JOB = "kp-corpus-done"
+JOB2 = "kp-corpus-dead"  # the second job of the ``two-jobs`` home
 
 
 @dataclass(frozen=True)
@@ -668,7 +669,32 @@ def _catalog_cases() -> list[Case]:
     ]
 
 
+def _job_id_cases() -> list[Case]:
+    """A JOB argument is an id, a unique prefix of one or ``last`` (issue 12): a prefix of two
+    jobs (``two-jobs``: JOB and JOB2) lists them; ``last`` with no job; text that is no id."""
+    rows: list[tuple[str, tuple[str, ...], int, str, str | None]] = [
+        ("status-ambiguous", ("status", "kp-corpus-"), 2, "matches 2 jobs", "two-jobs"),
+        ("logs-ambiguous", ("logs", "kp-corpus"), 2, "matches 2 jobs", "two-jobs"),
+        ("report-ambiguous", ("report", "kp-c"), 2, "matches 2 jobs", "two-jobs"),
+        ("down-ambiguous", ("down", "kp-corpus-d"), 2, "matches 2 jobs", "two-jobs"),
+        ("status-last-none", ("status", "last"), 2, "no jobs", None),
+        ("logs-last-none", ("logs", "last"), 2, "no jobs", None),
+        ("report-last-none", ("report", "last"), 2, "no jobs", None),
+        ("down-last-none", ("down", "last"), 2, "no jobs", None),
+        ("status-prefix-none", ("status", "kp-zz"), 2, "no job", "job"),
+        ("status-id-spaces", ("status", "kp corpus"), 2, "job id", "job"),
+        ("report-id-slash", ("report", "kp/../x"), 2, "job id", "job"),
+        ("status-prefix-ok", ("status", "kp-corpus-do", "--json"), 0, "", "job"),
+        ("status-last-ok", ("status", "last", "--json"), 0, "", "two-jobs"),
+        ("report-last-ok", ("report", "last", "--json"), 0, "", "job"),
+        ("logs-last-ok", ("logs", "last"), 0, "", "job"),
+    ]  # fmt: skip
+    return [Case(f"jobid-{name}", argv, code, match, home=home)
+            for name, argv, code, match, home in rows]  # fmt: skip
+
+
 CASES: list[Case] = [
+    *_job_id_cases(),
     *_flag_cases(),
     *_file_cases(),
     *_field_cases(),

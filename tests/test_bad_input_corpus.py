@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kplan.cli import app
-from tests.bad_input_corpus import CASES, DEEP, DELETE, DIR, FIFO, HUGE, JOB, Case, Mut
+from tests.bad_input_corpus import CASES, DEEP, DELETE, DIR, FIFO, HUGE, JOB, JOB2, Case, Mut
 
 TIMEOUT_S = 30.0
 _EXAMPLE = Path(__file__).resolve().parents[1] / "planner" / "examples" / "cifar10-resnet18.json"
@@ -112,8 +113,15 @@ def _make_files(case: Case, d: Path, bases: dict[str, Any]) -> None:
 def _make_home(kind: str | None, home: Path, job_db: Path) -> None:
     home.mkdir()
     db = home / "kplan.db"
-    if kind in ("job", "corrupt", "readonly"):
+    if kind in ("job", "corrupt", "readonly", "two-jobs"):
         shutil.copy(job_db, db)
+    if kind == "two-jobs":  # JOB and JOB2: a prefix of both names neither
+        from kplan.launcher.state import StateDB
+
+        with StateDB.open(db) as state:
+            first = state.job(JOB)
+            assert first is not None
+            state.create_job(replace(first, id=JOB2, created_at=first.created_at + 1))
     if kind == "corrupt":
         size = db.stat().st_size
         with db.open("r+b") as f:  # garbage over a page in the middle, the header intact

@@ -104,7 +104,7 @@ def test_local_dry_run_shows_the_torchrun_command(home: Path, script: Path) -> N
         "provider.run_instances",
     ]
     head = doc["requests"][1]["instances"][0]
-    assert "torch.distributed.run" in head["user_data"] and "--nnodes=1:2" in head["user_data"]
+    assert "kplan.launcher.noderun" in head["user_data"] and "--nnodes=1:2" in head["user_data"]
     assert head["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 

@@ -53,7 +53,8 @@ def _db(readonly: bool = False) -> StateDB:
 
 
 def _job_or_fail(db: StateDB, job_id: str) -> JobRecord:
-    rec = db.job(job_id)
+    """The job ``job_id`` names (an id, a unique prefix of one, or ``last``); exit 2 if none."""
+    rec = db.job(db.resolve_job_id(job_id))
     if rec is None:
         raise InputError(f"no job {job_id!r} in {db.path}", hint="`kplan status` lists the jobs")
     return rec
@@ -503,7 +504,12 @@ def _started(spec: JobSpec) -> dict[str, Any]:
 
 
 def status_command(
-    job: Annotated[str | None, typer.Argument(help="Job id (default: every job).")] = None,
+    job: Annotated[
+        str | None,
+        typer.Argument(
+            help="Job id, a unique prefix of one, or `last` (the newest job); default: every job."
+        ),
+    ] = None,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until it ends.")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -515,6 +521,9 @@ def status_command(
 
     if not 0 < interval <= 86400:
         raise InputError(f"--interval {interval} must be > 0 and <= 86400", hint="seconds, e.g. 2")
+    if job is not None:  # a prefix or `last` names one job for the whole watch
+        with _db(readonly=True) as db:
+            job = _job_or_fail(db, job).id
     if watch and not as_json and sys.stdout.isatty():
         _watch_live(job, interval)  # redrawn in place until the job ends (or Ctrl-C)
         return
@@ -594,39 +603,51 @@ def _storage_or_none(rec: JobRecord) -> Any:
 
 
 def logs_command(
-    job: Annotated[str, typer.Argument(help="Job id.")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until it ends.")] = False,
+    job: Annotated[
+        str, typer.Argument(help="Job id, a unique prefix of one, or `last` (the newest job).")
+    ],
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep printing new lines until the job ends (or its launcher is gone and "
+            "nothing of it runs).",
+        ),
+    ] = False,
     node: Annotated[int | None, typer.Option("--node", help="Only this node rank.")] = None,
 ) -> None:
     import time
 
-    from kplan.launcher.jobspec import JobSpec, check_job_id
+    from kplan.launcher.jobspec import JobSpec
 
-    check_job_id(job)
     if node is not None and not 0 <= node < 4096:
         raise InputError(f"--node {node} must be a node rank >= 0", hint="e.g. --node 0")
     with _db(readonly=True) as db:
         rec = _job_or_fail(db, job)
+        job = rec.id
         spec = JobSpec.from_dict(rec.spec)
         backend = _backend(rec.cloud, rec.region, spec.storage_uri)
         storage = backend.storage
         prefix = f"{job}/logs/" + ("" if node is None else f"node-{node}.log")
         offsets: dict[str, int] = {}
+        shown: str | None = None  # the file whose lines were printed last (its header once)
         changed_at = checked_at = time.monotonic()
         while True:
+            current = db.job(job)  # before reading: the lines of a job that just ended are read
             for key in sorted(storage.list_keys(prefix)):
                 data = storage.get_bytes(key) or b""
                 start = offsets.get(key, 0)
                 if len(data) > start:
-                    if len(offsets) > 1 or node is None:
+                    if node is None and key != shown:
                         typer.echo(f"==> {key.rsplit('/', 1)[-1]} <==")
+                        shown = key
                     typer.echo(data[start:].decode("utf-8", "replace"), nl=False)
                     offsets[key] = len(data)
                     changed_at = time.monotonic()
-            current = db.job(job)
             if not follow or current is None or current.terminal:
                 if not offsets:
-                    typer.echo(f"no logs yet for job {job}", err=True)
+                    _no_logs(current or rec, node)
                 return
             if _launcher_gone(current):  # nothing will record an end: stop on our own
                 now = time.monotonic()
@@ -644,14 +665,38 @@ def logs_command(
             time.sleep(1.0)
 
 
+def _no_logs(rec: JobRecord, node: int | None) -> None:
+    """Say why there is nothing to print: the job has not written a log yet, or (a job that
+    ended) the node never ran."""
+    which = "" if node is None else f" node {node}"
+    if not rec.terminal:
+        typer.echo(f"no logs yet for job {rec.id}{which} ({rec.status})", err=True)
+        return
+    from kplan.launcher.jobspec import JobSpec
+
+    ranks = len(JobSpec.from_dict(rec.spec).nodes)
+    why = "no node of it ran" if node is None else f"node {node} never ran"
+    typer.echo(
+        f"job {rec.id} {rec.status} and left no log{which}: {why} "
+        f"(its nodes: 0-{ranks - 1}; `kplan status {rec.id}` shows what happened)",
+        err=True,
+    )
+
+
 _LOGS_IDLE_S = 60.0  # logs -f on a job without a launcher: stop after this long unchanged
 _LOGS_CLOUD_CHECK_S = 10.0  # ... or as soon as the cloud shows nothing alive (checked this often)
 
 
 def _launcher_gone(job: JobRecord) -> bool:
     from kplan.launcher.summary import launcher_alive
+    from kplan.procs import read_stat
 
-    return not job.terminal and not launcher_alive(job)
+    if job.terminal:
+        return False
+    if not launcher_alive(job) or job.launcher_pid is None:
+        return True
+    stat = read_stat(job.launcher_pid)  # a launcher killed but not yet reaped is gone too
+    return stat is not None and stat.state in ("Z", "X")
 
 
 def _cloud_alive(backend: Backend, job_id: str) -> bool:
@@ -666,7 +711,10 @@ def _cloud_alive(backend: Backend, job_id: str) -> bool:
 
 
 def down_command(
-    job: Annotated[str | None, typer.Argument(help="Job id.")] = None,
+    job: Annotated[
+        str | None,
+        typer.Argument(help="Job id, a unique prefix of one, or `last` (the newest job)."),
+    ] = None,
     all_jobs: Annotated[bool, typer.Option("--all", help="Every job that may still run.")] = False,
     cloud: Annotated[
         str | None,
@@ -703,8 +751,8 @@ def down_command(
     results = []
     with _db() as db:
         if job is not None:
-            check_job_id(job)
-            targets = [job]
+            # a prefix or `last` names a job of the database; an id it lacks stays as typed
+            targets = [check_job_id(db.resolve_job_id(job, known_only=False))]
         else:
             targets = leftover_jobs(db)
         for job_id in targets:

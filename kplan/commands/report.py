@@ -45,7 +45,9 @@ def build(db: StateDB, rec: JobRecord, profile: Path | None) -> JobReport:
 
 
 def report_command(
-    job: Annotated[str | None, typer.Argument(help="Job id.")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="Job id, a unique prefix of one, or `last` (the newest).")
+    ] = None,
     all_jobs: Annotated[bool, typer.Option("--all", help="Every job in the database.")] = False,
     profile: Annotated[
         Path | None,
