@@ -320,6 +320,11 @@ def where(r: JobReport) -> str:
     return f"{r.cloud} {r.region}"
 
 
+def budget_text(r: JobReport) -> str:
+    """The budget, or "none" for a free local run launched without one."""
+    return money(r.budget_usd) if r.budget_usd > 0 else "none"
+
+
 def _when(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -431,8 +436,7 @@ def section(r: JobReport) -> str:
         ("started", _when(r.created_at)),
         ("ended" if r.status in _TERMINAL else "now", _when(r.ended_at)),
         ("took", _duration(max(r.ended_at - r.created_at, 0.0))),
-        ("budget", money(r.budget_usd)
-         + (f", deadline {r.deadline_h:g} h" if r.deadline_h else "")),
+        ("budget", budget_text(r) + (f", deadline {r.deadline_h:g} h" if r.deadline_h else "")),
     ]  # fmt: skip
     facts_html = "".join(f"<div><span>{e(k)}</span>{e(v)}</div>" for k, v in facts)
     reason = f"<p class='reason'>{e(r.reason)}</p>" if r.reason else ""

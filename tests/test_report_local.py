@@ -224,7 +224,10 @@ def test_html_report_page_says_what_ran_where_and_when() -> None:
     assert "http://" not in page and "https://" not in page and "<script" not in page
     free = render_html([_report(total_usd=0.0, predicted_cost_usd=0.0, predicted_cost_p90_usd=0.0,
                                 instances=[], cost_curve=[])])  # fmt: skip
-    assert "Spend against the budget: free" in free
+    assert "Spend against the budget: free" in free and "budget</span>$1.00" in free
+    unbudgeted = render_html([_report(total_usd=0.0, predicted_cost_usd=0.0, instances=[],
+                                      predicted_cost_p90_usd=0.0, budget_usd=0.0)])  # fmt: skip
+    assert "budget</span>none" in unbudgeted and ": free</figcaption>" in unbudgeted
 
 
 def test_money_reads_like_money() -> None:

@@ -10,7 +10,14 @@ def render_report(r: JobReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kplan.launcher.report_html import SUMMARY_HEADER, money, summary_note, summary_rows, where
+    from kplan.launcher.report_html import (
+        SUMMARY_HEADER,
+        budget_text,
+        money,
+        summary_note,
+        summary_rows,
+        where,
+    )
 
     def opt(x: float | None, fmt: str) -> str:
         return "n/a" if x is None else format(x, fmt)
@@ -18,7 +25,7 @@ def render_report(r: JobReport) -> None:
     console = Console()
     console.print(
         f"[bold]{safe(r.id)}[/bold] {safe(r.status)} ({safe(r.reason or '-')}) on "
-        f"{safe(where(r))}, budget {money(r.budget_usd)}",
+        f"{safe(where(r))}, budget {budget_text(r)}",
         highlight=False,
     )
     console.print(f"command: {safe(r.command)}", highlight=False)
