@@ -602,8 +602,15 @@ def _refine(
         t.cost[i], t.cost_p90[i] = r.cost_usd, r.cost_p90_usd
         t.preempt[i] = r.losses
         t.spot[i] = r
+    # spot rows: a single type with a spot model, or a mix with a spot group (without the mixes,
+    # each round would bring the next optimistic closed-form mix into view: many rounds)
     flags = np.array([c.risk is not None for c in cands] + [False])
-    is_spot = np.where(t.cand >= 0, flags[np.clip(t.cand, 0, len(cands))], False)
+    mix_spot = np.array([any(g.market == "spot" for g in m.groups) for m in t.mixes] + [False])
+    is_spot = np.where(
+        t.cand >= 0,
+        flags[np.clip(t.cand, 0, len(cands))],
+        mix_spot[np.clip(-1 - t.cand, 0, len(t.mixes))],
+    )
     _carry_ratios(t, ix, closed, is_spot)
     return True
 
