@@ -20,9 +20,10 @@ The job's storage (code, checkpoints, metrics, ``status/node-<rank>.json``, the 
 logs) is ``LocalStorage($KPLAN_HOME/jobs)``.
 
 States: ``pending`` (booting) → ``running`` (bootstrap started) → ``terminated`` with reason
-``completed`` (exit 0), ``exited N`` or ``terminated`` (asked), or ``preempted`` with reason
-``spot interruption`` (chaos: ``local_chaos`` or :meth:`LocalProvider.preempt`). While a
-notice or a termination runs its course the state is ``stopping``. An instance whose supervisor
+``completed`` (exit 0), ``exited N`` (plus ``: <the last line the bootstrap wrote>`` if it wrote
+one) or ``terminated`` (asked), or ``preempted`` with reason ``spot interruption`` (chaos:
+``local_chaos`` or :meth:`LocalProvider.preempt`). While a notice or a termination runs its
+course the state is ``stopping``. An instance whose supervisor
 died is ``running`` while processes of it live, then ``terminated`` with reason ``lost``.
 """
 

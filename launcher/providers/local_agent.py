@@ -78,8 +78,27 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def exit_reason(code: int) -> str:
-    return "completed" if code == 0 else f"exited {code}"
+def exit_reason(code: int, output: Path | None = None) -> str:
+    """``completed``, or ``exited N`` and the last line the bootstrap wrote to ``output`` (its
+    stdout and stderr: why a bootstrap failed before the job's log existed)."""
+    if code == 0:
+        return "completed"
+    last = _last_line(output) if output is not None else None
+    return f"exited {code}" + (f": {last}" if last else "")
+
+
+def _last_line(path: Path, limit: int = 200) -> str | None:
+    """The last non-empty line of ``path`` (read from its last 4 KiB), at most ``limit`` long."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    return lines[-1] if len(lines[-1]) <= limit else lines[-1][: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -288,7 +307,7 @@ class Supervisor:
         elif self.mode == "terminate" or self.code is None:
             state, reason = "terminated", "terminated"
         else:
-            state, reason = "terminated", exit_reason(self.code)
+            state, reason = "terminated", exit_reason(self.code, self.folder / OUTPUT_LOG)
         record: dict[str, Any] = {
             "state": state,
             "reason": reason,
