@@ -200,10 +200,13 @@ def local_plan(
         terms=perfmodel.term_sources(p, gpu=p.gpu, nodes=1, workers=workers),
         time_cost_basis="closed form; local: no preemptions",
     )
+    n_epochs = epochs or profile.epochs
     work = (
         f"{w.samples_at_base:,.0f} samples at batch {batch} "
-        f"({dataset_size or profile.dataset_size:,} per epoch x {epochs or profile.epochs:g} "
-        "epochs" + (", as given" if epochs or dataset_size else ", the profile's") + ")"
+        f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
+        + ("epoch" if n_epochs == 1 else "epochs")
+        + (", as given" if epochs or dataset_size else ", the profile's")
+        + ")"
     )
     return {
         "schema": PLAN_SCHEMA,

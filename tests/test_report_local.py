@@ -257,7 +257,8 @@ def test_the_chromium_check_sees_console_errors_and_broken_images(tmp_path: Path
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """The README's local demo: profile the example, launch it with the profile (free)."""
+    """The README's local demo: profile the script (20,000 samples, 1 epoch), launch it with the
+    profile for that epoch (free); --budget, --check-interval and --job-id only for the test."""
     from tests.test_provider_local import kill_leftovers
 
     home = tmp_path_factory.mktemp("kplan-demo")
@@ -266,13 +267,14 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]
     job = "kp-rep-demo"
     try:
         subprocess.run(
-            [str(KPLAN), "profile", "--example", "mlp-regression", "--out", str(profile)],
+            [str(KPLAN), "profile", str(SCRIPT), "--dataset-size", "20000", "--base-batch", "256",
+             "--out", str(profile)],
             env=env, check=True, capture_output=True, timeout=300,
         )  # fmt: skip
         done = subprocess.run(
             [str(KPLAN), "launch", str(SCRIPT), "--nodes", "2", "--budget", "1", "--profile",
-             str(profile), "--epochs", "2", "--dataset-size", "6000", "--check-interval", "0.5",
-             "--job-id", job, "--quiet", "--", "--epochs", "2", "--samples", "6000"],
+             str(profile), "--check-interval", "0.5", "--job-id", job, "--quiet", "--",
+             "--epochs", "1"],
             env=env, capture_output=True, timeout=300, text=True, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
@@ -303,10 +305,10 @@ def test_local_demo_report_has_predicted_and_actual_time_and_cost(
     assert doc["predicted_hours_p90"] > doc["predicted_hours"] > 0 < doc["actual_hours"]
     assert doc["predicted_step_p90_s"] > doc["predicted_step_s"] > 0
     assert doc["predicted_cost_usd"] == 0.0 == doc["total_usd"]  # free: no --price
-    assert doc["plan"]["profile"] == "mlp-regression"
-    assert "6,000 per epoch x 2 epochs" in doc["plan"]["work"]
+    assert doc["plan"]["profile"] == "mlp_regression"
+    assert "20,000 per epoch x 1 epoch, the profile's" in doc["plan"]["work"]
     # The runtime trains whole batches: 6000 // 256 steps per epoch; the plan rounds up.
-    assert doc["predicted_steps"] == 47 and doc["metrics"]["steps"] == 2 * (6000 // 256)
+    assert doc["predicted_steps"] == 79 and doc["metrics"]["steps"] == 20000 // 256
     assert doc["metrics"]["loss"] and doc["metrics"]["throughput"]
     text = _kplan(home, "report", job)
     for label in ("│ time ", "│ cost ", "│ step time (s)"):
