@@ -335,6 +335,15 @@ def local_prediction(req: LaunchRequest, plan_doc: dict[str, Any] | None) -> dic
         return None
     if req.nodes < 1 or req.workers_per_node < 1:
         return None  # JobSpec.local refuses them with its own message
+    from kplan.profiler.examples import EXAMPLES
+
+    if req.example_profile in EXAMPLES and req.example_profile not in planning.example_names():
+        raise InputError(
+            f"--example {req.example_profile}: a job `kplan profile --example` measures, not a "
+            "built-in profile",
+            hint=f"kplan profile --example {req.example_profile} --out p.json, then --profile "
+            "p.json (it measures this machine in about half a minute)",
+        )
     prof = (
         planning.load_example(req.example_profile)
         if req.example_profile is not None

@@ -149,6 +149,7 @@ def test_a_local_launch_with_a_profile_is_predicted_and_priced(
         ({"epochs": 0.0}, "--epochs=0 must be > 0"),
         ({"dataset_size": 0}, "--dataset-size=0 must be >= 1"),
         ({"profile": None, "epochs": 5.0}, "only for a plan made now"),
+        ({"profile": None, "example_profile": "mlp-regression"}, "kplan profile --example"),
     ],
 )
 def test_local_prediction_flags_are_checked(
