@@ -476,3 +476,34 @@ def test_local_storage_reads_a_growing_file_from_an_offset(tmp_path: Path) -> No
     assert storage.read_from(f"{JOB}/metrics/rank-0.jsonl", 10**6) == b""
     with pytest.raises(ValueError, match="escapes the storage root"):
         storage.read_from("../outside", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_closing_the_terminal_stops_the_job_with_its_teardown(home: Path) -> None:
+    """SIGHUP (the terminal closed) is Ctrl-C for the launcher: the job ends `cancelled`, every
+    worker is gone, the launcher records it; nothing is left for `kplan down`."""
+    from tests.test_provider_local import instance_pids
+
+    job = "kp-live-hup"
+    launch = [str(KPLAN), "launch", str(ROOT / "examples" / "mlp_regression.py"), "--budget", "0",
+              "--nodes", "2", "--check-interval", "0.5", "--job-id", job,
+              "--", "--epochs", "50", "--samples", "40000"]  # fmt: skip
+    tmux = Tmux()
+    try:
+        tmux.start(
+            "launch", f"cd {ROOT} && env KPLAN_HOME={home} OMP_NUM_THREADS=1 {' '.join(launch)}"
+        )
+        tmux.wait_for("launch", r"step \d+ ", 120)
+    finally:
+        tmux.close()  # the terminal goes away: SIGHUP to the launcher
+    deadline = time.monotonic() + 60
+    while True:
+        with StateDB.open(home / "kplan.db", readonly=True) as db:
+            rec = db.job(job)
+        assert rec is not None
+        if rec.terminal or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert (rec.status, rec.reason) == ("cancelled", "interrupted")
+    assert not instance_pids(home)
