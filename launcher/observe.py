@@ -18,7 +18,7 @@ from kplan.errors import CloudError, KplanError
 from kplan.launcher.adapt import Adapter
 from kplan.launcher.bootstrap import cluster_spec, job_key
 from kplan.launcher.clock import Clock
-from kplan.launcher.failure import node_error
+from kplan.launcher.failure import log_tail, node_error
 from kplan.launcher.guard import Guard, Running
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.journal import Journal, instance_doc
@@ -167,7 +167,10 @@ class RunState:
             if doc.get("instance", current) != current:
                 continue  # a late write of an instance this rank no longer runs on
             self.finished[rank] = doc
-            self._event("node-exit", f"node {rank} exited with code {code}", doc)
+            told = doc
+            if code != 0:  # the last lines of its log, for `kplan status --json`
+                told = {**doc, "log_tail": log_tail(self.storage, self.spec.job_id, rank)}
+            self._event("node-exit", f"node {rank} exited with code {code}", told)
             if code == 0 and self.first_done is None:
                 self.first_done = self.clock.now()
 
