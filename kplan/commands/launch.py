@@ -510,7 +510,15 @@ def status_command(
             help="Job id, a unique prefix of one, or `last` (the newest job); default: every job."
         ),
     ] = None,
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until it ends.")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            "-w",
+            help="Refresh until the job ends (exit 0; Ctrl-C stops watching): redrawn in place "
+            "on a terminal, a new block each time otherwise.",
+        ),
+    ] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
