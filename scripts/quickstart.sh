@@ -4,3 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/kplan estimate --example imagenet-resnet50 "$@"
+echo "kplan is in .venv: \`source .venv/bin/activate\` (or type .venv/bin/kplan); README.md has a tour" >&2
