@@ -195,7 +195,10 @@ def script_for(p: Profile) -> str | None:
     if p.name in EXAMPLES:
         return f"examples/{EXAMPLES[p.name].filename}"
     m = re.search(r"profile of (\S+\.py) on ", p.provenance)
-    return m.group(1) if m else None
+    if m is None:
+        return None
+    shipped = {e.filename for e in EXAMPLES.values()}
+    return f"examples/{m.group(1)}" if m.group(1) in shipped else m.group(1)
 
 
 def launch_budget(cost_p90_usd: float) -> float:

@@ -110,6 +110,16 @@ def test_profile_made_from_an_example_script_names_it(tmp_path: Path) -> None:
     out = _run(["estimate", "--profile", str(path), "--on-demand"], columns=120)
     assert "kplan launch examples/mlp_regression.py --plan plan.json" in out
     assert "train.py: your training script" not in out
+    # a profile of a script (`kplan profile my_job.py`) names it in its provenance
+    doc["name"] = "my_job"
+    doc["provenance"] = "kplan 0.1.0 profile of my_job.py on cpu, 1 local worker(s), ..."
+    path.write_text(json.dumps(doc))
+    out = _run(["estimate", "--profile", str(path), "--on-demand"], columns=120)
+    assert "kplan launch my_job.py --plan plan.json" in out
+    doc["provenance"] = "kplan 0.1.0 profile of mlp_regression.py on cpu, ..."
+    path.write_text(json.dumps(doc))
+    out = _run(["estimate", "--profile", str(path), "--on-demand"], columns=120)
+    assert "kplan launch examples/mlp_regression.py --plan plan.json" in out
 
 
 def test_short_jobs_read_in_minutes_and_ms_and_sub_cent_money(tmp_path: Path) -> None:

@@ -111,7 +111,10 @@ def estimate_command(
         None, "--out", "-o", help="Write the plan JSON here (for `kplan launch --plan`)."
     ),
     wide: bool = typer.Option(
-        False, "--wide", help="More detail per plan (needs about 130 columns)."
+        False,
+        "--wide",
+        help="More per plan: zone, price per hour, preemptions, step p90, samples/s "
+        "(about 120 columns).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
