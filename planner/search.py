@@ -1118,14 +1118,8 @@ def order_text(o: SearchOptions) -> str:
     if o.objective == "cost":
         return "cheapest first (expected cost)"
     if o.objective == "time":
-        return (
-            f"fastest first (expected time); plans within {tol} of the fastest time are tied "
-            "and go cheapest first"
-        )
-    return (
-        "the knee first, then by how far each plan lies below the line from the fastest to "
-        f"the cheapest plan (log time against log cost; times within {tol} merged)"
-    )
+        return f"fastest first; times within {tol} of the fastest tie and go cheapest first"
+    return "knee first, then by distance below the fastest-to-cheapest line (log-log)"
 
 
 def where(r: PlanRow) -> str:

@@ -65,16 +65,14 @@ def _cluster(r: PlanRow, wide: bool) -> str:
     return safe("\n".join(lines)) + f"\n[dim]{safe(place)}[/dim]" + tail
 
 
-def _table(title: str, caption: str | None = None, gap: int = 2) -> Table:
+def _table(title: str, gap: int = 2) -> Table:
     """A borderless table; ``gap``: spaces between columns (1 or 2)."""
     from rich import box
     from rich.table import Table
 
     return Table(
         title=title,
-        caption=caption,
         title_justify="left",
-        caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         padding=(0, gap - 1, 0, 0),  # and the one-space column divider
@@ -97,6 +95,8 @@ def render_plan(
     console.print(_assumptions(assumed))
     console.print()
     console.print(_plans(plan, str(assumed.get("profile", "")), wide))
+    if plan.order:
+        console.print(f"order: {safe(plan.order)}", style="dim", highlight=False)
     console.print()
     console.print(_frontier(plan, wide))
     console.print(f"[bold]chosen:[/bold] {safe(plan.reason)}")
@@ -185,10 +185,7 @@ def _assumptions(a: dict[str, Any]) -> Table:
 
 
 def _plans(plan: Plan, name: str, wide: bool) -> Table:
-    table = _table(
-        f"{safe(name)}: the best plan of each instance type",
-        caption=f"order: {safe(plan.order)}" if plan.order else None,
-    )
+    table = _table(f"{safe(name)}: the best plan of each instance type")
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("cluster", no_wrap=True)
     table.add_column("GPUs", justify="right", no_wrap=True)
