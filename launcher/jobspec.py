@@ -32,6 +32,11 @@ def new_job_id(now: float | None = None) -> str:
     return f"kp-{stamp}-{secrets.token_hex(2)}"
 
 
+def place(cloud: str, region: str) -> str:
+    """Where a job runs, in words: "this machine (local)" or "aws us-east-1"."""
+    return "this machine (local)" if cloud == "local" else f"{cloud} {region}"
+
+
 def check_job_id(job_id: str) -> str:
     if not _JOB_ID.match(job_id):
         raise InputError(

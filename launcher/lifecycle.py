@@ -27,7 +27,7 @@ from kplan.launcher.bootstrap import (
     status_key,
 )
 from kplan.launcher.clock import Clock, SystemClock
-from kplan.launcher.jobspec import JobSpec, NodeSpec
+from kplan.launcher.jobspec import JobSpec, NodeSpec, place
 from kplan.launcher.journal import Journal, instance_doc
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.observe import EventSink, Finish, RunState
@@ -133,8 +133,8 @@ class _Run(RunState):
         )
         self._event(
             "created",
-            f"job {s.job_id}: {len(s.nodes)} node(s), {s.workers} worker(s) on {s.cloud} "
-            f"{s.region}, budget ${s.budget_usd:,.2f}",
+            f"job {s.job_id}: {len(s.nodes)} node(s), {s.workers} worker(s) on "
+            f"{place(s.cloud, s.region)}, budget ${s.budget_usd:,.2f}",
             {"usd_per_hour": s.usd_per_hour},
         )
         for note in s.price_notes:
@@ -270,7 +270,7 @@ class _Run(RunState):
                 self._event("code", shipped)
         self.storage.delete_prefix(job_key(self.spec.job_id, "status/"))
         self.provider.prepare(self.cluster)
-        self._event("prepare", f"prepared {self.spec.cloud} {self.spec.region}")
+        self._event("prepare", f"prepared {place(self.spec.cloud, self.spec.region)}")
 
     def _rdzv(self, head: bool) -> Rendezvous:
         return rendezvous(self.spec, self.generation, None if head else self.head_addr)

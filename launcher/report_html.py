@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kplan.errors import KplanError
+from kplan.launcher.jobspec import place
 from kplan.launcher.report import Comparison, JobReport
 from kplan.render.text import clean
 
@@ -57,7 +58,7 @@ def _figure() -> tuple[Any, Any]:
     except ImportError:
         raise KplanError(
             "--html needs matplotlib, which is not installed",
-            hint="pip install 'kplan[report]'",
+            hint="scripts/setup.sh report (or, in kplan's folder, pip install -e '.[report]')",
         ) from None
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -315,9 +316,7 @@ def _ratio(actual: float | None, predicted: float | None) -> str:
 
 def where(r: JobReport) -> str:
     """Where the job ran, in words: "this machine (local)" or "aws us-east-1"."""
-    if r.cloud == "local":
-        return "this machine (local)"
-    return f"{r.cloud} {r.region}"
+    return place(r.cloud, r.region)
 
 
 def budget_text(r: JobReport) -> str:

@@ -206,15 +206,28 @@ def _described(path: Path) -> NodeWheel:
     return NodeWheel(path, sha256_file(path), path.stat().st_size)
 
 
-def build_command(src: Path, out: Path, have_setuptools: bool | None = None) -> list[str]:
-    """pip's command that builds the wheel. With setuptools in the launcher's Python (a 3.11
-    venv has it) the build is offline: no isolation, no index. Without it (a 3.12+ venv made
-    by ``pip install -e``), pip builds in isolation and fetches only the build backend
-    (setuptools) from the configured index; kplan itself never comes from there."""
-    if have_setuptools is None:
-        import importlib.util
+MIN_SETUPTOOLS = 77  # pyproject.toml's [build-system] requirement (the SPDX license string)
 
-        have_setuptools = importlib.util.find_spec("setuptools") is not None
+
+def setuptools_major() -> int:
+    """The major version of the launcher's setuptools, 0 when it has none."""
+    from importlib import metadata
+
+    try:
+        return int(metadata.version("setuptools").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return 0
+
+
+def build_command(src: Path, out: Path, have_setuptools: bool | None = None) -> list[str]:
+    """pip's command that builds the wheel. With setuptools >= 77 in the launcher's Python
+    (pyproject.toml's build requirement: ``scripts/setup.sh`` installs it) the build is
+    offline: no isolation, no index. Without it (a 3.12+ venv made by ``pip install -e`` has
+    none; a 3.11 venv has an older one, which cannot read pyproject's license field), pip
+    builds in isolation and fetches only the build backend (setuptools) from the configured
+    index; kplan itself never comes from there."""
+    if have_setuptools is None:
+        have_setuptools = setuptools_major() >= MIN_SETUPTOOLS
     offline = ["--no-build-isolation", "--no-index"] if have_setuptools else []
     return [
         sys.executable,
@@ -249,8 +262,8 @@ def _run_build(src: Path, out: Path, timeout_s: float) -> None:
         ]
         raise CloudError(
             f"building kplan's wheel for the nodes failed: {last[:300]}",
-            hint="the launcher's Python needs pip and setuptools>=68 "
-            "(pip install 'setuptools>=68'); run with --debug for more",
+            hint=f"the launcher's Python needs pip and setuptools>={MIN_SETUPTOOLS} "
+            f"(pip install 'setuptools>={MIN_SETUPTOOLS}'); run with --debug for more",
         )
 
 

@@ -151,7 +151,9 @@ def test_a_failed_or_slow_build_is_one_line_and_a_hint(tmp_path: Path) -> None:
         build_wheel(tmp_path / "home", good, timeout_s=0.01)
 
 
-def test_without_setuptools_the_build_fetches_only_its_backend(tmp_path: Path) -> None:
+def test_without_setuptools_the_build_fetches_only_its_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A 3.12+ venv made by `pip install -e` has no setuptools: building offline without
     # isolation would fail there, so pip builds in isolation (it fetches setuptools, the build
     # backend, from the index); with setuptools here the build stays offline.
@@ -163,6 +165,11 @@ def test_without_setuptools_the_build_fetches_only_its_backend(tmp_path: Path) -
     assert {"--no-build-isolation", "--no-index", "--no-deps"} <= set(offline)
     assert online[-1] == offline[-1] == str(tmp_path / "src")  # a local tree, never a name
     assert "--no-index" in build_command(tmp_path / "src", tmp_path / "out")  # this venv
+    # A 3.11 venv's own setuptools (65) cannot read pyproject's license string: isolation.
+    from kplan.launcher import wheel
+
+    monkeypatch.setattr(wheel, "setuptools_major", lambda: 65)
+    assert "--no-index" not in build_command(tmp_path / "src", tmp_path / "out")
 
 
 def test_the_node_requirements_pin_what_the_launcher_runs() -> None:

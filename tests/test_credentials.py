@@ -203,8 +203,8 @@ def test_a_launch_on_a_planner_only_install_says_which_extra_to_install(
 @pytest.mark.parametrize(
     ("cloud", "placeholders", "extra"),
     [
-        ("aws", ["<aws-account-id>"], "pip install 'kplan[aws]'"),
-        ("gcp", ["<gcp-project>", "gs://<your-bucket>/kplan"], "pip install 'kplan[gcp]'"),
+        ("aws", ["<aws-account-id>"], "scripts/setup.sh aws"),
+        ("gcp", ["<gcp-project>", "gs://<your-bucket>/kplan"], "scripts/setup.sh gcp"),
     ],
 )
 def test_dry_run_works_offline_without_credentials_or_sdk(

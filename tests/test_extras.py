@@ -96,6 +96,16 @@ def test_explore_without_scikit_learn_names_the_fit_extra(tmp_path: Path) -> Non
     assert _jobs(tmp_path) == []
 
 
+def test_report_html_without_matplotlib_names_the_report_extra(tmp_path: Path) -> None:
+    out = _kplan(tmp_path, "matplotlib", "report", "--all", "--html", str(tmp_path / "r.html"))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        "error: kplan report --html needs matplotlib (the report extra)",
+        "hint: scripts/setup.sh report  (or, in kplan's folder, pip install -e '.[report]')",
+    ]
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_require_extra_passes_when_installed_and_names_the_module_when_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -67,8 +67,10 @@ def report_command(
 
         load_profile(profile)  # a bad file is an error here, not a note in the report
     if html is not None:
+        from kplan.extras import require_extra
         from kplan.io import check_writable
 
+        require_extra("report --html", "report")  # matplotlib draws the plots
         check_writable(html, "--html")
     with _db(readonly=True) as db:
         records = [_job_or_fail(db, job)] if job is not None else db.jobs()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from kplan.launcher.jobspec import place
 from kplan.render.text import clean, safe
 
 if TYPE_CHECKING:
@@ -33,8 +34,8 @@ def render_dry_run(doc: dict[str, Any]) -> None:
 
     console = Console()
     console.print(
-        f"[bold]dry run[/bold] of job {safe(doc['job'])} on {safe(doc['cloud'])} "
-        f"{safe(doc['region'])}: "
+        f"[bold]dry run[/bold] of job {safe(doc['job'])} on "
+        f"{safe(place(doc['cloud'], doc['region']))}: "
         f"{len(doc['requests'])} request(s), none sent"
     )
     for i, req in enumerate(doc["requests"], 1):
@@ -118,7 +119,7 @@ def jobs_view(jobs: list[dict[str, Any]]) -> RenderableType:
         table.add_row(
             safe(j["id"]),
             status,
-            safe(f"{j['cloud']} {j['region']}"),
+            safe(place(j["cloud"], j["region"])),
             str(j["nodes"]),
             _hours(j["elapsed_h"]),
             _money(j["spend_usd"]),
@@ -147,7 +148,7 @@ def job_view(j: dict[str, Any]) -> RenderableType:
         + (gone if j["launcher"] == "gone" else "")
     )
     console.print(
-        f"{safe(j['cloud'])} {safe(j['region'])}, {j['nodes']} node(s), {j['workers']} "
+        f"{safe(place(j['cloud'], j['region']))}, {j['nodes']} node(s), {j['workers']} "
         "worker(s); "
         f"elapsed {_hours(j['elapsed_h'])}; spent {_money(j['spend_usd'])} of "
         f"{_money(j['budget_usd'])}"

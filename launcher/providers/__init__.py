@@ -61,7 +61,11 @@ def get_factory(name: str) -> Factory:
     except ModuleNotFoundError as err:
         raise InputError(
             f"provider {name!r} is not available ({err})",
-            hint=f"install kplan[{name}]" if name in ("aws", "gcp") else "check the installation",
+            hint=(
+                f"scripts/setup.sh {name} (or, in kplan's folder, pip install -e '.[{name}]')"
+                if name in ("aws", "gcp")
+                else "check the installation"
+            ),
         ) from None
     factory: Factory = getattr(module, attr)
     return factory

@@ -474,6 +474,6 @@ def offline_target(
         "vpc": config.vpc_id or "the region's default VPC",
         "subnet": config.subnet_id,
         "security_group": security_group_text(cluster),
-        "needs": ("" if sdk_installed("boto3") else "pip install 'kplan[aws]'; ")
+        "needs": ("" if sdk_installed("boto3") else "scripts/setup.sh aws; ")
         + "AWS credentials (aws configure)",
     }

@@ -323,7 +323,10 @@ _CHAIN_NAMES = {
     "container-role": "container role",
     "iam-role": "EC2 instance metadata",
 }
-MISSING_SDK_HINT = "pip install 'kplan[aws]' (boto3); `kplan launch --dry-run` needs no SDK"
+MISSING_SDK_HINT = (
+    "scripts/setup.sh aws (or, in kplan's folder, pip install -e '.[aws]'); "
+    "`kplan launch --dry-run` needs no SDK"
+)
 
 
 def sdk_installed(module: str) -> bool:

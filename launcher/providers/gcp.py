@@ -362,6 +362,6 @@ def offline_target(
         "network": config.network,
         "subnet": config.subnetwork,
         "external_ip": config.external_ip,
-        "needs": ("" if sdk_installed("google.cloud.compute_v1") else "pip install 'kplan[gcp]'; ")
+        "needs": ("" if sdk_installed("google.cloud.compute_v1") else "scripts/setup.sh gcp; ")
         + "Google credentials (gcloud auth application-default login)",
     }

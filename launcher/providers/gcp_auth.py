@@ -23,7 +23,8 @@ from typing import Any
 from kplan.errors import InputError
 
 MISSING_SDK_HINT = (
-    "pip install 'kplan[gcp]' (google-cloud-compute); `kplan launch --dry-run` needs no SDK"
+    "scripts/setup.sh gcp (or, in kplan's folder, pip install -e '.[gcp]'); "
+    "`kplan launch --dry-run` needs no SDK"
 )
 HINT = (
     "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
