@@ -843,16 +843,13 @@ def cheapest_of_fastest(
 
 
 def knee_index(hours: Array, cost: Array) -> int:
-    """The frontier point farthest below the chord joining its ends (log-log, normalised)."""
-    if len(hours) <= 2:
-        return int(np.argmin(cost))
-    x, y = np.log(hours), np.log(cost)
-    xn = (x - x.min()) / max(float(np.ptp(x)), 1e-12)
-    yn = (y - y.min()) / max(float(np.ptp(y)), 1e-12)
-    # chord from the fastest (xn=0, yn=1) to the cheapest (xn=1, yn=0): distance below it;
-    # when no point lies below it (the ends tie at 0), the cheapest of the best
-    score = 1.0 - xn - yn
-    best = np.flatnonzero(score >= score.max() - 1e-9)
+    """The frontier point with the smallest time x cost: going faster from it costs more than
+    one percent of money for each percent of time saved, and going cheaper loses more time
+    than it saves money. It depends on neither unit nor the frontier's ends (a knee measured
+    against the chord between the ends moved to a plan ten times dearer when one slow, cheap
+    end left the frontier). Ties go to the cheaper point."""
+    score = np.log(hours) + np.log(cost)
+    best = np.flatnonzero(score <= score.min() + 1e-9)
     return int(best[np.argmin(cost[best])])
 
 
@@ -929,11 +926,9 @@ def t_max_nodes(cands: list[Candidate]) -> int:
     return max(c.pred.params.max_nodes_measured for c in cands)
 
 
-def _knee_score(h: Array, c: Array, fh: Array, fc: Array) -> Array:
-    lx, ly = np.log(fh), np.log(fc)
-    xn = (np.log(h) - lx.min()) / max(float(np.ptp(lx)), 1e-12)
-    yn = (np.log(c) - ly.min()) / max(float(np.ptp(ly)), 1e-12)
-    out: Array = 1.0 - xn - yn
+def _knee_score(h: Array, c: Array) -> Array:
+    """Lower is nearer the knee: log(time x cost)."""
+    out: Array = np.log(h) + np.log(c)
     return out
 
 
@@ -955,8 +950,8 @@ def _rank(
     else:
         merged = front[merge_near_times(t.hours[front], tol)]
         knee = merged[knee_index(t.hours[merged], t.cost[merged])]
-        score = _knee_score(t.hours[idx], t.cost[idx], t.hours[merged], t.cost[merged])
-        order = np.concatenate([[knee], idx[np.argsort(-score, kind="stable")]])
+        score = _knee_score(t.hours[idx], t.cost[idx])
+        order = np.concatenate([[knee], idx[np.argsort(score, kind="stable")]])
     return ok, front, order
 
 
@@ -1119,7 +1114,7 @@ def order_text(o: SearchOptions) -> str:
         return "cheapest first (expected cost)"
     if o.objective == "time":
         return f"fastest first; times within {tol} of the fastest tie and go cheapest first"
-    return "knee first, then by distance below the fastest-to-cheapest line (log-log)"
+    return "knee first, then by time x cost (smallest first)"
 
 
 def where(r: PlanRow) -> str:
@@ -1149,7 +1144,8 @@ def _reason(chosen: PlanRow, frontier: tuple[PlanRow, ...], o: SearchOptions, nb
         head = f"fastest plan{within} (within {tol} of the fastest time; the cheapest of those)"
     else:
         head = (
-            f"knee of the time/cost frontier{within} (times within {tol} of each other merged; "
+            f"knee of the time/cost frontier{within} (the smallest time x cost: a faster plan "
+            f"costs more in % than it saves in time; times within {tol} of each other merged, "
             "the cheapest of those)"
         )
     fast = min(frontier, key=lambda r: r.hours)

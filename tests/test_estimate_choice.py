@@ -89,13 +89,30 @@ def test_knee_merges_near_equal_times_before_choosing(tmp_path: Path) -> None:
     assert doc["objective"] == "knee"
     assert _tied_cheaper(doc["chosen"], doc["frontier"], doc["tie_tolerance"]) == []
     assert "times within 5% of each other merged" in doc["reason"]
-    # the knee of the unmerged frontier is a plan with a cheaper one within 5% of its time
+    # The knee (smallest time x cost) needs no merging to prefer the cheaper of two near-equal
+    # times: the unmerged frontier gives the same plan. (The old knee, farthest below the chord
+    # between the frontier's ends, took the dearer one: $0.025 for 241 s over $0.0045 for 244 s.)
     prof = planning.load_profile(path)
     opts = SearchOptions(objective="knee", markets=("on-demand",), tie_tolerance=0.0)
-    old = planning.estimate(prof, opts).plan
-    old_front = [r.to_dict() for r in old.frontier]
-    assert _tied_cheaper(old.chosen.to_dict(), old_front, TIE_TOLERANCE)
-    assert doc["chosen"]["cost_usd"] < old.chosen.cost_usd
+    unmerged = planning.estimate(prof, opts).plan.chosen
+    assert unmerged.cost_usd == pytest.approx(doc["chosen"]["cost_usd"])
+    front = doc["frontier"]
+    product = [r["hours"] * r["cost_usd"] for r in front]
+    # (merging keeps a group's cheapest: its product is within the tolerance of the smallest)
+    knee = doc["chosen"]["hours"] * doc["chosen"]["cost_usd"]
+    assert min(product) <= knee <= min(product) * (1 + doc["tie_tolerance"])
+
+
+def test_knee_does_not_move_to_a_far_dearer_plan_when_a_slow_end_leaves() -> None:
+    # imagenet-resnet50's default: the old knee (chord between the frontier's ends) went from a
+    # $24 spot plan to a $258 on-demand one when the slow Local Zone plans were left out.
+    doc = _json(["estimate", "--example", "imagenet-resnet50"])
+    chosen, front = doc["chosen"], doc["frontier"]
+    cheapest = min(front, key=lambda r: r["cost_usd"])
+    # from the knee, a cheaper plan saves less (in %) than it costs in time, and vice versa
+    knee = chosen["hours"] * chosen["cost_usd"]
+    assert knee <= min(r["hours"] * r["cost_usd"] for r in front) * (1 + doc["tie_tolerance"])
+    assert chosen["cost_usd"] < 3 * cheapest["cost_usd"]
 
 
 def test_knee_and_tie_helpers_on_a_frontier_like_the_report() -> None:
