@@ -556,12 +556,19 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
     return doc
 
 
-def _offers(cloud: str, region: str, types: set[str]) -> tuple[ZoneOffer, ...]:
+def _offers(
+    cloud: str, region: str, types: set[str], zones: set[str] = frozenset()
+) -> tuple[ZoneOffer, ...]:
+    """The zones the launcher may replace nodes in: the region's offers of the plan's types,
+    less opt-in zones (AWS Local/Wavelength: the account may not have opted in) unless the
+    plan itself runs in one (``zones``)."""
     from kplan.catalogs import load_catalog
 
     out = []
     for o in load_catalog().offers:
         if o.cloud == cloud and o.region == region and o.instance_type in types:
+            if o.opt_in and o.zone not in zones:
+                continue
             out.append(ZoneOffer(o.instance_type, o.zone, o.market, o.usd_per_hour))
     return tuple(out)
 
@@ -606,7 +613,9 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             budget_usd=req.budget_usd,
             deadline_h=req.deadline_h,
             allow_on_demand=req.allow_on_demand or bool(row.get("allow_on_demand", False)),
-            offers=_offers(cloud, region, {n.instance_type for n in nodes}),
+            offers=_offers(
+                cloud, region, {n.instance_type for n in nodes}, {n.zone for n in nodes}
+            ),
             global_batch=int(row["global_batch"]),
             accum_steps=int(row["accum_steps"]),
             predicted_hours=float(row["hours"]),
