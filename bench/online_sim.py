@@ -19,8 +19,10 @@ The truth, per model (../shared/data/traces/pollux/t4/<model>):
   change on the same cluster is free (the runtime applies it in-process).
 
 kplan knows only what it measured: a profile of the one-node rows (1 to 4 GPUs, every batch),
-the gradient size, the catalog's link speeds, and the GNS up to the present (the rest of the
-trajectory is assumed to stay at the latest value). Its static plan (``kplan estimate``) is the
+the gradient size, the catalog's link speeds, and the GNS up to the present; the rest of the
+trajectory is ``planner.gnsforecast``'s forecast from those points (``--hold-gns``: held at the
+latest value instead, as before issue 13). At the start (the static plan, the first trials)
+that is one point, the first epoch's. Its static plan (``kplan estimate``) is the
 cheapest configuration by that model. Online, kplan explores by Bayesian optimisation
 (``planner.explore``): each trial runs ``--trial-steps`` real steps at a configuration (its
 progress counts; its price, restarts and boots included, is the exploration overhead, bounded
@@ -83,6 +85,7 @@ class SimOptions:
     # A deadline between the fastest (0) and the cheapest (1) configuration's true hours,
     # geometrically: fastest^(1 - f) * cheapest^f (None: no deadline).
     deadline_frac: float | None = None
+    forecast: bool = True  # forecast the GNS after the points measured (False: hold the last)
 
 
 @dataclass(frozen=True)
@@ -211,12 +214,23 @@ def hindsight(truth: Truth, prog: Progress, o: SimOptions) -> tuple[Array, Array
     return (seconds + o.boot_s) * price / 3600.0, seconds + o.boot_s
 
 
-def known_gns(truth: Truth, d: float) -> tuple[GnsPoint, ...]:
-    """The GNS the runtime has measured by fraction ``d``: the points passed and the current."""
+def known_gns(truth: Truth, d: float, every: float | None = None) -> tuple[GnsPoint, ...]:
+    """The GNS the runtime has measured by fraction ``d``: the trace's points passed, the
+    current value and, the runtime reporting it all along, its value at each ``every`` of the
+    job passed (one point per re-plan interval). Before the trace's first point (1 to 2% of the
+    job on most models, 10% on ncf, 50% on bert) there is nothing to read: the first point is
+    given at its own progress, as the old sim held its value from the start."""
     xs = [g.progress for g in truth.gns]
     ys = [g.noise_scale for g in truth.gns]
+    if d < xs[0]:
+        return (truth.gns[0],)
+    seen = {g.progress: g for g in truth.gns if g.progress < d}
+    if every:
+        for t in np.arange(every, d - 1e-9, every):
+            if t >= xs[0]:
+                seen.setdefault(float(t), GnsPoint(float(t), float(np.interp(t, xs, ys))))
     now = GnsPoint(d, float(np.interp(d, xs, ys)))
-    return (*(g for g in truth.gns if g.progress < d), now)
+    return (*(seen[k] for k in sorted(seen)), now)
 
 
 def fit_prior(truth: Truth) -> PerfParams:
@@ -279,8 +293,9 @@ class Simulator:
             self.truth.configs,
             remaining_progress=self.truth.progress * (1.0 - d),
             base_batch=self.truth.base_batch,
-            gns=known_gns(self.truth, d),
+            gns=known_gns(self.truth, d, self.o.replan_every),
             done_fraction=d,
+            forecast=self.o.forecast,
         )
         return ev.cost_usd, ev.log_sigma, ev.step_time, ev.seconds_p90
 
@@ -376,13 +391,14 @@ class Simulator:
                 truth.configs,
                 remaining_progress=truth.progress * (1.0 - d),
                 base_batch=truth.base_batch,
-                gns=known_gns(truth, d),
+                gns=known_gns(truth, d, o.replan_every),
                 objective="cost",
                 restart_s=o.restart_s,
                 boot_s=o.boot_s,
                 margin=o.margin,
                 done_fraction=d,
                 deadline_left_s=None if self.deadline_s is None else self.deadline_s - run.seconds,
+                forecast=o.forecast,
             )
             if decision.switch:
                 run.restart_usd += self.switch_usd(current, decision.best)
@@ -484,8 +500,12 @@ def print_table(results: Sequence[Result], o: SimOptions) -> None:
             f"{on.cost:7.2f} {r.ratio:5.3f}{_met(r, on.seconds):1s} {on.explore_usd:7.2f} "
             f"{on.trials:6d} {on.switches:6d} {mape:>5s} | {final:>17s}"
         )
-    hits = sum(r.ratio <= 1.05 and not _met(r, r.online.seconds) for r in results)
-    print(f"online within 5% of the hindsight best: {hits}/{len(results)} models")
+    tol = 0.05 if o.deadline_frac is None else 0.10  # issue 13: 5% on cost, 10% with a deadline
+    hits = sum(r.ratio <= 1 + tol and not _met(r, r.online.seconds) for r in results)
+    missed = sum(bool(_met(r, r.online.seconds)) for r in results)
+    print(f"online within {tol:.0%} of the hindsight best: {hits}/{len(results)} models")
+    if o.deadline_frac is not None:
+        print(f"online missed the deadline on {missed}/{len(results)} models")
     print(f"options: {o}")
 
 
@@ -509,7 +529,13 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         default=None,
         help="deadline between the fastest (0) and the cheapest (1) config's true hours",
     )
+    parser.add_argument(
+        "--hold-gns",
+        action="store_true",
+        help="hold the GNS at its latest value instead of forecasting it (before issue 13)",
+    )
     args = parser.parse_args(argv)
+    args.forecast = not args.hold_gns
     o = SimOptions(**{k: getattr(args, k) for k in SimOptions.__dataclass_fields__})
     models = args.models
     if args.quick:

@@ -8,12 +8,18 @@ the job measured. ``evaluate`` predicts the rest of the job for many configurati
 
     steps(B)   = R * B0 / B * integral over the remaining GNS trajectory of (Bn + B) / (Bn + B0)
     seconds    = steps(B) * T_step(config) + restart            R remaining base-batch steps
+    p90        = train seconds * exp(Z90 * hypot(step-time sigma, GNS forecast sigma)) + restart
     cost       = seconds * price + boot * price per node * nodes added
     switch     if value(best) < (1 - margin) * value(current)   hysteresis against model noise
 
 A batch change on the same nodes and workers is applied in-process (no restart); any other
 change pays ``restart_s`` of downtime at the new cluster's price plus ``boot_s`` for each node
 added. No I/O, no clock: everything comes in as arguments.
+
+With ``forecast=True`` the GNS points are the job's measurements so far, each at its progress
+(a fraction of the whole job), and the rest of the trajectory is ``planner.gnsforecast``'s
+forecast from them (its median for the steps, its spread in the p90). With ``forecast=False``
+(the default, for callers whose point does not carry its progress) the latest value is held.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kplan.errors import InputError
-from kplan.planner import perfmodel
+from kplan.planner import efficiency, perfmodel
 from kplan.planner.costs import Z90
 from kplan.planner.efficiency import sample_factor
 from kplan.planner.fit import FitInputs, fit_perf_params
@@ -280,12 +286,13 @@ class Evaluation:
     """The rest of the job at each configuration (arrays in the order given; NaN: unknown)."""
 
     step_time: Array  # seconds per optimizer step
-    log_sigma: Array
-    steps: Array  # optimizer steps to finish
+    log_sigma: Array  # of the step time
+    steps: Array  # optimizer steps to finish (the median over the GNS forecast)
     seconds: Array  # training plus restart downtime
     cost_usd: Array
     seconds_p90: Array
     cost_p90_usd: Array
+    steps_log_sigma: Array | None = None  # of the steps, from the GNS forecast (None: held)
 
     def value(self, objective: str) -> Array:
         """USD (``cost``) or seconds (``time``) to finish."""
@@ -325,12 +332,16 @@ def steps_to_finish(
     base_batch: float,
     gns: Sequence[GnsPoint],
     done_fraction: float = 0.0,
+    forecast: bool = False,
 ) -> Array:
     """Optimizer steps at ``global_batch`` to do ``remaining_progress`` base-batch steps: a step
     does ``B / B0`` of them, less by the statistical efficiency (NaN for ``B != B0`` without a
-    GNS trajectory, as ``efficiency.sample_factor``)."""
+    GNS trajectory, as ``efficiency.sample_factor``). ``forecast``: see the module docstring."""
     batch = np.asarray(global_batch, dtype=float)
-    factor = sample_factor(remaining_gns(gns, done_fraction), base_batch, batch)
+    if forecast and gns:
+        factor = sample_factor(gns, base_batch, batch, start=min(max(done_fraction, 0.0), 1.0))
+    else:
+        factor = sample_factor(remaining_gns(gns, done_fraction), base_batch, batch, forecast=False)
     steps: Array = remaining_progress * base_batch * factor / batch
     return steps
 
@@ -345,6 +356,7 @@ def evaluate(
     restart_s: ArrayLike = 0.0,
     extra_usd: ArrayLike = 0.0,
     done_fraction: float = 0.0,
+    forecast: bool = False,
 ) -> Evaluation:
     """Predict time and cost to finish ``remaining_progress`` base-batch steps at each config.
 
@@ -352,6 +364,7 @@ def evaluate(
     after ``done_fraction`` counts. ``restart_s`` (per config or one for all) is downtime before
     training resumes, billed at the config's price; ``extra_usd`` is added to the cost (e.g. the
     boot of added nodes). Without a GNS trajectory only the base batch can be evaluated.
+    ``forecast``: forecast the GNS after the points (see the module docstring).
     """
     if not (math.isfinite(remaining_progress) and remaining_progress >= 0):
         raise InputError(
@@ -372,12 +385,19 @@ def evaluate(
         base_batch=base_batch,
         gns=gns,
         done_fraction=done_fraction,
+        forecast=forecast,
     )
     restart = np.broadcast_to(np.asarray(restart_s, dtype=float), nodes.shape)
     extra = np.broadcast_to(np.asarray(extra_usd, dtype=float), nodes.shape)
     train = steps * step
     seconds = train + restart
-    seconds_p90 = train * np.exp(Z90 * sigma) + restart
+    work_sigma: Array | None = None
+    total_sigma = sigma
+    if forecast and gns:
+        start = min(max(done_fraction, 0.0), 1.0)
+        work_sigma = efficiency.log_sigma(gns, base_batch, batch, start=start)
+        total_sigma = np.hypot(sigma, work_sigma)
+    seconds_p90 = train * np.exp(Z90 * total_sigma) + restart
     return Evaluation(
         step_time=step,
         log_sigma=sigma,
@@ -386,6 +406,7 @@ def evaluate(
         cost_usd=seconds / 3600.0 * price + extra,
         seconds_p90=seconds_p90,
         cost_p90_usd=seconds_p90 / 3600.0 * price + extra,
+        steps_log_sigma=work_sigma,
     )
 
 
@@ -422,6 +443,21 @@ def _kept(current: Config, c: Config) -> int:
     return min(current.nodes, c.nodes)
 
 
+def _deadline_chance(ev: Evaluation, restart_s: Array, deadline_left_s: float) -> Array:
+    """P(finishing within ``deadline_left_s``) of each config: log-normal training time with
+    the step time's and the GNS forecast's sigmas, plus the fixed restart downtime."""
+    train = ev.seconds - restart_s
+    sigma = (
+        ev.log_sigma if ev.steps_log_sigma is None else np.hypot(ev.log_sigma, ev.steps_log_sigma)
+    )
+    room = deadline_left_s - restart_s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.log(np.maximum(room, 1e-9) / train) / np.maximum(sigma, 1e-6)
+    z = np.where((room > 0) & np.isfinite(train) & (train > 0), z, -np.inf)
+    out: Array = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    return np.where(np.isfinite(z), out, np.where(z > 0, 1.0, 0.0))
+
+
 def replan(
     params: PerfParams,
     current: Config,
@@ -437,6 +473,7 @@ def replan(
     deadline_left_s: float | None = None,
     boot_s: float = 0.0,
     done_fraction: float = 0.0,
+    forecast: bool = False,
 ) -> Decision:
     """Switch to another configuration only when it is better by more than ``margin``.
 
@@ -460,15 +497,35 @@ def replan(
         restart_s=down,
         extra_usd=boot,
         done_fraction=done_fraction,
+        forecast=forecast,
     )
     value = ev.value(objective)
     fits = np.isfinite(value)
     if budget_left_usd is not None:
         fits &= ev.cost_p90_usd <= budget_left_usd
+    in_budget = fits.copy()
     if deadline_left_s is not None:
         fits &= ev.seconds_p90 <= deadline_left_s
     unit = "USD" if objective == "cost" else "s"
     cur = float(value[0])
+    if deadline_left_s is not None and len(configs) > 1 and not fits.any():
+        # Nothing meets the deadline at its p90: take the best chance of meeting it, the
+        # largest z = log(time left / predicted) / sigma (log-normal time; within the budget),
+        # when its chance beats staying's by more than the margin (in probability).
+        chance = _deadline_chance(ev, down, deadline_left_s)
+        chance = np.where(in_budget, chance, -1.0)
+        j = int(np.argmax(chance))
+        if j != 0 and chance[j] > chance[0] + margin:
+            gain = (cur - float(value[j])) / cur if cur > 0 and math.isfinite(cur) else 0.0
+            return Decision(
+                True,
+                configs[j],
+                cur,
+                float(value[j]),
+                gain,
+                f"switch to {configs[j].label}: no configuration meets the deadline at its p90; "
+                f"this one has the best chance ({chance[j]:.0%} against {chance[0]:.0%})",
+            )
     if len(configs) == 1 or not fits[1:].any():
         why = "no candidate" if len(configs) == 1 else "no candidate fits the budget/deadline"
         return Decision(False, current, cur, cur, 0.0, f"stay on {current.label}: {why}")

@@ -9,14 +9,31 @@ from kplan.planner.profile import GnsPoint
 
 def test_sample_factor_constant_gns_matches_closed_form() -> None:
     gns = (GnsPoint(0.0, 1000.0),)
-    f = efficiency.sample_factor(gns, 100, [100, 1100, 2100])
+    f = efficiency.sample_factor(gns, 100, [100, 1100, 2100], forecast=False)
     np.testing.assert_allclose(f, [1.0, 2100 / 1100, 3100 / 1100])
 
 
 def test_growing_gns_makes_large_batches_cheaper_late() -> None:
     early = (GnsPoint(0.0, 100.0),)
     growing = (GnsPoint(0.0, 100.0), GnsPoint(1.0, 10000.0))
-    assert efficiency.sample_factor(growing, 100, 3200) < efficiency.sample_factor(early, 100, 3200)
+    held = efficiency.sample_factor(early, 100, 3200, forecast=False)
+    assert efficiency.sample_factor(growing, 100, 3200) < held
+    # The measured trajectory reaches the end: forecasting changes nothing.
+    assert efficiency.sample_factor(growing, 100, 3200) == pytest.approx(
+        efficiency.sample_factor(growing, 100, 3200, forecast=False), rel=0.01
+    )
+
+
+def test_one_point_is_forecast_to_grow_with_a_wide_band() -> None:
+    one = (GnsPoint(0.0, 100.0),)
+    mid, p90 = efficiency.sample_factor_band(one, 100, [100, 3200])
+    assert mid[0] == pytest.approx(1.0) and p90[0] == pytest.approx(1.0)
+    assert mid[1] < efficiency.sample_factor(one, 100, 3200, forecast=False)
+    assert p90[1] > 1.3 * mid[1]  # one point: the growth is the prior's, uncertain
+    sigma = efficiency.log_sigma(one, 100, [100, 3200])
+    assert sigma[0] == 0.0 and sigma[1] > 0.2
+    whole = (GnsPoint(0.0, 100.0), GnsPoint(1.0, 10000.0))
+    assert efficiency.log_sigma(whole, 100, [3200])[0] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_no_gns_only_base_batch() -> None:

@@ -202,3 +202,33 @@ def test_replan_rejects_bad_input() -> None:
         decide(cfg(1, 4, 128), [cfg(1, 4, 256)], margin=1.5)
     with pytest.raises(InputError, match="remaining_progress"):
         decide(cfg(1, 4, 128), [cfg(1, 4, 256)], remaining_progress=-1.0)
+
+
+def test_forecast_grows_the_gns_and_widens_the_p90() -> None:
+    one = (GnsPoint(0.0, 100.0),)
+    big = [cfg(2, 8, 2048)]
+    held = evaluate(TRUTH, big, remaining_progress=500, base_batch=128, gns=one)
+    fc = evaluate(TRUTH, big, remaining_progress=500, base_batch=128, gns=one, forecast=True)
+    assert fc.steps[0] < held.steps[0]  # the noise scale is forecast to grow
+    assert held.steps_log_sigma is None
+    assert fc.steps_log_sigma is not None and fc.steps_log_sigma[0] > 0.1
+    ratio = (fc.seconds_p90 / fc.seconds)[0]
+    assert ratio > float(np.exp(1.2815 * fc.log_sigma[0]))  # the forecast's spread is in it
+    # Late in the job, only the rest of training counts.
+    late = evaluate(
+        TRUTH, big, remaining_progress=500, base_batch=128, gns=one, forecast=True,
+        done_fraction=0.5,
+    )  # fmt: skip
+    assert late.steps[0] < fc.steps[0]
+
+
+def test_no_candidate_meets_the_deadline_takes_the_best_chance() -> None:
+    current = cfg(1, 4, 256)
+    fast = cfg(4, 16, 2048)
+    ev = evaluate(TRUTH, [current, fast], remaining_progress=200_000, base_batch=32, gns=GNS)
+    deadline = float(ev.seconds[1]) * 0.98  # below every p90, near the fast one's median
+    assert deadline < float(ev.seconds_p90[1])
+    d = decide(current, [fast], objective="cost", deadline_left_s=deadline)
+    assert d.switch and d.best == fast and "best chance" in d.reason
+    hopeless = decide(current, [fast], objective="cost", deadline_left_s=1.0)
+    assert not hopeless.switch  # no chance anywhere: nothing to gain by moving
