@@ -49,7 +49,9 @@ def sample_factor(
     forecast: bool = True,
 ) -> NDArray[np.float64]:
     """Samples needed at ``global_batch`` per sample needed at ``base_batch`` (>= 1 for B >= B0),
-    over progress ``start`` to 1 (the median over the forecast's trajectories).
+    over progress ``start`` to 1: the expected value over the forecast's trajectories (the
+    objectives are expected cost and time; the few trajectories whose noise scale stops growing
+    pull it above their median, which keeps a plan from one GNS point from betting on growth).
 
     Without a GNS trajectory nothing can be said about other batch sizes: the factor is 1 at the
     base batch and NaN elsewhere (the search then keeps the user's global batch).
@@ -66,7 +68,7 @@ def sample_factor_band(
     quantile: float = 0.9,
     forecast: bool = True,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """(median, ``quantile``) of ``sample_factor`` over the GNS forecast's uncertainty."""
+    """(expected value, ``quantile``) of ``sample_factor`` over the GNS forecast's uncertainty."""
     batch = np.asarray(global_batch, dtype=float)
     if not gns:
         out = np.where(np.isclose(batch, base_batch), 1.0, np.nan)
@@ -96,7 +98,7 @@ def sample_factor_band(
 def _forecast_band(
     gns: tuple[GnsPoint, ...], base_batch: float, batches: tuple[float, ...], start: float, q: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Median and ``q`` quantile over the forecast's trajectories (cached: the search and the
+    """Mean and ``q`` quantile over the forecast's trajectories (cached: the search and the
     mixes ask for the same trajectory many times)."""
     samples = gnsforecast.factor_samples(gns, base_batch, np.array(batches), start=start)
     mid: NDArray[np.float64] = np.mean(samples, axis=0)

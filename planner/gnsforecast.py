@@ -12,7 +12,8 @@ models (``GnsPrior``, fitted by ``fit_prior`` on other models' curves), the leve
 data. Points are weighted by Huber's rule (iteratively reweighted), so a loss-plateau swing (655,
 5263, 1.3M in a few hundred steps) moves the forecast little. The slope that fits the early
 points is not the slope of the rest of training (the noise scale bends: learning-rate decays, a
-plateau): ``slope_drift_sd`` widens the forecast's slope by what that change was across models.
+plateau): ``slope_drift_sd`` widens the forecast's slope by what that change was across models,
+in proportion to how much the points (rather than the prior) set the slope.
 
 - **Measured part** (``p <= p_now``): the points themselves, each clipped to ``CLIP_SD`` noise
   sds of the median of the five around it, detrended by the repeated-median slope (a Hampel filter:
@@ -68,9 +69,9 @@ class GnsPrior:
             raise ValueError(f"slope_drift_sd={self.slope_drift_sd!r} must be >= 0")
 
 
-# Fitted on the 44 validation curves of the six shared Pollux models (each model's curves
-# weighted as one): `python -m bench.gns_forecast --fit-prior`. bench/gns_forecast.py refits
-# it leaving each model out when it scores that model.
+# Fitted on the 34 validation curves of the six shared Pollux models with three points or more
+# (each model's curves weighted as one): `python -m bench.gns_forecast --fit-prior`.
+# bench/gns_forecast.py refits it leaving each model out when it scores that model.
 PRIOR = GnsPrior(slope_mean=1.71, slope_sd=0.78, noise_sd=0.46, slope_drift_sd=0.59)
 
 
@@ -242,7 +243,10 @@ def forecast(points: Sequence[GnsPoint], prior: GnsPrior = PRIOR) -> GnsForecast
     line = _robust_line(x, y)
     beta, cov = _huber_line(x, np.clip(y, line - band, line + band), prior)
     cov = cov.copy()
-    cov[1, 1] += prior.slope_drift_sd**2
+    # The drift applies as far as the job's own points set the slope: none with one point
+    # (the prior's spread already is the spread of whole curves), all of it with many.
+    learned = max(0.0, 1.0 - float(cov[1, 1]) / prior.slope_sd**2)
+    cov[1, 1] += learned * prior.slope_drift_sd**2
     return GnsForecast(
         progress=tuple(float(v) for v in p),
         log_scale=tuple(float(v) for v in y),
@@ -284,13 +288,13 @@ def factor_samples(
     grid = _grid(start, end)
     done = fc.now >= min(end, DONE)
     bn = fc.median(grid)[None, :] if done else fc.sample(grid, n, seed)
-    flat = batch.reshape(-1)
-    ratio = (bn[:, :, None] + flat[None, None, :]) / (bn[:, :, None] + base_batch)
-    mean: Array = np.trapezoid(ratio, grid, axis=1) / (end - start)
-    if mean.shape[0] == 1:
-        mean = np.repeat(mean, n, axis=0)
-    out: Array = mean.reshape((n, *batch.shape))
-    return out
+    # (Bn + B) / (Bn + B0) = 1 + (B - B0) / (Bn + B0): one integral per trajectory serves
+    # every batch, and each batch's factor is monotone in it (quantiles carry over).
+    inverse: Array = np.asarray(np.trapezoid(1.0 / (bn + base_batch), grid, axis=1)) / (end - start)
+    if inverse.shape[0] == 1:
+        inverse = np.repeat(inverse, n)
+    out: Array = 1.0 + (batch.reshape(1, -1) - base_batch) * inverse[:, None]
+    return out.reshape((n, *batch.shape))
 
 
 def steps_to_target(

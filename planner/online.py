@@ -18,8 +18,9 @@ added. No I/O, no clock: everything comes in as arguments.
 
 With ``forecast=True`` the GNS points are the job's measurements so far, each at its progress
 (a fraction of the whole job), and the rest of the trajectory is ``planner.gnsforecast``'s
-forecast from them (its median for the steps, its spread in the p90). With ``forecast=False``
-(the default, for callers whose point does not carry its progress) the latest value is held.
+forecast from them (its expected value for the steps, its spread in the p90). With
+``forecast=False`` (the default, for callers whose point does not carry its progress) the latest
+value is held.
 """
 
 from __future__ import annotations
@@ -287,7 +288,7 @@ class Evaluation:
 
     step_time: Array  # seconds per optimizer step
     log_sigma: Array  # of the step time
-    steps: Array  # optimizer steps to finish (the median over the GNS forecast)
+    steps: Array  # optimizer steps to finish (expected over the GNS forecast)
     seconds: Array  # training plus restart downtime
     cost_usd: Array
     seconds_p90: Array

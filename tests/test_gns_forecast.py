@@ -41,12 +41,13 @@ def test_posterior_narrows_with_more_points() -> None:
     few = forecast(power_law(np.array([0.05, 0.1])), prior)
     many = forecast(power_law(np.linspace(0.01, 0.1, 30)), prior)
     assert many.slope_sd < few.slope_sd < prior.slope_sd
-    # With one point the slope is the prior's, as wide (plus the drift).
+    # With one point the slope is the prior's, as wide (no drift: the data set no slope).
     one = forecast([GnsPoint(0.0, 72.0)], gnsforecast.PRIOR)
     assert one.slope == pytest.approx(gnsforecast.PRIOR.slope_mean)
-    assert one.slope_sd == pytest.approx(
-        math.hypot(gnsforecast.PRIOR.slope_sd, gnsforecast.PRIOR.slope_drift_sd), rel=1e-6
-    )
+    assert one.slope_sd == pytest.approx(gnsforecast.PRIOR.slope_sd, rel=1e-6)
+    # Many points set the slope: the drift then widens it toward slope_drift_sd.
+    drift = GnsPrior(slope_mean=1.0, slope_sd=0.7, noise_sd=0.5, slope_drift_sd=0.4)
+    assert forecast(power_law(np.linspace(0.01, 0.1, 30)), drift).slope_sd > 0.35
     assert one.now == gnsforecast.PROGRESS_FLOOR and float(one.median([0.0])[0]) == 72.0
 
 
