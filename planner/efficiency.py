@@ -125,3 +125,20 @@ def efficiency(
 ) -> NDArray[np.float64]:
     """Statistical efficiency in (0, 1] for ``global_batch >= base_batch``."""
     return 1.0 / sample_factor(gns, base_batch, global_batch)
+
+
+def forecast_note(gns: Sequence[GnsPoint]) -> str | None:
+    """One line for a plan whose samples to train rest on a GNS forecast (None: the measured
+    trajectory reaches the end of training, or there is none)."""
+    if not gns:
+        return None
+    fc = gnsforecast.forecast(gns)
+    if fc.now >= gnsforecast.DONE:
+        return None
+    lo, mid, hi = (float(fc.quantile([1.0], q)[0]) for q in (0.1, 0.5, 0.9))
+    times = "once" if len(gns) == 1 else f"{len(gns)} times"
+    return (
+        f"the gradient noise scale was measured {times}, up to {fc.now:.0%} of training: the "
+        f"samples to train take it to grow as on the shared Pollux curves, to {mid:,.0f} at the "
+        f"end (80% band {lo:,.0f} to {hi:,.0f}); larger global batches are a forecast"
+    )

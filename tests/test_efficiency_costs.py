@@ -98,3 +98,11 @@ def test_billing_minimum_applies() -> None:
         overheads=o,
     )
     assert float(tc.cost_usd) == pytest.approx(60.0)
+
+
+def test_forecast_note_says_when_the_samples_rest_on_a_forecast() -> None:
+    note = efficiency.forecast_note((GnsPoint(0.0, 72.0),))
+    assert note is not None and "measured once" in note and "80% band" in note
+    whole = (GnsPoint(0.0, 100.0), GnsPoint(1.0, 10000.0))
+    assert efficiency.forecast_note(whole) is None
+    assert efficiency.forecast_note(()) is None
