@@ -104,7 +104,7 @@ def honest_plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     assert res.exit_code == 0, res.output
     doc: dict[str, Any] = json.loads(path.read_text())
-    assert doc["chosen"]["usd_per_hour"] > 1.0  # a GPU cluster that $0.50 cannot start
+    assert doc["chosen"]["usd_per_hour"] > 1.0  # a GPU cluster that $0.02 cannot start
     return doc
 
 
@@ -139,9 +139,11 @@ def _dry_run(tmp_path: Path, script: Path, plan: dict[str, Any], budget: str = "
 def test_an_edited_plan_price_cannot_raise_the_startable_budget_hours(
     home: Path, script: Path, tmp_path: Path, honest_plan: dict[str, Any], price: float
 ) -> None:
-    honest = _dry_run(tmp_path, script, honest_plan)
+    # a budget the plan's catalog price cannot start (its first check projects more), but an
+    # edited price of a cent an hour could
+    honest = _dry_run(tmp_path, script, honest_plan, budget="0.02")
     assert honest.exit_code == 0, honest.output
-    edited = _dry_run(tmp_path, script, _edited(honest_plan, usd_per_hour=price))
+    edited = _dry_run(tmp_path, script, _edited(honest_plan, usd_per_hour=price), budget="0.02")
     assert edited.exit_code == 0, edited.output
     want, got = json.loads(honest.output), json.loads(edited.output)
     assert want["startable"] is False and want["price_notes"] == []
