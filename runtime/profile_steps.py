@@ -110,6 +110,7 @@ def model_state_bytes(job: Job) -> int:
 
 def enter_profile_phase(job: Job) -> None:
     assert job._profile is not None
+    job._saved_bytes = None  # a size that ran out of memory leaves no estimate behind
     if job._profile.done:
         job._stopped = True
         return

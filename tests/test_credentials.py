@@ -191,7 +191,7 @@ def test_a_launch_on_a_planner_only_install_says_which_extra_to_install(
     env = clean_env(tmp_path, KPLAN_GCP_PROJECT="kplan-test-1")
     done, _ = kplan(["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS], env, block=SDK_MODULES)
     assert done.returncode == 2, done.stderr
-    assert f"pip install 'kplan[{cloud}]'" in done.stderr
+    assert f"scripts/setup.sh {cloud}" in done.stderr
     assert "not installed" in done.stderr and "Traceback" not in done.stderr
     status, _ = kplan(["status", "--json"], env)
     assert json.loads(status.stdout) == []

@@ -107,8 +107,14 @@ def test_profile_mode_sweeps_agrees_on_oom_and_exits_zero(tmp_path: Path) -> Non
         expected = [("sweep", 4)] * 3 + [("sweep", 8)] * 3 + [("gns", 8)] * 3
         assert phases == expected
         events = [r for r in mine if "event" in r]
-        assert [e["event"] for e in events] == ["start", "model", "oom", "done"]
-        assert events[2]["local_batch"] == 16
+        # on a CPU each size that fitted reports its memory estimate (model state plus what
+        # autograd saved), growing with the batch; then the size that ran out
+        kinds = ["start", "model", "memory", "memory", "oom", "done"]
+        assert [e["event"] for e in events] == kinds
+        memory = events[2:4]
+        assert [e["local_batch"] for e in memory] == [4, 8]
+        assert memory[0]["estimated"] and memory[1]["peak_bytes"] > memory[0]["peak_bytes"]
+        assert events[4]["local_batch"] == 16
         sweep = [r for r in mine if r.get("phase") == "sweep"]
         assert all(r["global_batch"] == 2 * r["local_batch"] for r in sweep)
     assert not (tmp_path / "ckpt").exists()
