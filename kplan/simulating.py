@@ -139,6 +139,8 @@ def _job(r: dict[str, Any]) -> Job:
     policy = RecoveryPolicy(**rec)
     step, step90 = float(r["step_time_s"]), float(r["step_time_p90_s"])
     sigma = math.log(step90 / step) / Z90 if step > 0 and step90 > step else 0.0
+    # the work's spread: the step time's and the GNS forecast's, as the search priced it
+    sigma = math.hypot(sigma, float(r.get("forecast_log_sigma") or 0.0))
     price = float(r["usd_per_hour"]) / nodes
     od_price = price
     catalog = load_catalog()

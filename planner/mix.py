@@ -126,7 +126,11 @@ def _pair(
         workload.gns, workload.base_batch, batch
     )
     steps = np.ceil(samples / batch)
-    sigma = np.full(step.shape, max(p1.log_sigma, p2.log_sigma))
+    # the step time's error and the GNS forecast's spread of the samples (as search's rows)
+    sigma = np.hypot(
+        max(p1.log_sigma, p2.log_sigma),
+        efficiency.log_sigma(workload.gns, workload.base_batch, batch),
+    )
     price = n1 * c1.offer.usd_per_hour + n2 * c2.offer.usd_per_hour
     rate = n1 * c1.preempt_per_hour + n2 * c2.preempt_per_hour
     tc = costs.mixed_time_and_cost(

@@ -71,6 +71,9 @@ class PlanRow:
     recovery: dict[str, Any] = field(default_factory=dict)  # the whole RecoveryPolicy priced
     # "local-zone" / "wavelength-zone": an AWS zone the account must opt into (``zone`` names it)
     zone_type: str = "availability-zone"
+    # The GNS forecast's log-space spread of the samples to train at this batch (0 where the
+    # measured GNS covers training): the time and cost p90 add it to the step time's.
+    forecast_log_sigma: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -305,6 +305,7 @@ def _type_grid(
     opts: SearchOptions,
     grid: NDArray[np.int64],
     factors: Array,
+    work_sigma: Array,
 ) -> _TypeGrid | None:
     g = c.inst.gpu_count
     nodes, accum, gi = (
@@ -334,9 +335,8 @@ def _type_grid(
     step = perfmodel.step_time(p, nodes, workers, local, accum)
     samples = workload.samples_at_base * factors[gi]
     steps = np.ceil(samples / batch)
-    return _TypeGrid(
-        nodes, accum, batch, local, step, samples, steps * step, _extrapolation_sigma(p, nodes)
-    )
+    sigma = np.hypot(_extrapolation_sigma(p, nodes), work_sigma[gi])
+    return _TypeGrid(nodes, accum, batch, local, step, samples, steps * step, sigma)
 
 
 def _evaluate_single(
@@ -383,6 +383,9 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
     grid = batch_grid(workload, opts)
     checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
     factors = efficiency.sample_factor(workload.gns, workload.base_batch, grid)
+    # The GNS forecast's spread of the samples to train, per global batch: it widens the time
+    # and cost p90 (in quadrature with the step time's), not the step time's own.
+    work_sigma = efficiency.log_sigma(workload.gns, workload.base_batch, grid)
     if opts.global_batch is not None and not workload.gns:
         factors = np.ones_like(factors)  # pinned batch, no GNS: same samples as at B0 (noted)
     pool = _Pool()
@@ -390,7 +393,7 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
     for i, c in enumerate(cands):
         key = (c.offer.cloud, c.offer.instance_type)
         if key not in grids:
-            grids[key] = _type_grid(c, workload, opts, grid, factors)
+            grids[key] = _type_grid(c, workload, opts, grid, factors, work_sigma)
         tg = grids[key]
         if tg is not None:
             _evaluate_single(i, c, tg, opts, checkpoint_s, pool)
@@ -901,6 +904,10 @@ def _choose(
             "the profile has no gradient noise scale: the global batch is kept at "
             f"{workload.base_batch}"
         )
+    elif chosen.global_batch != workload.base_batch and (
+        note := efficiency.forecast_note(workload.gns)
+    ):
+        all_notes.append(note)
     all_notes.extend(_spot_notes(chosen))
     if chosen.nodes > t_max_nodes(cands):
         all_notes.append(
@@ -998,9 +1005,11 @@ def _top_distinct(
 
 
 def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanRow:
-    sigma = float(t.sigma[i])
     step = float(t.step[i])
     batch = int(t.batch[i])
+    # t.sigma is the time's: the step time's and the GNS forecast's (of this batch) together
+    forecast = float(efficiency.log_sigma(workload.gns, workload.base_batch, [batch])[0])
+    sigma = math.sqrt(max(float(t.sigma[i]) ** 2 - forecast**2, 0.0))
     samples = float(t.samples[i])
     eff = workload.samples_at_base / samples if samples > 0 else 0.0
     if t.cand[i] >= 0:
@@ -1068,6 +1077,7 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         groups=groups,
         gpu=gpu,
         zone_type=zone_type,
+        forecast_log_sigma=forecast,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
         **_spot_fields(t.spot.get(i), market),
     )
@@ -1167,8 +1177,16 @@ def _uncertainty(chosen: PlanRow, workload: Workload) -> str:
     basis = "fit residuals"
     if chosen.gpu != workload.ref_gpu.name:
         basis += f", device model ({workload.ref_gpu.name} -> {chosen.gpu})"
+    work = ""
+    if chosen.forecast_log_sigma > 0.005:
+        extra = math.exp(costs.Z90 * chosen.forecast_log_sigma) - 1.0
+        work = (
+            f"; the samples to train at batch {chosen.global_batch} rest on the GNS forecast "
+            f"(its p90 alone is +{extra:.0%}), which the time and cost p90 include"
+        )
     return (
-        f"step time p90 is +{spread:.0%} over the expected value ({basis}); for spot plans "
-        "the p90 time and cost come from a Monte-Carlo of the trace-fitted preemption model "
-        "(lifetimes, nodes lost together, capacity outages) with the launcher's recovery rules"
+        f"step time p90 is +{spread:.0%} over the expected value ({basis}){work}; for spot "
+        "plans the p90 time and cost come from a Monte-Carlo of the trace-fitted preemption "
+        "model (lifetimes, nodes lost together, capacity outages) with the launcher's recovery "
+        "rules"
     )

@@ -128,3 +128,27 @@ def test_bench_quick_runs_on_one_model(capsys: pytest.CaptureFixture[str]) -> No
     for r in rows:
         assert abs(r.own / r.measured - 1) <= 0.2
         assert abs(r.own / r.measured - 1) <= abs(r.own_const / r.measured - 1)
+
+
+def test_a_plan_from_one_gns_point_carries_the_forecasts_spread_in_its_time_p90() -> None:
+    # The same job with its whole measured GNS trajectory and with only its first point: the
+    # step time's p90 is the same, the time's p90 (from one point) also holds the forecast's.
+    import dataclasses
+
+    from kplan import planning
+    from kplan.planner.search import SearchOptions
+
+    prof = planning.load_example("cifar10-resnet18")
+    opts = SearchOptions(
+        markets=("on-demand",), instance_types=("g4dn.xlarge",), global_batch=512, top=1
+    )
+    full = planning.estimate(prof, opts).plan
+    one = planning.estimate(dataclasses.replace(prof, gns=prof.gns[:1]), opts).plan
+    a, b = full.chosen, one.chosen
+    assert a.forecast_log_sigma == 0.0 and b.forecast_log_sigma > 0.0
+    assert b.step_time_p90_s / b.step_time_s == pytest.approx(a.step_time_p90_s / a.step_time_s)
+    step_sigma = math.log(b.step_time_p90_s / b.step_time_s) / 1.2815515655446004
+    expected = math.exp(1.2815515655446004 * math.hypot(step_sigma, b.forecast_log_sigma))
+    assert b.hours_p90 / b.hours == pytest.approx(expected, rel=0.02)
+    assert "GNS forecast" in one.uncertainty and "GNS forecast" not in full.uncertainty
+    assert any("measured once" in n for n in one.notes)
