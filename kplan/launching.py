@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import socket
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -557,7 +558,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
 
 
 def _offers(
-    cloud: str, region: str, types: set[str], zones: set[str] = frozenset()
+    cloud: str, region: str, types: set[str], zones: Collection[str] = ()
 ) -> tuple[ZoneOffer, ...]:
     """The zones the launcher may replace nodes in: the region's offers of the plan's types,
     less opt-in zones (AWS Local/Wavelength: the account may not have opted in) unless the
