@@ -183,6 +183,9 @@ class JobView:
     gns: float | None = None
     last_step_time: float | None = None  # wall clock of the newest step record
     steps_in_generation: int = 0
+    # (progress, gns) as the job measured them, thinned (at most GNS_HISTORY points): the
+    # trajectory the planner's GNS forecast starts from
+    gns_history: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def remaining_progress(self) -> float | None:
@@ -255,6 +258,8 @@ class Observer:
         gns = _num(rec.get("gns"))
         if gns is not None and gns > 0:
             v.gns = gns
+            if v.progress is not None:
+                _remember(v.gns_history, v.progress, gns)
         v.last_step_time = _num(rec.get("time"), v.last_step_time)
         v.steps_in_generation += 1
 
@@ -358,11 +363,51 @@ def candidates(
     return out
 
 
-def gns_trajectory(view: JobView) -> tuple[GnsPoint, ...]:
-    """The measured noise scale, held constant over the rest of the job (one point)."""
+GNS_HISTORY = 512  # points kept of the job's GNS; past it every other one is dropped
+
+
+def _remember(history: list[tuple[float, float]], progress: float, gns: float) -> None:
+    # a resumed job repeats progress: its new points replace those of the lost stretch
+    while history and history[-1][0] >= progress:
+        history.pop()
+    history.append((progress, gns))
+    if len(history) > GNS_HISTORY:
+        del history[-2::-2]  # every other point, the newest kept
+
+
+@dataclass(frozen=True)
+class GnsView:
+    """The planner's GNS arguments: the job's points at their fraction of the job, how much
+    is done, and whether to forecast the rest (``planner.online``)."""
+
+    gns: tuple[GnsPoint, ...]
+    done_fraction: float = 0.0
+    forecast: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"gns": self.gns, "done_fraction": self.done_fraction, "forecast": self.forecast}
+
+
+def gns_view(view: JobView) -> GnsView:
+    """With the job's target known, its measured noise scale at each point's fraction of the
+    job and the forecast after the latest (the noise scale grows 10-100x over training; holding
+    the latest value plans too small a batch). Without a target: the latest value, held."""
     if view.gns is None:
-        return ()
-    return (GnsPoint(progress=0.0, noise_scale=view.gns),)
+        return GnsView(())
+    total = view.target_progress
+    if total is None or total <= 0 or view.progress is None or not view.gns_history:
+        return GnsView((GnsPoint(progress=0.0, noise_scale=view.gns),))
+    points: dict[int, GnsPoint] = {}
+    for progress, gns in view.gns_history:
+        frac = min(max(progress / total, 0.0), 1.0)
+        points[int(frac * 100)] = GnsPoint(progress=frac, noise_scale=gns)  # one per 1%
+    done = min(max(view.progress / total, 0.0), 1.0)
+    return GnsView(tuple(points[k] for k in sorted(points)), done, forecast=True)
+
+
+def gns_trajectory(view: JobView) -> tuple[GnsPoint, ...]:
+    """The points of :func:`gns_view` (fractions of the job, or one held point)."""
+    return gns_view(view).gns
 
 
 def finish_value(
@@ -373,12 +418,21 @@ def finish_value(
     base_batch: int,
     gns: Sequence[GnsPoint],
     objective: str,
+    done_fraction: float = 0.0,
+    forecast: bool = False,
 ) -> float:
     """Seconds (objective ``time``) or USD (``cost``) to finish at a measured step time
     (``planner.online.steps_to_finish``; without a usable GNS, full statistical efficiency)."""
     b = config.global_batch
     steps = float(
-        steps_to_finish(b, remaining_progress=remaining_progress, base_batch=base_batch, gns=gns)
+        steps_to_finish(
+            b,
+            remaining_progress=remaining_progress,
+            base_batch=base_batch,
+            gns=gns,
+            done_fraction=done_fraction,
+            forecast=forecast,
+        )
     )
     if not math.isfinite(steps):
         steps = remaining_progress * base_batch / b
@@ -564,7 +618,7 @@ class Adapter:
             cands,
             remaining_progress=left,
             base_batch=base,
-            gns=gns_trajectory(self.obs.view),
+            **gns_view(self.obs.view).kwargs(),
             objective=self.objective,
             restart_s=self.restart_s,
             margin=self.spec.replan_margin,
@@ -625,7 +679,7 @@ class Adapter:
         if ready is None or self.model is None:
             return None
         current, left, base = ready
-        gns = gns_trajectory(self.obs.view)
+        gns = gns_view(self.obs.view)
         if self.explorer is None:
             self.configs = candidates(self.spec, base, current.global_batch, self.max_nodes)
             prior = evaluate(
@@ -633,7 +687,7 @@ class Adapter:
                 self.configs,
                 remaining_progress=left,
                 base_batch=base,
-                gns=gns,
+                **gns.kwargs(),
             )
             values = prior.seconds if self.objective == "time" else prior.cost_usd
             self.explorer = Explorer(self.configs, values)
@@ -656,8 +710,8 @@ class Adapter:
                 trial.config,
                 remaining_progress=left,
                 base_batch=base,
-                gns=gns,
                 objective=self.objective,
+                **gns.kwargs(),
             )
             spent = now - trial.started
             self.trial_seconds += spent
@@ -690,11 +744,15 @@ class Adapter:
             self.explorer.add(config)
         return len(self.configs) - 1
 
-    def _best_value_seconds(self, left: float, base: int, gns: Sequence[GnsPoint]) -> float:
+    def _best_value_seconds(self, left: float, base: int, gns: GnsView) -> float:
         if self.model is None or not self.configs:
             return 0.0
         pred = evaluate(
-            self.model.params, self.configs, remaining_progress=left, base_batch=base, gns=gns
+            self.model.params,
+            self.configs,
+            remaining_progress=left,
+            base_batch=base,
+            **gns.kwargs(),
         )
         return float(min(pred.seconds))
 

@@ -9,13 +9,17 @@ from typing import Any
 import pytest
 
 from kplan.launcher.adapt import (
+    GNS_HISTORY,
     Adapter,
+    JobView,
     MetricsFeed,
     Observer,
     PolicyRequest,
+    _remember,
     batch_grid,
     candidates,
     finish_value,
+    gns_view,
 )
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.storage import LocalStorage
@@ -133,6 +137,36 @@ def test_finish_value_counts_statistical_efficiency() -> None:
     assert t32 == pytest.approx(100.0)
     # 10x the batch at the same step time: 10x fewer steps, but (100+320)/(100+32) more samples
     assert t320 == pytest.approx(100.0 / 10 * (420 / 132))
+
+
+def test_the_jobs_gns_history_feeds_the_forecast_at_its_fraction_of_the_job() -> None:
+    view = JobView()
+    assert gns_view(view).gns == ()
+    view.gns, view.progress = 50.0, 10.0
+    # no target yet: the latest value, held (the old behaviour)
+    assert gns_view(view).gns == (GnsPoint(0.0, 50.0),) and not gns_view(view).forecast
+    view.target_progress = 1000.0
+    for i in range(1, 301):
+        _remember(view.gns_history, float(i), 10.0 + i)  # one record per base-batch step
+    view.progress, view.gns = 300.0, 310.0
+    g = gns_view(view)
+    assert g.forecast and g.done_fraction == pytest.approx(0.3)
+    # one point per 1% of the job, the newest of each, at its fraction
+    assert len(g.gns) == 31 and g.gns[-1] == GnsPoint(0.3, 310.0)
+    assert all(0 <= p.progress <= 0.3 for p in g.gns)
+    assert [p.progress for p in g.gns] == sorted(p.progress for p in g.gns)
+    # a forecast from a growing GNS asks fewer steps of a large batch than holding it does
+    cfg = Config(nodes=1, workers=1, global_batch=320)
+    kw: dict[str, Any] = {"remaining_progress": 700.0, "base_batch": 32, "objective": "time"}
+    held = finish_value(0.1, cfg, gns=(GnsPoint(0.0, 310.0),), **kw)
+    assert finish_value(0.1, cfg, **g.kwargs(), **kw) < held
+    # a long job keeps a bounded history, newest point kept; a resume repeats progress
+    h: list[tuple[float, float]] = []
+    for i in range(5 * GNS_HISTORY):
+        _remember(h, float(i), float(i))
+    assert len(h) <= GNS_HISTORY and h[-1] == (5 * GNS_HISTORY - 1, 5 * GNS_HISTORY - 1)
+    _remember(h, 3.0, 7.0)  # resumed from an early checkpoint
+    assert h[-1] == (3.0, 7.0) and all(x < 3.0 for x, _ in h[:-1])
 
 
 def test_adapter_reports_model_error_and_writes_control(tmp_path: Path) -> None:
