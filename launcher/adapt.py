@@ -37,6 +37,8 @@ from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.storage import Storage
 from kplan.planner.explore import Explorer
 from kplan.planner.fit import fit_perf_params
+from kplan.planner.gnsforecast import GnsForecast
+from kplan.planner.gnsforecast import forecast as forecast_gns
 from kplan.planner.online import Config, OnlineModel, evaluate, replan, steps_to_finish
 from kplan.planner.profile import GnsPoint, Measurement
 
@@ -364,6 +366,9 @@ def candidates(
 
 
 GNS_HISTORY = 512  # points kept of the job's GNS; past it every other one is dropped
+GNS_BAND = 0.9  # a measured noise scale outside this central band of the forecast is a surprise
+GNS_OFF_SPAN = 0.01  # ... once it stays out over this fraction of the job (it is an average)
+MAX_REEXPLORE = 1  # with --explore, explorations started again by such a surprise
 
 
 def _remember(history: list[tuple[float, float]], progress: float, gns: float) -> None:
@@ -499,6 +504,11 @@ class Adapter:
         self.trials: list[dict[str, Any]] = []
         self.explore_started = now
         self.configs: list[Config] = []
+        # the GNS forecast of the last re-plan, and since when (job fraction) the measured
+        # noise scale has been outside its band (re-plan, and re-explore, when it stays out)
+        self.gns_forecast: GnsForecast | None = None
+        self.gns_off_since: float | None = None
+        self.reexplored = 0
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -522,6 +532,14 @@ class Adapter:
             return None  # a change is under way
         if self.explore:
             return self._explore_step(now)
+        if self.spec.adapt and self._gns_left_forecast():
+            self.last_replan = now
+            if self.spec.explore and self.reexplored < MAX_REEXPLORE:
+                self.reexplored += 1
+                self.explore, self.explorer, self.trial = True, None, None
+                self.trial_seconds, self.explore_started = 0.0, now
+                return self._explore_step(now)
+            return self._replan(now, spend_usd)
         if self.spec.adapt and now - self.last_replan >= self.spec.replan_interval_s:
             self.last_replan = now
             return self._replan(now, spend_usd)
@@ -612,13 +630,16 @@ class Adapter:
         deadline_left = (
             None if self.control.deadline_time is None else self.control.deadline_time - now
         )
+        gv = gns_view(self.obs.view)
+        self.gns_forecast = forecast_gns(gv.gns) if gv.forecast and gv.gns else None
+        self.gns_off_since = None
         decision = replan(
             self.model.params,
             current,
             cands,
             remaining_progress=left,
             base_batch=base,
-            **gns_view(self.obs.view).kwargs(),
+            **gv.kwargs(),
             objective=self.objective,
             restart_s=self.restart_s,
             margin=self.spec.replan_margin,
@@ -628,6 +649,33 @@ class Adapter:
         if not decision.switch:
             return None
         return self._move(decision.best, "replan", decision.reason, decision.gain)
+
+    def _gns_left_forecast(self) -> bool:
+        """Whether the measured noise scale has stayed outside the last re-plan's forecast band
+        (GNS_BAND) over GNS_OFF_SPAN of the job: the plan rests on a wrong forecast. Says so."""
+        v, fc = self.obs.view, self.gns_forecast
+        total = v.target_progress
+        if fc is None or v.gns is None or v.progress is None or not total:
+            return False
+        frac = v.progress / total
+        if frac <= fc.now:
+            return False
+        lo, hi = fc.band(frac, GNS_BAND)
+        if lo <= v.gns <= hi:
+            self.gns_off_since = None
+            return False
+        if self.gns_off_since is None:
+            self.gns_off_since = frac
+        if frac - self.gns_off_since < GNS_OFF_SPAN:
+            return False
+        self.event(
+            "gns",
+            f"the noise scale {v.gns:,.0f} left the forecast's {GNS_BAND:.0%} band "
+            f"({lo:,.0f} to {hi:,.0f}) at {frac:.0%} of the job: re-planning",
+            {"gns": v.gns, "low": lo, "high": hi, "progress": frac},
+        )
+        self.gns_forecast, self.gns_off_since = None, None
+        return True
 
     def _move(self, best: Config, source: str, reason: str, gain: float | None) -> Action:
         current = self._current()

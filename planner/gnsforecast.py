@@ -118,6 +118,15 @@ class GnsForecast:
         out: Array = np.where(p <= self.now, self._measured(p), np.exp(ahead))
         return out
 
+    def band(self, progress: float, q: float) -> tuple[float, float]:
+        """The central ``q`` interval where a new measurement at ``progress`` (after ``now``)
+        should fall: the line's uncertainty and the points' own scatter (``noise_sd``)."""
+        dx = math.log(max(progress, PROGRESS_FLOOR)) - math.log(self.now)
+        (vl, c), (_, vs) = self.cov
+        sd = math.sqrt(max(vl + 2 * c * dx + vs * dx**2, 0.0) + self.noise_sd**2)
+        mid, z = self.level + self.slope * dx, _z(0.5 + q / 2)
+        return math.exp(mid - z * sd), math.exp(mid + z * sd)
+
     def sample(self, progress: ArrayLike, n: int, seed: int = 0) -> Array:
         """``n`` trajectories of Bn at ``progress`` (shape ``(n, len(progress))``): a Latin
         hypercube over (level, slope), so that a few hundred draws give stable quantiles."""

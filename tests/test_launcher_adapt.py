@@ -169,6 +169,31 @@ def test_the_jobs_gns_history_feeds_the_forecast_at_its_fraction_of_the_job() ->
     assert h[-1] == (3.0, 7.0) and all(x < 3.0 for x, _ in h[:-1])
 
 
+def test_a_noise_scale_that_leaves_the_forecast_band_triggers_a_replan(tmp_path: Path) -> None:
+    from kplan.planner.gnsforecast import forecast
+
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    adapter = Adapter(_spec(), LocalStorage(tmp_path), lambda k, m, d: events.append((k, m, d)), 0)
+    v = adapter.obs.view
+    v.target_progress = 1000.0
+    points = [GnsPoint(p, 200.0 * (p / 0.05) ** 0.8) for p in (0.01, 0.02, 0.03, 0.04, 0.05)]
+    adapter.gns_forecast = forecast(points)
+    lo, hi = adapter.gns_forecast.band(0.10, 0.9)
+    assert lo < 200.0 * 2**0.8 < hi  # the line's own continuation is inside
+    v.progress, v.gns = 100.0, 200.0 * 2**0.8
+    assert not adapter._gns_left_forecast()
+    # ten times above the band: a surprise once it stays out over 1% of the job
+    v.gns = 10 * hi
+    assert not adapter._gns_left_forecast()
+    v.progress = 105.0
+    assert not adapter._gns_left_forecast()
+    v.progress = 111.0
+    assert adapter._gns_left_forecast()
+    assert events[-1][0] == "gns" and "left the forecast's 90% band" in events[-1][1]
+    assert adapter.gns_forecast is None  # the re-plan makes a new one
+    assert not adapter._gns_left_forecast()
+
+
 def test_adapter_reports_model_error_and_writes_control(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     events: list[tuple[str, str, dict[str, Any]]] = []
