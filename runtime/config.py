@@ -12,6 +12,8 @@ from typing import Any, Literal
 from kplan.errors import InputError
 from kplan.planner.precision import PRECISIONS, Precision
 from kplan.runtime import env
+from kplan.runtime.batch_schedule import BatchSchedule, from_list
+from kplan.runtime.momentum import MOMENTUM_MODES, MomentumMode
 from kplan.runtime.pid import PidConfig
 
 SyncMode = Literal["overlap", "manual"]
@@ -50,8 +52,17 @@ class RuntimeConfig:
     """The launcher's control file (``KPLAN_CONTROL_PATH``)."""
     precision: Precision = "fp32"
     """Training precision (``KPLAN_PRECISION``): fp32, tf32, bf16 or fp16 (runtime/amp.py)."""
+    batch_schedule: BatchSchedule | list[dict[str, Any]] | None = None
+    """Global-batch phases (``KPLAN_BATCH_SCHEDULE``; runtime/batch_schedule.py); a list of
+    ``{"progress"|"step": x, "global_batch": B}`` is converted."""
+    momentum: MomentumMode = "horizon"
+    """Momentum compensation when the batch changes (``KPLAN_MOMENTUM``; runtime/momentum.py)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.batch_schedule, list):
+            object.__setattr__(self, "batch_schedule", from_list(self.batch_schedule))
+        if self.momentum not in MOMENTUM_MODES:
+            raise InputError(f"momentum={self.momentum!r} is not one of {MOMENTUM_MODES}", "")
         _positive("global_batch", self.global_batch, allow_none=True)
         _positive("accum_steps", self.accum_steps)
         _positive("max_local_batch", self.max_local_batch, allow_none=True)
@@ -101,6 +112,8 @@ class RuntimeConfig:
             "epochs_by": env.epochs_by(environ),
             "control_path": env.control_path(environ),
             "precision": env.precision(environ),
+            "batch_schedule": env.batch_schedule(environ),
+            "momentum": env.momentum_compensation(environ),
         }
         if env.is_set(env.JOB_ID, environ):
             values["job_id"] = env.job_id(environ)

@@ -19,6 +19,9 @@ from typing import Literal, TypeVar
 
 from kplan.errors import InputError
 from kplan.planner.precision import Precision, check_precision
+from kplan.runtime.batch_schedule import BatchSchedule
+from kplan.runtime.batch_schedule import parse as parse_batch_schedule
+from kplan.runtime.momentum import MOMENTUM_MODES, MomentumMode
 
 # torchrun's variables.
 RANK = "RANK"
@@ -52,6 +55,8 @@ POLICIES = "KPLAN_POLICIES"
 EPOCHS_BY = "KPLAN_EPOCHS_BY"
 CONTROL_PATH = "KPLAN_CONTROL_PATH"
 PRECISION = "KPLAN_PRECISION"
+BATCH_SCHEDULE = "KPLAN_BATCH_SCHEDULE"
+MOMENTUM = "KPLAN_MOMENTUM"
 
 LrRule = Literal["adascale", "linear", "sqrt", "none"]
 GnsMode = Literal["auto", "sgd", "adam", "off"]
@@ -448,6 +453,17 @@ def profile_schedule(environ: Mapping[str, str] | None = None) -> ProfileSchedul
     )
 
 
+def batch_schedule(environ: Mapping[str, str] | None = None) -> BatchSchedule | None:
+    """The global-batch schedule (``KPLAN_BATCH_SCHEDULE``: JSON; runtime/batch_schedule.py)."""
+    raw = _raw(BATCH_SCHEDULE, environ)
+    return None if raw is None else parse_batch_schedule(raw, BATCH_SCHEDULE)
+
+
+def momentum_compensation(environ: Mapping[str, str] | None = None) -> MomentumMode | None:
+    """Momentum compensation on a batch change (``KPLAN_MOMENTUM``: horizon, off)."""
+    return _choice(MOMENTUM, environ, MOMENTUM_MODES)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -475,6 +491,8 @@ def kplan_environ(
     epochs_by: EpochsBy | None = None,
     control_path: Path | str | None = None,
     precision: Precision | None = None,
+    batch_schedule: BatchSchedule | None = None,
+    momentum_compensation: MomentumMode | None = None,
 ) -> dict[str, str]:
     """The kplan variables for a worker, as strings; None leaves a variable out.
 
@@ -503,6 +521,8 @@ def kplan_environ(
         EPOCHS_BY: epochs_by,
         CONTROL_PATH: control_path,
         PRECISION: precision,
+        BATCH_SCHEDULE: None if batch_schedule is None else batch_schedule.to_json(),
+        MOMENTUM: momentum_compensation,
     }
     out = {name: str(value) for name, value in values.items() if value is not None}
     for reader in READERS:
@@ -532,5 +552,7 @@ READERS = (
     epochs_by,
     control_path,
     precision,
+    batch_schedule,
+    momentum_compensation,
 )
 """Every kplan variable's reader, for validating an environment in one pass."""

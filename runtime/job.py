@@ -34,11 +34,13 @@ from kplan.errors import InputError
 from kplan.runtime import distributed as rdist
 from kplan.runtime import env, local_gns, profile_steps, step_end
 from kplan.runtime.amp import Amp
+from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator
 from kplan.runtime.lr_scaling import LrScaler
 from kplan.runtime.metrics import MetricsWriter
+from kplan.runtime.momentum import MomentumCompensator
 from kplan.runtime.pid import BatchController, PidConfig
 from kplan.runtime.policy import Monitor, Policy, PolicyRunner, load_policies
 from kplan.runtime.profile_mode import ProfileRun, is_oom
@@ -112,6 +114,15 @@ class Job:
         self.global_batch = batch_size if cfg.global_batch is None else cfg.global_batch
         if self._profile is not None:
             self.global_batch = self._profile.phase.local_batch * ctx.world_size
+        # A batch schedule (runtime/batch_schedule.py): its phases at 0 set the first batch.
+        sched = cfg.batch_schedule
+        self._schedule = sched if isinstance(sched, BatchSchedule) and not self.profiling else None
+        self._schedule_index = -1
+        self._schedule_target: float | None = None  # job.epochs' target progress
+        if self._schedule is not None:
+            self._schedule_index = self._schedule.due(-1, 0, 0.0)
+            if self._schedule_index >= 0:
+                self.global_batch = self._schedule.phases[self._schedule_index].global_batch
         if self.global_batch % self.accum_steps:
             raise InputError(
                 f"global batch {self.global_batch} is not divisible by {self.accum_steps} "
@@ -192,6 +203,7 @@ class Job:
         self._pin = pin_memory
         self._gns = GnsEstimator(cfg.gns_smoothing)
         self._lr = LrScaler(cfg.lr_scaling, self.base_batch, self.global_batch, cfg.lr_ramp_steps)
+        self._momentum = MomentumCompensator(cfg.momentum, self.global_batch, cfg.lr_ramp_steps)
         self.metrics = MetricsWriter(cfg.metrics_path, ctx.rank, cfg.job_id)
         # Adaptation: policies (the script's, then KPLAN_POLICIES) and the launcher's control.
         self._dataset_size = len(dataset)
@@ -346,6 +358,8 @@ class Job:
         target = float(total * math.ceil(self._dataset_size / self.base_batch))
         if by_progress:
             self._progress_target = target
+        if not self.profiling:
+            self._schedule_target = target
         if not self.profiling:  # the launcher's measure of the work left (launcher/adapt.py)
             self.metrics.event(
                 "epochs",
@@ -482,6 +496,7 @@ class Job:
         first = round_up(self._sampler.next_micro, self.accum_steps)
         self._sampler.set_sizes(first, sizes)
         self._lr.set_batch(first // self.accum_steps, batch)
+        self._momentum.set_batch(first // self.accum_steps, batch)
         self.global_batch = batch
 
     def checkpoint(self, reason: str = "manual") -> None:

@@ -42,6 +42,8 @@ def runtime_state(job: Job) -> dict[str, Any]:
             "controller": job._controller.state_dict(),
             "gns": job._gns.state_dict(),
             "lr": job._lr.state_dict(),
+            "momentum": job._momentum.state_dict(),
+            "batch_schedule_index": job._schedule_index,
             "control_seq": job._runner.control_seq,
             "precision": job.amp.precision,
             "scaler": job.amp.state_dict(),
@@ -78,6 +80,10 @@ def load_into(job: Job, path: Path) -> None:
     job._gns.load_state_dict(rt["gns"])
     job._lr.batch = job.global_batch
     job._lr.load_state_dict(rt["lr"], job.step_count)
+    if "momentum" in rt:  # absent in checkpoints from before momentum compensation
+        job._momentum.load_state_dict(rt["momentum"], job.step_count, job.global_batch)
+    if job._schedule is not None:  # the phases already applied are not applied again
+        job._schedule_index = max(job._schedule_index, int(rt.get("batch_schedule_index", -1)))
     job.amp.load_state_dict(rt.get("scaler"))  # fp16's loss scale (absent: fresh)
     job._runner.control_seq = int(rt.get("control_seq", -1))  # launcher commands already taken
     job._last_ckpt_step = job.step_count

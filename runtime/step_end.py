@@ -15,6 +15,8 @@ import torch  # noqa: TID253 (torch is the runtime's core dependency)
 from kplan.runtime import distributed as rdist
 from kplan.runtime import local_gns, profile_steps
 from kplan.runtime.gns import GnsSample, estimate
+from kplan.runtime.lr_scaling import rule_factor
+from kplan.runtime.momentum import lr_correction
 from kplan.runtime.policy import Monitor, batch_bounds, finite
 
 if TYPE_CHECKING:
@@ -176,6 +178,7 @@ def adapt(job: Job, rows: list[list[float]], tail: list[float], loss: float) -> 
     """Apply rank 0's requests (every rank, same step), run the policies, poll the control."""
     runner = job._runner
     rank0 = job.ctx.rank == 0
+    apply_schedule(job)
     if tail[_Q_BATCH] > 0:
         apply_batch(job, round(tail[_Q_BATCH]))
     if tail[_Q_STOP] > 0 and job._stop_reason is None:
@@ -217,6 +220,50 @@ def apply_batch(job: Job, wanted: int) -> None:
             step=first,
             global_batch=batch,
             previous=previous,
+        )
+
+
+def apply_schedule(job: Job) -> None:
+    """Enter the batch schedule's next phase once its trigger is reached (every rank, from
+    all-gathered values only: the step count and ``job.progress``), clamped to what fits."""
+    sched = job._schedule
+    if sched is None:
+        return
+    target = job._schedule_target
+    fraction = job.progress / target if target else None
+    index = sched.due(job._schedule_index, job.step_count, fraction)
+    if index == job._schedule_index:
+        return
+    job._schedule_index = index
+    phase = sched.phases[index]
+    accum = job.accum_steps
+    lo, hi = batch_bounds(job.ctx.world_size, accum, job._caps, job._dataset_size)
+    batch = min(max(phase.global_batch // accum * accum, lo), hi)
+    previous = job.global_batch
+    first = round_up(job._sampler.next_micro, accum) // accum
+    if batch != previous:
+        job.set_global_batch(batch)
+    if job.ctx.rank == 0:
+        group = job.optimizer.param_groups[0]
+        k = job._momentum.batch / job._momentum.ref_batch if job._momentum.mode != "off" else 1.0
+        momentum = job._momentum.targets([group], k)[0]
+        m = float(group.get("momentum", 0.0) or 0.0) if "betas" not in group else 0.0
+        factor = rule_factor(
+            job._lr.rule, job.base_batch, batch, job._gns.grad_sqr, job._gns.grad_var
+        )
+        job.metrics.event(
+            "batch_schedule",
+            step=first,
+            phase=index,
+            trigger=sched.trigger,
+            at=phase.at,
+            progress=job.progress,
+            previous=previous,
+            global_batch=batch,
+            asked=phase.global_batch,
+            lr_factor=factor * (lr_correction(m, k) if momentum is not None else 1.0),
+            momentum=list(momentum) if isinstance(momentum, tuple) else momentum,
+            ramp_steps=job.config.lr_ramp_steps,
         )
 
 
@@ -289,13 +336,18 @@ def optimizer_step(job: Job, factor: float) -> bool:
     saved = [g["lr"] for g in groups]
     for g, lr in zip(groups, saved, strict=True):
         g["lr"] = lr * factor
+    # Momentum compensation of a batch change (runtime/momentum.py): m^k, and the LR x
+    # (1 - m^k)/(1 - m) that keeps the SGD-equivalent step; k = 1 (nothing) at the start batch.
+    kept = job._momentum.apply(groups, job._momentum.ratio(job.step_count))
+    applied = float(groups[0]["lr"]) if groups else None
     try:
         taken = job.amp.step(job.optimizer)
     finally:
+        job._momentum.restore(groups, kept)
         for g, lr in zip(groups, saved, strict=True):
             g["lr"] = lr
     job.optimizer.zero_grad(set_to_none=True)
-    job._lr_value = float(saved[0]) * factor if saved else None
+    job._lr_value = applied
     return taken
 
 
