@@ -74,6 +74,14 @@ class PlanRow:
     # The GNS forecast's log-space spread of the samples to train at this batch (0 where the
     # measured GNS covers training): the time and cost p90 add it to the step time's.
     forecast_log_sigma: float = 0.0
+    # A global-batch schedule on this cluster (planner/batchsched.py), set on the chosen row
+    # when it beats the best single batch by more than the tie tolerance: phases
+    # [{"progress": p, "global_batch": B}, ...] for the runtime (KPLAN_BATCH_SCHEDULE), and its
+    # expected hours and cost (the row's own fields stay the single batch's) and its saving.
+    batch_schedule: list[dict[str, float | int]] | None = None
+    batch_schedule_hours: float | None = None
+    batch_schedule_cost_usd: float | None = None
+    batch_schedule_saving: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

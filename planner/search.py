@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.errors import InfeasibleError, InputError
-from kplan.planner import costs, efficiency, fmt, perfmodel, spotplan
+from kplan.planner import batchsched, costs, efficiency, fmt, perfmodel, spotplan
 from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
@@ -416,7 +416,79 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
 
     plan = _choose(table, cands, workload, opts, notes, grid, refine)
     plan = replace(plan, considered=len(full.cost), feasible=_feasible(full, opts))
+    plan = _with_schedule(plan, cands, workload, opts, grid, checkpoint_s)
     return _with_precision(plan, workload, opts)
+
+
+def _with_schedule(
+    plan: Plan,
+    cands: list[Candidate],
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    checkpoint_s: float,
+) -> Plan:
+    """The chosen row with a global-batch schedule on its cluster (planner/batchsched.py) when
+    one beats its best single batch by more than the tie tolerance (single-type rows only)."""
+    r = plan.chosen
+    match = [
+        c
+        for c in cands
+        if len(r.groups) == 1
+        and (c.offer.cloud, c.offer.region, c.offer.zone) == (r.cloud, r.region, r.zone)
+        and (c.offer.instance_type, c.offer.market) == (r.instance_type, r.market)
+    ]
+    if not match or not workload.gns or len(grid) < 2:
+        return plan
+    c = match[0]
+    co_loss, wait = 0.0, 0.0
+    if c.risk is not None:
+        co_loss = c.risk.co_loss
+        wait = spotplan.expected_wait_s(c.risk, opts.allow_on_demand, _capacity_wait(c.risk, opts))
+
+    def price(train_s: float) -> tuple[float, float]:
+        tc = costs.time_and_cost(
+            train_seconds=train_s,
+            instances=r.nodes,
+            usd_per_hour=c.offer.usd_per_hour,
+            preempt_per_hour=c.preempt_per_hour,
+            log_sigma=0.0,
+            checkpoint_s=checkpoint_s,
+            billing_min_s=c.billing_min_s,
+            billing_increment_s=c.billing_increment_s,
+            overheads=opts.overheads,
+            co_loss=co_loss,
+            outage_wait_s=wait,
+        )
+        return float(tc.hours), float(tc.cost_usd)
+
+    sched = batchsched.plan_schedule(
+        gns=workload.gns,
+        base_batch=workload.base_batch,
+        samples_at_base=workload.samples_at_base,
+        grid=[int(b) for b in grid],
+        params=c.pred.params,
+        nodes=r.nodes,
+        workers=r.workers,
+        accum_steps=r.accum_steps,
+        max_local_batch=c.pred.max_local_batch,
+        min_local_batch=opts.min_local_batch,
+        price=price,
+        objective=opts.objective,
+        tie_tolerance=opts.tie_tolerance,
+    )
+    if sched is None or not (math.isfinite(sched.hours) and math.isfinite(sched.cost_usd)):
+        return plan
+    # The row's time and cost model (maybe the Monte-Carlo's) scaled by the closed form's ratio.
+    chosen = replace(
+        r,
+        batch_schedule=sched.entries(),
+        batch_schedule_hours=r.hours * sched.hours / sched.single_hours,
+        batch_schedule_cost_usd=r.cost_usd * sched.cost_usd / sched.single_cost_usd,
+        batch_schedule_saving=sched.saving,
+    )
+    rows = tuple(chosen if row is r else row for row in plan.plans)
+    return replace(plan, chosen=chosen, plans=rows)
 
 
 def _spot_notes(r: PlanRow) -> list[str]:

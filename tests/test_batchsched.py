@@ -1,0 +1,121 @@
+"""The planner's global-batch schedule (planner/batchsched.py; issue 13, item 3)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from kplan import planning
+from kplan.catalogs import load_catalog
+from kplan.planner import batchsched
+from kplan.planner.perfmodel import PerfParams
+from kplan.planner.profile import GnsPoint
+from kplan.planner.search import SearchOptions
+
+# One node of 8 GPUs: a fixed 20 ms per step, 0.5 ms per sample, a small all-reduce.
+PARAMS = PerfParams(
+    compute_a=0.02, compute_b=0.0005, gamma=2.5, intra_alpha=0.002, intra_beta=0.004,
+    intra_lat=1e-5, inter_alpha=0.0, inter_beta=0.0, inter_lat=0.0, two_node=0.0, log_sigma=0.1,
+)  # fmt: skip
+GRID = [64, 91, 128, 181, 256, 362, 512, 724, 1024, 1448, 2048]
+
+
+def _plan(
+    gns: list[GnsPoint], objective: str = "time", tie: float = 0.05
+) -> batchsched.SchedulePlan | None:
+    return batchsched.plan_schedule(
+        gns=gns,
+        base_batch=64,
+        samples_at_base=5e6,
+        grid=GRID,
+        params=PARAMS,
+        nodes=1,
+        workers=8,
+        accum_steps=1,
+        max_local_batch=256,
+        min_local_batch=1,
+        price=lambda s: (s / 3600 + 0.1, (s / 3600 + 0.1) * 30.0),
+        objective=objective,
+        tie_tolerance=tie,
+    )
+
+
+def _measured(values: list[float]) -> list[GnsPoint]:
+    """Points over the whole of training (no forecast involved)."""
+    progress = np.linspace(0.0, 1.0, len(values))
+    return [GnsPoint(float(p), v) for p, v in zip(progress, values, strict=True)]
+
+
+def test_a_growing_noise_scale_gives_a_growing_schedule() -> None:
+    growing = _measured([float(v) for v in np.geomspace(30, 30_000, 21)])
+    plan = _plan(growing)
+    assert plan is not None
+    batches = [p.global_batch for p in plan.phases]
+    assert 2 <= len(batches) <= batchsched.MAX_PHASES
+    assert batches == sorted(batches) and batches[0] < batches[-1]
+    assert plan.phases[0].start == 0.0 and plan.phases[-1].end == 1.0
+    assert all(a.end == b.start for a, b in itertools.pairwise(plan.phases))
+    assert plan.saving > 0.05 and plan.hours < plan.single_hours
+    assert plan.single_batch in GRID
+    # the phases' samples are the integral of (Bn + B)/(Bn + B0): more than at B0, each
+    assert all(p.samples >= 5e6 * (p.end - p.start) * (1 - 1e-9) for p in plan.phases)
+    assert plan.entries()[0] == {"progress": 0.0, "global_batch": batches[0]}
+
+
+@pytest.mark.parametrize("bn", [50.0, 2_000.0, 1e6])
+def test_a_constant_noise_scale_gives_a_single_batch(bn: float) -> None:
+    assert _plan(_measured([bn] * 11)) is None
+
+
+def test_a_saving_within_the_tie_tolerance_keeps_the_single_batch() -> None:
+    # One profile point at 1%: the forecast grows it as the prior does (x ~20 by 5%), so most
+    # of training is at a large noise scale and the schedule saves only ~3% here.
+    point = [GnsPoint(0.01, 40.0)]
+    plan = _plan(point, objective="cost", tie=0.0)
+    assert plan is not None and plan.phases[0].global_batch < plan.phases[-1].global_batch
+    assert plan.saving == pytest.approx(1 - plan.cost_usd / plan.single_cost_usd)
+    assert 0 < plan.saving < 0.05
+    assert _plan(point, objective="cost", tie=0.05) is None
+
+
+def test_dynamic_programme_matches_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        table = rng.uniform(1.0, 10.0, size=(6, 4))
+        table[rng.uniform(size=table.shape) < 0.1] = np.inf
+        total, path = batchsched.best_schedule(table, max_phases=2)
+        best = np.inf
+        for combo in itertools.product(range(4), repeat=6):
+            runs = len({c for c in combo})
+            if list(combo) != sorted(combo) or runs > 2:
+                continue
+            best = min(best, float(sum(table[j, b] for j, b in enumerate(combo))))
+        assert total == pytest.approx(best)
+        if path:
+            assert path == sorted(path) and len(set(path)) <= 2
+
+
+def test_describe() -> None:
+    entries: list[dict[str, float | int]] = [
+        {"progress": 0.0, "global_batch": 256},
+        {"progress": 0.2, "global_batch": 512},
+        {"progress": 0.6, "global_batch": 1024},
+    ]
+    text = batchsched.describe(entries, 0.123)
+    assert text == "256 until 20%, 512 until 60%, 1,024 after; saves 12%"
+
+
+def test_search_attaches_a_schedule_to_the_chosen_row() -> None:
+    profile = planning.load_example("deepspeech2")
+    plan = planning.estimate(profile, SearchOptions(), catalog=load_catalog()).plan
+    row = plan.chosen
+    assert row.batch_schedule is not None and plan.plans[0] is row
+    batches = [int(e["global_batch"]) for e in row.batch_schedule]
+    assert batches == sorted(batches) and len(set(batches)) == len(batches) >= 2
+    assert row.batch_schedule_saving is not None and row.batch_schedule_saving > 0.05
+    assert row.batch_schedule_hours is not None and row.batch_schedule_hours < row.hours
+    assert all(b % row.accum_steps == 0 for b in batches)
+    pinned = planning.estimate(profile, SearchOptions(fixed_global_batch=True), catalog=None)
+    assert pinned.plan.chosen.batch_schedule is None  # one batch: nothing to schedule
