@@ -619,8 +619,11 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             ),
             global_batch=int(row["global_batch"]),
             accum_steps=int(row["accum_steps"]),
-            predicted_hours=float(row["hours"]),
-            predicted_cost_usd=float(row["cost_usd"]),
+            # the plan's global-batch schedule (planner/batchsched.py): the workers run it and
+            # the prediction is its own
+            batch_schedule=_plan_schedule(row),
+            predicted_hours=float(row.get("batch_schedule_hours") or row["hours"]),
+            predicted_cost_usd=float(row.get("batch_schedule_cost_usd") or row["cost_usd"]),
             predicted_cost_p90_usd=float(row["cost_p90_usd"]),
             plan=plan,
             price_notes=price_notes,
@@ -632,6 +635,24 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
         raise DataFileError(
             f"the plan's chosen row is malformed ({type(err).__name__}: {err})",
             hint="re-create it with kplan estimate --out",
+        ) from None
+
+
+def _plan_schedule(row: dict[str, Any]) -> str | None:
+    """The chosen row's batch schedule as ``KPLAN_BATCH_SCHEDULE`` JSON (None: none)."""
+    import json
+
+    from kplan.runtime.batch_schedule import parse
+
+    entries = row.get("batch_schedule")
+    if entries is None:
+        return None
+    text = json.dumps(entries)
+    try:
+        return parse(text, "chosen.batch_schedule").to_json()
+    except InputError as err:
+        raise DataFileError(
+            f"the plan's {err.message}", hint="re-create it with kplan estimate --out"
         ) from None
 
 

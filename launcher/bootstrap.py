@@ -31,6 +31,7 @@ from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.storage import Storage
 from kplan.planner.precision import check_precision
+from kplan.runtime.batch_schedule import parse as parse_schedule
 from kplan.runtime.env import kplan_environ
 
 CODE_KEY = "code/job.tar.gz"
@@ -89,6 +90,7 @@ def worker_env(spec: JobSpec, job_dir: str) -> dict[str, str]:
         global_batch=spec.global_batch,
         accum_steps=spec.accum_steps,
         max_local_batch=spec.max_local_batch,
+        batch_schedule=None if spec.batch_schedule is None else parse_schedule(spec.batch_schedule),
         policies=spec.policies or None,
         # a batch change by the launcher keeps the job's statistical target
         epochs_by="progress" if spec.adapt or spec.explore else None,

@@ -117,6 +117,8 @@ class JobSpec:
     global_batch: int | None = None
     accum_steps: int | None = None
     max_local_batch: int | None = None
+    # The plan's global-batch schedule, as KPLAN_BATCH_SCHEDULE's JSON (runtime/batch_schedule.py)
+    batch_schedule: str | None = None
     checkpoint_interval_s: float | None = None
     image: str | None = None
     # How nodes get kplan (launcher/wheel.py): the wheel of the launcher's own kplan, shipped
@@ -184,6 +186,10 @@ class JobSpec:
                 raise InputError(f"{name} {value} must be >= 1", hint="or leave it unset")
         if self.checkpoint_interval_s is not None:
             _positive("checkpoint interval", self.checkpoint_interval_s, "seconds")
+        if self.batch_schedule is not None:
+            from kplan.runtime.batch_schedule import parse
+
+            parse(self.batch_schedule, "the plan's batch schedule")
         if self.spot_probe_interval_s is not None:
             _positive("spot probe interval", self.spot_probe_interval_s, "seconds")
         if self.max_nodes is not None and self.max_nodes < len(self.nodes):

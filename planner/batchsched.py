@@ -233,7 +233,7 @@ def plan_schedule(
 
 
 def describe(entries: Sequence[dict[str, float | int]], saving: float | None = None) -> str:
-    """ "256 until 20%, 512 until 60%, 1024 after; saves 12%" from the runtime's entries."""
+    """The schedule in words, e.g. ``256 until 20%, 512 until 60%, 1,024 after; saves 12%``."""
     parts = []
     for i, e in enumerate(entries):
         batch = f"{int(e['global_batch']):,}"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from kplan import planning
 from kplan.catalogs import load_catalog
+from kplan.cli import app
+from kplan.errors import DataFileError
 from kplan.planner import batchsched
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint
@@ -119,3 +123,42 @@ def test_search_attaches_a_schedule_to_the_chosen_row() -> None:
     assert all(b % row.accum_steps == 0 for b in batches)
     pinned = planning.estimate(profile, SearchOptions(fixed_global_batch=True), catalog=None)
     assert pinned.plan.chosen.batch_schedule is None  # one batch: nothing to schedule
+
+
+def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path: Path) -> None:
+    """kplan launch with a planned schedule: the spec carries it, the workers get it as
+    KPLAN_BATCH_SCHEDULE, and the prediction is the schedule's; kplan estimate shows it."""
+    from kplan.launcher.bootstrap import worker_env
+    from kplan.launching import LaunchRequest, build_spec, spec_from_plan
+    from kplan.runtime import env
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    req = LaunchRequest(
+        script=script,
+        budget_usd=0.0,  # no budget: the knee, as kplan estimate's default
+        cloud="aws",
+        example_profile="deepspeech2",
+        storage_uri="s3://bucket/kplan",
+    )
+    spec = build_spec(req)
+    assert spec.plan is not None
+    row = spec.plan["chosen"]
+    assert row["batch_schedule"] and spec.batch_schedule is not None
+    sched = env.batch_schedule(worker_env(spec, "/opt/kplan"))
+    assert sched is not None and sched.trigger == "progress"
+    assert [p.global_batch for p in sched.phases] == [
+        e["global_batch"] for e in row["batch_schedule"]
+    ]
+    assert spec.predicted_hours == row["batch_schedule_hours"] < row["hours"]
+    plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
+    without = spec.plan | {"chosen": {k: v for k, v in row.items() if k != "batch_schedule"}}
+    assert spec_from_plan(plain, without, "aws").batch_schedule is None
+    bad = spec.plan | {"chosen": row | {"batch_schedule": [{"progress": 2, "global_batch": 8}]}}
+    with pytest.raises(DataFileError, match="above 1"):
+        spec_from_plan(plain, bad, "aws")
+    result = CliRunner().invoke(app, ["estimate", "--example", "deepspeech2"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("batch schedule:"))
+    first = row["batch_schedule"][0]["global_batch"]
+    assert line.startswith(f"batch schedule: {first} until") and "saves" in result.output

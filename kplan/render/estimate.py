@@ -100,6 +100,9 @@ def render_plan(
     console.print()
     console.print(_frontier(plan, wide))
     console.print(f"[bold]chosen:[/bold] {safe(plan.reason)}")
+    sched = schedule_line(plan.chosen)
+    if sched:
+        console.print(safe(sched), highlight=False)
     spot = _spot_line(plan.chosen)
     if spot:
         console.print(f"[dim]{safe(spot)}[/dim]")
@@ -254,6 +257,20 @@ def _next(console: Console, step: NextStep) -> None:
             "[dim](train.py: your training script, written with kplan.runtime; "
             "see docs/launch.md)[/dim]"
         )
+
+
+def schedule_line(r: PlanRow) -> str | None:
+    """The line for a row with a global-batch schedule (planner/batchsched.py), e.g. ``batch
+    schedule: 256 until 20%, 512 until 60%, 1,024 after; saves 9% (1.2 h, $14)``; else None."""
+    if not r.batch_schedule:
+        return None
+    from kplan.planner.batchsched import describe
+
+    text = f"batch schedule: {describe(r.batch_schedule, r.batch_schedule_saving)}"
+    if r.batch_schedule_hours is not None and r.batch_schedule_cost_usd is not None:
+        when = fmt.duration(r.batch_schedule_hours)
+        text += f" ({when}, {fmt.money(r.batch_schedule_cost_usd)})"
+    return text
 
 
 def _spot_line(r: PlanRow) -> str:
