@@ -92,8 +92,9 @@ def worker_env(spec: JobSpec, job_dir: str) -> dict[str, str]:
         max_local_batch=spec.max_local_batch,
         batch_schedule=None if spec.batch_schedule is None else parse_schedule(spec.batch_schedule),
         policies=spec.policies or None,
-        # a batch change by the launcher keeps the job's statistical target
-        epochs_by="progress" if spec.adapt or spec.explore else None,
+        # a batch change by the launcher or the plan's schedule keeps the job's statistical
+        # target (the plan priced the samples to reach it at each batch)
+        epochs_by="progress" if spec.adapt or spec.explore or spec.batch_schedule else None,
         control_path=f"{job_dir}/control.json",
         precision=check_precision(spec.precision, "precision"),
     )

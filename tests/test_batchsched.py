@@ -145,7 +145,9 @@ def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path
     assert spec.plan is not None
     row = spec.plan["chosen"]
     assert row["batch_schedule"] and spec.batch_schedule is not None
-    sched = env.batch_schedule(worker_env(spec, "/opt/kplan"))
+    workers = worker_env(spec, "/opt/kplan")
+    assert env.epochs_by(workers) == "progress"  # the schedule's phases are of this target
+    sched = env.batch_schedule(workers)
     assert sched is not None and sched.trigger == "progress"
     assert [p.global_batch for p in sched.phases] == [
         e["global_batch"] for e in row["batch_schedule"]
