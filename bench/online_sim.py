@@ -15,8 +15,9 @@ The truth, per model (../shared/data/traces/pollux/t4/<model>):
   scale ``Bn = B0 grad_var / grad_sqr`` of validation-<B0>.csv at that point of training.
 - the price: nodes x the cheapest on-demand g4dn.12xlarge in kplan's catalog, per second. Every
   run boots its first nodes (``--boot-s``, billed); a switch to other nodes or workers pays
-  ``--restart-s`` of downtime on the new cluster plus ``--boot-s`` for each node added; a batch
-  change on the same cluster is free (the runtime applies it in-process).
+  ``--restart-s`` of downtime on the new cluster plus ``--boot-s`` for each node added (they
+  boot while the job runs on the old cluster); a batch change on the same cluster is free
+  (the runtime applies it in-process).
 
 kplan knows only what it measured: a profile of the one-node rows (1 to 4 GPUs, every batch),
 the gradient size, the catalog's link speeds, and the GNS up to the present; the rest of the
@@ -195,7 +196,7 @@ class Progress:
         while left > 0 and j < len(rate):
             room = (self.edges[j + 1] - d) * rate[j]
             if left < room:
-                return d + left / rate[j]
+                return float(d + left / rate[j])
             left -= room
             d = float(self.edges[j + 1])
             j += 1
@@ -379,12 +380,10 @@ class Simulator:
         else:
             target = truth.configs[self.static_plan()]
 
-        while d < 1.0:
-            d_next = min(d + o.replan_every, 1.0)
-            go(target, None, d_next)
-            d = d_next
-            if d >= 1.0 or current is None:
-                break
+        def decide(d: float) -> None:
+            """Re-plan from ``current`` at ``d`` (``planner.online.replan``, as the launcher)."""
+            nonlocal target
+            assert current is not None
             decision = replan(
                 model.params,
                 current,
@@ -399,12 +398,21 @@ class Simulator:
                 done_fraction=d,
                 deadline_left_s=None if self.deadline_s is None else self.deadline_s - run.seconds,
                 forecast=o.forecast,
+                recheck_fraction=o.replan_every,
             )
             if decision.switch:
                 run.restart_usd += self.switch_usd(current, decision.best)
                 run.switches += 1
                 target = decision.best
                 run.log.append(f"{d:.2f}: {decision.reason}")
+
+        while d < 1.0:
+            d_next = min(d + o.replan_every, 1.0)
+            go(target, None, d_next)
+            d = d_next
+            if d >= 1.0 or current is None:
+                break
+            decide(d)
         run.final = current
         run.model_mape = model.error.mape
         return run

@@ -645,6 +645,9 @@ class Adapter:
             margin=self.spec.replan_margin,
             budget_left_usd=budget_left,
             deadline_left_s=deadline_left,
+            # the loop re-plans again after this long: a config may keep the deadline by a
+            # fallback from then (planner.online.deadline_safe), as in bench/online_sim.py
+            recheck_s=self.spec.replan_interval_s,
         )
         if not decision.switch:
             return None

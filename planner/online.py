@@ -424,7 +424,8 @@ class Decision:
 def switch_penalty(
     current: Config, configs: Sequence[Config], *, restart_s: float, boot_s: float = 0.0
 ) -> tuple[Array, Array]:
-    """(downtime seconds, boot USD) of switching from ``current`` to each config."""
+    """(downtime seconds, boot USD) of switching from ``current`` to each config (added nodes
+    boot while the job still runs on the old cluster: billed, not downtime)."""
     down = np.array([0.0 if current.same_cluster(c) else restart_s for c in configs])
     boot = np.array(
         [
@@ -459,6 +460,48 @@ def _deadline_chance(ev: Evaluation, restart_s: Array, deadline_left_s: float) -
     return np.where(np.isfinite(z), out, np.where(z > 0, 1.0, 0.0))
 
 
+def deadline_safe(
+    configs: Sequence[Config],
+    ev: Evaluation,
+    down: Array,
+    deadline_left_s: float,
+    *,
+    hold_share: Array | None,
+    restart_s: float,
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """(alone, with a fallback): which configs keep the deadline at their p90.
+
+    ``alone``: the config finishes the remaining work by the deadline at its p90 (the step
+    time's and the GNS forecast's spread), its switch downtime ``down`` included.
+
+    ``with a fallback``: the config is only run until the next re-plan, which re-reads the
+    noise scale with a narrower forecast. It is safe to run when its expected time meets the
+    deadline and, should the forecast then turn out wrong, some config (the *fallback*) can
+    still finish the rest at its p90 from there: the config's switch downtime, its share
+    ``hold_share`` of the remaining work at its expected time, the fallback's switch
+    (``restart_s`` of downtime: added nodes boot while the job runs, as ``switch_penalty``)
+    and the rest at the fallback's p90 all within the time left. The p90 is today's (the
+    forecast only narrows as points come in), so the guard is conservative. Without
+    ``hold_share`` (no re-plan to rely on) only ``alone`` counts.
+    """
+    alone: NDArray[np.bool_] = ev.seconds_p90 <= deadline_left_s
+    if hold_share is None or len(configs) < 2:
+        return alone, alone.copy()
+    share = np.clip(np.asarray(hold_share, dtype=float), 0.0, 1.0)
+    train50 = ev.seconds - down
+    train90 = ev.seconds_p90 - down
+    key = [(c.instance_type, c.market) for c in configs]
+    nodes = np.array([c.nodes for c in configs], dtype=float)
+    workers = np.array([c.workers for c in configs], dtype=float)
+    same_kind = np.array([[a == b for b in key] for a in key])
+    same = same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
+    penalty = np.where(same, 0.0, restart_s)  # [from, to]: added nodes boot meanwhile
+    rest = penalty + (1.0 - share)[:, None] * np.where(np.isfinite(train90), train90, np.inf)
+    fallback = down + share * train50 + np.min(rest, axis=1)
+    ok: NDArray[np.bool_] = (ev.seconds <= deadline_left_s) & (fallback <= deadline_left_s)
+    return alone, alone | ok
+
+
 def replan(
     params: PerfParams,
     current: Config,
@@ -475,13 +518,21 @@ def replan(
     boot_s: float = 0.0,
     done_fraction: float = 0.0,
     forecast: bool = False,
+    recheck_s: float | None = None,
+    recheck_fraction: float | None = None,
 ) -> Decision:
     """Switch to another configuration only when it is better by more than ``margin``.
 
     The candidates pay ``restart_s`` of downtime at their price (and ``boot_s`` for each node
-    added) unless they differ from ``current`` only in the batch. A candidate must fit the
-    budget and deadline left at its p90; a current configuration that breaks them is left for
-    the best one that fits, whatever the margin.
+    added) unless they differ from ``current`` only in the
+    batch. A candidate must fit the budget at its p90 and keep the deadline: at its p90, or,
+    when the caller re-plans again after ``recheck_s`` seconds or ``recheck_fraction`` of the
+    whole job (whichever comes first), at its expected time with a fallback that still meets
+    the deadline at its p90 from the next re-plan (``deadline_safe``): an early, wide forecast
+    then does not lock the job into the fastest, dearest cluster, and as the forecast
+    narrows the cheapest safe config is re-chosen. A current configuration that breaks the
+    budget or the deadline is left for the best one that fits, whatever the margin; when none
+    fits, the one with the best chance of meeting the deadline.
     """
     _objective(objective)
     if not 0.0 <= margin < 1.0:
@@ -505,8 +556,18 @@ def replan(
     if budget_left_usd is not None:
         fits &= ev.cost_p90_usd <= budget_left_usd
     in_budget = fits.copy()
+    alone = np.ones(len(configs), dtype=bool)
     if deadline_left_s is not None:
-        fits &= ev.seconds_p90 <= deadline_left_s
+        share = _hold_share(ev.seconds - down, done_fraction, recheck_s, recheck_fraction)
+        alone, safe = deadline_safe(
+            configs,
+            ev,
+            down,
+            deadline_left_s,
+            hold_share=share,
+            restart_s=restart_s,
+        )
+        fits &= safe
     unit = "USD" if objective == "cost" else "s"
     cur = float(value[0])
     if deadline_left_s is not None and len(configs) > 1 and not fits.any():
@@ -550,7 +611,7 @@ def replan(
             best_value,
             gain,
             f"switch to {best.label}: the current configuration would break the "
-            f"budget/deadline; {best_value:.4g} {unit} to finish",
+            f"budget/deadline; {best_value:.4g} {unit} to finish{_how(alone[i])}",
         )
     if gain > margin:
         return Decision(
@@ -560,7 +621,7 @@ def replan(
             best_value,
             gain,
             f"switch to {best.label}: {best_value:.4g} {unit} to finish against {cur:.4g} "
-            f"({gain:.0%} better, restart included; margin {margin:.0%})",
+            f"({gain:.0%} better, restart included; margin {margin:.0%}){_how(alone[i])}",
         )
     return Decision(
         False,
@@ -571,3 +632,25 @@ def replan(
         f"stay on {current.label}: the best alternative ({best.label}) gains {gain:.1%}, "
         f"not more than the {margin:.0%} margin",
     )
+
+
+def _how(alone: bool) -> str:
+    return "" if alone else " (the deadline kept by a fallback from the next re-plan)"
+
+
+def _hold_share(
+    train: Array, done_fraction: float, recheck_s: float | None, recheck_fraction: float | None
+) -> Array | None:
+    """The share of the remaining work each config does before the next re-plan (None: no
+    re-plan to rely on)."""
+    if recheck_s is None and recheck_fraction is None:
+        return None
+    share = np.ones_like(train)
+    if recheck_s is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.minimum(share, np.where(train > 0, recheck_s / train, 1.0))
+    if recheck_fraction is not None:
+        left = max(1.0 - min(max(done_fraction, 0.0), 1.0), 1e-9)
+        share = np.minimum(share, recheck_fraction / left)
+    out: Array = np.clip(np.nan_to_num(share, nan=1.0), 0.0, 1.0)
+    return out

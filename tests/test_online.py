@@ -13,7 +13,9 @@ from kplan.planner import perfmodel
 from kplan.planner.online import (
     Config,
     Decision,
+    Evaluation,
     OnlineModel,
+    deadline_safe,
     evaluate,
     remaining_gns,
     replan,
@@ -232,3 +234,48 @@ def test_no_candidate_meets_the_deadline_takes_the_best_chance() -> None:
     assert d.switch and d.best == fast and "best chance" in d.reason
     hopeless = decide(current, [fast], objective="cost", deadline_left_s=1.0)
     assert not hopeless.switch  # no chance anywhere: nothing to gain by moving
+
+
+def _ev(seconds: list[float], p90: list[float]) -> Evaluation:
+    s, q = np.array(seconds), np.array(p90)
+    zero = np.zeros_like(s)
+    return Evaluation(zero + 1.0, zero, zero + 1.0, s, s, q, q)
+
+
+def test_deadline_safe_alone_and_with_a_fallback() -> None:
+    cheap, fast = cfg(1, 4, 256), cfg(4, 16, 2048)  # a restart apart
+    ev = _ev([800.0, 300.0], [1200.0, 900.0])
+    down = np.zeros(2)
+    alone, safe = deadline_safe([cheap, fast], ev, down, 1000.0, hold_share=None, restart_s=60)
+    assert list(alone) == [False, True] and list(safe) == [False, True]  # no re-plan: p90 only
+    # Re-planning after 10% of the rest: cheap runs 80 s, then fast finishes the other 90% at
+    # its p90 after a restart: 80 + 60 + 0.9 * 900 = 950 s <= 1000 s.
+    share = np.array([0.1, 0.1])
+    alone, safe = deadline_safe([cheap, fast], ev, down, 1000.0, hold_share=share, restart_s=60)
+    assert list(alone) == [False, True] and list(safe) == [True, True]
+    _, edge = deadline_safe([cheap, fast], ev, down, 950.0, hold_share=share, restart_s=60)
+    _, tight = deadline_safe([cheap, fast], ev, down, 949.0, hold_share=share, restart_s=60)
+    assert list(edge) == [True, True] and list(tight) == [False, True]
+    # The median must meet the deadline too: a fallback does not make a hopeless config safe.
+    slow = _ev([1100.0, 300.0], [1500.0, 500.0])
+    _, safe = deadline_safe([cheap, fast], slow, down, 1000.0, hold_share=share, restart_s=60)
+    assert list(safe) == [False, True]
+
+
+def test_replan_with_a_recheck_stays_cheap_while_a_fallback_keeps_the_deadline() -> None:
+    one = (GnsPoint(0.0, 50.0),)  # one point: a wide forecast, so the p90 is far off the median
+    current, fast = cfg(1, 2, 128), cfg(4, 16, 2048)
+    kw: dict[str, Any] = dict(gns=one, forecast=True, base_batch=32, objective="cost")
+    ev = evaluate(TRUTH, [current, fast], remaining_progress=200_000, base_batch=32, gns=one,
+                  forecast=True, restart_s=np.array([0.0, 60.0]))  # fmt: skip
+    assert ev.seconds_p90[1] < ev.seconds[0] < ev.seconds_p90[0]
+    assert ev.cost_usd[1] > ev.cost_usd[0]  # the fast cluster is the dearer one
+    deadline = float(ev.seconds[0]) * 1.05  # the median meets it, the p90 does not
+    forced = decide(current, [fast], deadline_left_s=deadline, **kw)
+    assert forced.switch and forced.best == fast  # p90 alone: the dear cluster at once
+    kept = decide(current, [fast], deadline_left_s=deadline, recheck_fraction=0.02, **kw)
+    assert not kept.switch  # the fast cluster stays the fallback
+    # With little slack left for the fallback, the deadline wins over the price again.
+    late = decide(current, [fast], deadline_left_s=float(ev.seconds_p90[1]) * 1.01,
+                  recheck_fraction=0.02, **kw)  # fmt: skip
+    assert late.switch and late.best == fast
