@@ -13,8 +13,10 @@ from kplan.errors import InputError
 from kplan.planner.precision import PRECISIONS, Precision
 from kplan.runtime import env
 from kplan.runtime.batch_schedule import BatchSchedule, from_list
+from kplan.runtime.compress import Compression, parse_compression
 from kplan.runtime.momentum import MOMENTUM_MODES, MomentumMode
 from kplan.runtime.pid import PidConfig
+from kplan.runtime.selsync import SyncPolicy, parse_sync_policy
 
 SyncMode = Literal["overlap", "manual"]
 
@@ -57,8 +59,26 @@ class RuntimeConfig:
     ``{"progress"|"step": x, "global_batch": B}`` is converted."""
     momentum: MomentumMode = "horizon"
     """Momentum compensation when the batch changes (``KPLAN_MOMENTUM``; runtime/momentum.py)."""
+    compression: Compression | str = field(default_factory=Compression)
+    """Gradient compression (``KPLAN_COMPRESSION``; runtime/compress.py): a spec such as
+    ``"topk:0.01:auto"`` is parsed. Applies with two or more workers."""
+    sync_policy: SyncPolicy | str = field(default_factory=SyncPolicy)
+    """``every`` or ``selective:DELTA[:AVG_EVERY]`` (``KPLAN_SYNC_POLICY``; runtime/selsync.py).
+    Not :attr:`sync`, which says how (overlap or manual), not when."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.compression, str):
+            object.__setattr__(
+                self, "compression", parse_compression(self.compression, "compression")
+            )
+        if isinstance(self.sync_policy, str):
+            object.__setattr__(
+                self, "sync_policy", parse_sync_policy(self.sync_policy, "sync_policy")
+            )
+        if not isinstance(self.compression, Compression):
+            raise InputError(f"compression={self.compression!r} is not a compression spec", "")
+        if not isinstance(self.sync_policy, SyncPolicy):
+            raise InputError(f"sync_policy={self.sync_policy!r} is not a sync policy", "")
         if isinstance(self.batch_schedule, list):
             object.__setattr__(self, "batch_schedule", from_list(self.batch_schedule))
         if self.momentum not in MOMENTUM_MODES:
@@ -114,6 +134,8 @@ class RuntimeConfig:
             "precision": env.precision(environ),
             "batch_schedule": env.batch_schedule(environ),
             "momentum": env.momentum_compensation(environ),
+            "compression": env.compression(environ),
+            "sync_policy": env.sync_policy(environ),
         }
         if env.is_set(env.JOB_ID, environ):
             values["job_id"] = env.job_id(environ)

@@ -21,7 +21,9 @@ from kplan.errors import InputError
 from kplan.planner.precision import Precision, check_precision
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.batch_schedule import parse as parse_batch_schedule
+from kplan.runtime.compress import Compression, parse_compression
 from kplan.runtime.momentum import MOMENTUM_MODES, MomentumMode
+from kplan.runtime.selsync import SyncPolicy, parse_sync_policy
 
 # torchrun's variables.
 RANK = "RANK"
@@ -57,6 +59,8 @@ CONTROL_PATH = "KPLAN_CONTROL_PATH"
 PRECISION = "KPLAN_PRECISION"
 BATCH_SCHEDULE = "KPLAN_BATCH_SCHEDULE"
 MOMENTUM = "KPLAN_MOMENTUM"
+COMPRESSION = "KPLAN_COMPRESSION"
+SYNC_POLICY = "KPLAN_SYNC_POLICY"
 
 LrRule = Literal["adascale", "linear", "sqrt", "none"]
 GnsMode = Literal["auto", "sgd", "adam", "off"]
@@ -464,6 +468,20 @@ def momentum_compensation(environ: Mapping[str, str] | None = None) -> MomentumM
     return _choice(MOMENTUM, environ, MOMENTUM_MODES)
 
 
+def compression(environ: Mapping[str, str] | None = None) -> Compression | None:
+    """Gradient compression (``KPLAN_COMPRESSION``: none, fp16, bf16, powersgd:RANK,
+    topk:RATIO[:ar|ag|auto], adaptive[:MIN:MAX][:ar|ag|auto]; runtime/compress.py)."""
+    raw = _raw(COMPRESSION, environ)
+    return None if raw is None else parse_compression(raw, COMPRESSION)
+
+
+def sync_policy(environ: Mapping[str, str] | None = None) -> SyncPolicy | None:
+    """When to synchronise (``KPLAN_SYNC_POLICY``: every, selective:DELTA[:AVG_EVERY];
+    runtime/selsync.py)."""
+    raw = _raw(SYNC_POLICY, environ)
+    return None if raw is None else parse_sync_policy(raw, SYNC_POLICY)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -493,6 +511,8 @@ def kplan_environ(
     precision: Precision | None = None,
     batch_schedule: BatchSchedule | None = None,
     momentum_compensation: MomentumMode | None = None,
+    compression: Compression | str | None = None,
+    sync_policy: SyncPolicy | str | None = None,
 ) -> dict[str, str]:
     """The kplan variables for a worker, as strings; None leaves a variable out.
 
@@ -523,6 +543,8 @@ def kplan_environ(
         PRECISION: precision,
         BATCH_SCHEDULE: None if batch_schedule is None else batch_schedule.to_json(),
         MOMENTUM: momentum_compensation,
+        COMPRESSION: compression.spec() if isinstance(compression, Compression) else compression,
+        SYNC_POLICY: sync_policy.spec() if isinstance(sync_policy, SyncPolicy) else sync_policy,
     }
     out = {name: str(value) for name, value in values.items() if value is not None}
     for reader in READERS:
@@ -554,5 +576,7 @@ READERS = (
     precision,
     batch_schedule,
     momentum_compensation,
+    compression,
+    sync_policy,
 )
 """Every kplan variable's reader, for validating an environment in one pass."""

@@ -36,6 +36,7 @@ from kplan.runtime import env, local_gns, profile_steps, step_end
 from kplan.runtime.amp import Amp
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
+from kplan.runtime.compressor import Compressor, probe_network
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator
 from kplan.runtime.lr_scaling import LrScaler
@@ -45,11 +46,15 @@ from kplan.runtime.pid import BatchController, PidConfig
 from kplan.runtime.policy import Monitor, Policy, PolicyRunner, load_policies
 from kplan.runtime.profile_mode import ProfileRun, is_oom
 from kplan.runtime.profile_steps import SavedBytes, activation_probe
-from kplan.runtime.resume import load_into, runtime_state
+from kplan.runtime.resume import load_into, local_state, runtime_state
 from kplan.runtime.sampler import GlobalBatchSampler, Position
+from kplan.runtime.selsync import SelSync
 from kplan.runtime.step_end import round_up
 from kplan.runtime.sync import ADAM_LIKE, GradSync, Preconditioner
 from kplan.runtime.timing import StepClock
+
+GNS_DENSE_EVERY = 10
+"""Under lossy compression, one step in this many all-reduces dense and gives the GNS sample."""
 
 
 class Stateful(Protocol):
@@ -167,7 +172,22 @@ class Job:
         self._gns_on = gns_mode != "off"
         self._precond = Preconditioner(optimizer) if gns_mode == "adam" else None
         self._clock = StepClock(ctx.device)
-        self._sync = GradSync(ddp, params, ctx, self._precond, self._clock)
+        # Compression (compress.py, compressor.py) and selective sync (selsync.py): with two
+        # or more workers; the compressor also counts the bytes of a dense run.
+        comp = cfg.compression
+        assert not isinstance(comp, str)  # parsed by RuntimeConfig
+        self._compressor: Compressor | None = None
+        if ddp is not None and ctx.world_size > 1:
+            network = None
+            if comp.sparse and comp.collective == "auto":
+                network = probe_network(ctx)
+            self._compressor = Compressor(comp, params, ctx, cfg.seed, network)
+        policy = cfg.sync_policy
+        assert not isinstance(policy, str)
+        self._selsync = SelSync(policy)
+        self._step_synced = True
+        self._sync = GradSync(ddp, params, ctx, self._precond, self._clock, self._compressor)
+        self._sync.track_plain = self._selsync.active and ctx.world_size > 1
         self._sync.stats_source = lambda: step_end.stats_vector(self)
 
         # The split of each micro-step's global batch, and the data stream that applies it.
@@ -284,6 +304,16 @@ class Job:
             gradient_bytes=sum(p.numel() * p.element_size() for p in params),
             parameters=sum(p.numel() for p in model.parameters()),
         )
+        if self._compressor is not None and (comp.kind != "none" or self._selsync.active):
+            net = self._compressor.network
+            self.metrics.event(
+                "compression",
+                compression=comp.spec(),
+                sync_policy=policy.spec(),
+                bandwidth_Bps=None if net is None else net[0],
+                latency_s=None if net is None else net[1],
+                gns_dense_every=GNS_DENSE_EVERY if comp.lossy and self._gns_on else None,
+            )
         if resumed:
             self.metrics.event("resume", step=self.step_count, path=resumed)
         if self._profile is not None:
@@ -506,6 +536,7 @@ class Job:
         start = time.perf_counter()
         shared = runtime_state(self) if self.ctx.rank == 0 else None
         local = {"rng": capture_rng(), "rank": self.ctx.rank, "world_size": self.ctx.world_size}
+        local.update(local_state(self))
         path, size = self._store.save(
             self.step_count, shared, local, lambda: rdist.barrier(self.ctx)
         )
@@ -551,9 +582,15 @@ class Job:
         if self._synced:
             return
         self._synced = True
+        if not self._step_synced:  # SelSync skipped it: a local step, gradients stay local
+            if self._sync.track_plain:
+                self._sync.plain_norm_now()
+            return
         if not self._overlap_now():
             if self._measure and self.ctx.world_size > 1:
                 self._sync.local_norm_now()
+            if self._sync.track_plain:
+                self._sync.plain_norm_now()
             self._sync.manual_reduce()
 
     def _single_accum_gns(self) -> bool:
@@ -567,12 +604,27 @@ class Job:
             self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
             params = self._params
             ready = self._precond is None or self._precond.ready(params)
-            self._measure = self._gns_on and ready
+            self._step_synced = self._selsync.next_sync or self.ctx.world_size == 1
+            comp = self._compressor
+            lossy = comp is not None and comp.spec.lossy
+            # No GNS sample from a local (SelSync-skipped) step; under lossy compression one
+            # step in GNS_DENSE_EVERY runs dense and is the GNS sample (docs/runtime.md).
+            self._measure = (
+                self._gns_on
+                and ready
+                and self._step_synced
+                and (not lossy or self.step_count % GNS_DENSE_EVERY == 0)
+            )
             weight = info.sizes[self.ctx.rank] / sum(info.sizes)
-            self._sync.begin_step(weight, self._measure and self.ctx.world_size > 1)
+            self._sync.begin_step(
+                weight,
+                self._measure and self.ctx.world_size > 1,
+                step=self.step_count,
+                dense=comp is None or (lossy and self._measure),
+            )
             self._micro_sqr = []
             self._synced = False
-        self._sync.set_sync(self.is_last_micro_step and self._overlap_now())
+        self._sync.set_sync(self.is_last_micro_step and self._overlap_now() and self._step_synced)
         self._expect_step = True
 
     def _enter_step(self) -> None:

@@ -2,7 +2,9 @@
 
 Shared state (rank 0 writes it; every rank reads it): model, optimizer, extras (for example the
 LR scheduler), the step count, the exact data position, the PID split, the GNS averages and the
-LR scaler (its ramp and progress). Per-rank state: the RNG generators. Together they make a
+LR scaler (its ramp and progress), SelSync's counters. Per-rank state: the RNG generators, the
+compression's error feedback (residuals, PowerSGD's Q and error, the adaptive ratio's window)
+and, under SelSync, the rank's own model and optimizer. Together they make a
 restarted run continue exactly where the checkpoint was taken: same samples in the same global
 batches, same parameters, same random numbers.
 """
@@ -47,8 +49,21 @@ def runtime_state(job: Job) -> dict[str, Any]:
             "control_seq": job._runner.control_seq,
             "precision": job.amp.precision,
             "scaler": job.amp.state_dict(),
+            "selsync": job._selsync.state_dict(),
         },
     }
+
+
+def local_state(job: Job) -> dict[str, Any]:
+    """This rank's own part besides its RNG: the error-feedback state of compression and, once
+    SelSync has skipped a step (replicas and their optimizer states differ), its own model and
+    optimizer (rank 0's are the shared ones)."""
+    out: dict[str, Any] = {}
+    if job._compressor is not None:
+        out["compressor"] = job._compressor.state_dict()
+    if job._selsync.skipped_steps > 0 and job.ctx.rank > 0:
+        out["replica"] = {"model": job.module.state_dict(), "optimizer": job.optimizer.state_dict()}
+    return out
 
 
 def load_into(job: Job, path: Path) -> None:
@@ -87,8 +102,19 @@ def load_into(job: Job, path: Path) -> None:
     job.amp.load_state_dict(rt.get("scaler"))  # fp16's loss scale (absent: fresh)
     job._runner.control_seq = int(rt.get("control_seq", -1))  # launcher commands already taken
     job._last_ckpt_step = job.step_count
+    if "selsync" in rt:
+        job._selsync.load_state_dict(rt["selsync"])
     mine = path / ckpt.rank_file(job.ctx.rank)
     if mine.is_file():
-        ckpt.restore_rng(ckpt.load(mine)["rng"])
+        local = ckpt.load(mine)
+        ckpt.restore_rng(local["rng"])
+        same_world = int(local.get("world_size", -1)) == job.ctx.world_size
+        # Error feedback and replicas are per worker: kept only on the same world size (a
+        # resize starts them afresh: residuals at zero, replicas from rank 0's model).
+        if same_world and job._compressor is not None and "compressor" in local:
+            job._compressor.load_state_dict(local["compressor"])
+        if same_world and "replica" in local:
+            job.module.load_state_dict(local["replica"]["model"])
+            job.optimizer.load_state_dict(local["replica"]["optimizer"])
     else:  # no file for this rank (world grew, or storage not shared): deterministic re-seed
         rdist.seed_all(job.config.seed * 1_000_003 + 7_919 * (job.ctx.rank + 1) + job.step_count)

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from kplan.runtime.job import Job
 
 # Slots of the per-step statistics vector, per rank.
-_B, _SQR, _LOSS, _PREV_B, _PREV_T, _TERM, _CKPT = range(7)
-_WIDTH = 7
+_B, _SQR, _LOSS, _PREV_B, _PREV_T, _TERM, _CKPT, _CIN, _COUT, _G2, _W2 = range(11)
+_WIDTH = 11
+# _CIN, _COUT: this rank's |a|² and |C(a)|² of the compressed step (compressor.py's gain);
+# _G2, _W2: |g_i|² of the local unweighted gradient and |w|², SelSync's significance.
 # Then one tail that only rank 0 fills (zeros elsewhere, so the SUM keeps its values exact):
 # its pending policy requests (global batch, 0 = none; stop flag), its wall time of the previous
 # step and seconds since start, and the control file's money and time (NaN = unknown).
@@ -51,7 +53,12 @@ def stats_vector(job: Job) -> torch.Tensor:
     rank0 = ctx.rank == 0
     due = rank0 and checkpoint_due_by_time(job)
     local_batch = job._step_sizes[ctx.rank] * job.accum_steps
-    flags = [prev_b, prev_t, float(job._sigterm.requested), float(due)]
+    comp = job._compressor
+    gain = [comp.sq_in, comp.sq_out] if comp is not None else [0.0, 0.0]
+    w2 = 0.0
+    if job._sync.track_plain:
+        w2 = float(torch.nn.utils.get_total_norm(job._params, norm_type=2.0)) ** 2
+    flags = [prev_b, prev_t, float(job._sigterm.requested), float(due), *gain, 0.0, w2]
     tail = rank0_tail(job) if rank0 else [0.0] * _TAIL
     start = ctx.rank * _WIDTH
     size = ctx.world_size * _WIDTH + _TAIL
@@ -59,6 +66,7 @@ def stats_vector(job: Job) -> torch.Tensor:
         full = [0.0] * size
         loss = float(job._loss_sum) / job.accum_steps
         mine = [float(local_batch), float(job._sync.local_sqr), loss, *flags]
+        mine[_G2] = float(job._sync.plain_sqr)
         full[start : start + _WIDTH] = mine
         full[size - _TAIL :] = tail
         return torch.tensor(full, dtype=torch.float64)
@@ -67,6 +75,7 @@ def stats_vector(job: Job) -> torch.Tensor:
     slot = host.to(ctx.device, non_blocking=True)
     slot[_SQR] = job._sync.local_sqr
     slot[_LOSS] = job._loss_sum / job.accum_steps
+    slot[_G2] = job._sync.plain_sqr
     vec = torch.zeros(size, dtype=torch.float64, device=ctx.device)
     vec[start : start + _WIDTH] = slot[:_WIDTH]
     if rank0:
@@ -129,6 +138,7 @@ def finish_step(job: Job) -> None:
     if taken:
         update_gns(job, rows, single, float(global_sqr), scale_sq)
     update_split(job, rows)
+    comm = after_sync(job, rows, sizes)
     batches = [row[_B] for row in rows]
     total = sum(batches)
     loss = sum(b * row[_LOSS] for b, row in zip(batches, rows, strict=True)) / total
@@ -151,6 +161,7 @@ def finish_step(job: Job) -> None:
         "accum_steps": s,
         "progress": job.progress,
     }
+    record.update(comm)
     if job.amp.scaler is not None:
         record["loss_scale"] = job.amp.loss_scale()
         record["skipped"] = not taken
@@ -172,6 +183,45 @@ def finish_step(job: Job) -> None:
         maybe_checkpoint(job, rows)
     job._prev_wall = step_time
     job._last_end = time.perf_counter()
+
+
+def after_sync(job: Job, rows: list[list[float]], sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Compression and SelSync bookkeeping after the optimizer step (every rank, from
+    all-gathered values); returns the step record's communication fields."""
+    comp, sel = job._compressor, job._selsync
+    if comp is None:
+        return {}
+    compressed = comp.active and job._step_synced
+    ratio = comp.ratio  # the one this step used (adaptive may change it below)
+    if compressed and comp.spec.lossy:  # adaptive: the gain over all workers
+        comp.observe_gain(sum(r[_CIN] for r in rows), sum(r[_COUT] for r in rows))
+    out: dict[str, Any] = {}
+    if sel.active:
+        lr = job._lr_value or 0.0
+        scale_sq = job.amp.scale_sq()
+        sig = [
+            lr * math.sqrt(max(r[_G2], 0.0) / scale_sq) / math.sqrt(r[_W2])
+            if r[_W2] > 0
+            else math.inf
+            for r in rows
+        ]
+        if sel.after_step(job.step_count, job._step_synced, sig):
+            job._sync.average_parameters(sizes[job.ctx.rank] / sum(sizes))
+            out["averaged"] = True
+        out.update(
+            synced=job._step_synced,
+            significance=sel.last_significance,
+            synced_steps=sel.synced_steps,
+            skipped_steps=sel.skipped_steps,
+        )
+    spec = comp.spec
+    out["compression"] = spec.spec() if compressed else "none"
+    out["bytes_sent"] = comp.bytes_sent
+    out["compress_ratio"] = comp.dense_bytes / comp.bytes_sent if comp.bytes_sent > 0 else None
+    if spec.sparse:
+        out["topk_ratio"] = ratio
+        out["collective"] = sorted(comp.collectives) if compressed else None
+    return out
 
 
 def adapt(job: Job, rows: list[list[float]], tail: list[float], loss: float) -> None:

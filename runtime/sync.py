@@ -30,6 +30,7 @@ from typing import Any
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 import torch.distributed as dist  # noqa: TID253
 
+from kplan.runtime.compressor import Compressor
 from kplan.runtime.distributed import Context
 from kplan.runtime.timing import StepClock
 
@@ -100,9 +101,16 @@ class GradSync:
         ctx: Context,
         precond: Preconditioner | None,
         clock: StepClock,
+        compressor: Compressor | None = None,
     ) -> None:
         self.ddp = ddp
         self.params = list(params)
+        self.compressor = compressor
+        """Gradient compression (compressor.py); None: dense all-reduce."""
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self.track_plain = False
+        """Also sum |g_i|² of the unweighted local gradient (SelSync's significance)."""
+        self.plain_sqr = torch.zeros((), dtype=torch.float64, device=ctx.device)
         self.ctx = ctx
         self.precond = precond
         self.clock = clock
@@ -119,12 +127,16 @@ class GradSync:
         if ddp is not None:
             ddp.register_comm_hook(self, _weighted_hook)
 
-    def begin_step(self, weight: float, measure: bool) -> None:
-        """Set this worker's share b_i/B for the step's synchronisation."""
+    def begin_step(self, weight: float, measure: bool, step: int = 0, dense: bool = True) -> None:
+        """Set this worker's share b_i/B for the step's synchronisation; ``dense``: this step
+        all-reduces uncompressed (always without a compressor)."""
         self.weight = weight
         self.measure = measure
         self.hook_calls = 0
         self.local_sqr = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        self.plain_sqr = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        if self.compressor is not None:
+            self.compressor.begin_step(step, dense)
         self.stats_result = None
         self.global_parts = []
 
@@ -150,6 +162,26 @@ class GradSync:
         params, grads = self.grads()
         self.local_sqr = squared_norm(params, grads, self.precond).to(self.ctx.device)
 
+    def plain_norm_now(self) -> None:
+        """|g_i|² of this worker's local gradient from ``.grad`` (before any reduction)."""
+        params, grads = self.grads()
+        self.plain_sqr = squared_norm(params, grads, None).to(self.ctx.device)
+
+    def average_parameters(self, weight: float) -> None:
+        """Replace every parameter by Σ_i w_i θ_i over the workers (SelSync's averaging)."""
+        if not self.ctx.distributed or self.ctx.world_size == 1:
+            return
+        with torch.no_grad():
+            for chunk in _chunks(self.params):
+                flat = torch.cat([p.detach().reshape(-1) for p in chunk]).mul_(weight)
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                if self.compressor is not None:
+                    self.compressor.count_dense(flat.numel(), flat.element_size())
+                offset = 0
+                for p in chunk:
+                    p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
+
     def manual_reduce(self) -> None:
         """All-reduce ``.grad`` weighted by :attr:`weight` (after a ``no_sync`` backward)."""
         for p in self.params:
@@ -163,26 +195,42 @@ class GradSync:
             assert grad is not None  # filled with zeros above
             groups.setdefault((grad.dtype, grad.device), []).append(grad)
         pieces = [chunk for grads in groups.values() for chunk in _chunks(grads)]
+        comp = self.compressor
+        grad_index = {id(p.grad): i for i, p in enumerate(self.params)}
         for index, chunk in enumerate(pieces):
             flat = torch.cat([g.reshape(-1) for g in chunk])
             flat.mul_(self.weight)
             n = flat.numel()
-            stats = self._stats(flat.dtype) if index == len(pieces) - 1 else None
+            last = index == len(pieces) - 1
+            if comp is not None and comp.active:
+                ids = [grad_index[id(g)] for g in chunk]
+                reduced = comp.reduce(flat, ids, self.stats_source if last else None).wait()
+                if comp.stats is not None:
+                    self.stats_result = comp.stats.double()
+                _unflatten(chunk, reduced)
+                continue
+            if comp is not None:
+                comp.count_dense(n, flat.element_size())
+            stats = self._stats(flat.dtype) if last else None
             if stats is not None:
                 flat = torch.cat([flat, stats])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             if stats is not None:
                 self.stats_result = flat[n:].double()
-            offset = 0
-            for g in chunk:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            _unflatten(chunk, flat)
 
     def _stats(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The statistics vector in ``dtype``, if it can travel in that precision."""
         if self.stats_source is None or dtype not in (torch.float32, torch.float64):
             return None
         return self.stats_source().to(dtype)
+
+
+def _unflatten(chunk: list[torch.Tensor], flat: torch.Tensor) -> None:
+    offset = 0
+    for g in chunk:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def _chunks(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -207,10 +255,28 @@ def _weighted_hook(state: GradSync, bucket: Any) -> torch.futures.Future[torch.T
             state.local_sqr = state.local_sqr + squared_norm(
                 bucket.parameters(), bucket.gradients(), state.precond
             )
+    if state.track_plain:
+        state.plain_sqr = state.plain_sqr + torch.dot(buffer, buffer).double()
     state.hook_calls += 1
     state.clock.mark_compute_end()
     buffer.mul_(state.weight)
     n = buffer.numel()
+    comp = state.compressor
+    if comp is not None and comp.active:  # compressed (compressor.py); stats go alongside
+        last = bucket.is_last() and state.stats_source is not None
+        ids = [state._index[id(p)] for p in bucket.parameters()]
+        fut = comp.reduce(buffer, ids, state.stats_source if last else None)
+        if not last:
+            return fut
+
+        def with_stats(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            if comp.stats is not None:
+                state.stats_result = comp.stats.double()
+            return f.value()
+
+        return fut.then(with_stats)
+    if comp is not None:
+        comp.count_dense(n, buffer.element_size())
     # The last bucket is reduced after all others were launched: the local norm is complete.
     stats = state._stats(buffer.dtype) if bucket.is_last() else None
     payload = buffer if stats is None else torch.cat([buffer, stats])

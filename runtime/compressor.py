@@ -1,0 +1,458 @@
+"""Gradient compression inside the DDP communication hook (the options are in compress.py).
+
+Each worker's bucket arrives here already weighted by its batch share (w_i g_i, sync.py), so
+every option reduces with SUM and the weighting for unequal batches composes with it (the
+compression sees the contribution the worker actually makes). Error-feedback state is kept per
+*parameter* (by its index in the job's parameter list), not per DDP bucket: DDP rebuilds its
+buckets after the first step (and again in a restarted process), so per-bucket state would not
+survive a restart; per-parameter state does, which is what makes resume exact.
+
+- fp16/bf16: cast, SUM all-reduce, cast back (no error feedback).
+- top-k (``topk``, ``adaptive``): a = w_i g_i + r_i (r_i the residual); per parameter the
+  k = ceil(ratio x numel) largest |a| entries are sent and r_i <- a with those entries zeroed,
+  so sent + residual = a exactly. AG: one all-gather of values and one of int32 indices, summed
+  in rank order (the same bits on every rank). AR: the designated worker (rank = step mod n)
+  chooses the indices from its own a and broadcasts them; every worker sends its a at those
+  indices in one SUM all-reduce.
+- PowerSGD (rank r, per weight matrix M = a viewed as rows x rest): P = M Q (Q warm-started
+  from the previous step, first drawn from a generator seeded by the job seed and the
+  parameter's index), SUM all-reduce P, orthonormalise (QR), Q_i = M^T P, local error
+  e_i = M - P Q_i^T, SUM all-reduce Q; the result is P (Σ Q_i)^T. Vectors (and matrices where
+  r(rows+cols) >= numel) go dense in the second all-reduce. Two collectives per bucket: the
+  first is waited for inside the hook.
+
+``bytes_sent`` counts, from the tensor sizes, what this worker sends under the ring
+(all-reduce, all-gather) and tree (broadcast) algorithms (compress.py); it is not measured on
+the wire. The compression gain |C(a)|² / |a|² (sent over error-compensated, this worker's
+local values) drives the adaptive ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch  # noqa: TID253 (torch is the runtime's core dependency)
+import torch.distributed as dist  # noqa: TID253
+
+from kplan.runtime.compress import (
+    INDEX_BYTES,
+    VALUE_BYTES,
+    Compression,
+    allgather_bytes,
+    broadcast_bytes,
+    powersgd_matrix,
+    ring_allreduce_bytes,
+    topk_collective,
+    topk_count,
+)
+from kplan.runtime.distributed import Context
+
+Future = torch.futures.Future
+
+
+class AdaptiveRatio:
+    """GraVAC-style ratio control from the measured compression gain.
+
+    Over a window of ``window`` compressed steps the gain is G = Σ|C(a)|² / Σ|a|² (sums over
+    the window and all workers, from the all-gathered step statistics, so every rank gets the
+    same G). At the window's end: G >= ``high`` (compression loses little) -> halve the ratio
+    (compress more); G < ``low`` -> double it; in between keep it; always within
+    [min_ratio, max_ratio]. It starts at max_ratio (the least compression).
+    """
+
+    def __init__(
+        self,
+        min_ratio: float,
+        max_ratio: float,
+        window: int = 20,
+        high: float = 0.7,
+        low: float = 0.4,
+    ) -> None:
+        self.min_ratio = min_ratio
+        self.max_ratio = max_ratio
+        self.window = window
+        self.high = high
+        self.low = low
+        self.ratio = max_ratio
+        self.sum_in = 0.0
+        self.sum_out = 0.0
+        self.steps = 0
+        self.last_gain: float | None = None
+
+    def observe(self, sq_in: float, sq_out: float) -> bool:
+        """Add one step's summed |a|² and |C(a)|²; True when the ratio changed."""
+        if not (math.isfinite(sq_in) and math.isfinite(sq_out)) or sq_in <= 0:
+            return False
+        self.sum_in += sq_in
+        self.sum_out += sq_out
+        self.steps += 1
+        if self.steps < self.window:
+            return False
+        gain = self.sum_out / self.sum_in
+        self.last_gain = gain
+        self.sum_in = self.sum_out = 0.0
+        self.steps = 0
+        old = self.ratio
+        if gain >= self.high:
+            self.ratio = max(self.min_ratio, old / 2)
+        elif gain < self.low:
+            self.ratio = min(self.max_ratio, old * 2)
+        return self.ratio != old
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "ratio": self.ratio,
+            "sum_in": self.sum_in,
+            "sum_out": self.sum_out,
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ratio = float(state["ratio"])
+        self.sum_in = float(state["sum_in"])
+        self.sum_out = float(state["sum_out"])
+        self.steps = int(state["steps"])
+
+
+# --- pure pieces (unit-tested without a process group) ----------------------------------------
+
+
+def topk_select(a: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest |a| entries (int64, ascending: a fixed order on all ranks)."""
+    if k >= a.numel():
+        return torch.arange(a.numel(), device=a.device)
+    idx = torch.topk(a.abs(), k, sorted=False).indices
+    return torch.sort(idx).values
+
+
+def split_sent(a: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values sent, new residual): a at ``idx``, and a with those entries zeroed (exact)."""
+    values = a[idx]
+    residual = a.clone()
+    residual[idx] = 0
+    return values, residual
+
+
+def combine_gathered(
+    numel: int, parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor
+) -> torch.Tensor:
+    """Σ over workers (in rank order) of each worker's sparse (indices, values), dense."""
+    out = torch.zeros(numel, dtype=like.dtype, device=like.device)
+    for idx, values in parts:
+        out.index_add_(0, idx.long(), values)
+    return out
+
+
+def orthonormalise(p: torch.Tensor) -> torch.Tensor:
+    """Orthonormal columns spanning ``p`` (reduced QR; float32 or float64 in, same out)."""
+    q: torch.Tensor = torch.linalg.qr(p, mode="reduced").Q
+    return q
+
+
+# --- the compressor ---------------------------------------------------------------------------
+
+
+class Compressor:
+    """Compresses and reduces weighted gradient buckets; holds the error-feedback state."""
+
+    def __init__(
+        self,
+        spec: Compression,
+        params: Sequence[torch.Tensor],
+        ctx: Context,
+        seed: int = 0,
+        network: tuple[float, float] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.params = list(params)
+        self.ctx = ctx
+        self.seed = seed
+        self.network = network
+        """(bandwidth bytes/s, latency s) measured at start, for ``auto``; None otherwise."""
+        self.adaptive = (
+            AdaptiveRatio(spec.min_ratio, spec.max_ratio) if spec.kind == "adaptive" else None
+        )
+        self._ratio = spec.ratio
+        self.residual: dict[int, torch.Tensor] = {}
+        self.q_memory: dict[int, torch.Tensor] = {}
+        self.error: dict[int, torch.Tensor] = {}
+        self.step = 0
+        self.dense = False
+        self.bytes_sent = 0.0
+        self.dense_bytes = 0.0
+        self.sq_in = 0.0
+        self.sq_out = 0.0
+        self.collectives: set[str] = set()
+        self.stats: torch.Tensor | None = None
+        """The reduced statistics vector of the bucket that carried it."""
+        self._stats_fn: Callable[[], torch.Tensor] | None = None
+
+    @property
+    def ratio(self) -> float:
+        """The top-k ratio in use (adaptive: its current value)."""
+        return self.adaptive.ratio if self.adaptive is not None else self._ratio
+
+    @property
+    def active(self) -> bool:
+        """Whether this step's buckets go through here (else the dense weighted all-reduce)."""
+        return self.spec.kind != "none" and not self.dense and self.ctx.world_size > 1
+
+    def begin_step(self, step: int, dense: bool) -> None:
+        self.step = step
+        self.dense = dense
+        self.bytes_sent = 0.0
+        self.dense_bytes = 0.0
+        self.sq_in = 0.0
+        self.sq_out = 0.0
+        self.collectives = set()
+
+    def count_dense(self, numel: int, element_size: int) -> None:
+        """A bucket reduced dense (by sync.py's hook)."""
+        nbytes = ring_allreduce_bytes(numel * element_size, self.ctx.world_size)
+        self.bytes_sent += nbytes
+        self.dense_bytes += nbytes
+
+    def reduce(
+        self,
+        flat: torch.Tensor,
+        indices: list[int],
+        stats_fn: Callable[[], torch.Tensor] | None = None,
+    ) -> Future[torch.Tensor]:
+        """SUM over workers of the weighted ``flat`` (params ``indices``, in buffer order),
+        compressed. ``stats_fn`` (the last bucket's) builds the step's statistics vector after
+        this bucket was compressed (so its gain counts); it is SUM-all-reduced alongside and
+        left in :attr:`stats`."""
+        self.dense_bytes += ring_allreduce_bytes(flat.numel() * VALUE_BYTES, self.ctx.world_size)
+        self._stats_fn = stats_fn
+        self.stats = None
+        kind = self.spec.kind
+        if kind in ("fp16", "bf16"):
+            return self._cast(flat)
+        if kind == "powersgd":
+            return self._powersgd(flat, indices)
+        return self._topk(flat, indices)
+
+    def _launch(
+        self, works: list[Any], then: Callable[[Any], torch.Tensor]
+    ) -> Future[torch.Tensor]:
+        """Add the statistics all-reduce (if due) and chain ``then`` after all of ``works``."""
+        if self._stats_fn is not None:
+            stats = self._stats_fn()
+            works.append(dist.all_reduce(stats, op=dist.ReduceOp.SUM, async_op=True))
+            self.stats = stats
+        futures = [w.get_future() for w in works]
+        return torch.futures.collect_all(futures).then(then)
+
+    # --- options ---
+
+    def _cast(self, flat: torch.Tensor) -> Future[torch.Tensor]:
+        dtype = torch.float16 if self.spec.kind == "fp16" else torch.bfloat16
+        payload = flat.to(dtype)
+        works = [dist.all_reduce(payload, op=dist.ReduceOp.SUM, async_op=True)]
+        self.bytes_sent += ring_allreduce_bytes(payload.numel() * 2, self.ctx.world_size)
+        self.collectives.add(self.spec.kind)
+
+        def done(_: Any) -> torch.Tensor:
+            return payload.to(flat.dtype)
+
+        return self._launch(works, done)
+
+    def _segments(self, indices: list[int]) -> list[tuple[int, int, int]]:
+        out, offset = [], 0
+        for j in indices:
+            n = self.params[j].numel()
+            out.append((j, offset, n))
+            offset += n
+        return out
+
+    def _compensated(self, flat: torch.Tensor, segs: list[tuple[int, int, int]]) -> torch.Tensor:
+        a = flat.clone()
+        for j, o, n in segs:
+            r = self.residual.get(j)
+            if r is not None:
+                a[o : o + n].add_(r)
+        return a
+
+    def _topk(self, flat: torch.Tensor, indices: list[int]) -> Future[torch.Tensor]:
+        world, ratio = self.ctx.world_size, self.ratio
+        segs = self._segments(indices)
+        a = self._compensated(flat, segs)
+        total_k = sum(topk_count(n, ratio) for _, _, n in segs)
+        collective = self.spec.collective
+        if collective == "auto":
+            bw, lat = self.network or (1e9, 1e-4)
+            collective = topk_collective(flat.numel(), ratio, world, bw, lat).choice
+        self.collectives.add(collective)
+        if collective == "ag" or world == 1:
+            idx = self._local_topk(a, segs, ratio)
+        else:
+            root = self.step % world
+            if self.ctx.rank == root:
+                idx = self._local_topk(a, segs, ratio).to(torch.int32)
+            else:
+                idx = torch.empty(total_k, dtype=torch.int32, device=a.device)
+            dist.broadcast(idx, src=root)  # waited for: the values depend on it
+            self.bytes_sent += broadcast_bytes(INDEX_BYTES * total_k, world)
+            idx = idx.long()
+        values, residual = split_sent(a, idx)
+        for j, o, n in segs:
+            self.residual[j] = residual[o : o + n].clone()
+        self.sq_in += float(torch.dot(a, a))
+        self.sq_out += float(torch.dot(values, values))
+        numel = flat.numel()
+        works: list[Any] = []
+        if collective == "ag" and world > 1:
+            vals = [torch.empty_like(values) for _ in range(world)]
+            idx32 = idx.to(torch.int32)
+            ids = [torch.empty_like(idx32) for _ in range(world)]
+            works.append(dist.all_gather(vals, values, async_op=True))
+            works.append(dist.all_gather(ids, idx32, async_op=True))
+            self.bytes_sent += allgather_bytes((VALUE_BYTES + INDEX_BYTES) * total_k, world)
+
+            def gathered(_: Any) -> torch.Tensor:
+                return combine_gathered(numel, list(zip(ids, vals, strict=True)), flat)
+
+            return self._launch(works, gathered)
+        works.append(dist.all_reduce(values, op=dist.ReduceOp.SUM, async_op=True))
+        self.bytes_sent += ring_allreduce_bytes(VALUE_BYTES * total_k, world)
+
+        def reduced(_: Any) -> torch.Tensor:
+            out = torch.zeros_like(flat)
+            out[idx] = values
+            return out
+
+        return self._launch(works, reduced)
+
+    def _local_topk(
+        self, a: torch.Tensor, segs: list[tuple[int, int, int]], ratio: float
+    ) -> torch.Tensor:
+        parts = [topk_select(a[o : o + n], topk_count(n, ratio)) + o for _, o, n in segs]
+        return torch.cat(parts)
+
+    def _powersgd(self, flat: torch.Tensor, indices: list[int]) -> Future[torch.Tensor]:
+        world, rank = self.ctx.world_size, self.spec.rank
+        segs = self._segments(indices)
+        mats: list[tuple[int, int, int, torch.Tensor, torch.Tensor]] = []  # j, o, n, M, Q
+        dense: list[tuple[int, int]] = []
+        for j, o, n in segs:
+            shape = tuple(self.params[j].shape)
+            rows, cols = powersgd_matrix(shape)
+            r = min(rank, rows, cols)
+            if len(shape) < 2 or r * (rows + cols) >= n:
+                dense.append((o, n))
+                continue
+            m = flat[o : o + n].clone()
+            err = self.error.get(j)
+            if err is not None:
+                m.add_(err)
+            q = self.q_memory.get(j)
+            if q is None:
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
+                q = torch.randn(cols, r, generator=gen, dtype=flat.dtype).to(flat.device)
+            mats.append((j, o, n, m.view(rows, cols), q))
+        self.collectives.add("powersgd")
+        if mats:
+            p_all = torch.cat([(mm @ q).reshape(-1) for _, _, _, mm, q in mats])
+            dist.all_reduce(p_all, op=dist.ReduceOp.SUM)  # waited for: Q needs it
+            self.bytes_sent += ring_allreduce_bytes(VALUE_BYTES * p_all.numel(), world)
+        q_parts, hats, offset = [], [], 0
+        for j, _o, _n, mm, q in mats:
+            size = mm.shape[0] * q.shape[1]
+            p_hat = orthonormalise(p_all[offset : offset + size].view(mm.shape[0], q.shape[1]))
+            offset += size
+            q_local = mm.t() @ p_hat
+            approx = p_hat @ q_local.t()
+            self.error[j] = (mm - approx).reshape(-1)
+            self.sq_in += float((mm * mm).sum())
+            self.sq_out += float((approx * approx).sum())
+            q_parts.append(q_local.reshape(-1))
+            hats.append(p_hat)
+        payload = torch.cat([*q_parts, *(flat[o : o + n] for o, n in dense)])
+        works = [dist.all_reduce(payload, op=dist.ReduceOp.SUM, async_op=True)]
+        self.bytes_sent += ring_allreduce_bytes(VALUE_BYTES * payload.numel(), world)
+
+        def done(_: Any) -> torch.Tensor:
+            out = torch.empty_like(flat)
+            at = 0
+            for (j, o, n, mm, _q), p_hat in zip(mats, hats, strict=True):
+                size = mm.shape[1] * p_hat.shape[1]
+                q_sum = payload[at : at + size].view(mm.shape[1], p_hat.shape[1])
+                at += size
+                out[o : o + n] = (p_hat @ q_sum.t()).reshape(-1)
+                self.q_memory[j] = q_sum.clone()
+            for o, n in dense:
+                out[o : o + n] = payload[at : at + n]
+                at += n
+            return out
+
+        return self._launch(works, done)
+
+    # --- after the step -----------------------------------------------------------------------
+
+    def observe_gain(self, sq_in: float, sq_out: float) -> bool:
+        """The all-gathered |a|² and |C(a)|² of a compressed step; True if the ratio changed."""
+        if self.adaptive is None:
+            return False
+        return self.adaptive.observe(sq_in, sq_out)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's error-feedback state (per rank: the residuals differ)."""
+        return {
+            "spec": self.spec.spec(),
+            "residual": {j: t.detach().cpu().clone() for j, t in self.residual.items()},
+            "q_memory": {j: t.detach().cpu().clone() for j, t in self.q_memory.items()},
+            "error": {j: t.detach().cpu().clone() for j, t in self.error.items()},
+            "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Restore :meth:`state_dict`'s values; False (nothing loaded) for another spec."""
+        if state.get("spec") != self.spec.spec():
+            return False
+        device = self.ctx.device
+        self.residual = {int(j): t.to(device) for j, t in state["residual"].items()}
+        self.q_memory = {int(j): t.to(device) for j, t in state["q_memory"].items()}
+        self.error = {int(j): t.to(device) for j, t in state["error"].items()}
+        if self.adaptive is not None and state.get("adaptive") is not None:
+            self.adaptive.load_state_dict(state["adaptive"])
+        return True
+
+
+def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) of this group, from timed all-reduces (every rank agrees).
+
+    latency = median(t of a 1-element all-reduce) / (2(n-1)); bandwidth from the median time
+    of an ``nbytes`` all-reduce minus that latency term, under the ring model of compress.py.
+    Each rank's times are combined with MAX (the slowest link decides).
+    """
+    n = ctx.world_size
+    if not ctx.distributed or n == 1:
+        return (math.inf, 0.0)
+    device = ctx.device
+
+    def timed(numel: int) -> float:
+        buf = torch.zeros(numel, dtype=torch.float32, device=device)
+        dist.all_reduce(buf)  # warm-up
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            dist.all_reduce(buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    small, big = timed(1), timed(nbytes // VALUE_BYTES)
+    both = torch.tensor([small, big], dtype=torch.float64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    small, big = float(both[0]), float(both[1])
+    latency = small / (2 * (n - 1))
+    transfer = max(big - small, 1e-9)
+    bandwidth = 2 * (n - 1) / n * nbytes / transfer
+    return bandwidth, latency

@@ -1,0 +1,350 @@
+"""Gradient compression (runtime/compress.py, runtime/compressor.py): parsing, the cost model,
+top-k with error feedback, and real 2-worker gloo runs of every option (training, bytes,
+exact resume). The torchrun scenario is this file's ``__main__`` (also used by
+tests/test_runtime_selsync.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kplan.errors import InputError
+from kplan.runtime import env
+from kplan.runtime.compress import (
+    Compression,
+    parse_compression,
+    topk_collective,
+    topk_count,
+    wire_bytes,
+)
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("none", Compression()),
+        ("FP16", Compression("fp16")),
+        ("bf16", Compression("bf16")),
+        ("powersgd:4", Compression("powersgd", rank=4)),
+        ("topk:0.01", Compression("topk", ratio=0.01)),
+        ("topk:0.01:ar", Compression("topk", ratio=0.01, collective="ar")),
+        ("adaptive", Compression("adaptive", ratio=0.1)),
+        (
+            "adaptive:0.002:0.05:ag",
+            Compression("adaptive", ratio=0.05, collective="ag", min_ratio=0.002, max_ratio=0.05),
+        ),
+    ],
+)
+def test_parse_compression_round_trips(text: str, want: Compression) -> None:
+    got = parse_compression(text)
+    assert got == want
+    assert parse_compression(got.spec()) == got
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("zip", "'zip' is not a compression"),
+        ("topk", "expected topk:RATIO"),
+        ("topk:0", "not a number in"),
+        ("topk:1.5", "not a number in"),
+        ("topk:nan", "not a number in"),
+        ("topk:0.1:ring", "expected topk:RATIO"),
+        ("powersgd", "rank must be an integer"),
+        ("powersgd:0", "rank must be an integer"),
+        ("fp16:2", "takes no parameters"),
+        ("adaptive:0.1:0.01", "above MAX"),
+        ("adaptive:0.1", "expected adaptive"),
+    ],
+)
+def test_bad_compression_names_the_variable_and_hints(text: str, match: str) -> None:
+    with pytest.raises(InputError, match=match) as err:
+        env.compression({env.COMPRESSION: text})
+    assert str(err.value).startswith("KPLAN_COMPRESSION=")
+    assert "\n" not in str(err.value) and "topk:RATIO" in (err.value.hint or "")
+
+
+def test_runtime_config_parses_and_env_overrides() -> None:
+    import kplan.runtime as kr
+
+    cfg = kr.RuntimeConfig(compression="topk:0.01:ag")
+    assert cfg.compression == Compression("topk", ratio=0.01, collective="ag")
+    over = kr.RuntimeConfig.from_env(cfg, {env.COMPRESSION: "powersgd:2"})
+    assert over.compression == Compression("powersgd", rank=2)
+    with pytest.raises(InputError, match="compression='topk:2'"):
+        kr.RuntimeConfig(compression="topk:2")
+    built = env.kplan_environ(compression=Compression("topk", ratio=0.01), sync_policy="every")
+    assert built[env.COMPRESSION] == "topk:0.01:auto" and built[env.SYNC_POLICY] == "every"
+
+
+# --- the cost model ----------------------------------------------------------------------------
+
+
+def test_topk_collective_cost_model() -> None:
+    # 2 workers: AG sends 8k bytes once; AR sends 4k (broadcast) + 4k (all-reduce) with 3
+    # latencies instead of 1: AG is never slower.
+    two = topk_collective(10**7, 0.01, 2, 125e6, 1e-4)
+    assert two.choice == "ag" and two.k == 10**5
+    assert two.ag_s == pytest.approx(1e-4 + 8 * 1e5 / 125e6)
+    assert two.ar_s == pytest.approx((1e-4 + 4e5 / 125e6) + 2e-4 + 4e5 / 125e6)
+    # 8 workers, bandwidth-bound: AG's (n-1) x 8k bytes lose to AR's ~2 x 4k.
+    eight = topk_collective(10**7, 0.01, 8, 125e6, 1e-4)
+    assert eight.choice == "ar" and eight.ar_s < eight.ag_s
+    # 8 workers, tiny k on a high-latency link: AG's 7 latencies beat AR's 14 + 3.
+    assert topk_collective(10**4, 0.001, 8, 125e6, 5e-3).choice == "ag"
+    assert topk_collective(10**4, 0.5, 1, 1e9, 1e-3).ar_s == 0.0
+
+
+def test_wire_bytes_per_option() -> None:
+    shapes = [(64, 16), (64,), (1, 64)]
+    n = 2
+    assert wire_bytes(Compression(), shapes, n) == 4 * (1024 + 64 + 64)
+    assert wire_bytes(Compression("bf16"), shapes, n) == 2 * (1024 + 64 + 64)
+    k = topk_count(1024, 0.05) + topk_count(64, 0.05) + topk_count(64, 0.05)
+    assert k == 52 + 4 + 4
+    assert wire_bytes(Compression("topk", ratio=0.05), shapes, n, "ag") == 8 * k
+    assert wire_bytes(Compression("topk", ratio=0.05), shapes, n, "ar") == 2 * k + 4 * k
+    # powersgd rank 1: the 64x16 matrix sends P (64) and Q (16); the others go dense
+    assert wire_bytes(Compression("powersgd", rank=1), shapes, n) == 4 * (64 + 16 + 64 + 64)
+
+
+# --- top-k with error feedback (pure pieces, no process group) ---------------------------------
+
+
+def test_topk_error_feedback_bookkeeping_is_exact() -> None:
+    import torch
+
+    from kplan.runtime.compressor import split_sent, topk_select
+
+    gen = torch.Generator().manual_seed(1)
+    residual = torch.zeros(1000)
+    inputs = torch.zeros(1000, dtype=torch.float64)
+    sent_total = torch.zeros(1000, dtype=torch.float64)
+    for _ in range(30):
+        g = torch.randn(1000, generator=gen)
+        a = g + residual
+        idx = topk_select(a, topk_count(1000, 0.03))
+        assert idx.numel() == 30 and bool((idx[1:] > idx[:-1]).all())
+        values, new_residual = split_sent(a, idx)
+        # sent + residual = a, bit for bit; the residual is zero exactly where sent
+        sent = torch.zeros(1000)
+        sent[idx] = values
+        assert torch.equal(sent + new_residual, a)
+        assert bool((new_residual[idx] == 0).all())
+        # the kept entries are the largest: none left behind is bigger than any sent
+        assert float(new_residual.abs().max()) <= float(values.abs().min())
+        residual = new_residual
+        inputs += g.double()
+        sent_total += sent.double()
+    # nothing is lost: everything ever computed was sent or is still in the residual
+    assert torch.allclose(sent_total + residual.double(), inputs, atol=1e-5, rtol=0)
+
+
+def test_ar_and_ag_agree_when_workers_share_the_index_set() -> None:
+    import torch
+
+    from kplan.runtime.compressor import combine_gathered, split_sent, topk_select
+
+    gen = torch.Generator().manual_seed(2)
+    support = torch.randperm(500, generator=gen)[:25]
+    workers = []
+    for _ in range(3):
+        a = 0.01 * torch.randn(500, generator=gen)
+        a[support] += 5.0 + torch.rand(25, generator=gen)  # the same dominant entries
+        workers.append(a)
+    k = 25
+    ag = combine_gathered(
+        500, [(topk_select(a, k), split_sent(a, topk_select(a, k))[0]) for a in workers], workers[0]
+    )
+    root_idx = topk_select(workers[1], k)  # AR: the designated worker's indices for all
+    ar = torch.zeros(500)
+    ar[root_idx] = sum(split_sent(a, root_idx)[0] for a in workers)
+    assert torch.equal(torch.sort(root_idx).values, torch.sort(support).values)
+    assert torch.allclose(ar, ag, atol=1e-6, rtol=0)
+    # where the sets differ, AR sends the root's set of everyone's values: exactly those
+    other = workers[0].clone()
+    other[torch.arange(0, 500, 20)] = 50.0  # worker 0 now prefers other entries
+    ar2 = torch.zeros(500)
+    ar2[root_idx] = other[root_idx] + workers[1][root_idx] + workers[2][root_idx]
+    dense = other + workers[1] + workers[2]
+    assert torch.allclose(ar2[root_idx], dense[root_idx])
+
+
+def test_adaptive_ratio_rule() -> None:
+    from kplan.runtime.compressor import AdaptiveRatio
+
+    rule = AdaptiveRatio(0.01, 0.1, window=4)
+    ratios = []
+    for _ in range(5):  # compression loses little: halve per window down to MIN
+        for _ in range(4):
+            rule.observe(1.0, 0.9)
+        ratios.append(rule.ratio)
+    assert ratios == [0.05, 0.025, 0.0125, 0.01, 0.01]
+    for _ in range(4):  # in the dead band: keep
+        rule.observe(1.0, 0.5)
+    assert rule.ratio == 0.01 and rule.last_gain == pytest.approx(0.5)
+    for _ in range(3 * 4):  # compression loses much: double, up to MAX
+        rule.observe(1.0, 0.1)
+    assert rule.ratio == 0.08
+    state = rule.state_dict()
+    rule.observe(1.0, 0.1)
+    again = AdaptiveRatio(0.01, 0.1, window=4)
+    again.load_state_dict(state)
+    again.observe(1.0, 0.1)
+    assert again.state_dict() == rule.state_dict()
+
+
+# --- real 2-worker gloo runs -------------------------------------------------------------------
+
+OPTIONS = [
+    "none",
+    "fp16",
+    "bf16",
+    "powersgd:1",
+    "topk:0.05:ag",
+    "topk:0.05:ar",
+    "topk:0.05:auto",
+    "adaptive:0.01:0.2",
+    "topk:1:ag",
+    "topk:1:ar",
+]
+
+
+def run_scenario(tmp: Path, options: list[str], steps: int, tag: str, ckpt: Path | None) -> Any:
+    """Run the scenario under torchrun (2 gloo workers); its results per rank and option."""
+    from bench.runtime_common import clean_env, torchrun
+
+    out = tmp / f"{tag}.pt"
+    args = ["train", str(out), str(steps), ",".join(options), str(ckpt or "-")]
+    proc = torchrun(args, clean_env(), script=Path(__file__), timeout=170)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    import torch
+
+    return [torch.load(tmp / f"{tag}.rank{r}.pt") for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_every_option_trains_like_dense_and_counts_its_bytes(tmp_path: Path) -> None:
+    import torch
+
+    res = run_scenario(tmp_path, OPTIONS, 96, "train", None)
+    dense = res[0]["none"]["eval_loss"]
+    assert dense < 0.5 * res[0]["none"]["initial_loss"]  # it trained
+    for name in OPTIONS:
+        r0, r1 = res[0][name], res[1][name]
+        # replicas stay identical (every rank sums in the same order)
+        assert torch.equal(r0["params"], r1["params"]), name
+        assert r0["eval_loss"] <= 1.1 * dense + 0.02, (name, r0["eval_loss"], dense)
+    for name in ("topk:1:ag", "topk:1:ar"):  # k = numel: exactly the weighted dense average
+        diff = (res[0][name]["params"] - res[0]["none"]["params"]).abs().max()
+        assert float(diff) < 1e-6, name
+    # bytes_sent counted on compressed steps = compress.wire_bytes for the model's shapes
+    shapes = res[0]["none"]["shapes"]
+    for name, collective in [("topk:0.05:ag", "ag"), ("topk:0.05:ar", "ar"), ("none", "ag")]:
+        recs = [r for r in res[0][name]["records"] if r["compression"] != "none" or name == "none"]
+        assert recs, name
+        want = wire_bytes(parse_compression(name), shapes, 2, collective)  # type: ignore[arg-type]
+        assert all(r["bytes_sent"] == pytest.approx(want) for r in recs), name
+    auto = {c for r in res[0]["topk:0.05:auto"]["records"] for c in (r["collective"] or [])}
+    assert auto <= {"ar", "ag"} and auto
+    # lossy options: a dense step (the GNS sample) every 10 steps, compressed otherwise
+    recs = res[0]["powersgd:1"]["records"]
+    assert [r["compression"] for r in recs[:11]] == ["none"] + ["powersgd:1"] * 9 + ["none"]
+    assert all(r["compress_ratio"] > 5 for r in recs[1:10])
+    assert res[0]["powersgd:1"]["gns"] is not None
+    ratios = {r["topk_ratio"] for r in res[0]["adaptive:0.01:0.2"]["records"]}
+    assert len(ratios) > 1  # the adaptive ratio moved
+
+
+@pytest.mark.slow
+def test_exact_resume_with_error_feedback(tmp_path: Path) -> None:
+
+    options = ["topk:0.05:ar", "topk:0.05:ag", "powersgd:1", "adaptive:0.01:0.2:auto"]
+    ref = run_scenario(tmp_path, options, 34, "ref", tmp_path / "ck-ref")
+    run_scenario(tmp_path, options, 17, "part1", tmp_path / "ck")  # stops with a checkpoint
+    got = run_scenario(tmp_path, options, 34, "part2", tmp_path / "ck")  # resumes at 17
+    for name in options:
+        assert got[0][name]["resumed_at"] == 17, name
+        for rank in (0, 1):
+            diff = (got[rank][name]["params"] - ref[rank][name]["params"]).abs().max()
+            assert float(diff) <= 1e-6, (name, rank, float(diff))
+            # the residuals are really there (the test is not vacuous)
+            assert got[rank][name]["residual_norm"] > 0, name
+
+
+# --- scenario run by torchrun (not by pytest) ---------------------------------------------------
+
+
+def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    import kplan.runtime as kr
+    from bench.runtime_worker import make_data, make_model
+
+    ctx = kr.init()
+    data = make_data(3072, 16, 0, 0.5)
+    x_all, y_all = data.tensors
+    result: dict[str, Any] = {}
+    for name in options:
+        compression, _, policy = name.partition("@")
+        torch.manual_seed(0)
+        model = make_model("mlp", 16, 32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.02)
+        folder = None if ckpt_root == "-" else Path(ckpt_root) / name.replace(":", "_")
+        metrics = out.with_name(f"{out.stem}-{name.replace(':', '_')}.jsonl")
+        cfg = kr.RuntimeConfig(
+            compression=compression,
+            sync_policy=policy or "every",
+            max_local_batch=16 if ctx.rank == 0 else None,  # unequal split (16, 48)
+            pid=None,
+            lr_scaling="none",
+            max_steps=steps,
+            checkpoint_dir=folder,
+            checkpoint_steps=10 if folder else 0,
+            metrics_path=metrics,
+        )
+        with torch.no_grad():
+            initial = float(F.mse_loss(model(x_all), y_all))
+        job = kr.Job(model, opt, data, batch_size=64, config=cfg)
+        resumed = job.step_count if job.step_count else None
+        for _ in job.epochs(3):
+            for x, y in job.batches():
+                with job.step():
+                    job.backward(F.mse_loss(job.model(x), y))
+        with torch.no_grad():
+            final = float(F.mse_loss(job.module(x_all), y_all))
+        comp = job._compressor
+        residual = 0.0
+        if comp is not None:
+            residual = sum(float(t.norm()) for t in [*comp.residual.values(), *comp.error.values()])
+        records = [
+            r
+            for r in (json.loads(line) for line in metrics.read_text().splitlines())
+            if "event" not in r and r["rank"] == ctx.rank
+        ]
+        result[name] = {
+            "params": torch.cat([p.detach().reshape(-1) for p in job.module.parameters()]),
+            "shapes": [tuple(p.shape) for p in job.module.parameters()],
+            "eval_loss": final,
+            "initial_loss": initial,
+            "resumed_at": resumed,
+            "residual_norm": residual,
+            "gns": job.gns,
+            "records": records,
+        }
+    torch.save(result, out.with_name(f"{out.stem}.rank{ctx.rank}.pt"))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "train":
+        _train(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(","), sys.argv[5])
+    else:
+        raise SystemExit(f"unknown scenario {sys.argv[1]!r}")
