@@ -82,6 +82,10 @@ class PlanRow:
     batch_schedule_hours: float | None = None
     batch_schedule_cost_usd: float | None = None
     batch_schedule_saving: float | None = None
+    # Gradient compression the row runs (planner/compression.py; KPLAN_COMPRESSION) and why:
+    # its all-reduce, codec and step multiplier against dense on the same configuration.
+    compression: str = "none"
+    compression_why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)

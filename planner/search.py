@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.errors import InfeasibleError, InputError
-from kplan.planner import batchsched, costs, efficiency, fmt, perfmodel, spotplan
+from kplan.planner import batchsched, compression, costs, efficiency, fmt, perfmodel, spotplan
 from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
@@ -68,6 +68,10 @@ class SearchOptions:
     seed: int = 0
     tie_tolerance: float = TIE_TOLERANCE  # relative time difference counted as a tie
     opt_in_zones: bool = False  # also AWS Local Zones and Wavelength Zones (opt-in per account)
+    # Gradient compression (planner/compression.py): None = dense, and on multi-node
+    # configurations also compression.DEFAULT_OPTIONS where one saves more than the tie
+    # tolerance; an option (e.g. "powersgd:4", "none") pins it on every configuration.
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         if self.budget_usd is not None and not self.budget_usd > 0:
@@ -119,6 +123,8 @@ class SearchOptions:
             raise InputError(
                 f"max batch multiple {self.max_batch_multiple} must be >= 1", hint="e.g. 32"
             )
+        if self.compression is not None:
+            compression.parse(self.compression)
 
 
 def default_objective(budget: float | None, deadline: float | None) -> Objective:
@@ -142,6 +148,7 @@ class Candidate:
     billing_increment_s: float
     risk: SpotRisk | None = None  # the spot model's row (None: on demand)
     on_demand_usd_per_hour: float | None = None  # the same type's on-demand price in the region
+    compression: str = "none"  # the gradient compression its rows run (planner/compression.py)
 
 
 @dataclass
@@ -336,6 +343,25 @@ def _type_grid(
     samples = workload.samples_at_base * factors[gi]
     steps = np.ceil(samples / batch)
     sigma = np.hypot(_extrapolation_sigma(p, nodes), work_sigma[gi])
+    if c.compression != "none":
+        # The option's step time and samples; unless pinned, only where it saves more than the
+        # tie tolerance over dense on the same multi-node configuration.
+        comp = compression.parse(c.compression)
+        shapes = compression.assumed_shapes(p.gradient_bytes or workload.gradient_bytes)
+        codec = compression.codec_seconds(comp, shapes)
+        stat = compression.prior(comp)
+        dense_s = steps * step
+        step = compression.step_time(p, comp, shapes, nodes, workers, local, accum, codec)
+        samples = samples * stat.multiplier
+        steps = np.ceil(samples / batch)
+        sigma = np.hypot(sigma, stat.log_sigma)
+        if opts.compression is None:
+            keep = (nodes >= 2) & (steps * step < (1.0 - opts.tie_tolerance) * dense_s)
+            if not keep.any():
+                return None
+            nodes, accum, batch, local, step, samples, steps, sigma = (
+                a[keep] for a in (nodes, accum, batch, local, step, samples, steps, sigma)
+            )
     return _TypeGrid(nodes, accum, batch, local, step, samples, steps * step, sigma)
 
 
@@ -373,6 +399,11 @@ def _evaluate_single(
 def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOptions) -> Plan:
     """Evaluate every configuration and choose one by the objective, within budget/deadline."""
     cands, notes = candidates(workload, catalog, dm, opts)
+    if opts.compression is not None and opts.compression != "none":
+        cands = [replace(c, compression=compression.parse(opts.compression).spec()) for c in cands]
+    elif opts.compression is None and opts.max_nodes >= 2:  # dense first, then each option's
+        opts_c = [compression.parse(o).spec() for o in compression.DEFAULT_OPTIONS]
+        cands = [*cands, *(replace(c, compression=o) for o in opts_c for c in cands)]
     if not cands:
         hint = "relax --cloud/--region/--gpu, or check `kplan catalog list`"
         if not opts.opt_in_zones and any(o.opt_in for o in catalog.offers):
@@ -389,9 +420,9 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
     if opts.global_batch is not None and not workload.gns:
         factors = np.ones_like(factors)  # pinned batch, no GNS: same samples as at B0 (noted)
     pool = _Pool()
-    grids: dict[tuple[str, str], _TypeGrid | None] = {}
+    grids: dict[tuple[str, str, str], _TypeGrid | None] = {}
     for i, c in enumerate(cands):
-        key = (c.offer.cloud, c.offer.instance_type)
+        key = (c.offer.cloud, c.offer.instance_type, c.compression)
         if key not in grids:
             grids[key] = _type_grid(c, workload, opts, grid, factors, work_sigma)
         tg = grids[key]
@@ -402,9 +433,9 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
         raise InfeasibleError(*_explain_empty(cands, workload, opts, grid))
     mixes: list[MixCandidate] = []
     if opts.mixed:
-        mixes = search_mixes(
-            cands, singles.best_per_candidate(), workload, opts, grid, checkpoint_s
-        )
+        best = singles.best_per_candidate()  # mixes are priced dense: dense members only
+        best = {i: v for i, v in best.items() if cands[i].compression == "none"}
+        mixes = search_mixes(cands, best, workload, opts, grid, checkpoint_s)
         mixes = [m for m in mixes if _mix_allowed(m, opts)]
     full = singles.with_mixes(mixes)
     # Only a row on its own type's time/cost frontier (expected or p90) can be chosen or
@@ -437,6 +468,7 @@ def _with_schedule(
         if len(r.groups) == 1
         and (c.offer.cloud, c.offer.region, c.offer.zone) == (r.cloud, r.region, r.zone)
         and (c.offer.instance_type, c.offer.market) == (r.instance_type, r.market)
+        and c.compression == r.compression == "none"  # batchsched prices dense steps
     ]
     if not match or not workload.gns or len(grid) < 2:
         return plan
@@ -1152,7 +1184,29 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         forecast_log_sigma=forecast,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
         **_spot_fields(t.spot.get(i), market),
+        **_compression_fields(cands[int(t.cand[i])] if t.cand[i] >= 0 else None, t, i, workload),
     )
+
+
+def _compression_fields(
+    c: Candidate | None, t: _Table, i: int, workload: Workload
+) -> dict[str, Any]:
+    """The row's compression and why (its price against dense on the same configuration)."""
+    if c is None or c.compression == "none":
+        return {}
+    p = c.pred.params
+    shapes = compression.assumed_shapes(p.gradient_bytes or workload.gradient_bytes)
+    nodes = int(t.nodes[i])
+    priced = compression.price(
+        p,
+        compression.parse(c.compression),
+        shapes,
+        nodes,
+        nodes * c.inst.gpu_count,
+        int(t.local[i]),
+        int(t.accum[i]),
+    )
+    return {"compression": c.compression, "compression_why": priced.why()}
 
 
 def _spot_fields(s: spotplan.SpotPricing | None, market: str) -> dict[str, Any]:

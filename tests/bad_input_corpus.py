@@ -523,6 +523,12 @@ def _enum_cases() -> list[Case]:
         ("estimate-dataset-size-1e30", (*est, "--dataset-size", "1e30"), 2, "Invalid value", {}),
         ("estimate-max-nodes-10M", (*est, "--max-nodes", "10000000"), 2, "--max-nodes", {}),
         ("estimate-top-huge", (*est, "--top", "10000000"), 2, "--top", {}),
+        # issue 14: gradient compression
+        ("estimate-compression-bad", (*est, "--compression", "zip"), 2, "not a compression", {}),
+        ("estimate-compression-empty", (*est, "--compression", ""), 2, "--compression", {}),
+        ("estimate-compression-topk-2", (*est, "--compression", "topk:2"), 2, "ratio", {}),
+        ("estimate-compression-adaptive", (*est, "--compression", "adaptive"), 2,
+         "no fixed price", {}),
         # issue 15, item 4: the pinning flags
         ("estimate-nodes-0", (*est, "--nodes", "0"), 2, "--nodes", {}),
         ("estimate-nodes-8-2", (*est, "--nodes", "8-2"), 2, "--nodes", {}),

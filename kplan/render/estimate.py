@@ -103,6 +103,8 @@ def render_plan(
     sched = schedule_line(plan.chosen)
     if sched:
         console.print(safe(sched), highlight=False)
+    if plan.chosen.compression_why:
+        console.print(safe(f"compression: {plan.chosen.compression_why}"), highlight=False)
     spot = _spot_line(plan.chosen)
     if spot:
         console.print(f"[dim]{safe(spot)}[/dim]")

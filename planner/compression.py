@@ -1,0 +1,331 @@
+"""Gradient compression priced as a plan dimension (issue 14): wire bytes, latency, codec
+compute and the statistical cost of each option, over the fitted step-time model (pure).
+
+The options and their byte counting are the runtime's (``kplan.runtime.compress``, torch-free):
+``none``, ``fp16``, ``bf16``, ``powersgd:RANK``, ``topk:RATIO[:ar|ag|auto]``. The sync model is
+``perfmodel.sync_time`` with the option's bytes in place of the dense ring's, per collective:
+
+    T_sync(o) = alpha + beta/P * bytes(o, k) + lat * hops(o, k)   (x (1 + two_node) at n = 2)
+
+``beta/P`` is the fitted seconds per byte of the link (``beta = P / (eta BW)``), so the dense
+option (``bytes = 2(k-1)/k P``, ``2(k-1)`` hops) is exactly ``perfmodel.sync_time``. ``alpha``
+is the fit's fixed cost of a synchronised step (DDP already runs one collective per bucket), paid
+once; each collective round pays its ring or tree hops at the per-hop latency ``lat``:
+
+    option        bytes one worker sends (P: FP32 gradient bytes)      rounds  hops
+    none          2(k-1)/k P                                           1       2(k-1)
+    fp16, bf16    2(k-1)/k P/2                                         1       2(k-1)
+    powersgd:r    2(k-1)/k 4 (sum (rows+cols) r over matrices + vectors)  2    4(k-1)
+    topk:x:ag     (k-1) 8 K              (K = sum ceil(x numel), 4+4 bytes) 1  k-1
+    topk:x:ar     ceil(log2 k) 4 K + 2(k-1)/k 4 K  (tree broadcast of the   2  ceil(log2 k) + 2(k-1)
+                  indices: its critical path, then the AR of the values)
+
+``topk:x:auto`` takes the cheaper of AR and AG by the runtime's own cost function
+(``compress.topk_collective``) at the link's fitted bandwidth and per-hop latency. Every option
+runs as a DDP communication hook per bucket, so it overlaps backward like the dense all-reduce
+(the model's ``gamma`` and last-bucket floor); the codec compute (compress + decompress: casts,
+PowerSGD's matmuls and orthogonalisation, top-k selection and scatter) is added in full:
+
+    T_step(o) = (s-1) T_c + overlap(T_c, T_sync(o) - T_last(o)) + T_last(o) + T_codec(o)
+
+The statistical cost is a multiplier on the samples (steps) to the target, ``StatCost``: a
+documented prior per option (below) that measurements replace (``StatCost.updated``: the
+measured steps-to-loss ratio of a compressed and a dense run, e.g. bench/comm_bed.py or a job's
+own curves, combined with the prior by their uncertainties in log space).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from kplan.errors import InputError
+from kplan.planner import perfmodel
+from kplan.planner.perfmodel import PerfParams
+from kplan.runtime import compress as rc
+from kplan.runtime.compress import Compression
+
+Array = NDArray[np.float64]
+Shapes = tuple[tuple[int, ...], ...]
+
+# Considered on multi-node plans when --compression is not pinned.
+DEFAULT_OPTIONS: tuple[str, ...] = ("fp16", "powersgd:4", "topk:0.01:auto")
+# Without the model's parameter shapes, the gradient is taken as square matrices of this side
+# (a transformer block's projections are 1-8k wide): PowerSGD's ratio 2r/side. Optimistic for
+# models of many small or vector parameters; a profile's shapes replace it.
+ASSUMED_SIDE = 4096
+# Codec seconds per gradient element on a GPU when not measured (memory-bound passes over the
+# gradient at ~1 TB/s: a cast reads 4 and writes 2 bytes and back; PowerSGD reads the matrix
+# twice plus its error buffer; top-k's selection is ~10 passes). Priors, replaced by
+# ``measured`` codec times (profiler/compression_cost.py measures them on the real tensors).
+CODEC_S_PER_ELEMENT: dict[str, float] = {
+    "none": 0.0,
+    "fp16": 1.2e-11,
+    "bf16": 1.2e-11,
+    "powersgd": 3e-11,
+    "topk": 1.5e-10,
+}
+
+
+@dataclass(frozen=True)
+class StatCost:
+    """Samples to the target with the option, as a multiple of dense (>= 1 typically)."""
+
+    multiplier: float
+    log_sigma: float  # uncertainty of log(multiplier)
+    source: str
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.multiplier) and self.multiplier > 0):
+            raise InputError(
+                f"statistical multiplier {self.multiplier!r} must be a number > 0",
+                hint="samples to the target with compression / without, e.g. 1.05",
+            )
+
+    def updated(self, measured: float, log_sigma: float, what: str = "measured") -> StatCost:
+        """Combine with a measured multiplier (inverse-variance weights in log space)."""
+        if not (math.isfinite(measured) and measured > 0 and log_sigma > 0):
+            raise InputError(
+                f"measured multiplier {measured!r} (sigma {log_sigma!r}) is not usable",
+                hint="a ratio of steps to the same loss > 0, with a log-space sigma > 0",
+            )
+        wp, wm = 1 / self.log_sigma**2, 1 / log_sigma**2
+        mean = (wp * math.log(self.multiplier) + wm * math.log(measured)) / (wp + wm)
+        return StatCost(math.exp(mean), (wp + wm) ** -0.5, f"{what} ({measured:.3g}) + prior")
+
+
+def prior(c: Compression) -> StatCost:
+    """The documented prior (with error feedback, as the runtime runs every lossy option).
+
+    - fp16/bf16: 1.00 +- 2%: 16-bit gradient all-reduce (PyTorch's fp16/bf16 hooks) matches
+      fp32 training; only the rounding of the summed gradient changes.
+    - powersgd:r: 1 + 0.1/r +- 10%: Vogels et al. 2019 (NeurIPS) reach the SGD test accuracy in
+      the same epochs at rank 2-4 (ResNet-18/CIFAR-10, LSTM/WikiText-2), rank 1 slightly below.
+    - topk:x: 1 + 0.03 log10(1/x) +- 15%: error-feedback top-k (Stich et al. 2018; Lin et al.
+      2018, DGC, 0.1% density at the baseline accuracy with momentum correction and warm-up)
+      converges like SGD with a delay that grows as the ratio shrinks; without DGC's extras a
+      few % more steps at 1%.
+    """
+    if c.kind == "none":
+        return StatCost(1.0, 1e-3, "dense")
+    if c.kind in ("fp16", "bf16"):
+        return StatCost(1.0, 0.02, "prior (16-bit all-reduce)")
+    if c.kind == "powersgd":
+        return StatCost(1.0 + 0.1 / c.rank, 0.10, "prior (Vogels et al. 2019)")
+    ratio = c.min_ratio if c.kind == "adaptive" else c.ratio
+    return StatCost(1.0 + 0.03 * math.log10(1.0 / ratio), 0.15, "prior (EF top-k)")
+
+
+def parse(text: str, where: str = "--compression") -> Compression:
+    """An option as the runtime parses it (adaptive has no fixed price: refused here)."""
+    c = rc.parse_compression(text, where)
+    if c.kind == "adaptive":
+        raise InputError(
+            f"{where}={text!r}: adaptive changes its ratio during training and has no fixed price",
+            hint="plan a fixed option (e.g. topk:0.01) and run adaptive with KPLAN_COMPRESSION",
+        )
+    return c
+
+
+def assumed_shapes(gradient_bytes: float, element_bytes: int = 4) -> Shapes:
+    """Square ASSUMED_SIDE matrices (smaller for small models) holding the gradient's elements,
+    the remainder as one vector: the planner's stand-in when the shapes are not profiled."""
+    numel = max(1, int(gradient_bytes // element_bytes))
+    side = max(1, min(ASSUMED_SIDE, math.isqrt(numel)))
+    count, rest = divmod(numel, side * side)
+    shapes: list[tuple[int, ...]] = [(side, side)] * count
+    if rest:
+        shapes.append((rest,))
+    return tuple(shapes)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One synchronised step's communication for one worker."""
+
+    bytes: float  # sent by one worker (the bottleneck link's load)
+    rounds: int  # collective rounds (their hops are counted in ``hops``)
+    hops: float  # sequential messages (each pays the per-hop latency)
+    collective: str  # "ar"/"ag" for top-k, "" otherwise
+
+
+def traffic(
+    c: Compression, shapes: Sequence[tuple[int, ...]], workers: int, bandwidth_Bps: float,
+    latency_s: float,
+) -> Traffic:  # fmt: skip
+    """Bytes, rounds and hops of ``c`` on ``workers`` (the AR/AG of ``auto`` by the runtime's
+    cost function at ``bandwidth_Bps`` and ``latency_s`` per hop)."""
+    k = workers
+    if k <= 1:
+        return Traffic(0.0, 0, 0.0, "")
+    if c.kind in ("none", "fp16", "bf16"):
+        return Traffic(rc.wire_bytes(c, shapes, k), 1, 2.0 * (k - 1), "")
+    if c.kind == "powersgd":
+        return Traffic(rc.wire_bytes(c, shapes, k), 2, 4.0 * (k - 1), "")
+    coll: Literal["ar", "ag"]
+    if c.collective == "auto":
+        numel = sum(math.prod(s) for s in shapes)
+        coll = rc.topk_collective(numel, c.ratio, k, bandwidth_Bps, latency_s).choice
+    else:
+        coll = "ar" if c.collective == "ar" else "ag"
+    if coll == "ag":
+        return Traffic(rc.wire_bytes(c, shapes, k, "ag"), 1, float(k - 1), "ag")
+    # AR: the broadcast's critical path is ceil(log2 k) sends of all K indices (a tree), as in
+    # the runtime's cost function; then the ring all-reduce of the K values.
+    kk = sum(rc.topk_count(math.prod(s), c.ratio) for s in shapes)
+    tree = math.ceil(math.log2(k))
+    nbytes = tree * rc.INDEX_BYTES * kk + rc.ring_allreduce_bytes(rc.VALUE_BYTES * kk, k)
+    return Traffic(nbytes, 2, tree + 2.0 * (k - 1), "ar")
+
+
+def _link(p: PerfParams, n: Array, gradient_bytes: float) -> tuple[Array, Array, Array, Array]:
+    """(alpha, seconds per byte, latency per hop, two-node factor) per configuration."""
+    inter = n > 1
+    alpha = np.where(inter, p.inter_alpha, p.intra_alpha)
+    per_byte = np.where(inter, p.inter_beta, p.intra_beta) / gradient_bytes
+    lat = np.where(inter, p.inter_lat, p.intra_lat)
+    two = np.where(inter & (n == 2), 1.0 + p.two_node, 1.0)
+    return alpha, per_byte, lat, two
+
+
+def sync_time(
+    p: PerfParams,
+    c: Compression,
+    shapes: Sequence[tuple[int, ...]],
+    nodes: ArrayLike,
+    workers: ArrayLike,
+    fraction: float = 1.0,
+) -> tuple[Array, list[str]]:
+    """All-reduce time of the option (before overlap) and the top-k collective per entry;
+    ``fraction`` of the bytes (the last bucket's share) with alpha and latencies in full."""
+    n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
+    pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
+    alpha, per_byte, lat, two = _link(p, n, pbytes)
+    keys = np.stack([k.ravel(), (n.ravel() > 1).astype(float)], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    t_bytes, t_hops = np.zeros(len(uniq)), np.zeros(len(uniq))
+    names: list[str] = []
+    for j, (kk, inter) in enumerate(uniq):
+        pb = float(p.inter_beta if inter else p.intra_beta) / pbytes
+        t = traffic(
+            c, shapes, int(kk), 1.0 / pb if pb > 0 else 1e18, p.inter_lat if inter else p.intra_lat
+        )
+        t_bytes[j], t_hops[j] = t.bytes, t.hops
+        names.append(t.collective)
+    inv = inverse.reshape(k.shape)
+    out: Array = np.where(
+        k > 1, two * (alpha + per_byte * t_bytes[inv] * fraction + lat * t_hops[inv]), 0.0
+    )
+    colls = [names[int(j)] for j in inv.ravel()]
+    return out, colls
+
+
+def codec_seconds(
+    c: Compression, shapes: Sequence[tuple[int, ...]], measured: dict[str, float] | None = None
+) -> float:
+    """Compress + decompress seconds per step: ``measured[c.spec()]`` (or by kind) when given,
+    else the per-element prior of its kind."""
+    if c.kind == "none":
+        return 0.0
+    if measured:
+        for key in (c.spec(), c.kind):
+            if key in measured:
+                return float(measured[key])
+    numel = sum(math.prod(s) for s in shapes)
+    return CODEC_S_PER_ELEMENT[c.kind] * numel
+
+
+def step_time(
+    p: PerfParams,
+    c: Compression,
+    shapes: Sequence[tuple[int, ...]],
+    nodes: ArrayLike,
+    workers: ArrayLike,
+    local_batch: ArrayLike,
+    accum_steps: ArrayLike = 1,
+    codec_s: float = 0.0,
+) -> Array:
+    """Seconds per optimizer step with ``c`` (module notes); ``none`` is perfmodel's exactly."""
+    if c.kind == "none":
+        return perfmodel.step_time(p, nodes, workers, local_batch, accum_steps)
+    tc = perfmodel.compute_time(p, local_batch)
+    s = np.asarray(accum_steps, dtype=float)
+    sync, _ = sync_time(p, c, shapes, nodes, workers)
+    if p.gradient_bytes and p.bucket_bytes:
+        frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
+        last = np.minimum(sync_time(p, c, shapes, nodes, workers, frac)[0], sync)
+    else:
+        last = np.zeros_like(sync)
+    k = np.asarray(workers, dtype=float)
+    codec = np.where(k > 1, codec_s, 0.0)
+    return (s - 1.0) * tc + perfmodel.overlap(tc, sync - last, p.gamma) + last + codec
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One option on one configuration: its step time, the dense one's, and why."""
+
+    compression: str
+    step_s: float
+    dense_step_s: float
+    sync_s: float
+    dense_sync_s: float
+    codec_s: float
+    stat: StatCost
+    collective: str
+
+    @property
+    def time_ratio(self) -> float:
+        """Time to train with the option / dense (step time x samples multiplier)."""
+        return self.step_s * self.stat.multiplier / self.dense_step_s
+
+    def why(self) -> str:
+        coll = f" ({self.collective.upper()})" if self.collective else ""
+        return (
+            f"{self.compression}{coll}: all-reduce {self.dense_sync_s:.3g} s -> "
+            f"{self.sync_s:.3g} s per step, codec +{self.codec_s:.2g} s, "
+            f"x{self.stat.multiplier:.3g} steps ({self.stat.source}): "
+            f"{1 - self.time_ratio:.0%} less time than dense"
+        )
+
+
+def price(
+    p: PerfParams,
+    c: Compression,
+    shapes: Sequence[tuple[int, ...]],
+    nodes: int,
+    workers: int,
+    local_batch: int,
+    accum_steps: int = 1,
+    measured_codec: dict[str, float] | None = None,
+    stat: StatCost | None = None,
+) -> Priced:
+    """Price ``c`` on one configuration against dense."""
+    codec = codec_seconds(c, shapes, measured_codec)
+    step = float(step_time(p, c, shapes, [nodes], [workers], [local_batch], accum_steps, codec)[0])
+    dense = float(perfmodel.step_time(p, nodes, workers, local_batch, accum_steps))
+    sync, colls = sync_time(p, c, shapes, [nodes], [workers])
+    return Priced(
+        c.spec(),
+        step,
+        dense,
+        float(sync[0]),
+        float(perfmodel.sync_time(p, nodes, workers)),
+        codec,
+        stat or prior(c),
+        colls[0],
+    )
+
+
+def link_params(
+    p: PerfParams, *, inter_alpha: float, inter_beta: float, inter_lat: float = 0.0
+) -> PerfParams:
+    """``p`` with measured inter-node terms (e.g. from the bed's all-reduce probe)."""
+    return replace(
+        p, inter_alpha=inter_alpha, inter_beta=inter_beta, inter_lat=inter_lat, inter_measured=True
+    )

@@ -1,0 +1,210 @@
+"""Gradient compression priced by the planner (planner/compression.py) and chosen by the search.
+
+Tables of numbers for the bytes and the sync model; the search keeps dense plans where
+compression does not help and picks (and explains) an option where the all-reduce dominates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kplan.cli import app
+from kplan.errors import InputError
+from kplan.planner import compression as cp
+from kplan.planner import perfmodel
+from kplan.planner.search import SearchOptions, search
+from kplan.runtime import compress as rc
+from tests import planner_fixtures as fx
+
+P = 1e8  # fixture gradient bytes
+SHAPES = ((5000, 5000),)  # 25M elements = 1e8 FP32 bytes
+
+
+def _traffic(spec: str, k: int, shapes: tuple[tuple[int, ...], ...] = SHAPES) -> cp.Traffic:
+    return cp.traffic(cp.parse(spec), shapes, k, bandwidth_Bps=1e9, latency_s=5e-5)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 16])
+def test_bytes_on_the_wire_per_option(k: int) -> None:
+    ring = 2 * (k - 1) / k
+    assert _traffic("none", k).bytes == pytest.approx(ring * P)
+    assert _traffic("fp16", k).bytes == pytest.approx(ring * P / 2)
+    # PowerSGD rank 4 on a 5000 x 5000 matrix: P (5000 x 4) and Q (5000 x 4) all-reduced
+    assert _traffic("powersgd:4", k).bytes == pytest.approx(ring * 4 * (5000 + 5000) * 4)
+    kk = math.ceil(0.01 * 25_000_000)
+    assert _traffic("topk:0.01:ag", k).bytes == pytest.approx((k - 1) * 8 * kk)
+    tree = math.ceil(math.log2(k))
+    assert _traffic("topk:0.01:ar", k).bytes == pytest.approx(tree * 4 * kk + ring * 4 * kk)
+    # hops: ring all-reduce 2(k-1), PowerSGD two of them, AG k-1, AR tree + ring
+    assert _traffic("none", k).hops == 2 * (k - 1)
+    assert _traffic("powersgd:4", k).hops == 4 * (k - 1)
+    assert _traffic("topk:0.01:ag", k).hops == k - 1
+    assert _traffic("topk:0.01:ar", k).hops == tree + 2 * (k - 1)
+
+
+def test_powersgd_sends_vectors_dense_and_one_worker_sends_nothing() -> None:
+    shapes = ((1000, 500), (1000,))
+    t = cp.traffic(cp.parse("powersgd:2"), shapes, 2, 1e9, 0.0)
+    assert t.bytes == pytest.approx(4 * ((1000 + 500) * 2 + 1000))
+    assert cp.traffic(cp.parse("topk:0.1"), shapes, 1, 1e9, 0.0).bytes == 0.0
+
+
+@pytest.mark.parametrize("k", [2, 4, 8, 32])
+@pytest.mark.parametrize("gbps", [0.1, 1.0, 10.0, 100.0])
+@pytest.mark.parametrize("lat", [1e-6, 5e-5, 1e-3])
+def test_auto_takes_the_runtimes_choice(k: int, gbps: float, lat: float) -> None:
+    bw = gbps * 1e9 / 8
+    want = rc.topk_collective(25_000_000, 0.001, k, bw, lat).choice
+    got = cp.traffic(cp.parse("topk:0.001:auto"), SHAPES, k, bw, lat)
+    assert got.collective == want
+
+
+def test_dense_is_perfmodel_exactly() -> None:
+    p = perfmodel.with_bucket_floor(fx.params(two_node=0.3))
+    nodes = np.array([1, 1, 2, 2, 4, 8], dtype=float)
+    workers = nodes * 4
+    workers[0] = 1
+    sync, _ = cp.sync_time(p, cp.parse("none"), cp.assumed_shapes(P), nodes, workers)
+    np.testing.assert_allclose(sync, perfmodel.sync_time(p, nodes, workers), rtol=1e-12)
+    step = cp.step_time(p, cp.parse("none"), SHAPES, nodes, workers, 16, 1)
+    np.testing.assert_allclose(step, perfmodel.step_time(p, nodes, workers, 16, 1))
+
+
+def test_compressed_sync_scales_the_byte_term_only() -> None:
+    p = fx.params(inter_alpha=0.01, inter_lat=0.0, two_node=0.0)
+    sync, _ = cp.sync_time(p, cp.parse("fp16"), SHAPES, [4], [16])
+    dense = float(perfmodel.sync_time(p, 4, 16))
+    assert float(sync[0]) == pytest.approx(0.01 + (dense - 0.01) / 2)
+
+
+def test_step_time_adds_the_codec_and_overlaps_like_dense() -> None:
+    p = fx.params(gamma=1.0)  # no overlap: step = compute + sync + codec
+    c = cp.parse("powersgd:4")
+    sync, _ = cp.sync_time(p, c, SHAPES, [2], [8])
+    step = cp.step_time(p, c, SHAPES, [2], [8], [16], 1, codec_s=0.123)
+    tc = float(perfmodel.compute_time(p, 16))
+    assert float(step[0]) == pytest.approx(tc + float(sync[0]) + 0.123)
+    one = cp.step_time(p, c, SHAPES, [1], [1], [16], 1, codec_s=0.123)
+    assert float(one[0]) == pytest.approx(tc)  # one worker: nothing to compress
+
+
+def test_codec_seconds_measured_or_prior() -> None:
+    c = cp.parse("topk:0.01:ar")
+    assert cp.codec_seconds(c, SHAPES, {"topk:0.01:ar": 0.5}) == 0.5
+    assert cp.codec_seconds(c, SHAPES, {"topk": 0.25}) == 0.25
+    assert cp.codec_seconds(c, SHAPES) == pytest.approx(25e6 * cp.CODEC_S_PER_ELEMENT["topk"])
+    assert cp.codec_seconds(cp.parse("none"), SHAPES) == 0.0
+
+
+def test_stat_cost_prior_and_update() -> None:
+    assert cp.prior(cp.parse("fp16")).multiplier == 1.0
+    assert cp.prior(cp.parse("powersgd:2")).multiplier == pytest.approx(1.05)
+    assert cp.prior(cp.parse("topk:0.01")).multiplier == pytest.approx(1.06)
+    prior = cp.StatCost(1.2, 0.1, "prior")
+    both = prior.updated(1.0, 0.1)  # equal weights: the geometric mean, a tighter sigma
+    assert both.multiplier == pytest.approx(math.sqrt(1.2))
+    assert both.log_sigma == pytest.approx(0.1 / math.sqrt(2))
+    sure = prior.updated(1.0, 1e-4)  # a precise measurement wins
+    assert sure.multiplier == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(InputError, match="measured multiplier"):
+        prior.updated(-1.0, 0.1)
+    with pytest.raises(InputError, match="must be a number > 0"):
+        cp.StatCost(0.0, 0.1, "x")
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("zip", "not a compression"),
+        ("topk:2", "ratio"),
+        ("powersgd:0", "rank"),
+        ("adaptive", "no fixed price"),
+    ],
+)
+def test_bad_options_are_input_errors(text: str, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        cp.parse(text)
+    with pytest.raises(InputError, match=match):
+        SearchOptions(compression=text)
+
+
+def test_assumed_shapes_hold_the_gradient() -> None:
+    shapes = cp.assumed_shapes(1e9)
+    assert sum(math.prod(s) for s in shapes) == 250_000_000
+    assert shapes[0] == (cp.ASSUMED_SIDE, cp.ASSUMED_SIDE)
+    assert cp.assumed_shapes(400) == ((10, 10),)
+
+
+# --- the search ----------------------------------------------------------------------------
+
+
+def _search(wl: object, **opts: object) -> object:
+    base: dict[str, object] = {"markets": ("on-demand",), "mixed": False, "top": 50}
+    base.update(opts)
+    return search(wl, fx.catalog(), fx.device_model(), SearchOptions(**base))  # type: ignore[arg-type]
+
+
+def test_single_node_rows_are_never_compressed_by_default() -> None:
+    """Even where the intra-node all-reduce is slow, the default considers compression across
+    nodes only: every one-node row stays dense (a pin applies it there too)."""
+    wl = fx.workload(inter_beta=2.0, intra_beta=1.0)
+    plan = _search(wl, max_nodes=4, top=200)
+    rows = plan.plans  # type: ignore[attr-defined]
+    assert any(r.nodes == 1 for r in rows) and any(r.compression != "none" for r in rows)
+    assert all(r.compression == "none" for r in rows if r.nodes == 1)
+    pinned = _search(wl, max_nodes=1, compression="fp16")
+    assert {r.compression for r in pinned.plans} == {"fp16"}  # type: ignore[attr-defined]
+
+
+def test_compute_bound_multinode_plans_stay_dense() -> None:
+    """A gradient of 1 MB: the all-reduce is negligible, no option saves 5%, nothing changes."""
+    wl = fx.workload(gradient_bytes=1e6, inter_beta=0.002, intra_beta=0.0002)
+    a = _search(wl, min_nodes=2, max_nodes=4)
+    b = _search(wl, min_nodes=2, max_nodes=4, compression="none")
+    assert a.to_dict() == b.to_dict()  # type: ignore[attr-defined]
+
+
+def test_communication_bound_plans_choose_compression_and_say_why() -> None:
+    """4 nodes, the all-reduce (beta 2 s per unit ring) far above compute: compression wins."""
+    wl = fx.workload(inter_beta=2.0, two_node=0.0)
+    plan = _search(wl, min_nodes=4, max_nodes=4, objective="time", gpus=("T4",))
+    chosen = plan.chosen  # type: ignore[attr-defined]
+    assert chosen.compression in {cp.parse(o).spec() for o in cp.DEFAULT_OPTIONS}
+    assert "less time than dense" in chosen.compression_why
+    dense = _search(
+        wl, min_nodes=4, max_nodes=4, objective="time", gpus=("T4",), compression="none"
+    )
+    assert chosen.hours < dense.chosen.hours * 0.95  # type: ignore[attr-defined]
+    assert chosen.step_time_s < dense.chosen.step_time_s  # type: ignore[attr-defined]
+
+
+def test_a_pinned_option_runs_on_every_row() -> None:
+    wl = fx.workload(inter_beta=2.0)
+    plan = _search(wl, min_nodes=2, max_nodes=4, compression="powersgd:2")
+    assert {r.compression for r in plan.plans} == {"powersgd:2"}  # type: ignore[attr-defined]
+    stat = cp.prior(cp.parse("powersgd:2")).multiplier
+    r = plan.chosen  # type: ignore[attr-defined]
+    base = fx.workload(inter_beta=2.0).samples_at_base
+    assert r.samples >= base * stat * 0.999  # the statistical cost is in the samples
+
+
+def test_estimate_cli_compression_flag() -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["estimate", "--example", "bert-squad", "--compression", "zip"])
+    assert bad.exit_code == 2
+    assert "not a compression" in bad.output
+    ok = runner.invoke(
+        app,
+        ["estimate", "--example", "bert-squad", "--gpu", "T4", "--nodes", "4", "--json",
+         "--compression", "topk:0.01:ag", "--top", "2"],
+    )  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    import json
+
+    doc = json.loads(ok.output)
+    assert doc["chosen"]["compression"] == "topk:0.01:ag"
+    assert doc["chosen"]["compression_why"].startswith("topk:0.01:ag (AG)")
