@@ -208,3 +208,19 @@ def test_estimate_cli_compression_flag() -> None:
     doc = json.loads(ok.output)
     assert doc["chosen"]["compression"] == "topk:0.01:ag"
     assert doc["chosen"]["compression_why"].startswith("topk:0.01:ag (AG)")
+
+
+# --- the codec profiler (profiler/codec.py) ----------------------------------------------------
+
+
+def test_codec_profiler_measures_each_option_on_the_shapes() -> None:
+    from kplan.profiler.codec import codec_seconds, elements
+
+    shapes = ((64, 32), (32,))
+    assert elements(shapes) == 64 * 32 + 32
+    assert codec_seconds("none", shapes) == 0.0
+    for spec in ("fp16", "powersgd:2", "topk:0.1:ar", "topk:0.1:ag", "topk:0.1:auto"):
+        s = codec_seconds(spec, shapes, repeats=2)
+        assert math.isfinite(s) and s > 0, spec
+    with pytest.raises(InputError, match="not a compression"):
+        codec_seconds("zip", shapes)

@@ -1,0 +1,121 @@
+"""Measure gradient-compression compute (compress + decompress) on a model's gradient shapes.
+
+The planner (planner/compression.py) adds this codec time to the step of each option. It is
+measured here on tensors of the model's own parameter shapes, with the runtime's own pieces
+(``kplan.runtime.compressor``: top-k selection, the sent/residual split, the sparse sum,
+PowerSGD's orthonormalisation) and without the collectives, on the device given:
+
+- fp16/bf16: cast to 16 bits and back.
+- powersgd:r: per matrix (rows x cols, the runtime's view) error feedback add, P = M Q,
+  orthonormalise P, Q = M^T P, the approximation P Q^T, the new error, the gain's two norms,
+  and the decompression P Q_sum^T; vectors untouched.
+- topk:x:ag: per parameter error feedback add, top-k selection, the split, the gain's two
+  norms, then the dense sum of ``workers`` gathered (indices, values) parts; ``:ar``: the same
+  selection (on the broadcasting worker) and the scatter of the reduced values.
+
+Returns the median over ``repeats`` after one warm-up, in seconds per step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+
+
+def codec_seconds(
+    spec: str,
+    shapes: Sequence[tuple[int, ...]],
+    *,
+    workers: int = 2,
+    repeats: int = 3,
+    device: str = "cpu",
+    seed: int = 0,
+) -> float:
+    """Median seconds of one step's compress + decompress of ``spec`` on ``shapes``."""
+    import torch
+
+    from kplan.planner.compression import parse
+    from kplan.runtime import compressor as rcomp
+    from kplan.runtime.compress import powersgd_matrix, topk_count
+
+    c = parse(spec)
+    if c.kind == "none":
+        return 0.0
+    gen = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(*s, generator=gen).to(device) for s in shapes]
+    errors = [torch.zeros_like(g).reshape(-1) for g in grads]
+    qs: dict[int, torch.Tensor] = {}
+    collective = "ag" if c.collective == "auto" else c.collective
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def once() -> None:
+        # The runtime's compressor.py work per parameter, in its order, without the collectives
+        # (a gathered or reduced tensor is this worker's own, ``workers`` times for AG).
+        for j, g in enumerate(grads):
+            flat = g.reshape(-1)
+            if c.kind in ("fp16", "bf16"):
+                dtype = torch.float16 if c.kind == "fp16" else torch.bfloat16
+                flat.to(dtype).to(flat.dtype)
+                continue
+            if c.kind == "powersgd":
+                rows, cols = powersgd_matrix(tuple(g.shape))
+                r = min(c.rank, rows, cols)
+                if g.dim() < 2 or r * (rows + cols) >= flat.numel():
+                    continue
+                m = flat.clone()
+                m.add_(errors[j])
+                mm = m.view(rows, cols)
+                q = qs.get(j)
+                if q is None:
+                    q = torch.randn(cols, r, generator=gen).to(device)
+                p_hat = rcomp.orthonormalise((mm @ q).reshape(-1).view(rows, r))
+                q_local = mm.t() @ p_hat
+                approx = p_hat @ q_local.t()
+                errors[j] = (mm - approx).reshape(-1)
+                float((mm * mm).sum())
+                float((approx * approx).sum())
+                payload = torch.cat([q_local.reshape(-1)])
+                out = torch.empty_like(flat)
+                out[:] = (p_hat @ payload.view(cols, r).t()).reshape(-1)
+                qs[j] = payload.view(cols, r).clone()
+                continue
+            a = flat.clone()
+            a.add_(errors[j])
+            idx = rcomp.topk_select(a, topk_count(a.numel(), c.ratio))
+            if collective == "ar":
+                idx = idx.to(torch.int32).long()
+            values, residual = rcomp.split_sent(a, idx)
+            errors[j] = residual.clone()
+            float(torch.dot(a, a))
+            float(torch.dot(values, values))
+            if collective == "ag":
+                idx32 = idx.to(torch.int32)
+                rcomp.combine_gathered(a.numel(), [(idx32, values)] * workers, flat)
+            else:
+                out = torch.zeros_like(flat)
+                out[idx] = values
+
+    once()
+    sync()
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        once()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def model_shapes(model: object) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a torch module's trainable parameters (in ``parameters()`` order)."""
+    params = model.parameters()  # type: ignore[attr-defined]
+    return tuple(tuple(int(d) for d in p.shape) for p in params if p.requires_grad)
+
+
+def elements(shapes: Sequence[tuple[int, ...]]) -> int:
+    return sum(math.prod(s) for s in shapes)
