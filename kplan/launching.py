@@ -629,6 +629,8 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             price_notes=price_notes,
             # what the plan was made for: the workers train in it (KPLAN_PRECISION)
             precision=_plan_precision(row, plan),
+            # the plan's gradient compression (planner/compression.py) runs in the workers
+            compression=str(row.get("compression") or "none"),
             **opts,
         )
     except (KeyError, TypeError, ValueError) as err:

@@ -97,6 +97,8 @@ def worker_env(spec: JobSpec, job_dir: str) -> dict[str, str]:
         epochs_by="progress" if spec.adapt or spec.explore or spec.batch_schedule else None,
         control_path=f"{job_dir}/control.json",
         precision=check_precision(spec.precision, "precision"),
+        compression=None if spec.compression == "none" else spec.compression,
+        sync_policy=None if spec.sync_policy == "every" else spec.sync_policy,
     )
     return {**env, **EXTRA_ENV}
 

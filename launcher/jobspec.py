@@ -146,6 +146,10 @@ class JobSpec:
     explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
     policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
     precision: str = "fp32"  # what the workers train in (KPLAN_PRECISION; the plan's precision)
+    # Communication-efficient training (runtime/compress.py, runtime/selsync.py): the plan's
+    # choice, as KPLAN_COMPRESSION / KPLAN_SYNC_POLICY; the defaults leave the script's own.
+    compression: str = "none"
+    sync_policy: str = "every"
     price_notes: tuple[str, ...] = ()  # where the plan's prices differ from the catalog's
     predicted_hours: float | None = None
     predicted_cost_usd: float | None = None
@@ -155,6 +159,11 @@ class JobSpec:
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
         check_precision(self.precision, "precision")
+        from kplan.runtime.compress import parse_compression
+        from kplan.runtime.selsync import parse_sync_policy
+
+        parse_compression(self.compression, "the plan's compression")
+        parse_sync_policy(self.sync_policy, "the plan's sync_policy")
         if self.cloud not in CLOUDS:
             raise InputError(f"unknown cloud {self.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
         if not self.nodes:

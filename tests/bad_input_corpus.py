@@ -529,6 +529,17 @@ def _enum_cases() -> list[Case]:
         ("estimate-compression-topk-2", (*est, "--compression", "topk:2"), 2, "ratio", {}),
         ("estimate-compression-adaptive", (*est, "--compression", "adaptive"), 2,
          "no fixed price", {}),
+        # issue 14, item 1: a plan's compression reaches the workers as KPLAN_COMPRESSION
+        ("launch-plan-compression-topk-7", ("launch", "{d}/train.py", "--budget", "5", "--plan",
+                                            "{d}/p.json", "--dry-run"), 2, "ratio '7'",
+         {**s, "p.json": Mut("plan", ("chosen", "compression"), "topk:7")}),
+        ("launch-plan-compression-zip", ("launch", "{d}/train.py", "--budget", "5", "--plan",
+                                         "{d}/p.json", "--dry-run"), 2, "not a compression",
+         {**s, "p.json": Mut("plan", ("chosen", "compression"), "zip")}),
+        ("launch-plan-compression-powersgd-0", ("launch", "{d}/train.py", "--budget", "5",
+                                                "--plan", "{d}/p.json", "--dry-run"), 2,
+         "rank must be an integer", {**s, "p.json": Mut("plan", ("chosen", "compression"),
+                                                         "powersgd:0")}),
         # issue 15, item 4: the pinning flags
         ("estimate-nodes-0", (*est, "--nodes", "0"), 2, "--nodes", {}),
         ("estimate-nodes-8-2", (*est, "--nodes", "8-2"), 2, "--nodes", {}),

@@ -84,6 +84,25 @@ def test_runtime_config_parses_and_env_overrides() -> None:
     assert built[env.COMPRESSION] == "topk:0.01:auto" and built[env.SYNC_POLICY] == "every"
 
 
+def test_launcher_passes_the_plans_options_to_the_workers(tmp_path: Path) -> None:
+    import dataclasses
+
+    from kplan.launcher.bootstrap import worker_env
+    from kplan.launcher.jobspec import JobSpec
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = JobSpec.local(str(script), job_id="kp-compress", rdzv_port=29500)
+    plain = worker_env(spec, str(tmp_path))
+    assert env.COMPRESSION not in plain and env.SYNC_POLICY not in plain  # the script decides
+    chosen = dataclasses.replace(spec, compression="topk:0.01:ar", sync_policy="selective:0.1")
+    got = worker_env(chosen, str(tmp_path))
+    assert env.compression(got) == Compression("topk", ratio=0.01, collective="ar")
+    assert got[env.SYNC_POLICY] == "selective:0.1"
+    with pytest.raises(InputError, match="the plan's compression='topk:7'"):
+        dataclasses.replace(spec, compression="topk:7")
+
+
 # --- the cost model ----------------------------------------------------------------------------
 
 
