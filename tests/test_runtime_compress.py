@@ -233,6 +233,8 @@ OPTIONS = [
     "adaptive:0.01:0.2",
     "topk:1:ag",
     "topk:1:ar",
+    "topk:0.05:ar@every@manual",  # after backward (the profile sweep's path)
+    "powersgd:1@every@manual",
 ]
 
 
@@ -313,15 +315,17 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
     x_all, y_all = data.tensors
     result: dict[str, Any] = {}
     for name in options:
-        compression, _, policy = name.partition("@")
+        compression, policy, sync = [*name.split("@"), "", ""][:3]
         torch.manual_seed(0)
         model = make_model("mlp", 16, 32)
         opt = torch.optim.SGD(model.parameters(), lr=0.02)
         folder = None if ckpt_root == "-" else Path(ckpt_root) / name.replace(":", "_")
         metrics = out.with_name(f"{out.stem}-{name.replace(':', '_')}.jsonl")
+        metrics.unlink(missing_ok=True)
         cfg = kr.RuntimeConfig(
             compression=compression,
             sync_policy=policy or "every",
+            sync=sync or "overlap",  # type: ignore[arg-type]
             max_local_batch=16 if ctx.rank == 0 else None,  # unequal split (16, 48)
             pid=None,
             lr_scaling="none",
