@@ -184,8 +184,9 @@ class Compressor:
         self.dense = False
         self.bytes_sent = 0.0
         self.dense_bytes = 0.0
-        self.sq_in = 0.0
-        self.sq_out = 0.0
+        self.sq_in = self._zero()
+        self.sq_out = self._zero()
+        """This step's local |a|² and |C(a)|² (0-d float64 on the device: no host sync)."""
         self.collectives: set[str] = set()
         self.stats: torch.Tensor | None = None
         """The reduced statistics vector of the bucket that carried it."""
@@ -206,9 +207,12 @@ class Compressor:
         self.dense = dense
         self.bytes_sent = 0.0
         self.dense_bytes = 0.0
-        self.sq_in = 0.0
-        self.sq_out = 0.0
+        self.sq_in = self._zero()
+        self.sq_out = self._zero()
         self.collectives = set()
+
+    def _zero(self) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.float64, device=self.ctx.device)
 
     def count_dense(self, numel: int, element_size: int) -> None:
         """A bucket reduced dense (by sync.py's hook)."""
@@ -301,8 +305,8 @@ class Compressor:
         values, residual = split_sent(a, idx)
         for j, o, n in segs:
             self.residual[j] = residual[o : o + n].clone()
-        self.sq_in += float(torch.dot(a, a))
-        self.sq_out += float(torch.dot(values, values))
+        self.sq_in = self.sq_in + torch.dot(a, a).double()
+        self.sq_out = self.sq_out + torch.dot(values, values).double()
         numel = flat.numel()
         works: list[Any] = []
         if collective == "ag" and world > 1:
@@ -367,8 +371,8 @@ class Compressor:
             q_local = mm.t() @ p_hat
             approx = p_hat @ q_local.t()
             self.error[j] = (mm - approx).reshape(-1)
-            self.sq_in += float((mm * mm).sum())
-            self.sq_out += float((approx * approx).sum())
+            self.sq_in = self.sq_in + (mm * mm).sum().double()
+            self.sq_out = self.sq_out + (approx * approx).sum().double()
             q_parts.append(q_local.reshape(-1))
             hats.append(p_hat)
         payload = torch.cat([*q_parts, *(flat[o : o + n] for o, n in dense)])

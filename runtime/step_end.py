@@ -54,7 +54,9 @@ def stats_vector(job: Job) -> torch.Tensor:
     due = rank0 and checkpoint_due_by_time(job)
     local_batch = job._step_sizes[ctx.rank] * job.accum_steps
     comp = job._compressor
-    gain = [comp.sq_in, comp.sq_out] if comp is not None else [0.0, 0.0]
+    gain = [0.0, 0.0]
+    if comp is not None and ctx.device.type == "cpu":
+        gain = [float(comp.sq_in), float(comp.sq_out)]
     w2 = 0.0
     if job._sync.track_plain:
         w2 = float(torch.nn.utils.get_total_norm(job._params, norm_type=2.0)) ** 2
@@ -76,6 +78,9 @@ def stats_vector(job: Job) -> torch.Tensor:
     slot[_SQR] = job._sync.local_sqr
     slot[_LOSS] = job._loss_sum / job.accum_steps
     slot[_G2] = job._sync.plain_sqr
+    if comp is not None:
+        slot[_CIN] = comp.sq_in
+        slot[_COUT] = comp.sq_out
     vec = torch.zeros(size, dtype=torch.float64, device=ctx.device)
     vec[start : start + _WIDTH] = slot[:_WIDTH]
     if rank0:
