@@ -143,7 +143,10 @@ def combine_gathered(
     """Σ over workers (in rank order) of each worker's sparse (indices, values), dense."""
     out = torch.zeros(numel, dtype=like.dtype, device=like.device)
     for idx, values in parts:
-        out.index_add_(0, idx.long(), values)
+        # One worker's indices are distinct: gather, add, scatter is exact and deterministic
+        # (index_add_ uses atomics on CUDA, whose order could differ between ranks).
+        where = idx.long()
+        out[where] = out[where] + values
     return out
 
 

@@ -238,17 +238,25 @@ OPTIONS = [
 ]
 
 
-def run_scenario(tmp: Path, options: list[str], steps: int, tag: str, ckpt: Path | None) -> Any:
-    """Run the scenario under torchrun (2 gloo workers); its results per rank and option."""
+def run_phases(
+    tmp: Path, options: list[str], phases: list[tuple[str, int, Path | None]]
+) -> dict[str, list[Any]]:
+    """Run the scenario's ``(tag, max_steps, checkpoint root)`` phases one after the other in
+    one torchrun (2 gloo workers); per tag, the results of rank 0 and rank 1 per option."""
     from bench.runtime_common import clean_env, torchrun
 
-    out = tmp / f"{tag}.pt"
-    args = ["train", str(out), str(steps), ",".join(options), str(ckpt or "-")]
+    spec = ",".join(f"{tag}|{steps}|{ckpt or '-'}" for tag, steps, ckpt in phases)
+    args = ["train", str(tmp), ",".join(options), spec]
     proc = torchrun(args, clean_env(), script=Path(__file__), timeout=170)
     assert proc.returncode == 0, proc.stdout[-4000:]
     import torch
 
-    return [torch.load(tmp / f"{tag}.rank{r}.pt") for r in (0, 1)]
+    return {tag: [torch.load(tmp / f"{tag}.rank{r}.pt") for r in (0, 1)] for tag, _, _ in phases}
+
+
+def run_scenario(tmp: Path, options: list[str], steps: int, tag: str, ckpt: Path | None) -> Any:
+    """One phase (:func:`run_phases`)."""
+    return run_phases(tmp, options, [(tag, steps, ckpt)])[tag]
 
 
 @pytest.mark.slow
@@ -288,9 +296,11 @@ def test_every_option_trains_like_dense_and_counts_its_bytes(tmp_path: Path) -> 
 def test_exact_resume_with_error_feedback(tmp_path: Path) -> None:
 
     options = ["topk:0.05:ar", "topk:0.05:ag", "powersgd:1", "adaptive:0.01:0.2:auto"]
-    ref = run_scenario(tmp_path, options, 34, "ref", tmp_path / "ck-ref")
-    run_scenario(tmp_path, options, 17, "part1", tmp_path / "ck")  # stops with a checkpoint
-    got = run_scenario(tmp_path, options, 34, "part2", tmp_path / "ck")  # resumes at 17
+    # the uninterrupted run, and a run that stops at 17 with a checkpoint; then a new process
+    # resumes it
+    first = run_phases(tmp_path, options, [("ref", 34, tmp_path / "r"), ("a", 17, tmp_path / "c")])
+    ref = first["ref"]
+    got = run_scenario(tmp_path, options, 34, "part2", tmp_path / "c")  # resumes at 17
     for name in options:
         assert got[0][name]["resumed_at"] == 17, name
         for rank in (0, 1):
@@ -301,6 +311,12 @@ def test_exact_resume_with_error_feedback(tmp_path: Path) -> None:
 
 
 # --- scenario run by torchrun (not by pytest) ---------------------------------------------------
+
+
+def _phases(folder: Path, options: list[str], phases: list[str]) -> None:
+    for phase in phases:
+        tag, steps, ckpt = phase.split("|")
+        _train(folder / f"{tag}.pt", int(steps), options, ckpt)
 
 
 def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
@@ -368,6 +384,6 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "train":
-        _train(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(","), sys.argv[5])
+        _phases(Path(sys.argv[2]), sys.argv[3].split(","), sys.argv[4].split(","))
     else:
         raise SystemExit(f"unknown scenario {sys.argv[1]!r}")

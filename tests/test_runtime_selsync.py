@@ -12,7 +12,7 @@ import pytest
 from kplan.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.selsync import SelSync, SyncPolicy, parse_sync_policy
-from tests.test_runtime_compress import run_scenario
+from tests.test_runtime_compress import run_phases, run_scenario
 
 
 def test_parse_sync_policy() -> None:
@@ -98,9 +98,9 @@ def test_selsync_exact_resume_with_diverged_replicas(tmp_path: Path) -> None:
     # no average before the end (AVG_EVERY 1000): after the first skipped step the replicas
     # differ, so the checkpoint at 17 needs each rank's own model and optimizer state
     options = ["none@selective:0.03:1000", "topk:0.05:ar@selective:0.03:1000"]
-    ref = run_scenario(tmp_path, options, 34, "ref", tmp_path / "ck-ref")
-    part = run_scenario(tmp_path, options, 17, "part1", tmp_path / "ck")
-    got = run_scenario(tmp_path, options, 34, "part2", tmp_path / "ck")
+    first = run_phases(tmp_path, options, [("ref", 34, tmp_path / "r"), ("a", 17, tmp_path / "c")])
+    ref, part = first["ref"], first["a"]
+    got = run_scenario(tmp_path, options, 34, "part2", tmp_path / "c")
     import torch
 
     # the checkpoint was taken while the replicas differed (so the rank files were needed)
