@@ -406,6 +406,10 @@ class Simulator:
                 target = decision.best
                 run.log.append(f"{d:.2f}: {decision.reason}")
 
+        if explore and current is not None and ex.feasible(ex.best()) is False:
+            # No trial met the deadline: the re-planner chooses now rather than running the
+            # trial's configuration on until the first re-plan.
+            decide(d)
         while d < 1.0:
             d_next = min(d + o.replan_every, 1.0)
             go(target, None, d_next)

@@ -502,6 +502,83 @@ def deadline_safe(
     return alone, alone | ok
 
 
+def _fallback_chance(
+    configs: Sequence[Config],
+    ev: Evaluation,
+    down: Array,
+    deadline_left_s: float,
+    share: Array,
+    *,
+    restart_s: float,
+) -> Array:
+    """P(meeting the deadline) of running each config for its ``share`` of the remaining work,
+    then the best config for the rest (itself included): log-normal training times with the
+    step time's and the GNS forecast's sigmas, the switch downtimes fixed."""
+    sigma = (
+        ev.log_sigma if ev.steps_log_sigma is None else np.hypot(ev.log_sigma, ev.steps_log_sigma)
+    )
+    sigma = np.maximum(sigma, 1e-6)
+    train = ev.seconds - down
+    key = [(c.instance_type, c.market) for c in configs]
+    nodes = np.array([c.nodes for c in configs], dtype=float)
+    workers = np.array([c.workers for c in configs], dtype=float)
+    same_kind = np.array([[a == b for b in key] for a in key])
+    same = same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
+    room = deadline_left_s - down - share * train  # after the hold on each config
+    left = room[:, None] - np.where(same, 0.0, restart_s)
+    need = (1.0 - share)[:, None] * train[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.log(np.maximum(left, 1e-9) / need) / sigma[None, :]
+    z = np.where((left > 0) & np.isfinite(need) & (need > 0), z, -np.inf)
+    z = np.where(np.isfinite(need) & (need <= 0) & (left >= 0), np.inf, z)  # nothing left
+    best = np.max(z, axis=1)
+    out: Array = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in best])
+    return out
+
+
+def _contingent_value(
+    configs: Sequence[Config],
+    ev: Evaluation,
+    down: Array,
+    boot_usd: Array,
+    deadline_left_s: float,
+    share: Array,
+    *,
+    objective: str,
+    restart_s: float,
+    boot_s: float,
+) -> Array:
+    """The expected value of running each config with its fallback: with the chance ``P`` that
+    it meets the deadline alone (``_deadline_chance``), its own value; otherwise its share of
+    the work until the next re-plan, then a switch to the fallback (the config that finishes
+    the rest soonest at its p90) and the rest there. A config that is safe only by its
+    fallback then pays for the fallback as often as it is likely to need it."""
+    chance = _deadline_chance(ev, down, deadline_left_s)
+    price = np.array([c.usd_per_hour for c in configs]) / 3600.0
+    train = ev.seconds - down
+    train90 = np.where(np.isfinite(ev.seconds_p90 - down), ev.seconds_p90 - down, np.inf)
+    key = [(c.instance_type, c.market) for c in configs]
+    nodes = np.array([c.nodes for c in configs], dtype=float)
+    workers = np.array([c.workers for c in configs], dtype=float)
+    same_kind = np.array([[a == b for b in key] for a in key])
+    same = same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
+    f = np.argmin(np.where(same, 0.0, restart_s) + (1.0 - share)[:, None] * train90, axis=1)
+    moved = ~same[np.arange(len(configs)), f]
+    if objective == "cost":
+        kept = np.where(same_kind, np.minimum(nodes[:, None], nodes[None, :]), 0.0)
+        added = np.maximum(nodes[None, :] - kept, 0.0)[np.arange(len(configs)), f]
+        hold = down * price + boot_usd + share * train * price
+        switch = np.where(moved, restart_s * price[f] + boot_s * price[f] / nodes[f] * added, 0.0)
+        rest = (1.0 - share) * train[f] * price[f]
+    else:
+        hold = down + share * train
+        switch = np.where(moved, restart_s, 0.0)
+        rest = (1.0 - share) * train[f]
+    own = ev.value(objective)
+    out: Array = chance * own + (1.0 - chance) * (hold + switch + rest)
+    return np.where(np.isfinite(out), out, own)
+
+
 def replan(
     params: PerfParams,
     current: Config,
@@ -568,8 +645,61 @@ def replan(
             restart_s=restart_s,
         )
         fits &= safe
+        if share is not None:
+            by_fallback = safe & ~alone
+            contingent = _contingent_value(
+                configs,
+                ev,
+                down,
+                boot,
+                deadline_left_s,
+                share,
+                objective=objective,
+                restart_s=restart_s,
+                boot_s=boot_s,
+            )
+            value = np.where(by_fallback, contingent, value)
     unit = "USD" if objective == "cost" else "s"
     cur = float(value[0])
+    if deadline_left_s is not None and len(configs) > 1 and not fits.any() and share is not None:
+        # Nothing keeps the deadline at its p90, even with a fallback. The chance of meeting
+        # it with a config is that of running it until the next re-plan, then its fallback
+        # (which an early forecast's spread narrows by then). Keep the cheapest config (the
+        # expected value with its fallback) whose chance is within the margin (in
+        # probability) of the best: another re-plan interval on it costs little chance, the
+        # fastest cluster a lot of money. As the slack runs out, holding a slow config eats
+        # the fallback's chance, and the fastest configs are all that remain.
+        chance = _fallback_chance(configs, ev, down, deadline_left_s, share, restart_s=restart_s)
+        chance = np.where(in_budget, chance, -1.0)
+        near = in_budget & (chance >= float(chance.max()) - margin) & (chance > 0)
+        if near.any():
+            contingent = _contingent_value(
+                configs,
+                ev,
+                down,
+                boot,
+                deadline_left_s,
+                share,
+                objective=objective,
+                restart_s=restart_s,
+                boot_s=boot_s,
+            )
+            pick = np.where(near, contingent, np.inf)
+            j = int(np.argmin(pick))
+            gain = (pick[0] - pick[j]) / pick[0] if near[0] and pick[0] > 0 else 1.0
+            why = (
+                f"no configuration meets the deadline at its p90; the cheapest within "
+                f"{margin:.0%} of the best chance of meeting it ({float(chance.max()):.0%}, "
+                f"with a fallback from the next re-plan)"
+            )
+            if j != 0 and gain > margin:
+                label = configs[j].label
+                return Decision(
+                    True, configs[j], cur, float(value[j]), gain, f"switch to {label}: {why}"
+                )
+            return Decision(
+                False, configs[j], cur, float(value[j]), 0.0, f"stay on {current.label}: {why}"
+            )
     if deadline_left_s is not None and len(configs) > 1 and not fits.any():
         # Nothing meets the deadline at its p90: take the best chance of meeting it, the
         # largest z = log(time left / predicted) / sigma (log-normal time; within the budget),

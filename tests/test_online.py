@@ -279,3 +279,21 @@ def test_replan_with_a_recheck_stays_cheap_while_a_fallback_keeps_the_deadline()
     late = decide(current, [fast], deadline_left_s=float(ev.seconds_p90[1]) * 1.01,
                   recheck_fraction=0.02, **kw)  # fmt: skip
     assert late.switch and late.best == fast
+
+
+def test_with_no_safe_config_a_cheap_one_runs_on_while_it_costs_little_chance() -> None:
+    current, fast = cfg(1, 4, 256), cfg(4, 16, 2048)
+    ev = evaluate(TRUTH, [current, fast], remaining_progress=200_000, base_batch=32, gns=GNS,
+                  restart_s=np.array([0.0, 60.0]))  # fmt: skip
+    deadline = float(ev.seconds[1]) * 0.98  # below every p90, near the fast one's median
+    # Re-planning after 1% of the job: the cheap config runs on (92 s), the fast one stays the
+    # fallback; the chance of the deadline drops 40% -> 38%, within the 10% margin.
+    kept = decide(
+        current, [fast], objective="cost", deadline_left_s=deadline, recheck_fraction=0.01
+    )
+    assert not kept.switch and "best chance" in kept.reason
+    # Re-planning after 5%: holding the cheap config (458 s) costs more chance than the margin.
+    moved = decide(
+        current, [fast], objective="cost", deadline_left_s=deadline, recheck_fraction=0.05
+    )
+    assert moved.switch and moved.best == fast
