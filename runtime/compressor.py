@@ -414,6 +414,7 @@ class Compressor:
             "q_memory": {j: t.detach().cpu().clone() for j, t in self.q_memory.items()},
             "error": {j: t.detach().cpu().clone() for j, t in self.error.items()},
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
+            "network": None if self.network is None else list(self.network),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
@@ -426,6 +427,10 @@ class Compressor:
         self.error = {int(j): t.to(device) for j, t in state["error"].items()}
         if self.adaptive is not None and state.get("adaptive") is not None:
             self.adaptive.load_state_dict(state["adaptive"])
+        if self.network is not None and state.get("network") is not None:
+            # auto's AR/AG choices continue as before the restart (not a fresh measurement)
+            bandwidth, latency = state["network"]
+            self.network = (float(bandwidth), float(latency))
         return True
 
 
