@@ -239,19 +239,20 @@ OPTIONS = [
 
 
 def run_phases(
-    tmp: Path, options: list[str], phases: list[tuple[str, int, Path | None]]
+    tmp: Path, options: list[str], phases: list[tuple[str, int, Path | None]], nproc: int = 2
 ) -> dict[str, list[Any]]:
     """Run the scenario's ``(tag, max_steps, checkpoint root)`` phases one after the other in
-    one torchrun (2 gloo workers); per tag, the results of rank 0 and rank 1 per option."""
+    one torchrun (``nproc`` gloo workers); per tag, each rank's results per option."""
     from bench.runtime_common import clean_env, torchrun
 
     spec = ",".join(f"{tag}|{steps}|{ckpt or '-'}" for tag, steps, ckpt in phases)
     args = ["train", str(tmp), ",".join(options), spec]
-    proc = torchrun(args, clean_env(), script=Path(__file__), timeout=170)
+    proc = torchrun(args, clean_env(), nproc=nproc, script=Path(__file__), timeout=170)
     assert proc.returncode == 0, proc.stdout[-4000:]
     import torch
 
-    return {tag: [torch.load(tmp / f"{tag}.rank{r}.pt") for r in (0, 1)] for tag, _, _ in phases}
+    ranks = range(nproc)
+    return {tag: [torch.load(tmp / f"{tag}.rank{r}.pt") for r in ranks] for tag, _, _ in phases}
 
 
 def run_scenario(tmp: Path, options: list[str], steps: int, tag: str, ckpt: Path | None) -> Any:
@@ -290,6 +291,23 @@ def test_every_option_trains_like_dense_and_counts_its_bytes(tmp_path: Path) -> 
     assert res[0]["powersgd:1"]["gns"] is not None
     ratios = {r["topk_ratio"] for r in res[0]["adaptive:0.01:0.2"]["records"]}
     assert len(ratios) > 1  # the adaptive ratio moved
+
+
+@pytest.mark.slow
+def test_three_workers_rotate_the_ar_root_and_stay_identical(tmp_path: Path) -> None:
+    import torch
+
+    options = ["none", "topk:1:ar", "topk:1:ag", "topk:0.05:ar", "topk:0.05:ag", "powersgd:1"]
+    res = run_phases(tmp_path, options, [("three", 24, None)], nproc=3)["three"]
+    for name in options:
+        for rank in (1, 2):
+            assert torch.equal(res[0][name]["params"], res[rank][name]["params"]), (name, rank)
+        assert res[0][name]["eval_loss"] < 0.7 * res[0][name]["initial_loss"], name
+    for name in ("topk:1:ar", "topk:1:ag"):  # split (16, 24, 24): the weighted dense average
+        diff = (res[0][name]["params"] - res[0]["none"]["params"]).abs().max()
+        assert float(diff) < 1e-6, name
+    # AR's designated worker rotates (step mod 3), so AR and AG differ at a ratio < 1
+    assert not torch.equal(res[0]["topk:0.05:ar"]["params"], res[0]["topk:0.05:ag"]["params"])
 
 
 @pytest.mark.slow
