@@ -180,8 +180,6 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--lr", type=float, default=0.0)
     p.add_argument("--trace", action="store_true", help="exact value at every step (rank 0)")
     args = p.parse_args(argv)
-    if args.trace and args.accum != 1:
-        raise SystemExit("--trace takes the exact value once a step: use --accum 1")
 
     ctx = kr.init()
     feats = args.features
@@ -212,11 +210,13 @@ def worker(argv: list[str]) -> None:
     patched.estimate = both
     trace: list[tuple[float, float]] = []
     first = exact_noise_scale(job.module, data) if ctx.rank == 0 else None
+    micro = 0
     for _ in job.epochs(args.epochs):
         for xb, yb in job.batches():
-            if args.trace and ctx.rank == 0:  # (one micro-batch a step: see below)
+            if args.trace and ctx.rank == 0 and micro % args.accum == 0:  # a step's parameters
                 now = exact_noise_scale(job.module, data)
                 trace.append((now["grad_sqr"], now["grad_var"]))
+            micro += 1
             with job.step():
                 job.backward(F.mse_loss(job.model(xb), yb))
     if ctx.rank == 0:

@@ -6,6 +6,14 @@ Their gradients are kept apart by moving each micro-batch's gradient into a buff
 norm is taken (one extra copy of the gradients). Without accumulation, the previous step's
 gradient (a copy kept for one step) and this step's form the pair; the parameters moved in
 between, so this is the least accurate of the variants (small learning rates keep the bias small).
+
+How small (derived here, for plain SGD at learning rate η with Hessian H, not measured): the pair's
+|G|² sample is g_{t-1}·g_t, and g_t's true gradient moved by -η H g_{t-1}, which is correlated
+with g_{t-1}'s own noise, so E[sample] = |G|² - η (GᵀHG + tr(HΣ)/b): |G|² reads low by a
+relative η λ (1 + B_noise/b) for a typical curvature λ, and the noise scale high by about as
+much. Near convergence (B_noise >> b, η λ not small) that is not a small bias; micro-batches
+(``accum_steps`` >= 2) or two workers measure within one step, at fixed parameters, and have
+none (bench/runtime_gns.py, part 2).
 """
 
 from __future__ import annotations
