@@ -7,13 +7,14 @@ norm is taken (one extra copy of the gradients). Without accumulation, the previ
 gradient (a copy kept for one step) and this step's form the pair; the parameters moved in
 between, so this is the least accurate of the variants (small learning rates keep the bias small).
 
-How small (derived here, for plain SGD at learning rate η with Hessian H, not measured): the pair's
+How small (derived here for plain SGD at learning rate η with Hessian H; a simulation with exact
+per-sample gradients in tests/test_runtime_gns_units.py matches it): the pair's
 |G|² sample is g_{t-1}·g_t, and g_t's true gradient moved by -η H g_{t-1}, which is correlated
 with g_{t-1}'s own noise, so E[sample] = |G|² - η (GᵀHG + tr(HΣ)/b): |G|² reads low by a
-relative η λ (1 + B_noise/b) for a typical curvature λ, and the noise scale high by about as
-much. Near convergence (B_noise >> b, η λ not small) that is not a small bias; micro-batches
-(``accum_steps`` >= 2) or two workers measure within one step, at fixed parameters, and have
-none (bench/runtime_gns.py, part 2).
+relative η λ (1 + B_noise/b) for a typical curvature λ, and the noise scale high by as much or
+more. Near convergence (B_noise >> b) that is not small: in the simulation (η 0.02, λ 2, b 64,
+B_noise 580) |G|² reads 38% low, the noise scale ~1.6x high. Micro-batches (``accum_steps``
+>= 2) or two workers pair gradients at the same parameters and have no such bias.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kplan.runtime.gns import GnsEstimator, GnsSample
+from kplan.runtime.gns import GnsEstimator, GnsSample, estimate
 
 
 def test_effective_steps_counts_the_first_samples_then_tends_to_the_ema_limit() -> None:
@@ -68,3 +68,38 @@ def test_rel_error_is_none_until_meaningful_and_survives_a_checkpoint() -> None:
     assert legacy.gns == est.gns and legacy.rel_error is None
     legacy.update(GnsSample(1.0, 10.0))
     assert legacy.rel_error is None and legacy.gns is not None and math.isfinite(legacy.gns)
+
+
+def test_consecutive_steps_pair_reads_low_by_the_derived_training_bias() -> None:
+    """runtime/local_gns.py: one worker without micro-batches pairs the previous step's
+    gradient with this one; after an SGD step of η in between, the |G|² sample (with the
+    finite-set correction) is low by η (GᵀHG + tr(HΣ)/b (N - b)/(N - 1)), not zero. A linear
+    regression with exact per-sample gradients, pairs of steps from one fixed point."""
+    rng = np.random.default_rng(0)
+    n, b, eta = 2048, 64, 0.02
+    x = np.c_[rng.normal(size=(n, 16)), np.ones(n)]
+    y = x @ rng.normal(size=17) + rng.normal(size=n)
+    fit = np.linalg.lstsq(x, y, rcond=None)[0]
+    d = rng.normal(size=17)
+    start = fit + 0.18 * d / np.linalg.norm(d)  # B_noise ~ 580, over N/5
+
+    def per_sample(theta: np.ndarray) -> np.ndarray:
+        return np.asarray(2.0 * (x @ theta - y)[:, None] * x)
+
+    grads = per_sample(start)
+    g = grads.mean(axis=0)
+    cov = (grads - g).T @ (grads - g) / n
+    hess = 2.0 * x.T @ x / n
+    samples = []
+    for _ in range(4000):
+        idx = rng.permutation(n)[: 2 * b]
+        first = grads[idx[:b]].mean(axis=0)
+        second = per_sample(start - eta * first)[idx[b:]].mean(axis=0)
+        big = (first + second) / 2
+        pair = estimate([float(first @ first), float(second @ second)], [b, b], float(big @ big), n)
+        samples.append(pair.grad_sqr)
+    bias = float(np.mean(samples)) - float(g @ g)
+    stderr = float(np.std(samples)) / math.sqrt(len(samples))
+    predicted = -eta * (g @ hess @ g + np.trace(hess @ cov) / b * (n - b) / (n - 1))
+    assert predicted < -0.3 * float(g @ g)  # a large bias here: the test is not vacuous
+    assert abs(bias - predicted) < 4 * stderr + 0.01 * abs(predicted)
