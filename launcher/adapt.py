@@ -531,14 +531,14 @@ class Adapter:
         if self.restart_asked is not None:
             return None  # a change is under way
         if self.explore:
-            return self._explore_step(now)
+            return self._explore_step(now, spend_usd)
         if self.spec.adapt and self._gns_left_forecast():
             self.last_replan = now
             if self.spec.explore and self.reexplored < MAX_REEXPLORE:
                 self.reexplored += 1
                 self.explore, self.explorer, self.trial = True, None, None
                 self.trial_seconds, self.explore_started = 0.0, now
-                return self._explore_step(now)
+                return self._explore_step(now, spend_usd)
             return self._replan(now, spend_usd)
         if self.spec.adapt and now - self.last_replan >= self.spec.replan_interval_s:
             self.last_replan = now
@@ -725,7 +725,7 @@ class Adapter:
 
     # --- exploration ------------------------------------------------------------------------
 
-    def _explore_step(self, now: float) -> Action | None:
+    def _explore_step(self, now: float, spend_usd: float = 0.0) -> Action | None:
         ready = self._ready()
         if ready is None or self.model is None:
             return None
@@ -741,7 +741,15 @@ class Adapter:
                 **gns.kwargs(),
             )
             values = prior.seconds if self.objective == "time" else prior.cost_usd
-            self.explorer = Explorer(self.configs, values)
+            deadline = self.control.deadline_time
+            limited = self.objective == "cost" and deadline is not None
+            self.explorer = Explorer(
+                self.configs,
+                values,
+                # the cheapest within the deadline: trials that cannot meet it do not count
+                constrained=prior.seconds if limited else None,
+                limit=None if deadline is None or not limited else max(deadline - now, 1e-9),
+            )
             self.explore_started = now
             self.trial = Trial(self._index(current), current, now, self.obs.view.step)
         trial = self.trial
@@ -784,7 +792,7 @@ class Adapter:
             if cfg.nodes == current.nodes and cfg.global_batch == current.global_batch:
                 return None
             return self._move(cfg, "explore", f"trial {len(self.trials) + 1}", None)
-        return self._explore_done(now, current)
+        return self._explore_done(now, current, spend_usd)
 
     def _index(self, config: Config) -> int:
         for i, c in enumerate(self.configs):
@@ -807,10 +815,11 @@ class Adapter:
         )
         return float(min(pred.seconds))
 
-    def _explore_done(self, now: float, current: Config) -> Action | None:
+    def _explore_done(self, now: float, current: Config, spend_usd: float) -> Action | None:
         self.explore = False
         assert self.explorer is not None
-        best = self.configs[self.explorer.best()]
+        index = self.explorer.best()
+        best = self.configs[index]
         wall = now - self.explore_started
         self.event(
             "explore",
@@ -824,6 +833,10 @@ class Adapter:
             },
         )
         self.last_replan = now
+        if self.explorer.feasible(index) is False:
+            # No trial met the deadline: the re-planner chooses now (planner.online.replan, as
+            # bench/online_sim.py), not the trial closest to it.
+            return self._replan(now, spend_usd)
         if (best.nodes, best.global_batch) == (current.nodes, current.global_batch):
             return None
         return self._move(best, "explore", "the best configuration measured", None)

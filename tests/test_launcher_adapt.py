@@ -10,6 +10,7 @@ import pytest
 
 from kplan.launcher.adapt import (
     GNS_HISTORY,
+    Action,
     Adapter,
     JobView,
     MetricsFeed,
@@ -210,3 +211,33 @@ def test_adapter_reports_model_error_and_writes_control(tmp_path: Path) -> None:
     assert len(models) == 2
     assert models[0]["error"] is None  # nothing to predict from yet
     assert models[1]["error"] is not None and models[1]["global_batch"] == 128
+
+
+def test_exploring_with_a_deadline_no_trial_meets_hands_over_to_the_replanner(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from kplan.launcher.jobspec import NodeSpec
+
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    priced = (NodeSpec(0, "local", "on-demand", "local", 1, 3.0),)
+    spec = replace(_spec(), nodes=priced, deadline_h=1e-3, explore=True, adapt=True)
+    adapter = Adapter(spec, LocalStorage(tmp_path), lambda k, m, d: events.append((k, m, d)), 0.0)
+    replans: list[float] = []
+
+    def replan(now: float, spend_usd: float) -> Action | None:
+        replans.append(now)
+        return None
+
+    adapter._replan = replan  # type: ignore[method-assign]
+    epochs = {"event": "epochs", "target_progress": 10_000.0, "base_batch": 32}
+    _append(tmp_path, spec.job_id, 0, [epochs, *(_step(s, 1, 32, 0.05) for s in range(12))])
+    adapter.tick(1.0, 0.0, 3.0)  # the first trial (the running config) is measured at once
+    assert adapter.explorer is not None
+    assert adapter.explorer.limit == pytest.approx(3.6 - 1.0)  # the deadline left, in seconds
+    # 2.6 s left for ~500 s of work: no trial can meet it, so the re-planner
+    # (planner.online.replan, as bench/online_sim.py) chooses, not the trial closest to it
+    assert adapter.explorer.feasible(adapter.explorer.best()) is False
+    assert any(k == "explore" for k, _, _ in events)
+    assert replans == [1.0] and not adapter.explore
