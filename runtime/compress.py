@@ -12,7 +12,7 @@ imports this module).
   rest stays in a per-worker residual added to the next step's gradient). ``ag``: all-gather of
   every worker's (values, indices); ``ar``: one index set for all workers (the top-k of one
   designated worker, rotating with the step, broadcast), then an all-reduce of the selected
-  values (AR-Topk); ``auto`` (default): per bucket the cheaper of the two by
+  values (AR-Topk); ``auto`` (default): the cheaper of the two for the whole gradient by
   :func:`topk_collective` with the bandwidth and latency measured at start.
 - ``adaptive[:MIN:MAX][:ar|ag|auto]``: top-k whose ratio changes online (GraVAC-style) from the
   measured compression gain (``compressor.py``, ``AdaptiveRatio``), within [MIN, MAX]

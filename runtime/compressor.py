@@ -290,9 +290,10 @@ class Compressor:
         a = self._compensated(flat, segs)
         total_k = sum(topk_count(n, ratio) for _, _, n in segs)
         collective = self.spec.collective
-        if collective == "auto":
+        if collective == "auto":  # for the whole gradient: DDP's bucket layout changes
             bw, lat = self.network or (1e9, 1e-4)
-            collective = topk_collective(flat.numel(), ratio, world, bw, lat).choice
+            total = sum(p.numel() for p in self.params)
+            collective = topk_collective(total, ratio, world, bw, lat).choice
         self.collectives.add(collective)
         if collective == "ag" or world == 1:
             idx = self._local_topk(a, segs, ratio)
