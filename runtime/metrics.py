@@ -33,6 +33,7 @@ STEP_KEYS = (
     "gns",
     "grad_sqr",
     "grad_var",
+    "gns_rel_error",
     "lr",
     "time",
 )

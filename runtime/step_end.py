@@ -160,6 +160,7 @@ def finish_step(job: Job) -> None:
         "gns": job._gns.gns,
         "grad_sqr": job._gns.grad_sqr,
         "grad_var": job._gns.grad_var,
+        "gns_rel_error": job._gns.rel_error,
         "lr": job._lr_value,
         "time": time.time(),
         "epoch": job._position.epoch,
