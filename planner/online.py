@@ -490,16 +490,25 @@ def deadline_safe(
     share = np.clip(np.asarray(hold_share, dtype=float), 0.0, 1.0)
     train50 = ev.seconds - down
     train90 = ev.seconds_p90 - down
-    key = [(c.instance_type, c.market) for c in configs]
-    nodes = np.array([c.nodes for c in configs], dtype=float)
-    workers = np.array([c.workers for c in configs], dtype=float)
-    same_kind = np.array([[a == b for b in key] for a in key])
-    same = same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
+    _, same = _same(configs)
     penalty = np.where(same, 0.0, restart_s)  # [from, to]: added nodes boot meanwhile
     rest = penalty + (1.0 - share)[:, None] * np.where(np.isfinite(train90), train90, np.inf)
     fallback = down + share * train50 + np.min(rest, axis=1)
     ok: NDArray[np.bool_] = (ev.seconds <= deadline_left_s) & (fallback <= deadline_left_s)
     return alone, alone | ok
+
+
+def _same(configs: Sequence[Config]) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """[from, to] matrices: same instance type and market; same cluster (no restart)."""
+    kinds: dict[tuple[str, str], int] = {}
+    code = np.array([kinds.setdefault((c.instance_type, c.market), len(kinds)) for c in configs])
+    nodes = np.array([c.nodes for c in configs])
+    workers = np.array([c.workers for c in configs])
+    same_kind: NDArray[np.bool_] = code[:, None] == code[None, :]
+    same: NDArray[np.bool_] = (
+        same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
+    )
+    return same_kind, same
 
 
 def _fallback_chance(
@@ -519,11 +528,7 @@ def _fallback_chance(
     )
     sigma = np.maximum(sigma, 1e-6)
     train = ev.seconds - down
-    key = [(c.instance_type, c.market) for c in configs]
-    nodes = np.array([c.nodes for c in configs], dtype=float)
-    workers = np.array([c.workers for c in configs], dtype=float)
-    same_kind = np.array([[a == b for b in key] for a in key])
-    same = same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
+    _, same = _same(configs)
     room = deadline_left_s - down - share * train  # after the hold on each config
     left = room[:, None] - np.where(same, 0.0, restart_s)
     need = (1.0 - share)[:, None] * train[None, :]
@@ -557,11 +562,8 @@ def _contingent_value(
     price = np.array([c.usd_per_hour for c in configs]) / 3600.0
     train = ev.seconds - down
     train90 = np.where(np.isfinite(ev.seconds_p90 - down), ev.seconds_p90 - down, np.inf)
-    key = [(c.instance_type, c.market) for c in configs]
+    same_kind, same = _same(configs)
     nodes = np.array([c.nodes for c in configs], dtype=float)
-    workers = np.array([c.workers for c in configs], dtype=float)
-    same_kind = np.array([[a == b for b in key] for a in key])
-    same = same_kind & (nodes[:, None] == nodes[None, :]) & (workers[:, None] == workers[None, :])
     f = np.argmin(np.where(same, 0.0, restart_s) + (1.0 - share)[:, None] * train90, axis=1)
     moved = ~same[np.arange(len(configs)), f]
     if objective == "cost":
