@@ -27,13 +27,13 @@ gives its own tensor-core compute share ``s`` (``T = s k_p / P_p + c_p / P_fp32 
 entering as ``s ** workload_exponent``) across GPUs, instead of the precision's fitted one.
 
 ``k_p`` and ``m_p`` are fitted offline (``scripts/fit_device_model.py``) on the shared GPU data;
-the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out and leave one
-model out): ``base + per_distance * d`` for a prediction across GPUs, with ``d`` the spec
-distance ``|dlog peak| + |dlog bandwidth|``, and a fixed term for a projection to another
-precision (``cross_precision`` on the same GPU or across families; ``cross_gpu_projection``
-across GPUs within a family, e.g. FP32 on a V100 to TF32 on an A100); they add in quadrature
-(``held_out_sigma``). A same-GPU, same-precision prediction has
-factor 1 and sigma 0 (the profile's own fitted sigma is all there is).
+the sigma of ``log(factor)`` comes from held-out errors only (leave one GPU out, one model
+out, and one GPU die out with its twins): ``base + per_distance * d`` for a prediction across
+GPUs, with ``d`` the spec distance ``|dlog peak| + |dlog bandwidth|``, and a fixed term for a
+projection to another precision (``cross_precision`` on the same GPU or across families;
+``cross_gpu_projection`` across GPUs within a family, e.g. FP32 on a V100 to TF32 on an A100);
+they add in quadrature (``held_out_sigma``). A same-GPU, same-precision prediction has factor 1
+and sigma 0 (the profile's own fitted sigma is all there is).
 
 Document shape::
 

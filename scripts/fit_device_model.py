@@ -27,8 +27,9 @@ workload at other per-GPU batches (the intercept of step time against batch, as 
 the source GPU shows it), never from the destination; for an fp32/tf32 source, its compute
 share is read from the workload's per-sample time in fp16/bf16 on the same source GPU, and the
 exponent with which that share enters is fitted too. Sigmas come from held-out residuals only
-(leave one GPU out and leave one model out), per precision and as a function of the spec
-distance between GPUs.
+(leave one GPU out, leave one model out, and leave one GPU die out: a GPU's twins on the same
+die leave with it, as for the many GPUs without a twin in the data), per precision and as a
+function of the spec distance between GPUs.
 """
 
 from __future__ import annotations
@@ -78,6 +79,22 @@ DLE_GPUS = {
     "V100-32GB": "V100-32GB",
     "A100-40GB": "A100",
     "A100-80GB": "A100-80GB",
+}
+# The die of each GPU in the data (NVIDIA product briefs and architecture whitepapers): GPUs on
+# one die share their compute units and differ at most in clocks and memory.
+DIES = {
+    "Tesla_P4": "GP104",
+    "Tesla_P100-PCIE-16GB": "GP100",
+    "Tesla_T4": "TU104",
+    "Tesla_V100-PCIE-32GB": "GV100",
+    "V100": "GV100",
+    "V100-32GB": "GV100",
+    "NVIDIA_A100-PCIE-40GB": "GA100",
+    "NVIDIA_A100_80GB_PCIe": "GA100",
+    "A100": "GA100",
+    "A100-80GB": "GA100",
+    "NVIDIA_H100_80GB_HBM3": "GH100",
+    "NVIDIA_L4": "AD104",
 }
 # More than this times the one-GPU per-GPU throughput on more GPUs: the one-GPU figure is wrong.
 SUPERLINEAR_LIMIT = 1.5
@@ -506,22 +523,36 @@ def _baselines(pair: Pair, specs: dict[str, GpuSpec]) -> tuple[float, float]:
     return peak - pair.log_ratio, bw - pair.log_ratio
 
 
-def held_out(data: Dataset, by: str) -> list[Prediction]:
-    """Leave one GPU out (``by="gpu"``) or one model family out (``by="model"``).
+def fold_key(s: Sample, by: str) -> str:
+    """What a fold holds out of ``s``: its GPU, its model family, or its GPU's die."""
+    if by == "die":
+        return DIES.get(s.gpu, s.gpu)
+    return str(getattr(s, by))
 
-    Each fold fits on the pairs without the held-out GPU/model and predicts every cross-GPU
-    pair involving it (and, leaving a model out, its cross-precision pairs too).
+
+def held_out(data: Dataset, by: str) -> list[Prediction]:
+    """Leave one GPU out (``by="gpu"``), one model family out (``by="model"``) or one GPU die
+    out (``by="die"``: a GPU's twins on the same die, e.g. V100 16 and 32 GB, leave with it).
+
+    Each fold fits on the pairs without the held-out GPU/model/die and predicts every cross-GPU
+    pair involving it (and, leaving a model out, its cross-precision pairs too). Leaving a die
+    out, a pair that also changes precision across GPUs (FP32 on one, TF32 on the other) is
+    judged only if the fold's training pairs have such a pair: otherwise nothing in the fit
+    ties the TF32 peak to the FP32 one (all TF32 rows are on GA100 parts, all pairs from FP32
+    to TF32 have a GV100 part on the other side).
     """
     pairs = make_pairs(data.samples)
-    keys = sorted({getattr(s, by) for s in data.samples})
+    keys = sorted({fold_key(s, by) for s in data.samples})
     out = []
     for key in keys:
 
         def involved(p: Pair, key: str = key) -> bool:
-            return bool(getattr(p.src, by) == key or getattr(p.dst, by) == key)
+            return fold_key(p.src, by) == key or fold_key(p.dst, by) == key
 
         train = [p for p in pairs if not involved(p)]
         test = [p for p in pairs if involved(p) and (p.cross_gpu or by == "model")]
+        if by == "die" and not any(_changes_unit(p, data.specs) for p in train):
+            test = [p for p in test if not _changes_unit(p, data.specs)]
         if not test:
             continue
         model = as_model(fit_theta(train, data.specs))
@@ -545,6 +576,13 @@ def held_out(data: Dataset, by: str) -> list[Prediction]:
                 )
             )
     return out
+
+
+def _changes_unit(p: Pair, specs: dict[str, GpuSpec]) -> bool:
+    """A cross-GPU pair run in another effective precision on each side (FP32 <-> TF32)."""
+    return p.cross_gpu and is_projection(
+        specs[p.src.gpu], specs[p.dst.gpu], p.src.precision, p.dst.precision
+    )
 
 
 def fit_sigma(preds: Sequence[Prediction]) -> dict[str, Any]:
@@ -639,6 +677,19 @@ def calibration(preds: Sequence[Prediction], precision: str | None = None) -> di
     }
 
 
+def coverage(preds: Sequence[Prediction], sigma: dict[str, Any]) -> dict[str, float]:
+    """Share of ``preds`` whose measured time falls within +-1 ``sigma`` and at or below the
+    p90 that ``sigma`` states (not nested: for predictions the sigma was not fitted on)."""
+    s = np.array([sigma_of(sigma, p) for p in preds])
+    r = np.array([p.residual for p in preds])
+    n = len(r)
+    return {
+        "within_1_sigma": round(float(np.mean(np.abs(r) <= s)), 4) if n else math.nan,
+        "at_or_below_p90": round(float(np.mean(-r <= 1.2816 * s)), 4) if n else math.nan,
+        "n_pairs": n,
+    }
+
+
 def summary(residual: Sequence[float]) -> dict[str, float]:
     r = np.asarray(residual, dtype=np.float64)
     if not len(r):
@@ -677,26 +728,39 @@ def one_precision(data: Dataset) -> Dataset:
     return Dataset(data.specs, [dataclasses.replace(s, alt=None) for s in data.samples])
 
 
-def sigma_residuals(data: Dataset) -> list[Prediction]:
-    """The held-out predictions the shipped sigma is fitted on: from one-precision profiles (the
-    planner's default; a second profile only lowers the error), leaving one GPU out (cross-GPU
-    pairs) and one model out (cross-GPU pairs and same-GPU projections)."""
+def one_precision_folds(
+    data: Dataset,
+) -> tuple[list[Prediction], list[Prediction], list[Prediction]]:
+    """Held-out predictions from one-precision profiles (the planner's default; a second
+    profile only lowers the error): leaving one GPU out (cross-GPU pairs), one model out
+    (cross-GPU pairs and same-GPU projections) and one GPU die out (cross-GPU pairs)."""
     one = one_precision(data)
-    return [p for p in held_out(one, "gpu") if p.pair.cross_gpu] + held_out(one, "model")
+    return (
+        [p for p in held_out(one, "gpu") if p.pair.cross_gpu],
+        held_out(one, "model"),
+        [p for p in held_out(one, "die") if p.pair.cross_gpu],
+    )
+
+
+def sigma_residuals(data: Dataset) -> list[Prediction]:
+    """The held-out predictions the shipped sigma is fitted on: all of ``one_precision_folds``.
+    The die folds are there because most GPUs a user asks about have no twin in the data (a
+    GPU fold keeps the held-out GPU's twin on the same die in the fit)."""
+    logo, lomo, die = one_precision_folds(data)
+    return logo + lomo + die
 
 
 def fit_document(data: Dataset) -> dict[str, Any]:
-    """Fit on every pair; held-out errors and sigmas from leave-one-GPU/model-out folds."""
+    """Fit on every pair; held-out errors and sigmas from leave-one-GPU/model/die-out folds."""
     theta = fit_theta(make_pairs(data.samples), data.specs)
     logo = held_out(data, "gpu")
     lomo = held_out(data, "model")
     logo_x = [p for p in logo if p.pair.cross_gpu]
     lomo_x = [p for p in lomo if p.pair.cross_gpu]
-    from_one = sigma_residuals(data)
-    gpus = {s.gpu for s in data.samples}
-    one_logo = [p for p in from_one if p.fold in gpus]
-    one_lomo = [p for p in from_one if p.fold not in gpus and p.pair.cross_gpu]
-    sigma = fit_sigma(from_one)
+    one_logo, one_lomo_all, one_die = one_precision_folds(data)
+    one_lomo = [p for p in one_lomo_all if p.pair.cross_gpu]
+    sigma = fit_sigma(one_logo + one_lomo_all + one_die)
+    die = [p for p in held_out(data, "die") if p.pair.cross_gpu]
     held = {
         "metric": "APE = |predicted / measured - 1| of the destination's step time over ordered "
         "pairs of the same job (model, batch, GPU count) on two GPUs (same precision family) or "
@@ -712,6 +776,13 @@ def fit_document(data: Dataset) -> dict[str, Any]:
             "per_precision": table(lomo_x, "precision"),
             "cross_precision_same_gpu": summary([p.residual for p in lomo if not p.pair.cross_gpu]),
             "calibration": calibration(lomo_x),
+        },
+        "leave_one_die_out": {
+            "note": "stricter: a GPU's twins on the same die leave with it; FP32 <-> TF32 "
+            "pairs not judged (no fold keeps a pair to fit them on)",
+            "per_precision": table(die, "precision"),
+            "per_die": table(die, "fold"),
+            "calibration": calibration(die),
         },
         "one_precision_profile": {
             "leave_one_gpu_out": table(one_logo, "precision"),
