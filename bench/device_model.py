@@ -1,6 +1,6 @@
 """Held-out error and calibration of the cross-device speed model, next to naive baselines.
 
-Run from the repository root: ``.venv/bin/python -m bench.device_model`` (about 20 s).
+Run from the repository root: ``.venv/bin/python -m bench.device_model`` (about 30 s).
 
 Every number is measured on data left out of the fit (``scripts/fit_device_model.py``):
 
@@ -8,7 +8,10 @@ Every number is measured on data left out of the fit (``scripts/fit_device_model
   (model, per-GPU batch, GPU count) with the held-out GPU on either side, in both directions, in
   the same precision family, is predicted;
 - leave one model out: each model (NeuSight model, DLE model directory) in turn; its cross-GPU
-  pairs, and its same-GPU projections from one precision to another.
+  pairs, and its same-GPU projections from one precision to another;
+- leave one GPU die out (stricter): a GPU's twins on the same die (V100 16/32 GB and PCIe, the
+  four A100s) leave the fit with it, as for a GPU with no twin in the data; FP32 <-> TF32
+  pairs are not judged there (no fold keeps one to fit them on).
 
 Predictions go through the planner's ``compute_scale``. Baselines on the same pairs: the ratio
 of the precision's peaks (``peak_tflops``) and the ratio of memory bandwidths. APE =
