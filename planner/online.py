@@ -478,7 +478,8 @@ def deadline_safe(
     noise scale with a narrower forecast. It is safe to run when its expected time meets the
     deadline and, should the forecast then turn out wrong, some config (the *fallback*) can
     still finish the rest at its p90 from there: the config's switch downtime, its share
-    ``hold_share`` of the remaining work at its expected time, the fallback's switch
+    ``hold_share`` of the remaining work at its p90 (a hold that is the whole rest of the job
+    has no re-plan after it: then only ``alone`` counts), the fallback's switch
     (``restart_s`` of downtime: added nodes boot while the job runs, as ``switch_penalty``)
     and the rest at the fallback's p90 all within the time left. The p90 is today's (the
     forecast only narrows as points come in), so the guard is conservative. Without
@@ -488,12 +489,11 @@ def deadline_safe(
     if hold_share is None or len(configs) < 2:
         return alone, alone.copy()
     share = np.clip(np.asarray(hold_share, dtype=float), 0.0, 1.0)
-    train50 = ev.seconds - down
     train90 = ev.seconds_p90 - down
     _, same = _same(configs)
     penalty = np.where(same, 0.0, restart_s)  # [from, to]: added nodes boot meanwhile
     rest = penalty + (1.0 - share)[:, None] * np.where(np.isfinite(train90), train90, np.inf)
-    fallback = down + share * train50 + np.min(rest, axis=1)
+    fallback = down + share * train90 + np.min(rest, axis=1)  # the hold at its p90 too
     ok: NDArray[np.bool_] = (ev.seconds <= deadline_left_s) & (fallback <= deadline_left_s)
     return alone, alone | ok
 
@@ -555,29 +555,41 @@ def _contingent_value(
 ) -> Array:
     """The expected value of running each config with its fallback: with the chance ``P`` that
     it meets the deadline alone (``_deadline_chance``), its own value; otherwise its share of
-    the work until the next re-plan, then a switch to the fallback (the config that finishes
-    the rest soonest at its p90) and the rest there. A config that is safe only by its
+    the work until the next re-plan, then a switch to the fallback and the rest there. The
+    fallback is the cheapest config (by ``objective``) that then still finishes the rest by
+    the deadline at its p90, or the soonest one when none does: a config a little too slow
+    falls back on one a little faster, not on the fastest. A config that is safe only by its
     fallback then pays for the fallback as often as it is likely to need it."""
+    n = len(configs)
     chance = _deadline_chance(ev, down, deadline_left_s)
     price = np.array([c.usd_per_hour for c in configs]) / 3600.0
     train = ev.seconds - down
     train90 = np.where(np.isfinite(ev.seconds_p90 - down), ev.seconds_p90 - down, np.inf)
     same_kind, same = _same(configs)
     nodes = np.array([c.nodes for c in configs], dtype=float)
-    f = np.argmin(np.where(same, 0.0, restart_s) + (1.0 - share)[:, None] * train90, axis=1)
-    moved = ~same[np.arange(len(configs)), f]
+    pause = np.where(same, 0.0, restart_s)  # [from, to]
+    finish90 = pause + (1.0 - share)[:, None] * train90[None, :]
+    room = deadline_left_s - down - share * train  # after the hold on each config
     if objective == "cost":
         kept = np.where(same_kind, np.minimum(nodes[:, None], nodes[None, :]), 0.0)
-        added = np.maximum(nodes[None, :] - kept, 0.0)[np.arange(len(configs)), f]
+        added = np.maximum(nodes[None, :] - kept, 0.0)
+        after = (
+            pause * price[None, :]
+            + boot_s * (price / nodes)[None, :] * added
+            + (1.0 - share)[:, None] * (train * price)[None, :]
+        )
         hold = down * price + boot_usd + share * train * price
-        switch = np.where(moved, restart_s * price[f] + boot_s * price[f] / nodes[f] * added, 0.0)
-        rest = (1.0 - share) * train[f] * price[f]
     else:
+        after = pause + (1.0 - share)[:, None] * train[None, :]
         hold = down + share * train
-        switch = np.where(moved, restart_s, 0.0)
-        rest = (1.0 - share) * train[f]
+    ok = finish90 <= room[:, None]
+    f = np.where(
+        ok.any(axis=1),
+        np.argmin(np.where(ok, after, np.inf), axis=1),
+        np.argmin(finish90, axis=1),
+    )
     own = ev.value(objective)
-    out: Array = chance * own + (1.0 - chance) * (hold + switch + rest)
+    out: Array = chance * own + (1.0 - chance) * (hold + after[np.arange(n), f])
     return np.where(np.isfinite(out), out, own)
 
 

@@ -248,14 +248,18 @@ def test_deadline_safe_alone_and_with_a_fallback() -> None:
     down = np.zeros(2)
     alone, safe = deadline_safe([cheap, fast], ev, down, 1000.0, hold_share=None, restart_s=60)
     assert list(alone) == [False, True] and list(safe) == [False, True]  # no re-plan: p90 only
-    # Re-planning after 10% of the rest: cheap runs 80 s, then fast finishes the other 90% at
-    # its p90 after a restart: 80 + 60 + 0.9 * 900 = 950 s <= 1000 s.
+    # Re-planning after 10% of the rest: cheap runs 120 s (at its p90), then fast finishes the
+    # other 90% at its p90 after a restart: 120 + 60 + 0.9 * 900 = 990 s <= 1000 s.
     share = np.array([0.1, 0.1])
     alone, safe = deadline_safe([cheap, fast], ev, down, 1000.0, hold_share=share, restart_s=60)
     assert list(alone) == [False, True] and list(safe) == [True, True]
-    _, edge = deadline_safe([cheap, fast], ev, down, 950.0, hold_share=share, restart_s=60)
-    _, tight = deadline_safe([cheap, fast], ev, down, 949.0, hold_share=share, restart_s=60)
+    _, edge = deadline_safe([cheap, fast], ev, down, 990.0, hold_share=share, restart_s=60)
+    _, tight = deadline_safe([cheap, fast], ev, down, 989.0, hold_share=share, restart_s=60)
     assert list(edge) == [True, True] and list(tight) == [False, True]
+    # A hold that is the whole rest of the job leaves no re-plan to fall back from: p90 only.
+    whole = np.array([1.0, 1.0])
+    _, last = deadline_safe([cheap, fast], ev, down, 1000.0, hold_share=whole, restart_s=60)
+    assert list(last) == [False, True]
     # The median must meet the deadline too: a fallback does not make a hopeless config safe.
     slow = _ev([1100.0, 300.0], [1500.0, 500.0])
     _, safe = deadline_safe([cheap, fast], slow, down, 1000.0, hold_share=share, restart_s=60)
@@ -297,3 +301,24 @@ def test_with_no_safe_config_a_cheap_one_runs_on_while_it_costs_little_chance() 
         current, [fast], objective="cost", deadline_left_s=deadline, recheck_fraction=0.05
     )
     assert moved.switch and moved.best == fast
+
+
+def test_a_config_safe_by_its_fallback_is_valued_with_the_cheapest_fallback_that_fits() -> None:
+    from kplan.planner.online import _contingent_value, _deadline_chance
+
+    cheap, mid, fast = cfg(1, 4, 256), cfg(2, 8, 512), cfg(4, 16, 2048)
+    secs, p90 = np.array([1000.0, 600.0, 400.0]), np.array([1200.0, 700.0, 450.0])
+    price = np.array([c.usd_per_hour for c in (cheap, mid, fast)]) / 3600.0
+    ev = Evaluation(np.ones(3), np.full(3, 0.1), np.ones(3), secs, secs * price, p90, p90 * price)
+    down, boot, share = np.zeros(3), np.zeros(3), np.full(3, 0.1)
+    value = _contingent_value([cheap, mid, fast], ev, down, boot, 1050.0, share,
+                              objective="cost", restart_s=60.0, boot_s=0.0)  # fmt: skip
+    chance = float(_deadline_chance(ev, down, 1050.0)[0])
+    assert 0.6 < chance < 0.8  # log(1050 / 1000) / 0.1 sigmas
+    hold = 0.1 * 1000.0 * price[0]
+    # cheap too slow: after its 100 s, mid (60 + 0.9 x 700 = 690 s <= 950 s left) is the
+    # cheapest that still finishes at its p90; the fastest would cost more
+    via_mid = 60.0 * price[1] + 0.9 * 600.0 * price[1]
+    via_fast = 60.0 * price[2] + 0.9 * 400.0 * price[2]
+    assert via_mid < via_fast
+    assert value[0] == pytest.approx(chance * 1000.0 * price[0] + (1 - chance) * (hold + via_mid))
