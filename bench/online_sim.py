@@ -32,6 +32,13 @@ by ``--overhead`` of the predicted job cost), refits the model on every measurem
 ``--replan-every`` of the work with a restart penalty and a ``--margin`` hysteresis. Measured
 step times carry ``--noise`` log-normal noise. The hindsight best is the configuration of the
 space with the lowest true cost when run from start to end.
+
+With ``--deadline-frac`` the re-plans are ``planner.online.replan``'s deadline rules, the same
+call as ``kplan launch --adapt`` (launcher/adapt.py): a configuration keeps the deadline at its
+p90, or at its expected time with a fallback that still meets it at its p90 from the next
+re-plan (``recheck_fraction=--replan-every``); when none does, the cheapest whose chance of
+meeting it is within the margin of the best chance. The trials are limited by the deadline, and
+when none meets it the re-planner chooses at once (as the launcher's ``--explore``).
 """
 
 from __future__ import annotations
