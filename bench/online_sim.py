@@ -21,8 +21,10 @@ The truth, per model (../shared/data/traces/pollux/t4/<model>):
 
 kplan knows only what it measured: a profile of the one-node rows (1 to 4 GPUs, every batch),
 the gradient size, the catalog's link speeds, and the GNS up to the present; the rest of the
-trajectory is ``planner.gnsforecast``'s forecast from those points (``--hold-gns``: held at the
-latest value instead, as before issue 13). At the start (the static plan, the first trials)
+trajectory is ``planner.gnsforecast``'s forecast from those points, with a prior fitted on the
+other five models' curves, as bench/gns_forecast.py (``--gns-prior all``: the shipped prior,
+which saw this model's curves too; ``--hold-gns``: held at the latest value instead, as before
+issue 13). At the start (the static plan, the first trials)
 that is one point, the first epoch's. Its static plan (``kplan estimate``) is the
 cheapest configuration by that model. Online, kplan explores by Bayesian optimisation
 (``planner.explore``): each trial runs ``--trial-steps`` real steps at a configuration (its
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -56,8 +59,10 @@ from numpy.typing import NDArray
 
 from bench.traces import MODELS, data_root, load_placements, load_scalability
 from kplan.catalogs import load_catalog
+from kplan.errors import InputError
 from kplan.planner.explore import Explorer
 from kplan.planner.fit import fit_perf_params
+from kplan.planner.gnsforecast import GnsPrior, using_prior
 from kplan.planner.online import Config, OnlineModel, evaluate, replan, switch_penalty
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint, Measurement
@@ -94,6 +99,10 @@ class SimOptions:
     # geometrically: fastest^(1 - f) * cheapest^f (None: no deadline).
     deadline_frac: float | None = None
     forecast: bool = True  # forecast the GNS after the points measured (False: hold the last)
+    # The GNS forecast's prior: "others", fitted on the other five models' curves (the model
+    # simulated is one the prior never saw, as bench/gns_forecast.py scores it); "all": the
+    # shipped PRIOR, fitted on all six, this one included.
+    gns_prior: str = "others"
 
 
 @dataclass(frozen=True)
@@ -460,7 +469,23 @@ class Result:
         return self.online.cost / self.best_usd
 
 
+@functools.lru_cache(maxsize=8)
+def _prior_without(model: str) -> GnsPrior:
+    from bench.gns_forecast import all_curves, prior_without
+
+    return prior_without(all_curves(), model)
+
+
 def simulate(model: str, o: SimOptions, root: Path | None = None) -> Result:
+    if o.gns_prior not in ("others", "all"):
+        raise InputError(f"gns_prior={o.gns_prior!r}", hint="others or all")
+    if o.gns_prior == "all":
+        return _simulate(model, o, root)
+    with using_prior(_prior_without(model)):
+        return _simulate(model, o, root)
+
+
+def _simulate(model: str, o: SimOptions, root: Path | None = None) -> Result:
     t0 = time.perf_counter()
     truth = load_truth(model, root)
     sim = Simulator(truth, o, np.random.default_rng([o.seed, MODELS.index(model)]))
@@ -547,6 +572,12 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         type=float,
         default=None,
         help="deadline between the fastest (0) and the cheapest (1) config's true hours",
+    )
+    parser.add_argument(
+        "--gns-prior",
+        choices=("others", "all"),
+        default=defaults.gns_prior,
+        help="the GNS forecast's prior: fitted on the other five models (default) or on all six",
     )
     parser.add_argument(
         "--hold-gns",

@@ -31,8 +31,9 @@ numpy only: the planner imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,29 @@ class GnsPrior:
 # (each model's curves weighted as one): `python -m bench.gns_forecast --fit-prior`.
 # bench/gns_forecast.py refits it leaving each model out when it scores that model.
 PRIOR = GnsPrior(slope_mean=1.71, slope_sd=0.78, noise_sd=0.46, slope_drift_sd=0.59)
+_IN_USE: list[GnsPrior] = [PRIOR]
+
+
+def prior_in_use() -> GnsPrior:
+    """The prior every forecast takes when none is given: ``PRIOR``, or the one of the
+    innermost ``using_prior`` block."""
+    return _IN_USE[-1]
+
+
+@contextlib.contextmanager
+def using_prior(prior: GnsPrior) -> Iterator[None]:
+    """Forecast with ``prior`` inside the block (a benchmark scoring a model with the prior of
+    the other models: the planner's own forecasts, e.g. in ``planner.online``, take it too)."""
+    from kplan.planner import efficiency
+
+    clear = efficiency._forecast_band.cache_clear  # its cache does not key on the prior
+    _IN_USE.append(prior)
+    clear()
+    try:
+        yield
+    finally:
+        _IN_USE.pop()
+        clear()
 
 
 @dataclass(frozen=True)
@@ -240,8 +264,10 @@ def _robust_line(x: Array, y: Array) -> Array:
     return out
 
 
-def forecast(points: Sequence[GnsPoint], prior: GnsPrior = PRIOR) -> GnsForecast:
-    """The forecast of Bn from the points measured so far (progress as a fraction of training)."""
+def forecast(points: Sequence[GnsPoint], prior: GnsPrior | None = None) -> GnsForecast:
+    """The forecast of Bn from the points measured so far (progress as a fraction of training);
+    ``prior``: ``prior_in_use()`` (``PRIOR`` unless a benchmark leaves a model out)."""
+    prior = prior or prior_in_use()
     p, raw = _points(points)
     now = max(float(p[-1]), PROGRESS_FLOOR)
     x = np.log(np.maximum(p, PROGRESS_FLOOR)) - math.log(now)
@@ -279,7 +305,7 @@ def factor_samples(
     *,
     start: float = 0.0,
     end: float = 1.0,
-    prior: GnsPrior = PRIOR,
+    prior: GnsPrior | None = None,
     n: int = 256,
     seed: int = 0,
 ) -> Array:
@@ -314,7 +340,7 @@ def steps_to_target(
     base_steps: float,
     start: float = 0.0,
     target: float = 1.0,
-    prior: GnsPrior = PRIOR,
+    prior: GnsPrior | None = None,
     quantile: float = 0.9,
     n: int = 256,
 ) -> tuple[Array, Array]:

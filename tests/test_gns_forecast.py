@@ -152,3 +152,18 @@ def test_a_plan_from_one_gns_point_carries_the_forecasts_spread_in_its_time_p90(
     assert b.hours_p90 / b.hours == pytest.approx(expected, rel=0.02)
     assert "GNS forecast" in one.uncertainty and "GNS forecast" not in full.uncertainty
     assert any("measured once" in n for n in one.notes)
+
+
+def test_using_prior_swaps_the_default_prior_and_the_planners_cached_forecasts() -> None:
+    from kplan.planner.efficiency import sample_factor
+
+    one = [GnsPoint(0.01, 100.0)]
+    flat = GnsPrior(slope_mean=0.0, slope_sd=0.01, noise_sd=0.5, slope_drift_sd=0.0)
+    shipped = float(sample_factor(one, 32, [1024])[0])
+    with gnsforecast.using_prior(flat):
+        assert gnsforecast.prior_in_use() is flat
+        assert forecast(one).slope == pytest.approx(0.0, abs=1e-6)
+        held = float(sample_factor(one, 32, [1024])[0])  # not the cached shipped-prior value
+    assert gnsforecast.prior_in_use() is gnsforecast.PRIOR
+    assert held > 1.5 * shipped  # no growth: a large batch needs more samples
+    assert float(sample_factor(one, 32, [1024])[0]) == pytest.approx(shipped)
