@@ -181,7 +181,9 @@ class Job:
             network = None
             if comp.sparse and comp.collective == "auto":
                 network = probe_network(ctx)
-            self._compressor = Compressor(comp, params, ctx, cfg.seed, network)
+            self._compressor = Compressor(
+                comp, params, ctx, cfg.seed, network, optimizer, self.amp.precision
+            )
         policy = cfg.sync_policy
         assert not isinstance(policy, str)
         self._selsync = SelSync(policy)

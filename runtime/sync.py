@@ -136,7 +136,7 @@ class GradSync:
         self.local_sqr = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         self.plain_sqr = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if self.compressor is not None:
-            self.compressor.begin_step(step, dense)
+            self.compressor.begin_step(step, dense, weight)
         self.stats_result = None
         self.global_parts = []
 
@@ -209,15 +209,17 @@ class GradSync:
                     self.stats_result = comp.stats.double()
                 _unflatten(chunk, reduced)
                 continue
+            post = None
             if comp is not None:
                 comp.count_dense(n, flat.element_size())
+                post = comp.dense_momentum(flat, [grad_index[id(g)] for g in chunk])
             stats = self._stats(flat.dtype) if last else None
             if stats is not None:
                 flat = torch.cat([flat, stats])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             if stats is not None:
                 self.stats_result = flat[n:].double()
-            _unflatten(chunk, flat)
+            _unflatten(chunk, flat if post is None else post(flat[:n]))
 
     def _stats(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The statistics vector in ``dtype``, if it can travel in that precision."""
@@ -275,8 +277,11 @@ def _weighted_hook(state: GradSync, bucket: Any) -> torch.futures.Future[torch.T
             return f.value()
 
         return fut.then(with_stats)
+    post = None
     if comp is not None:
         comp.count_dense(n, buffer.element_size())
+        # top-k with momentum SGD: the rest of the folded gradient stays local (compressor.py)
+        post = comp.dense_momentum(buffer, [state._index[id(p)] for p in bucket.parameters()])
     # The last bucket is reduced after all others were launched: the local norm is complete.
     stats = state._stats(buffer.dtype) if bucket.is_last() else None
     payload = buffer if stats is None else torch.cat([buffer, stats])
@@ -291,7 +296,7 @@ def _weighted_hook(state: GradSync, bucket: Any) -> torch.futures.Future[torch.T
             state.stats_result = out[n:].double()
         if measure:  # list.append is atomic: callbacks may run on the backend's threads
             state.global_parts.append(torch.dot(grads, grads).double())
-        return grads
+        return grads if post is None else post(grads)
 
     future: torch.futures.Future[torch.Tensor] = work.get_future().then(done)
     return future
