@@ -3,10 +3,11 @@
 Shared state (rank 0 writes it; every rank reads it): model, optimizer, extras (for example the
 LR scheduler), the step count, the exact data position, the PID split, the GNS averages and the
 LR scaler (its ramp and progress), SelSync's counters. Per-rank state: the RNG generators, the
-compression's error feedback (residuals, PowerSGD's Q and error, the adaptive ratio's window)
-and, under SelSync, the rank's own model and optimizer. Together they make a
-restarted run continue exactly where the checkpoint was taken: same samples in the same global
-batches, same parameters, same random numbers.
+compression's error feedback (residuals, PowerSGD's Q and error, the adaptive ratio's window;
+top-k's momentum fold adds none: its residuals carry it, and the optimizer's momentum buffer,
+the same on every rank, is in the shared optimizer state) and, under SelSync, the rank's own
+model and optimizer. Together they make a restarted run continue exactly where the checkpoint
+was taken: same samples in the same global batches, same parameters, same random numbers.
 """
 
 from __future__ import annotations

@@ -124,6 +124,9 @@ class GradSync:
         """The reduced statistics of this step, when they travelled with the gradients."""
         self.global_parts: list[torch.Tensor] = []
         """|reduced bucket|² per bucket (SGD metric): the global norm without another pass."""
+        self.folded_sqr: torch.Tensor | None = None
+        """Manual sync under the momentum fold: |reduced gradient|² before it became the
+        optimizer's G (``.grad`` then no longer holds the average)."""
         if ddp is not None:
             ddp.register_comm_hook(self, _weighted_hook)
 
@@ -139,6 +142,7 @@ class GradSync:
             self.compressor.begin_step(step, dense, weight)
         self.stats_result = None
         self.global_parts = []
+        self.folded_sqr = None
 
     def set_sync(self, enabled: bool) -> None:
         """Whether the next forward/backward all-reduces (False: accumulate locally)."""
@@ -149,6 +153,8 @@ class GradSync:
         """|averaged gradient|² after the step's synchronisation (in the Adam metric if set)."""
         if self.precond is None and self.hook_calls and len(self.global_parts) == self.hook_calls:
             return torch.stack(self.global_parts).sum()
+        if self.folded_sqr is not None:
+            return self.folded_sqr
         params, grads = self.grads()
         return squared_norm(params, grads, self.precond).to(self.ctx.device)
 
@@ -219,7 +225,12 @@ class GradSync:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             if stats is not None:
                 self.stats_result = flat[n:].double()
-            _unflatten(chunk, flat if post is None else post(flat[:n]))
+            if post is not None:
+                grads = flat[:n]
+                part = torch.dot(grads, grads).double()
+                self.folded_sqr = part if self.folded_sqr is None else self.folded_sqr + part
+                flat = post(grads)
+            _unflatten(chunk, flat)
 
     def _stats(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The statistics vector in ``dtype``, if it can travel in that precision."""

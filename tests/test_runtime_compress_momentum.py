@@ -44,7 +44,7 @@ def test_fold_makes_torch_sgd_apply_exactly_the_exchanged_update(kwargs: dict[st
     """G = c (D - z) through torch's own SGD step moves the weights by lr x D, every step."""
     import torch
 
-    from kplan.runtime.compressor import MomentumFold
+    from kplan.runtime.momentum_fold import MomentumFold
 
     gen = torch.Generator().manual_seed(3)
     p = torch.nn.Parameter(torch.randn(40, generator=gen, dtype=torch.float64))
@@ -66,7 +66,7 @@ def test_fold_feeds_error_feedback_the_sgd_equivalent_step() -> None:
     included at the worker's share; groups without momentum are not folded."""
     import torch
 
-    from kplan.runtime.compressor import MomentumFold
+    from kplan.runtime.momentum_fold import MomentumFold
 
     a, b, c = (torch.nn.Parameter(torch.full((3,), 2.0)) for _ in range(3))
     opt = torch.optim.SGD(
@@ -154,7 +154,7 @@ TRAIN = [
 def test_topk_with_momentum_sgd_trains_like_dense(tmp_path: Path) -> None:
     import torch
 
-    extra = ["adaptive:0.01:0.2/sgdm", "topk:0.01:ag/adam"]
+    extra = ["adaptive:0.01:0.2/sgdm", "topk:0.01:ag/adam", "topk:0.05:ar/sgdm/manual"]
     options = [*sorted({n for pair in TRAIN for n in pair}), *extra]
     res, out = _run(tmp_path, options, ["train|144|-"])
     r0, r1 = res["train"]
@@ -165,6 +165,12 @@ def test_topk_with_momentum_sgd_trains_like_dense(tmp_path: Path) -> None:
     # adaptive: within 20% (it spends its first windows at 0.2, then halves)
     assert r0["adaptive:0.01:0.2/sgdm"]["eval_loss"] <= 1.2 * r0["none/sgdm"]["eval_loss"]
     assert r0["none/sgdm"]["eval_loss"] < 0.1 * r0["none/sgdm"]["curve"][0]  # dense trained
+    # sync=manual folds the same way, and its GNS (dense steps) is of the reduced gradient, not
+    # of the G handed to the optimizer (same trajectory as overlap: same value)
+    manual, overlap = r0["topk:0.05:ar/sgdm/manual"], r0["topk:0.05:ar/sgdm"]
+    assert torch.allclose(manual["params"], overlap["params"], atol=1e-6, rtol=0)
+    assert manual["gns"] is not None and overlap["gns"] is not None
+    assert manual["gns"] == pytest.approx(overlap["gns"], rel=1e-4)
     assert out.count("kplan: warning: compression topk:0.01:ag with Adam") == 1  # rank 0 only
 
 
@@ -232,6 +238,7 @@ def _train(folder: Path, tag: str, steps: int, options: list[str], ckpt_root: st
             checkpoint_steps=10 if ckpt else 0,
             metrics_path=metrics,
             gns="off" if "nogns" in flags else "auto",
+            sync="manual" if "manual" in flags else "overlap",
         )
         job = kr.Job(model, opt, data, batch_size=64, config=cfg)
         resumed = job.step_count if job.step_count else None
@@ -252,6 +259,7 @@ def _train(folder: Path, tag: str, steps: int, options: list[str], ckpt_root: st
             "curve": curve,
             "resumed_at": resumed,
             "state": state,
+            "gns": job.gns,
         }
     torch.save(result, folder / f"{tag}.rank{ctx.rank}.pt")
 
