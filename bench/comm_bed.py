@@ -1,0 +1,523 @@
+"""Communication-efficient training on emulated hosts (issue 14): measured against the planner.
+
+On 2 emulated hosts (tests/netbed.py: network namespaces, tbf-shaped veths) one torchrun worker
+per host trains a communication-bound MLP (~22M parameters, 89 MB of FP32 gradient, a global
+batch of 32) through ``kplan.runtime`` for a fixed number of steps with each option:
+dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints per option
+
+- the measured per-step time (median of the steps after the first 3) and its ratio to dense;
+- the planner's prediction (planner/compression.py over perfmodel): the compute time measured
+  by one worker alone (no communication), the link's alpha and bytes/s from a gloo all-reduce
+  probe on the bed at two sizes, the codec seconds measured by profiler/codec.py on the model's
+  shapes, and the overlap exponent gamma fitted on the dense run (so dense is a fit, every
+  other option a prediction);
+- the final held-out loss against dense, and the steps to dense's final training loss (the
+  workers' mean, smoothed by an EMA of span 5);
+- SelSync's synchronised steps and its wall time to dense's final loss;
+
+and, at 0.1, 1 and 10 Gbit/s, the collective ``topk:X:auto`` picked against the faster of
+``:ar`` and ``:ag`` as measured.
+
+    .venv/bin/python bench/comm_bed.py            # ~8 minutes on 2 shared cores; needs root
+    .venv/bin/python bench/comm_bed.py --quick    # 1 Gbit/s only, no AR/AG sweep: ~5 minutes
+    .venv/bin/python bench/comm_bed.py --steps 12 --quick   # a smoke run
+
+The emulated hosts share this machine's cores (and any other load on it, printed as the load
+average): their compute, codec and step times carry that contention, so the profile for the
+prediction is taken on both hosts at once, and each option's step time is the mean of two
+windows (in order, then in reverse order) to spread a drift of the load over every option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+FEATURES, HIDDEN, LAYERS = 1024, 2560, 3
+GLOBAL_BATCH = 32
+WARMUP = 3  # steps left out of the step-time median (connections, first buckets, allocator)
+TIMING_STEPS = 7  # steps per short timing run (WARMUP of them untimed)
+SEED = 0
+
+
+# --- the worker (run by torchrun inside each namespace) ----------------------------------------
+
+
+def make_model() -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(SEED)
+    layers: list[nn.Module] = [nn.Linear(FEATURES, HIDDEN), nn.Tanh()]
+    for _ in range(LAYERS - 1):
+        layers += [nn.Linear(HIDDEN, HIDDEN), nn.Tanh()]
+    layers.append(nn.Linear(HIDDEN, 1))
+    return nn.Sequential(*layers)
+
+
+def make_data(samples: int, seed: int) -> Any:
+    """y = x . w / sqrt(F) + 0.05 noise: plain SGD at lr 0.03 takes the MLP's loss from ~0.86
+    to ~0.5 in 30 steps of 32 (a curve that falls, so "steps to dense's loss" means something)."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, FEATURES, generator=gen)
+    w = torch.randn(FEATURES, 1, generator=torch.Generator().manual_seed(1234))
+    y = x @ w / math.sqrt(FEATURES) + 0.05 * torch.randn(samples, 1, generator=gen)
+    return TensorDataset(x, y)
+
+
+def worker(steps: int, out: Path, lr: float) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    import kplan.runtime as kr
+
+    torch.set_num_threads(1)
+    ctx = kr.init()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    data = make_data(steps * GLOBAL_BATCH, seed=1)
+    held_x, held_y = make_data(1024, seed=2).tensors
+    job = kr.Job(model, opt, data, batch_size=GLOBAL_BATCH, config=kr.RuntimeConfig(gns="off"))
+    times: list[float] = []
+    losses: list[float] = []
+    walls: list[float] = []
+    start = last = time.perf_counter()
+    for _epoch in job.epochs(1):
+        for x, y in job.batches():
+            with job.step():
+                loss = F.mse_loss(job.model(x), y)
+                job.backward(loss)
+            now = time.perf_counter()
+            times.append(now - last)
+            walls.append(now - start)
+            losses.append(float(loss.detach()))
+            last = now
+    with torch.no_grad():
+        held = float(F.mse_loss(job.module(held_x), held_y))
+    doc = {"times": times, "losses": losses, "walls": walls, "held_loss": held}
+    Path(f"{out}.rank{ctx.rank}").write_text(json.dumps(doc))
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    option: str
+    gbps: float
+    step_s: float  # median after warm-up
+    step_spread: float  # (p75 - p25) / median of the timed steps
+    losses: list[float]
+    walls: list[float]
+    held_loss: float
+    collectives: list[str]
+    synced: int | None
+    steps: int
+    significance: list[float]
+    timed: list[float]
+
+
+def _median_spread(ts: list[float]) -> tuple[float, float]:
+    med = statistics.median(ts)
+    q = statistics.quantiles(ts, n=4) if len(ts) >= 4 else [med, med, med]
+    return med, (q[2] - q[0]) / med
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """Rank 0's step records of the runtime's metrics stream (runtime/metrics.py)."""
+    from kplan.runtime.metrics import read_records
+
+    if not path.exists():
+        return []
+    return [r for r in read_records(path) if r.get("rank") == 0 and "step" in r]
+
+
+def run_option(
+    bed: Any, option: str, steps: int, lr: float, tmp: Path, gbps: float, port: int
+) -> Run:
+    from bench.runtime_common import clean_env
+    from tests import netbed
+
+    out = tmp / f"{option.replace(':', '_')}-{gbps:g}.json"
+    metrics = tmp / f"{option.replace(':', '_')}-{gbps:g}.jsonl"
+    extra = {"KPLAN_METRICS_PATH": str(metrics)}
+    if option.startswith("selective"):
+        extra["KPLAN_SYNC_POLICY"] = option
+    else:
+        extra["KPLAN_COMPRESSION"] = option
+    procs = []
+    for i in range(len(bed.hosts)):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *bed.torchrun_args(i, port),
+            "--max-restarts=0",
+            "--monitor-interval=0.2",
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--steps",
+            str(steps),
+            "--lr",
+            str(lr),
+            "--out",
+            str(out),
+        ]
+        procs.append(bed.popen(i, cmd, env=bed.env(i, clean_env(**extra)), cwd=str(REPO)))
+    results = [netbed.wait(p, 600) for p in procs]
+    for i, r in enumerate(results):
+        if r.returncode != 0:
+            raise RuntimeError(f"{option} on host {i} failed:\n{r.stdout[-3000:]}")
+    docs = [json.loads(Path(f"{out}.rank{i}").read_text()) for i in range(len(bed.hosts))]
+    doc = docs[0]
+    # the step's loss: the mean of the workers' (equal local batches)
+    losses = [statistics.fmean(x) for x in zip(*(d["losses"] for d in docs), strict=True)]
+    timed = doc["times"][WARMUP:]
+    med, spread = _median_spread(timed)
+    recs = _records(metrics)
+    colls = sorted({c for r in recs for c in (r.get("collective") or [])})
+    synced = [r["synced_steps"] for r in recs if "synced_steps" in r]
+    sig = [float(r["significance"]) for r in recs if r.get("significance") is not None]
+    return Run(
+        option,
+        gbps,
+        med,
+        spread,
+        losses,
+        doc["walls"],
+        doc["held_loss"],
+        colls,
+        synced[-1] if synced else None,
+        len(doc["times"]),
+        sig,
+        timed,
+    )
+
+
+def compute_seconds(steps: int) -> float:
+    """Forward + backward + SGD at the local batch, no communication (median after 2)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.03)
+    x, y = make_data(GLOBAL_BATCH // 2, seed=3).tensors
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times[2:]))
+
+
+def profile_host(options: list[str], out: Path) -> None:
+    """What one host measures for the planner: compute and each option's codec seconds."""
+    import torch
+
+    from kplan.profiler.codec import codec_seconds, model_shapes
+
+    torch.set_num_threads(1)
+    shapes = model_shapes(make_model())
+    doc = {
+        "compute": compute_seconds(8),
+        "codec": {o: codec_seconds(o, shapes, repeats=3) for o in options},
+    }
+    out.write_text(json.dumps(doc))
+
+
+def profile_on_bed(bed: Any, options: list[str], tmp: Path) -> tuple[float, dict[str, float]]:
+    """Profile on every host at once (the emulated hosts share this machine's cores, so a host
+    computes while the others do, as in a step); the slowest host's values."""
+    from tests import netbed
+
+    outs = [tmp / f"profile-{i}.json" for i in range(len(bed.hosts))]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-host", "--options"]
+    procs = [
+        bed.popen(i, [*cmd, ",".join(options), "--out", str(out)], cwd=str(REPO))
+        for i, out in enumerate(outs)
+    ]
+    for i, proc in enumerate(procs):
+        r = netbed.wait(proc, 600)
+        if r.returncode != 0:
+            raise RuntimeError(f"profiling on host {i} failed:\n{r.stdout[-3000:]}")
+    docs = [json.loads(o.read_text()) for o in outs]
+    codec = {o: max(d["codec"][o] for d in docs) for o in options}
+    return max(d["compute"] for d in docs), codec
+
+
+def probe_link(bed: Any, port: int) -> tuple[float, float]:
+    """(alpha s, seconds per byte sent) of a 2-host gloo all-reduce, from 4 MB and 40 MB."""
+    from tests import netbed
+
+    small, big = 4_000_000, 40_000_000
+    ts = netbed.allreduce_seconds(bed, small, reps=3, port=port)
+    tb = netbed.allreduce_seconds(bed, big, reps=3, port=port + 1)
+    ring = 1.0  # 2(k-1)/k at k = 2: each host sends S bytes
+    per_byte = max((tb - ts) / ((big - small) * ring), 1e-12)
+    return max(ts - per_byte * small * ring, 0.0), per_byte
+
+
+def smoothed(losses: list[float], span: int = 5) -> list[float]:
+    out, acc = [], None
+    a = 2.0 / (span + 1)
+    for v in losses:
+        acc = v if acc is None else a * v + (1 - a) * acc
+        out.append(acc)
+    return out
+
+
+def steps_to(losses: list[float], target: float) -> int | None:
+    for i, v in enumerate(smoothed(losses)):
+        if v <= target:
+            return i + 1
+    return None
+
+
+def fit_dense(tc: float, sync: float, last: float, measured: float) -> tuple[float, float]:
+    """(gamma, fixed per-step overhead) that make perfmodel's step equal the measured dense
+    step: above compute + sync (no overlap) the rest is the runtime's fixed per-step work
+    (its statistics all-reduce, Python), at gamma 1; below it, the overlap exponent."""
+    from kplan.planner import perfmodel
+
+    if measured >= tc + sync:
+        return 1.0, measured - tc - sync
+    best, err = 1.0, math.inf
+    for i in range(0, 901):
+        g = 1.0 + i * 0.01
+        pred = float(perfmodel.overlap(tc, sync - last, g)) + last
+        if abs(pred - measured) < err:
+            best, err = g, abs(pred - measured)
+    return best, 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-host", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--options", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=30, help="training steps per option")
+    ap.add_argument("--lr", type=float, default=0.03)
+    ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank")
+    ap.add_argument("--ratio", type=float, default=0.01, help="top-k ratio")
+    ap.add_argument(
+        "--selective",
+        default="selective:0.005:8",
+        help="SelSync policy (DELTA 0.005: about the median lr|g|/|w| of one worker's first 30 "
+        "steps of this model, quartiles 0.0042/0.0053/0.0058, so about half the steps sync)",
+    )
+    ap.add_argument("--quick", action="store_true", help="1 Gbit/s only, no AR/AG sweep")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.steps, args.out, args.lr)
+        return 0
+    if args.profile_host:
+        profile_host(args.options.split(","), args.out)
+        return 0
+
+    from tests import netbed
+
+    reason = netbed.unavailable()
+    if reason:
+        print(f"comm_bed: skipped: {reason}")
+        return 0
+    import torch
+
+    from kplan.planner import compression as cp
+    from kplan.planner import perfmodel
+    from kplan.profiler.codec import model_shapes
+
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    shapes = model_shapes(make_model())
+    numel = sum(math.prod(s) for s in shapes)
+    pbytes = 4.0 * numel
+    topk = f"topk:{args.ratio:g}"
+    options = ["none", "fp16", f"powersgd:{args.rank}", f"{topk}:ar", f"{topk}:ag"]
+    print(
+        f"model: MLP {FEATURES}-{HIDDEN}x{LAYERS}-1, {numel / 1e6:.1f}M parameters "
+        f"({pbytes / 1e6:.0f} MB FP32 gradient), global batch {GLOBAL_BATCH} on 2 hosts "
+        f"(1 worker each, 1 thread), plain SGD lr {args.lr:g}"
+    )
+    tc, codec = 0.0, dict[str, float]()
+    port = 29600
+    runs: dict[tuple[str, float], Run] = {}
+    links: dict[float, tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="kplan-comm-bed-") as tmpdir:
+        tmp = Path(tmpdir)
+        main_opts = [*options, f"{topk}:auto", args.selective]
+        sweep = [f"{topk}:ar", f"{topk}:ag", f"{topk}:auto"]
+        # (bandwidth, options timed round-robin, options trained for --steps)
+        plan: list[tuple[float, list[str], list[str]]] = [
+            (1.0, main_opts, [o for o in main_opts if not o.endswith(":auto")])
+        ]
+        if not args.quick:
+            plan += [(g, sweep, []) for g in (0.1, 10.0)]
+        for gbps, timed_opts, trained in plan:
+            with netbed.netbed(2, gbps=gbps) as bed:
+                if gbps == 1.0:
+                    tc, codec = profile_on_bed(bed, options, tmp)
+                    print(
+                        f"profiled on both hosts at once (slowest host): compute "
+                        f"{tc * 1e3:.0f} ms/step (median of 6); codec (profiler/codec.py, "
+                        "median of 3): "
+                        + ", ".join(f"{o} {s * 1e3:.0f} ms" for o, s in codec.items() if s),
+                        flush=True,
+                    )
+                links[gbps] = probe_link(bed, port)
+                port += 2
+                # Step times from two windows: the options in order (the training runs, or
+                # short runs), then a short run of each in reverse order, so a drift of the
+                # machine's load hits every option alike; the mean of the two windows' medians.
+                windows: dict[str, list[list[float]]] = {o: [] for o in timed_opts}
+                for o in timed_opts:
+                    steps = args.steps if o in trained else TIMING_STEPS
+                    runs[(o, gbps)] = run_option(bed, o, steps, args.lr, tmp, gbps, port)
+                    windows[o].append(runs[(o, gbps)].timed)
+                    port += 1
+                for o in timed_opts[::-1]:
+                    windows[o].append(
+                        run_option(bed, o, TIMING_STEPS, args.lr, tmp, gbps, port).timed
+                    )
+                    port += 1
+                for o, ws in windows.items():
+                    r = runs[(o, gbps)]
+                    ts = [t for w in ws for t in w]
+                    r.step_s = statistics.fmean(statistics.median(w) for w in ws)
+                    r.step_spread = _median_spread(ts)[1]
+                    print(
+                        f"  {o} at {gbps:g} Gbit/s: {r.step_s:.3f} s/step ({len(ts)} steps), "
+                        f"held loss {r.held_loss:.4f} after {r.steps} steps",
+                        flush=True,
+                    )
+    elapsed = time.perf_counter() - t_start
+
+    # --- the prediction: perfmodel with the bed's link, gamma fitted on dense ---
+    alpha, per_byte = links[1.0]
+    p = perfmodel.PerfParams(
+        compute_a=tc,
+        compute_b=0.0,
+        gamma=1.0,
+        intra_alpha=0.0,
+        intra_beta=0.0,
+        intra_lat=0.0,
+        inter_alpha=alpha,
+        inter_beta=per_byte * pbytes,
+        inter_lat=0.0,
+        two_node=0.0,
+        log_sigma=0.0,
+        gradient_bytes=pbytes,
+        bucket_bytes=perfmodel.DDP_BUCKET_BYTES,
+    )
+    dense = runs[("none", 1.0)]
+    sync = float(perfmodel.sync_time(p, 2, 2))
+    last = float(perfmodel.last_bucket_sync_time(p, 2, 2))
+    gamma, fixed = fit_dense(tc, sync, last, dense.step_s)
+    p = perfmodel.replace_fields(p, gamma=gamma, compute_a=tc + fixed)
+    print(
+        f"\nlink at 1 Gbit/s (gloo all-reduce probe, 4 and 40 MB): alpha {alpha * 1e3:.1f} ms, "
+        f"{8 / per_byte / 1e9:.3f} Gbit/s; fitted on the dense run: gamma {gamma:.2f}, "
+        f"runtime overhead {fixed * 1e3:.0f} ms/step (dense's prediction is this fit)"
+    )
+    target = smoothed(dense.losses)[-1]
+    head = (
+        f"{'option':<18}{'step s':>8}{'spread':>8}{'vs dense':>9}{'predicted':>10}{'err':>7}"
+        f"{'held loss':>10}{'vs dense':>9}{'steps to dense loss':>21}{'syncs':>7}"
+    )
+    print(
+        f"\n1 Gbit/s, 2 hosts; step s: mean of two windows' medians (the runs in order, then "
+        f"{TIMING_STEPS - WARMUP} steps of each in reverse order), spread = IQR / median of "
+        f"their steps; loss after {args.steps} steps\n{head}"
+    )
+    for o in main_opts:
+        r = runs[(o, 1.0)]
+        if o.startswith("selective"):
+            pred = None
+        else:
+            c = cp.parse(o)
+            pred = float(cp.step_time(p, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1,
+                                      codec.get(o, codec.get(f"{topk}:ag", 0.0)))[0])  # fmt: skip
+        to = steps_to(r.losses, target)
+        err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
+        loss = (
+            f"{r.held_loss:>10.4f}{r.held_loss / dense.held_loss - 1:>+9.1%}"
+            f"{'not reached' if to is None else str(to):>21}"
+            if r.steps >= args.steps
+            else f"{'(timed only: as ar or ag)':>40}"
+        )
+        print(
+            f"{o:<18}{r.step_s:>8.3f}{r.step_spread:>8.0%}{dense.step_s / r.step_s:>8.2f}x"
+            f"{'' if pred is None else f'{pred:.3f}':>10}{err:>7}{loss}"
+            f"{'' if r.synced is None else str(r.synced):>7}"
+        )
+    n_dense = steps_to(dense.losses, target) or dense.steps
+    print("\nstatistical cost: steps to dense's final loss / dense's, against the planner's prior")
+    for o in main_opts[1:]:
+        if o.startswith("selective") or o.endswith(":auto"):
+            continue
+        to_o = steps_to(runs[(o, 1.0)].losses, target)
+        pr = cp.prior(cp.parse(o))
+        if to_o is None:
+            print(f"  {o}: not reached in {args.steps} steps (> {args.steps / n_dense:.2f}x); "
+                  f"prior x{pr.multiplier:.3g}")  # fmt: skip
+            continue
+        up = pr.updated(to_o / n_dense, 0.1, "measured here")
+        print(f"  {o}: x{to_o / n_dense:.2f} measured, prior x{pr.multiplier:.3g} "
+              f"-> updated x{up.multiplier:.3g} (+-{up.log_sigma:.0%})")  # fmt: skip
+    sel = runs[(args.selective, 1.0)]
+    to = steps_to(sel.losses, target)
+    wall = sel.walls[to - 1] if to is not None else None
+    print(
+        f"\nSelSync ({args.selective}): {sel.synced} of {sel.steps} steps synchronised; wall time "
+        f"to dense's final smoothed loss {target:.4f}: "
+        + (f"{wall:.1f} s" if wall is not None else "not reached")
+        + f" vs dense {dense.walls[-1]:.1f} s"
+    )
+    if sel.significance:
+        qs = statistics.quantiles(sel.significance, n=4) if len(sel.significance) > 3 else []
+        print(f"  significance per step (the runtime's): quartiles {[f'{v:.2g}' for v in qs]}")
+    print("\ntopk:auto's collective against the faster measured (same bed, medians after warm-up)")
+    for gbps in sorted(links):
+        ar, ag, auto = (runs.get((f"{topk}:{x}", gbps)) for x in ("ar", "ag", "auto"))
+        if ar is None or ag is None or auto is None:
+            continue
+        faster = "ar" if ar.step_s <= ag.step_s else "ag"
+        gap = abs(ar.step_s - ag.step_s) / min(ar.step_s, ag.step_s)
+        picked = ",".join(auto.collectives) or "?"
+        a, b = links[gbps]
+        pc = cp.traffic(cp.parse(f"{topk}:auto"), shapes, 2, 1 / b, a).collective
+        print(
+            f"  {gbps:>5g} Gbit/s: ar {ar.step_s:.3f} s, ag {ag.step_s:.3f} s (faster {faster}, "
+            f"by {gap:.0%}); auto ran {picked} ({'match' if picked == faster else 'MISMATCH'}); "
+            f"the planner's auto: {pc}"
+        )
+    print(
+        f"\ntotal {elapsed:.0f} s (the bench, beds and probes); machine load average "
+        f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end on {os.cpu_count()} CPUs (the "
+        "emulated hosts share them: step times carry that contention)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
