@@ -36,6 +36,7 @@ own curves, combined with the prior by their uncertainties in log space).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -183,6 +184,11 @@ def traffic(
     return Traffic(nbytes, 2, tree + 2.0 * (k - 1), "ar")
 
 
+@functools.lru_cache(maxsize=4096)
+def _traffic_cached(c: Compression, shapes: Shapes, k: int, bw: float, lat: float) -> Traffic:
+    return traffic(c, shapes, k, bw, lat)
+
+
 def _link(p: PerfParams, n: Array, gradient_bytes: float) -> tuple[Array, Array, Array, Array]:
     """(alpha, seconds per byte, latency per hop, two-node factor) per configuration."""
     inter = n > 1
@@ -206,14 +212,19 @@ def sync_time(
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
     pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
     alpha, per_byte, lat, two = _link(p, n, pbytes)
+    shape_key = tuple(tuple(sh) for sh in shapes)
     keys = np.stack([k.ravel(), (n.ravel() > 1).astype(float)], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     t_bytes, t_hops = np.zeros(len(uniq)), np.zeros(len(uniq))
     names: list[str] = []
     for j, (kk, inter) in enumerate(uniq):
         pb = float(p.inter_beta if inter else p.intra_beta) / pbytes
-        t = traffic(
-            c, shapes, int(kk), 1.0 / pb if pb > 0 else 1e18, p.inter_lat if inter else p.intra_lat
+        t = _traffic_cached(
+            c,
+            shape_key,
+            int(kk),
+            1.0 / pb if pb > 0 else 1e18,
+            p.inter_lat if inter else p.intra_lat,
         )
         t_bytes[j], t_hops[j] = t.bytes, t.hops
         names.append(t.collective)
