@@ -122,6 +122,16 @@ def prior(c: Compression) -> StatCost:
     return StatCost(1.0 + 0.03 * math.log10(1.0 / ratio), 0.15, "prior (EF top-k)")
 
 
+def stat_for(c: Compression, measured: Sequence[tuple[str, float, float]] = ()) -> StatCost:
+    """The option's statistical cost: its prior, updated with a measurement ``(spec,
+    multiplier, log_sigma)`` of the same option when one is given (e.g. from a job's curves)."""
+    stat = prior(c)
+    for spec, multiplier, log_sigma in measured:
+        if parse(spec).spec() == c.spec():
+            stat = stat.updated(multiplier, log_sigma)
+    return stat
+
+
 def parse(text: str, where: str = "--compression") -> Compression:
     """An option as the runtime parses it (adaptive has no fixed price: refused here)."""
     c = rc.parse_compression(text, where)

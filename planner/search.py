@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from kplan.errors import InfeasibleError, InputError
 from kplan.planner import batchsched, compression, costs, efficiency, fmt, perfmodel, spotplan
 from kplan.planner.catalog import Catalog, InstanceType, Offer
+from kplan.planner.compression import StatCost
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
 from kplan.planner.plan import OBJECTIVES, Group, Objective, Plan, PlanRow
@@ -72,6 +73,9 @@ class SearchOptions:
     # configurations also compression.DEFAULT_OPTIONS where one saves more than the tie
     # tolerance; an option (e.g. "powersgd:4", "none") pins it on every configuration.
     compression: str | None = None
+    # Measured statistical costs (spec, samples multiplier, log sigma) that update an option's
+    # prior (compression.stat_for), e.g. from a running job's loss curves.
+    compression_stats: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.budget_usd is not None and not self.budget_usd > 0:
@@ -125,6 +129,9 @@ class SearchOptions:
             )
         if self.compression is not None:
             compression.parse(self.compression)
+        for spec, multiplier, log_sigma in self.compression_stats:
+            StatCost(1.0, 0.1, "check").updated(multiplier, log_sigma)  # validates them
+            compression.parse(spec)
 
 
 def default_objective(budget: float | None, deadline: float | None) -> Objective:
@@ -149,6 +156,7 @@ class Candidate:
     risk: SpotRisk | None = None  # the spot model's row (None: on demand)
     on_demand_usd_per_hour: float | None = None  # the same type's on-demand price in the region
     compression: str = "none"  # the gradient compression its rows run (planner/compression.py)
+    compression_stat: StatCost | None = None  # its samples multiplier (None: dense)
 
 
 @dataclass
@@ -349,7 +357,7 @@ def _type_grid(
         comp = compression.parse(c.compression)
         shapes = compression.assumed_shapes(p.gradient_bytes or workload.gradient_bytes)
         codec = compression.codec_seconds(comp, shapes)
-        stat = compression.prior(comp)
+        stat = c.compression_stat or compression.prior(comp)
         dense_s = steps * step
         step = compression.step_time(p, comp, shapes, nodes, workers, local, accum, codec)
         samples = samples * stat.multiplier
@@ -399,11 +407,18 @@ def _evaluate_single(
 def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOptions) -> Plan:
     """Evaluate every configuration and choose one by the objective, within budget/deadline."""
     cands, notes = candidates(workload, catalog, dm, opts)
-    if opts.compression is not None and opts.compression != "none":
-        cands = [replace(c, compression=compression.parse(opts.compression).spec()) for c in cands]
-    elif opts.compression is None and opts.max_nodes >= 2:  # dense first, then each option's
-        opts_c = [compression.parse(o).spec() for o in compression.DEFAULT_OPTIONS]
-        cands = [*cands, *(replace(c, compression=o) for o in opts_c for c in cands)]
+    pinned = opts.compression is not None and opts.compression != "none"
+    if pinned or (opts.compression is None and opts.max_nodes >= 2):
+        # pinned: every candidate runs it; else dense first, then each default option's
+        specs = [opts.compression] if pinned else list(compression.DEFAULT_OPTIONS)
+        comps = [compression.parse(str(o)) for o in specs]
+        stats = [compression.stat_for(cc, opts.compression_stats) for cc in comps]
+        variants = [
+            replace(c, compression=cc.spec(), compression_stat=st)
+            for cc, st in zip(comps, stats, strict=True)
+            for c in cands
+        ]
+        cands = variants if pinned else [*cands, *variants]
     if not cands:
         hint = "relax --cloud/--region/--gpu, or check `kplan catalog list`"
         if not opts.opt_in_zones and any(o.opt_in for o in catalog.offers):
@@ -1197,14 +1212,16 @@ def _compression_fields(
     p = c.pred.params
     shapes = compression.assumed_shapes(p.gradient_bytes or workload.gradient_bytes)
     nodes = int(t.nodes[i])
+    comp = compression.parse(c.compression)
     priced = compression.price(
         p,
-        compression.parse(c.compression),
+        comp,
         shapes,
         nodes,
         nodes * c.inst.gpu_count,
         int(t.local[i]),
         int(t.accum[i]),
+        stat=c.compression_stat,
     )
     return {"compression": c.compression, "compression_why": priced.why()}
 

@@ -224,3 +224,22 @@ def test_codec_profiler_measures_each_option_on_the_shapes() -> None:
         assert math.isfinite(s) and s > 0, spec
     with pytest.raises(InputError, match="not a compression"):
         codec_seconds("zip", shapes)
+
+
+def test_measured_statistical_costs_update_the_prior_and_the_choice() -> None:
+    """A measured multiplier of 20 (twenty times the steps) outweighs the all-reduce it saves
+    for top-k and PowerSGD alike here, and fp16's measured 1.0 keeps it: the search takes it."""
+    wl = fx.workload(inter_beta=2.0, two_node=0.0)
+    pins: dict[str, object] = {"min_nodes": 4, "max_nodes": 4, "gpus": ("T4",)}
+    measured = (("topk:0.01:auto", 20.0, 0.01), ("powersgd:4", 20.0, 0.01), ("fp16", 1.0, 0.01))
+    plan = _search(wl, objective="time", compression_stats=measured, **pins)
+    chosen = plan.chosen  # type: ignore[attr-defined]
+    assert chosen.compression == "fp16"
+    assert "measured (1) + prior" in chosen.compression_why
+    stat = cp.stat_for(cp.parse("topk:0.01"), measured)
+    wp, wm = 1 / 0.15**2, 1 / 0.01**2  # the prior's and the measurement's weights
+    want = math.exp((wp * math.log(1.06) + wm * math.log(20.0)) / (wp + wm))
+    assert stat.multiplier == pytest.approx(want)
+    assert cp.stat_for(cp.parse("topk:0.1"), measured) == cp.prior(cp.parse("topk:0.1"))
+    with pytest.raises(InputError, match="measured multiplier"):
+        SearchOptions(compression_stats=(("fp16", -1.0, 0.1),))
