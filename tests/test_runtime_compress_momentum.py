@@ -192,19 +192,22 @@ def test_exact_resume_with_the_fold(tmp_path: Path) -> None:
 # --- scenario run by torchrun (not by pytest) ---------------------------------------------------
 
 
-def _optimizer(name: str, params: Any) -> Any:
+def _optimizer(name: str, params: Any, lr: float | None) -> Any:
+    """The named optimizer; ``lr`` (the option's ``lr=X`` flag) overrides its default LR."""
     import torch
 
     if name == "sgdm":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        return torch.optim.SGD(params, lr=lr or 0.01, momentum=0.9)
     if name == "nesterov":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9, nesterov=True)
+        return torch.optim.SGD(params, lr=lr or 0.01, momentum=0.9, nesterov=True)
     if name == "sgdm_wd":  # weight decay and dampening
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-3, dampening=0.1)
+        return torch.optim.SGD(
+            params, lr=lr or 0.01, momentum=0.9, weight_decay=1e-3, dampening=0.1
+        )
     if name == "sgd":
-        return torch.optim.SGD(params, lr=0.1)
+        return torch.optim.SGD(params, lr=lr or 0.1)
     if name == "adam":
-        return torch.optim.Adam(params, lr=0.003)
+        return torch.optim.Adam(params, lr=lr or 0.003)
     raise SystemExit(f"unknown optimizer {name!r}")
 
 
@@ -220,11 +223,13 @@ def _train(folder: Path, tag: str, steps: int, options: list[str], ckpt_root: st
     x_all, y_all = data.tensors
     result: dict[str, Any] = {}
     for name in options:
+        # COMPRESSION/OPTIMIZER[/nogns][/manual][/lr=X][/h=WIDTH]
         compression, opt_name, *flags = name.split("/")
+        values = dict(f.split("=") for f in flags if "=" in f)
         torch.manual_seed(0)
-        model = make_model("mlp", 16, 32)
-        opt = _optimizer(opt_name, model.parameters())
-        safe = name.replace(":", "_").replace("/", "-")
+        model = make_model("mlp", 16, int(values.get("h", 32)))
+        opt = _optimizer(opt_name, model.parameters(), float(values.get("lr", 0)) or None)
+        safe = name.replace(":", "_").replace("/", "-").replace("=", "")
         ckpt = None if ckpt_root == "-" else Path(ckpt_root) / safe
         metrics = folder / f"{tag}-{safe}.jsonl"
         metrics.unlink(missing_ok=True)
