@@ -65,17 +65,19 @@ def test_bad_bed_sizes_are_refused() -> None:
 
 @pytest.mark.slow
 def test_tcp_and_gloo_all_reduce_run_at_the_shaped_rate() -> None:
-    """At 1 Gbit/s: TCP goodput 0.85-1.0 Gbit/s (tbf's rate less TCP/IP headers); a 2-host gloo
-    all-reduce of S bytes moves S bytes each way per host (ring, 2(k-1)/k * S), so its
-    bandwidth S/t is 0.75-1.0 Gbit/s; unshaped, the same all-reduce is at least 3x faster."""
+    """At 1 Gbit/s: TCP goodput at most the shaped rate and not far below it (0.7-1.0 Gbit/s:
+    tbf's rate less TCP/IP headers, ~0.95 measured; the floor leaves room for a loaded
+    machine); a 2-host gloo all-reduce of S bytes moves S bytes each way per host (ring,
+    2(k-1)/k * S), so its S/t is 0.6-1.0 Gbit/s; unshaped, the same all-reduce is at least 2x
+    faster (~6x measured)."""
     with netbed.netbed(2, gbps=1.0) as bed:
         tcp = netbed.tcp_gbps(bed, 0, 1, 40_000_000)
         shaped = netbed.allreduce_seconds(bed, 20_000_000)
-    assert 0.85 <= tcp <= 1.0, tcp
-    assert 0.75 <= 20e6 * 8 / shaped / 1e9 <= 1.0, shaped
+    assert 0.7 <= tcp <= 1.0, tcp
+    assert 0.6 <= 20e6 * 8 / shaped / 1e9 <= 1.0, shaped
     with netbed.netbed(2, gbps=None) as bed:
         free = netbed.allreduce_seconds(bed, 20_000_000)
-    assert free * 3 < shaped, (free, shaped)
+    assert free * 2 < shaped, (free, shaped)
 
 
 @pytest.mark.slow
