@@ -77,6 +77,10 @@ class LaunchRequest:
     max_global_batch: int | None = None
     fixed_batch: bool = False
     precision: str | None = None
+    # Gradient compression (runtime/compress.py) and SelSync (runtime/selsync.py): what the
+    # workers run; a plan made now is searched with the compression pinned
+    compression: str | None = None
+    sync_policy: str | None = None
     # The work to plan for (kplan estimate's --epochs / --dataset-size; default: the profile's)
     epochs: float | None = None
     dataset_size: int | None = None
@@ -95,6 +99,7 @@ def _check_common(req: LaunchRequest) -> None:
     if req.job_id is not None:
         check_job_id(req.job_id)
     _check_numbers(req)
+    _check_comm_options(req)
     given = [x for x in (req.plan_file, req.profile, req.example_profile) if x is not None]
     if len(given) > 1:
         raise InputError(
@@ -168,6 +173,8 @@ def _options(req: LaunchRequest) -> dict[str, Any]:
     if not req.external_ip:
         out["external_ip"] = False
     out["explore"] = req.explore
+    if req.sync_policy is not None:
+        out["sync_policy"] = req.sync_policy
     out["policies"] = tuple(policy_paths(req.policies, req.script, req.cloud or "local"))
     for name in (
         "max_nodes",
@@ -244,6 +251,8 @@ def build_spec(req: LaunchRequest) -> JobSpec:
         options.setdefault("rdzv_port", free_port())
         if req.precision is not None:
             options["precision"] = check_precision(req.precision)
+        if req.compression is not None:
+            options["compression"] = req.compression
         nodes, workers = req.nodes, req.workers_per_node
         if prediction is not None:
             row = prediction["chosen"]
@@ -479,6 +488,23 @@ def check_plan_row(row: dict[str, Any], source: str) -> None:
     count(row, "accum_steps", flags.MAX_BATCH, "chosen.accum_steps")
 
 
+def _check_comm_options(req: LaunchRequest) -> None:
+    """``--compression`` and ``--sync-policy`` are parsed as the workers will parse them; a
+    saved plan keeps the compression it was priced with."""
+    from kplan.runtime.compress import parse_compression
+    from kplan.runtime.selsync import parse_sync_policy
+
+    if req.compression is not None:
+        parse_compression(req.compression, "--compression")
+        if req.plan_file is not None:
+            raise InputError(
+                "--compression: a saved --plan runs the compression it was priced with",
+                hint="re-plan with kplan estimate --compression ... --out plan.json",
+            )
+    if req.sync_policy is not None:
+        parse_sync_policy(req.sync_policy, "--sync-policy")
+
+
 def _check_pins(req: LaunchRequest, *, plans_now: bool, local: bool) -> None:
     """The pinning flags are checked like kplan estimate's, and only where launch plans. On a
     local job ``--precision`` is what the workers train in, not a pin: checked, not refused."""
@@ -546,6 +572,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> dict[str, Any]:
         fixed_global_batch=req.fixed_batch,
         min_local_batch=pins.FIXED_BATCH_MIN_LOCAL if req.fixed_batch else 1,
         precision=check_precision(req.precision) if req.precision is not None else None,
+        compression=req.compression,
         min_nodes=node_pin[0] if node_pin else 1,
         max_nodes=node_pin[1] if node_pin else 64,
         allow_on_demand=req.allow_on_demand,

@@ -540,6 +540,18 @@ def _enum_cases() -> list[Case]:
                                                 "--plan", "{d}/p.json", "--dry-run"), 2,
          "rank must be an integer", {**s, "p.json": Mut("plan", ("chosen", "compression"),
                                                          "powersgd:0")}),
+        # issue 14: launch --compression / --sync-policy, parsed as the workers parse them
+        ("launch-compression-topk-2", ("launch", "{d}/train.py", "--compression", "topk:2",
+                                       "--dry-run"), 2, "ratio '2'", s),
+        ("launch-compression-zip", ("launch", "{d}/train.py", "--compression", "zip",
+                                    "--dry-run"), 2, "not a compression", s),
+        ("launch-compression-with-plan", ("launch", "{d}/train.py", "--budget", "5", "--plan",
+                                          "{d}/p.json", "--compression", "fp16", "--dry-run"),
+         2, "priced with", {**s, "p.json": Mut("plan", ("chosen", "compression"), "none")}),
+        ("launch-sync-policy-bad", ("launch", "{d}/train.py", "--sync-policy", "sometimes",
+                                    "--dry-run"), 2, "not a sync policy", s),
+        ("launch-sync-policy-delta-0", ("launch", "{d}/train.py", "--sync-policy",
+                                        "selective:0", "--dry-run"), 2, "--sync-policy", s),
         # issue 15, item 4: the pinning flags
         ("estimate-nodes-0", (*est, "--nodes", "0"), 2, "--nodes", {}),
         ("estimate-nodes-8-2", (*est, "--nodes", "8-2"), 2, "--nodes", {}),

@@ -305,3 +305,35 @@ def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
     bad = legacy | {"chosen": chosen | {"precision": "fp8"}}
     with pytest.raises(DataFileError, match="not a precision"):
         spec_from_plan(plain, bad, "aws")
+
+
+def test_launch_compression_and_sync_policy_reach_the_workers(tmp_path: Path) -> None:
+    """kplan launch --compression pins the plan it makes now (the chosen row runs it) and a local
+    job's workers; --sync-policy reaches the workers on either (issue 14)."""
+    from kplan.launcher.bootstrap import worker_env
+    from kplan.launching import LaunchRequest, build_spec
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    req = LaunchRequest(
+        script=script,
+        budget_usd=5000.0,
+        cloud="aws",
+        example_profile="imagenet-resnet50",
+        instance_types=("p3.16xlarge",),
+        plan_nodes="2",
+        compression="powersgd:4",
+        sync_policy="selective:0.01:8",
+        storage_uri="s3://bucket/kplan",
+    )
+    spec = build_spec(req)
+    assert spec.plan is not None and spec.plan["chosen"]["compression"] == "powersgd:4"
+    env = worker_env(spec, "/opt/kplan")
+    assert env["KPLAN_COMPRESSION"] == "powersgd:4"
+    assert env["KPLAN_SYNC_POLICY"] == "selective:0.01:8"
+    local = build_spec(LaunchRequest(script=script, budget_usd=0.0, compression="topk:0.01:ag"))
+    local_env = worker_env(local, "/x")
+    assert local_env["KPLAN_COMPRESSION"] == "topk:0.01:ag"
+    assert "KPLAN_SYNC_POLICY" not in local_env  # the default (every) is not exported
+    dense = worker_env(build_spec(LaunchRequest(script=script, budget_usd=0.0)), "/x")
+    assert "KPLAN_COMPRESSION" not in dense

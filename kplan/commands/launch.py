@@ -189,6 +189,25 @@ def launch_command(
             "plan made now is for (a saved --plan carries its own). The workers run in it.",
         ),
     ] = None,
+    compression: Annotated[
+        str | None,
+        typer.Option(
+            "--compression",
+            metavar="SPEC",
+            help="Gradient compression the workers run: none, fp16, bf16, powersgd:RANK, "
+            "topk:RATIO[:ar|ag|auto] or adaptive[:MIN:MAX] (docs/runtime.md). A plan made "
+            "now is searched with it pinned; a saved --plan runs its own.",
+        ),
+    ] = None,
+    sync_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--sync-policy",
+            metavar="SPEC",
+            help="every, or selective:DELTA[:AVG_EVERY] (SelSync: skip the all-reduce on "
+            "steps whose update is insignificant, average parameters every AVG_EVERY steps).",
+        ),
+    ] = None,
     epochs: Annotated[
         float | None,
         typer.Option(
@@ -373,6 +392,8 @@ def launch_command(
         max_global_batch=max_global_batch,
         fixed_batch=fixed_batch,
         precision=precision,
+        compression=compression,
+        sync_policy=sync_policy,
         epochs=epochs,
         dataset_size=dataset_size,
         price_usd_per_hour=price,
