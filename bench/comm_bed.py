@@ -18,7 +18,7 @@ dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints pe
 and, at 0.1, 1 and 10 Gbit/s, the collective ``topk:X:auto`` picked against the faster of
 ``:ar`` and ``:ag`` as measured.
 
-    .venv/bin/python bench/comm_bed.py            # ~8 minutes on 2 shared cores; needs root
+    .venv/bin/python bench/comm_bed.py            # 5-8 minutes on 2 shared cores; needs root
     .venv/bin/python bench/comm_bed.py --quick    # 1 Gbit/s only, no AR/AG sweep: ~5 minutes
     .venv/bin/python bench/comm_bed.py --steps 12 --quick   # a smoke run
 
@@ -246,22 +246,31 @@ def profile_host(options: list[str], out: Path) -> None:
 
 def profile_on_bed(bed: Any, options: list[str], tmp: Path) -> tuple[float, dict[str, float]]:
     """Profile on every host at once (the emulated hosts share this machine's cores, so a host
-    computes while the others do, as in a step); the slowest host's values."""
+    computes while the others do, as in a step); the slowest host's values. AR-Topk selects on
+    one worker per step (the others wait for its indices), so its codec is profiled on one
+    host while the other idles, as it runs."""
     from tests import netbed
 
-    outs = [tmp / f"profile-{i}.json" for i in range(len(bed.hosts))]
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-host", "--options"]
-    procs = [
-        bed.popen(i, [*cmd, ",".join(options), "--out", str(out)], cwd=str(REPO))
-        for i, out in enumerate(outs)
-    ]
-    for i, proc in enumerate(procs):
-        r = netbed.wait(proc, 600)
-        if r.returncode != 0:
-            raise RuntimeError(f"profiling on host {i} failed:\n{r.stdout[-3000:]}")
-    docs = [json.loads(o.read_text()) for o in outs]
-    codec = {o: max(d["codec"][o] for d in docs) for o in options}
-    return max(d["compute"] for d in docs), codec
+    def on(hosts: list[int], opts: list[str], tag: str) -> list[dict[str, Any]]:
+        outs = [tmp / f"profile-{tag}-{i}.json" for i in hosts]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-host", "--options"]
+        procs = [
+            bed.popen(i, [*cmd, ",".join(opts), "--out", str(out)], cwd=str(REPO))
+            for i, out in zip(hosts, outs, strict=True)
+        ]
+        for i, proc in zip(hosts, procs, strict=True):
+            r = netbed.wait(proc, 600)
+            if r.returncode != 0:
+                raise RuntimeError(f"profiling on host {i} failed:\n{r.stdout[-3000:]}")
+        return [json.loads(o.read_text()) for o in outs]
+
+    together = [o for o in options if not o.endswith(":ar")]
+    docs = on(list(range(len(bed.hosts))), together, "all")
+    codec = {o: max(d["codec"][o] for d in docs) for o in together}
+    alone = [o for o in options if o.endswith(":ar")]
+    if alone:
+        codec.update(on([0], alone, "one")[0]["codec"])
+    return max(d["compute"] for d in docs), {o: codec[o] for o in options}
 
 
 def probe_link(bed: Any, port: int) -> tuple[float, float]:
@@ -455,8 +464,10 @@ def main() -> int:
             pred = None
         else:
             c = cp.parse(o)
-            pred = float(cp.step_time(p, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1,
-                                      codec.get(o, codec.get(f"{topk}:ag", 0.0)))[0])  # fmt: skip
+            # auto: the codec of the collective the planner's auto takes on this link
+            coll = cp.traffic(c, shapes, 2, 1 / per_byte, alpha).collective
+            cs = codec.get(o, codec.get(f"{topk}:{coll}", 0.0))
+            pred = float(cp.step_time(p, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs)[0])
         to = steps_to(r.losses, target)
         err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
         loss = (
