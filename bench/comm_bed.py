@@ -1,7 +1,7 @@
 """Communication-efficient training on emulated hosts (issue 14): measured against the planner.
 
 On 2 emulated hosts (tests/netbed.py: network namespaces, tbf-shaped veths) one torchrun worker
-per host trains a communication-bound MLP (~22M parameters, 89 MB of FP32 gradient, a global
+per host trains a communication-bound MLP (~15.7M parameters, 63 MB of FP32 gradient, a global
 batch of 32) through ``kplan.runtime`` for a fixed number of steps with each option:
 dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints per option
 

@@ -63,7 +63,7 @@ ASSUMED_SIDE = 4096
 # Codec seconds per gradient element on a GPU when not measured (memory-bound passes over the
 # gradient at ~1 TB/s: a cast reads 4 and writes 2 bytes and back; PowerSGD reads the matrix
 # twice plus its error buffer; top-k's selection is ~10 passes). Priors, replaced by
-# ``measured`` codec times (profiler/compression_cost.py measures them on the real tensors).
+# ``measured`` codec times (profiler/codec.py measures them on the real tensors).
 CODEC_S_PER_ELEMENT: dict[str, float] = {
     "none": 0.0,
     "fp16": 1.2e-11,
