@@ -28,6 +28,13 @@ PowerSGD's matmuls and orthogonalisation, top-k selection and scatter) is added 
 
     T_step(o) = (s-1) T_c + overlap(T_c, T_sync(o) - T_last(o)) + T_last(o) + T_codec(o)
 
+``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
+runs the option's compress + decompress on the model's own parameter shapes on the profiling
+device) and scaled to the target GPU by the device factor the compute time uses
+(``InstancePrediction.compute_factor``); else ``CODEC_S_PER_ELEMENT`` x elements (a prior). The
+shapes are the profile's ``model.gradient_shapes`` when recorded, else ``assumed_shapes``.
+``codec_for`` picks, and says which ("codec measured" or "codec prior") in the row's why.
+
 The statistical cost is a multiplier on the samples (steps) to the target, ``StatCost``: a
 documented prior per option (below) that measurements replace (``StatCost.updated``: the
 measured steps-to-loss ratio of a compressed and a dense run, e.g. bench/comm_bed.py or a job's
@@ -40,7 +47,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -50,6 +57,9 @@ from kplan.planner import perfmodel
 from kplan.planner.perfmodel import PerfParams
 from kplan.runtime import compress as rc
 from kplan.runtime.compress import Compression
+
+if TYPE_CHECKING:
+    from kplan.planner.workload import Workload
 
 Array = NDArray[np.float64]
 Shapes = tuple[tuple[int, ...], ...]
@@ -261,6 +271,36 @@ def codec_seconds(
     return CODEC_S_PER_ELEMENT[c.kind] * numel
 
 
+def codec_for(
+    c: Compression,
+    shapes: Sequence[tuple[int, ...]],
+    measured: dict[str, float] | None = None,
+    factor: float = 1.0,
+    device: str = "",
+) -> tuple[float, str]:
+    """(codec seconds on the target, basis): ``measured[c.spec()]`` (the same option, measured
+    on ``device``) x ``factor`` (the compute time's device factor to the target GPU), else the
+    per-element prior on ``shapes``."""
+    if c.kind == "none":
+        return 0.0, ""
+    if measured and c.spec() in measured:
+        scaled = f" x{factor:.3g} device factor" if factor != 1.0 else ""
+        return measured[c.spec()] * factor, f"codec measured on {device or 'the profiler'}{scaled}"
+    return codec_seconds(c, shapes), "codec prior"
+
+
+def job_inputs(
+    c: Compression, workload: Workload, gradient_bytes: float, factor: float
+) -> tuple[Shapes, tuple[float, str]]:
+    """The job's gradient shapes (profiled, else ``assumed_shapes(gradient_bytes)``) and
+    ``codec_for`` with its measured codec times scaled by ``factor`` (the instance's compute
+    factor)."""
+    shapes = workload.gradient_shapes or assumed_shapes(gradient_bytes)
+    codec = workload.codec
+    measured = codec.as_dict() if codec is not None else None
+    return shapes, codec_for(c, shapes, measured, factor, codec.device if codec else "")
+
+
 def step_time(
     p: PerfParams,
     c: Compression,
@@ -299,6 +339,7 @@ class Priced:
     codec_s: float
     stat: StatCost
     collective: str
+    codec_basis: str = "codec prior"
 
     @property
     def time_ratio(self) -> float:
@@ -309,7 +350,7 @@ class Priced:
         coll = f" ({self.collective.upper()})" if self.collective else ""
         return (
             f"{self.compression}{coll}: all-reduce {self.dense_sync_s:.3g} s -> "
-            f"{self.sync_s:.3g} s per step, codec +{self.codec_s:.2g} s, "
+            f"{self.sync_s:.3g} s per step, codec +{self.codec_s:.2g} s ({self.codec_basis}), "
             f"x{self.stat.multiplier:.3g} steps ({self.stat.source}): "
             f"{1 - self.time_ratio:.0%} less time than dense"
         )
@@ -325,9 +366,15 @@ def price(
     accum_steps: int = 1,
     measured_codec: dict[str, float] | None = None,
     stat: StatCost | None = None,
+    codec_s: tuple[float, str] | None = None,
 ) -> Priced:
-    """Price ``c`` on one configuration against dense."""
-    codec = codec_seconds(c, shapes, measured_codec)
+    """Price ``c`` on one configuration against dense (``codec_s``: ``codec_for``'s answer)."""
+    if codec_s is not None:
+        codec, basis = codec_s
+    else:
+        codec = codec_seconds(c, shapes, measured_codec)
+        hit = measured_codec and (c.spec() in measured_codec or c.kind in measured_codec)
+        basis = "codec measured" if hit else "codec prior"
     step = float(step_time(p, c, shapes, [nodes], [workers], [local_batch], accum_steps, codec)[0])
     dense = float(perfmodel.step_time(p, nodes, workers, local_batch, accum_steps))
     sync, colls = sync_time(p, c, shapes, [nodes], [workers])
@@ -340,6 +387,7 @@ def price(
         codec,
         stat or prior(c),
         colls[0],
+        basis,
     )
 
 

@@ -12,7 +12,8 @@ Document shape (``schema`` = ``kplan.profile/1.x``)::
       "provenance": "how it was measured, by what",
       "device": {"gpu": "T4", "gpus_per_node": 4, "cloud": "aws", "instance_type": "g4dn.12xlarge",
                  "fp32_tflops": 7.9, "mem_bw_gbs": 290.0},   # the last two: measured, optional
-      "model": {"gradient_bytes": 102228128},
+      "model": {"gradient_bytes": 102228128,
+                "gradient_shapes": [[[2048, 512, 1, 1], 3], [[1000], 1], ...]},  # optional (1.2)
       "batch": {"base_global_batch": 200, "max_local_batch": 200,
                 "max_local_limit": "oom"},   # optional: oom, memory or sweep (what set the max)
       "memory": {"device_memory_gb": 16.0, "static_gb": 1.5, "per_sample_gb": 0.06},   # optional
@@ -20,7 +21,10 @@ Document shape (``schema`` = ``kplan.profile/1.x``)::
       "gns": {"trajectory": [{"progress": 0.0, "noise_scale": 150.0}, ...]},           # optional
       "measurements": [{"nodes": 1, "workers": 1, "local_batch": 20, "step_time": 0.147,
                         "sync_time": 0.001, "accum_steps": 1}, ...],
-      "fit": { ...a fitted performance model, see kplan.planner.perfmodel... }         # optional
+      "fit": { ...a fitted performance model, see kplan.planner.perfmodel... },        # optional
+      "codec_seconds": {"options": {"fp16": 0.0011, "powersgd:4": 0.0093,
+                                    "topk:0.01:auto": 0.041},
+                        "device": "cpu", "how": "median of 3 after 1 warm-up"}   # optional (1.2)
     }
 
 ``device.gpu`` is a catalog GPU name (e.g. "T4") or "cpu". ``device.fp32_tflops`` and
@@ -29,6 +33,13 @@ a copy benchmark); the planner uses them to predict other devices from an uncata
 
 ``progress`` in the GNS trajectory is the fraction of training done (0 to 1, in samples at the
 base batch); ``noise_scale`` is the gradient noise scale B_noise at that point.
+
+``model.gradient_shapes`` (1.2) are the trainable parameters' shapes as ``[shape, count]`` pairs
+of distinct shapes (at most ``MAX_DISTINCT_SHAPES``; their elements must match
+``gradient_bytes`` at 1-8 bytes each). ``codec_seconds`` (1.2) are the gradient-compression
+options' compress + decompress seconds per step measured on the profiling device
+(profiler/codec.py), keyed by the option's canonical spec. The planner prices compression with
+both (planner/compression.py); without them it assumes square matrices and per-element priors.
 """
 
 from __future__ import annotations
@@ -39,8 +50,10 @@ from typing import Any
 
 from kplan.errors import DataFileError, InputError, SchemaVersionError
 from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
+from kplan.runtime.compress import parse_compression
 
-PROFILE_SCHEMA = "kplan.profile/1.1"  # 1.1: optional top-level "precision"
+# 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds"
+PROFILE_SCHEMA = "kplan.profile/1.2"
 _PROFILE_KIND = "kplan.profile"
 _SUPPORTED_MAJOR = 1
 
@@ -82,6 +95,21 @@ class GnsPoint:
 
 
 @dataclass(frozen=True)
+class CodecTimes:
+    """Measured compress + decompress seconds per step of compression options (profile 1.2)."""
+
+    seconds: tuple[tuple[str, float], ...]  # (canonical spec, seconds) on ``device``
+    device: str  # what measured them: "cpu", "cuda" (the profile's device.gpu names the model)
+    how: str  # the method: repetitions, warm-up, statistic, workers
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     provenance: str
@@ -107,6 +135,16 @@ class Profile:
     # line reaches the device's memory) or "sweep" (the largest size profiled; memory not
     # measured). None: not recorded (older profiles, the built-in examples).
     max_local_limit: str | None = None
+    # The trainable parameters' shapes, (shape, count) per distinct shape, and the measured codec
+    # times of compression options (profile 1.2). None: not recorded.
+    gradient_shapes: tuple[tuple[Shape, int], ...] | None = None
+    codec: CodecTimes | None = None
+
+    def shapes(self) -> tuple[Shape, ...] | None:
+        """Every trainable parameter's shape (the pairs expanded), or None when not recorded."""
+        if self.gradient_shapes is None:
+            return None
+        return tuple(s for s, n in self.gradient_shapes for _ in range(n))
 
 
 def check_schema(doc: Any, kind: str, source: str) -> str:
@@ -163,6 +201,10 @@ MAX_BYTES = 1e14  # gradient bytes
 MAX_GB = 1e6  # memory figures
 MAX_TFLOPS = 1e6  # measured device throughput (also GB/s of bandwidth)
 MAX_NOISE_SCALE = 1e15
+MAX_DISTINCT_SHAPES = 4096  # distinct parameter shapes recorded in model.gradient_shapes
+MAX_PARAMETER_TENSORS = 1_000_000  # parameter tensors in all (the sum of the counts)
+MAX_DIMS = 8
+MAX_CODEC_OPTIONS = 32
 
 
 def _num(
@@ -334,7 +376,89 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         fit=fit,
         precision=_precision(doc.get("precision", DEFAULT_PRECISION), source),
         max_local_limit=_limit(batch.get("max_local_limit"), source),
+        gradient_shapes=_shapes(model, source),
+        codec=_codec(doc.get("codec_seconds"), source),
     )
+
+
+def _shapes(model: dict[str, Any], source: str) -> tuple[tuple[Shape, int], ...] | None:
+    """``model.gradient_shapes``: [[shape, count], ...], consistent with gradient_bytes."""
+    value = model.get("gradient_shapes")
+    if value is None:
+        return None
+    name = "model.gradient_shapes"
+    hint = "a list of [[dim, ...], count] pairs (re-run `kplan profile`), or remove the field"
+    if not isinstance(value, list) or not value or len(value) > MAX_DISTINCT_SHAPES:
+        raise DataFileError(
+            f"{source}: '{name}' must be a list of 1 to {MAX_DISTINCT_SHAPES} [shape, count] "
+            f"pairs, got {_short(value)}",
+            hint=hint,
+        )
+    out: list[tuple[Shape, int]] = []
+    tensors, elements = 0, 0
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list)):
+            raise DataFileError(
+                f"{source}: '{name}[{i}]' must be a [shape, count] pair, got {_short(pair)}",
+                hint=hint,
+            )
+        if len(pair[0]) > MAX_DIMS:
+            raise DataFileError(
+                f"{source}: '{name}[{i}]' has {len(pair[0])} dimensions (at most {MAX_DIMS})",
+                hint=hint,
+            )
+        shape = tuple(_int(d, source, f"{name}[{i}][0]", 2**31) for d in pair[0])
+        count = _int(pair[1], source, f"{name}[{i}][1]", MAX_PARAMETER_TENSORS)
+        tensors += count
+        elements += math.prod(shape) * count
+        out.append((shape, count))
+    if tensors > MAX_PARAMETER_TENSORS:
+        raise DataFileError(
+            f"{source}: '{name}' counts {tensors} tensors (at most {MAX_PARAMETER_TENSORS})",
+            hint=hint,
+        )
+    nbytes = _num(_get(model, "gradient_bytes", source, "model."), source, "model.gradient_bytes")
+    if not elements <= nbytes <= 8 * elements:
+        raise DataFileError(
+            f"{source}: '{name}' hold {elements} elements, which does not match "
+            f"model.gradient_bytes={nbytes:g} (1 to 8 bytes per element)",
+            hint=hint,
+        )
+    return tuple(out)
+
+
+def _codec(value: Any, source: str) -> CodecTimes | None:
+    """``codec_seconds``: {"options": {spec: seconds}, "device": ..., "how": ...}."""
+    if value is None:
+        return None
+    hint = 'e.g. {"options": {"fp16": 0.001}, "device": "cpu", "how": "..."}, or remove it'
+    options = value.get("options") if isinstance(value, dict) else None
+    if not isinstance(options, dict) or not options or len(options) > MAX_CODEC_OPTIONS:
+        raise DataFileError(
+            f"{source}: 'codec_seconds.options' must be an object of 1 to {MAX_CODEC_OPTIONS} "
+            f"option: seconds, got {_short(options if isinstance(value, dict) else value)}",
+            hint=hint,
+        )
+    seconds: dict[str, float] = {}
+    for key, secs in options.items():
+        try:
+            spec = parse_compression(str(key)[:40], "codec_seconds.options").spec()
+        except InputError as err:
+            raise DataFileError(f"{source}: {err.message}", hint=err.hint) from None
+        seconds[spec] = _num(
+            secs, source, f"codec_seconds.options.{str(key)[:40]}", positive=False,
+            upper=MAX_SECONDS,
+        )  # fmt: skip
+    device = _str(value.get("device", ""), source, "codec_seconds.device") or ""
+    how = value.get("how", "")
+    if not isinstance(how, str):
+        raise DataFileError(f"{source}: 'codec_seconds.how' must be a string", hint=hint)
+    return CodecTimes(tuple(seconds.items()), device, how[:4096])
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 MAX_LOCAL_LIMITS = ("oom", "memory", "sweep")
@@ -425,4 +549,12 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         }
     if p.fit is not None:
         doc["fit"] = p.fit
+    if p.gradient_shapes is not None:
+        doc["model"]["gradient_shapes"] = [[list(s), n] for s, n in p.gradient_shapes]
+    if p.codec is not None:
+        doc["codec_seconds"] = {
+            "options": p.codec.as_dict(),
+            "device": p.codec.device,
+            "how": p.codec.how,
+        }
     return doc

@@ -355,8 +355,9 @@ def _type_grid(
         # The option's step time and samples; unless pinned, only where it saves more than the
         # tie tolerance over dense on the same multi-node configuration.
         comp = compression.parse(c.compression)
-        shapes = compression.assumed_shapes(p.gradient_bytes or workload.gradient_bytes)
-        codec = compression.codec_seconds(comp, shapes)
+        shapes, (codec, _) = compression.job_inputs(
+            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.compute_factor
+        )
         stat = c.compression_stat or compression.prior(comp)
         dense_s = steps * step
         step = compression.step_time(p, comp, shapes, nodes, workers, local, accum, codec)
@@ -1210,9 +1211,11 @@ def _compression_fields(
     if c is None or c.compression == "none":
         return {}
     p = c.pred.params
-    shapes = compression.assumed_shapes(p.gradient_bytes or workload.gradient_bytes)
     nodes = int(t.nodes[i])
     comp = compression.parse(c.compression)
+    shapes, codec = compression.job_inputs(
+        comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.compute_factor
+    )
     priced = compression.price(
         p,
         comp,
@@ -1222,6 +1225,7 @@ def _compression_fields(
         int(t.local[i]),
         int(t.accum[i]),
         stat=c.compression_stat,
+        codec_s=codec,
     )
     return {"compression": c.compression, "compression_why": priced.why()}
 

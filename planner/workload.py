@@ -20,7 +20,7 @@ from kplan.planner.catalog import GpuSpec, InstanceType
 from kplan.planner.devices import DeviceModel, compute_scale, precision_family
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
-from kplan.planner.profile import GnsPoint, Profile
+from kplan.planner.profile import CodecTimes, GnsPoint, Profile
 
 # Weights, gradients and two Adam moments in FP32: the static memory of data-parallel
 # training when the profile did not measure it (an upper-end assumption for SGD jobs).
@@ -48,6 +48,10 @@ class Workload:
     # (other precision, per-sample time in it / in ``precision``) on ``ref_gpu``, from a second
     # profile (``precision_ratio``); None: one precision measured.
     precision_ratio: tuple[str, float] | None = None
+    # From the profile (1.2), for pricing compression: every trainable parameter's shape and
+    # the codec times measured on the reference device. None: not profiled (priors used).
+    gradient_shapes: tuple[tuple[int, ...], ...] | None = None
+    codec: CodecTimes | None = None
 
     def __post_init__(self) -> None:
         if self.base_batch < 1:
@@ -119,6 +123,8 @@ def workload_from_profile(
         ref_is_cpu=is_cpu,
         precision=profile.precision,
         precision_ratio=precision_ratio(profile, other) if other is not None else None,
+        gradient_shapes=profile.shapes(),
+        codec=profile.codec,
     )
 
 

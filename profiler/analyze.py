@@ -23,6 +23,7 @@ from kplan.errors import JobError
 from kplan.planner.profile import GnsPoint, Measurement
 from kplan.profiler.records import (
     AllReduceEvent,
+    CodecEvent,
     MemoryEvent,
     ModelEvent,
     OomEvent,
@@ -72,6 +73,8 @@ class Analysis:
     # measured memory line reaches the device's memory there) or "sweep" (the largest size the
     # sweep ran, memory not measured: a CPU run).
     max_local_limit: str = "sweep"
+    gradient_shapes: tuple[tuple[tuple[int, ...], int], ...] | None = None  # (shape, count)
+    codec: CodecEvent | None = None  # rank 0's codec benchmark after the job
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float], *, nonneg: bool = False) -> LinearFit:
@@ -169,6 +172,7 @@ def analyze(records: Sequence[Record], warmup: int, steps_per_batch: int) -> Ana
     ooms = [r.local_batch for r in records if isinstance(r, OomEvent)]
     memory = [r for r in records if isinstance(r, MemoryEvent)]
     allreduce = [r for r in records if isinstance(r, AllReduceEvent)]
+    codec = [r for r in records if isinstance(r, CodecEvent)]
     sizes = size_stats(steps, warmup, steps_per_batch)
     if not sizes:
         hint = (
@@ -213,6 +217,8 @@ def analyze(records: Sequence[Record], warmup: int, steps_per_batch: int) -> Ana
         allreduce=allreduce[-1] if allreduce else None,
         world_size=max(s.world_size for s in steps),
         max_local_limit=limit,
+        gradient_shapes=models[-1].shapes,
+        codec=codec[-1] if codec else None,
     )
 
 

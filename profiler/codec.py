@@ -13,15 +13,20 @@ PowerSGD's orthonormalisation) and without the collectives, on the device given:
   norms, then the dense sum of ``workers`` gathered (indices, values) parts; ``:ar``: the same
   selection (on the broadcasting worker) and the scatter of the reduced values.
 
-Returns the median over ``repeats`` after one warm-up, in seconds per step.
+Returns the median over ``repeats`` after one warm-up, in seconds per step. ``bench_after_job``
+runs it in a profile's rank-0 worker on the planner's default options, bounded in elements and
+seconds; the profile records the times (``codec_seconds``) and the shapes it used.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def codec_seconds(
@@ -119,3 +124,89 @@ def model_shapes(model: object) -> tuple[tuple[int, ...], ...]:
 
 def elements(shapes: Sequence[tuple[int, ...]]) -> int:
     return sum(math.prod(s) for s in shapes)
+
+
+# After a profile run (``kplan.profiler.worker``), rank 0 times the planner's default options on
+# the model's own shapes, within these bounds:
+CODEC_REPEATS = 3  # timed repetitions after one warm-up (the median is recorded)
+CODEC_WORKERS = 2  # gathered parts AG-Topk's decompression sums (the planner prices k workers)
+MAX_CODEC_ELEMENTS = 200_000_000  # past this (0.8 GB of FP32 gradient): skipped, with a note
+CODEC_BUDGET_S = 60.0  # later options not started when this is spent: skipped, with a note
+
+
+def measure_options(
+    shapes: Sequence[tuple[int, ...]],
+    options: Sequence[str],
+    *,
+    device: str = "cpu",
+    repeats: int = CODEC_REPEATS,
+    budget_s: float = CODEC_BUDGET_S,
+    max_elements: int = MAX_CODEC_ELEMENTS,
+) -> tuple[dict[str, float], str]:
+    """({canonical spec: median seconds}, what was skipped and why, "" when nothing was)."""
+    from kplan.planner.compression import parse
+
+    n = elements(shapes)
+    if n > max_elements:
+        return {}, f"not measured: {n} gradient elements is more than {max_elements}"
+    out: dict[str, float] = {}
+    start = time.perf_counter()
+    for i, spec in enumerate(options):
+        if i and time.perf_counter() - start > budget_s:
+            rest = ", ".join(options[i:])
+            return out, f"{rest} not measured: the {budget_s:g} s budget was spent"
+        out[parse(spec).spec()] = codec_seconds(
+            spec, shapes, workers=CODEC_WORKERS, repeats=repeats, device=device
+        )
+    return out, ""
+
+
+def bench_after_job(metrics: Path) -> None:
+    """On rank 0 after the job: time the default compression options on the shapes of the
+    model record and append a ``codec`` record (read by profiler/records.py)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    shapes = _shapes_from(metrics)
+    if not shapes:
+        return
+    import torch
+
+    from kplan.planner.compression import DEFAULT_OPTIONS
+
+    device = "cpu"
+    if torch.cuda.is_available():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    seconds, skipped = measure_options(shapes, DEFAULT_OPTIONS, device=device)
+    record = {
+        "event": "codec",
+        "seconds": seconds,
+        "device": device.split(":")[0],
+        "how": (
+            f"profiler/codec.py on rank 0 after the job: median of {CODEC_REPEATS} after 1 "
+            f"warm-up, the runtime's compressor code on the model's {len(shapes)} parameter "
+            f"tensors ({elements(shapes)} elements), {CODEC_WORKERS} workers' parts, "
+            "no collectives"
+        ),
+        "skipped": skipped,
+    }
+    with metrics.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _shapes_from(metrics: Path) -> tuple[tuple[int, ...], ...] | None:
+    """Every parameter's shape from the runtime's last ``model`` record, if it has them."""
+    try:
+        lines = metrics.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(raw, dict) and raw.get("event") == "model":
+            pairs = raw.get("gradient_shapes")
+            if not isinstance(pairs, list):
+                return None
+            return tuple(tuple(int(d) for d in s) for s, n in pairs for _ in range(int(n)))
+    return None

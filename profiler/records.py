@@ -2,9 +2,10 @@
 
 Per-step records carry ``step, rank, world_size, local_batch, global_batch, compute_time,
 sync_time, step_time, loss, gns, grad_sqr, grad_var, phase``; events carry ``event``:
-``model`` (gradient bytes, parameters), ``oom`` (a local batch that ran out of memory),
-``memory`` (peak and total bytes on CUDA), ``allreduce`` (the profiler's own microbenchmark)
-and ``done``. Unknown keys and events are ignored (runtime/API.md).
+``model`` (gradient bytes, parameters, the parameters' shapes), ``oom`` (a local batch that ran
+out of memory), ``memory`` (peak and total bytes on CUDA), ``allreduce`` and ``codec`` (the
+profiler's own microbenchmarks: profiler/allreduce.py, profiler/codec.py) and ``done``. Unknown
+keys and events are ignored (runtime/API.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ class StepRecord:
 class ModelEvent:
     gradient_bytes: int
     parameters: int
+    # [(shape, count)] of distinct trainable parameter shapes; None: not reported (or too many)
+    shapes: tuple[tuple[tuple[int, ...], int], ...] | None = None
+
+
+@dataclass(frozen=True)
+class CodecEvent:
+    """Compression codec seconds per step measured on rank 0 after the job (profiler/codec.py)."""
+
+    seconds: tuple[tuple[str, float], ...]  # (option spec, median seconds)
+    device: str
+    how: str
+    skipped: str  # why some or all options were not measured ("" when none was skipped)
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,7 @@ class DoneEvent:
     rank: int
 
 
-Record = StepRecord | ModelEvent | OomEvent | MemoryEvent | AllReduceEvent | DoneEvent
+Record = StepRecord | ModelEvent | OomEvent | MemoryEvent | AllReduceEvent | CodecEvent | DoneEvent
 
 
 def _float(raw: dict[str, Any], key: str) -> float | None:
@@ -112,7 +125,11 @@ def parse_record(raw: Any) -> Record | None:
             grad_var=_float(raw, "grad_var"),
         )
     if event == "model":
-        return ModelEvent(_req_int(raw, "gradient_bytes"), int(raw.get("parameters", 0)))
+        return ModelEvent(
+            _req_int(raw, "gradient_bytes"),
+            int(raw.get("parameters", 0)),
+            _shape_counts(raw.get("gradient_shapes")),
+        )
     if event == "oom":
         return OomEvent(_req_int(raw, "local_batch"))
     if event == "memory":
@@ -131,9 +148,33 @@ def parse_record(raw: Any) -> Record | None:
             world_size=_req_int(raw, "world_size"),
             backend=str(raw.get("backend", "")),
         )
+    if event == "codec":
+        seconds = raw.get("seconds")
+        if not isinstance(seconds, dict):
+            raise ValueError("'seconds' of a codec record must be an object")
+        return CodecEvent(
+            seconds=tuple((str(k), _req_float(seconds, k)) for k in seconds),
+            device=str(raw.get("device", "")),
+            how=str(raw.get("how", "")),
+            skipped=str(raw.get("skipped", "")),
+        )
     if event == "done":
         return DoneEvent(int(raw.get("rank", 0)))
     return None
+
+
+def _shape_counts(value: Any) -> tuple[tuple[tuple[int, ...], int], ...] | None:
+    """The model record's ``gradient_shapes`` ([[shape, count], ...]); None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError("'gradient_shapes' must be a list of [shape, count] pairs")
+    out = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list)):
+            raise ValueError(f"'gradient_shapes' entry {str(pair)[:40]} is not [shape, count]")
+        out.append((tuple(int(d) for d in pair[0]), int(pair[1])))
+    return tuple(out)
 
 
 class MetricsTail:

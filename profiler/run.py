@@ -16,8 +16,9 @@ from pathlib import Path
 from kplan import __version__
 from kplan.errors import InputError
 from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
-from kplan.planner.profile import Profile
+from kplan.planner.profile import CodecTimes, Profile
 from kplan.profiler.analyze import Analysis, analyze, gns_trajectory, measurements
+from kplan.profiler.codec import CODEC_REPEATS
 from kplan.profiler.device import DeviceFacts, measure_device
 from kplan.profiler.examples import Example, get_example
 from kplan.profiler.job import JobOutcome, JobSpec, Progress, run_job
@@ -293,6 +294,17 @@ def build_profile(
             f"; all-reduce of {a.allreduce.nbytes} B over {a.allreduce.world_size} "
             f"{a.allreduce.backend} workers: {a.allreduce.seconds * 1e3:.2f} ms"
         )
+    codec = None
+    if a.codec is not None:
+        if a.codec.seconds:
+            codec = CodecTimes(a.codec.seconds, a.codec.device, a.codec.how)
+            provenance += (
+                "; codec "
+                + ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in a.codec.seconds)
+                + f" (median of {CODEC_REPEATS} on {a.codec.device})"
+            )
+        if a.codec.skipped:
+            provenance += f"; codec {a.codec.skipped}"
     mem = a.memory_fit
     if mem is not None and not gpus:
         provenance += (
@@ -317,4 +329,6 @@ def build_profile(
         measured_mem_bw_gbs=facts.mem_bw_gbs if facts else None,
         precision=req.precision,
         max_local_limit=a.max_local_limit,
+        gradient_shapes=a.gradient_shapes,
+        codec=codec,
     )

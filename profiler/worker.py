@@ -1,5 +1,6 @@
 """What torchrun starts in each worker during a profile: the user's script, then the
-all-reduce microbenchmark (``python -m kplan.profiler.worker SCRIPT [ARGS...]``).
+all-reduce microbenchmark and (rank 0) the compression codec benchmark
+(``python -m kplan.profiler.worker SCRIPT [ARGS...]``).
 
 The script runs as ``__main__`` with its own argv and its folder first on ``sys.path``, as if
 started directly; an exception in it ends the worker with the usual traceback and exit 1.
@@ -12,6 +13,7 @@ import runpy
 import sys
 from pathlib import Path
 
+from kplan.profiler import codec
 from kplan.profiler.allreduce import bench_after_job
 from kplan.runtime.env import METRICS_PATH
 
@@ -31,6 +33,7 @@ def main(argv: list[str]) -> int:
     metrics = os.environ.get(METRICS_PATH)
     if metrics:
         bench_after_job(Path(metrics))
+        codec.bench_after_job(Path(metrics))
     return 0
 
 

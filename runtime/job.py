@@ -305,6 +305,7 @@ class Job:
             "model",
             gradient_bytes=sum(p.numel() * p.element_size() for p in params),
             parameters=sum(p.numel() for p in model.parameters()),
+            gradient_shapes=shape_counts(params),
         )
         if self._compressor is not None and (comp.kind != "none" or self._selsync.active):
             net = self._compressor.network
@@ -685,3 +686,18 @@ def _releaser(ref: weakref.ref[Job]) -> Callable[[], None]:
             job._loader = None  # type: ignore[assignment]
 
     return release
+
+
+MAX_REPORTED_SHAPES = 4096  # distinct shapes in the model event (more: not reported)
+
+
+def shape_counts(params: Sequence[torch.Tensor]) -> list[list[Any]] | None:
+    """The parameters' shapes as [[shape, count], ...] of distinct shapes in first-seen order (the
+    profiler prices gradient compression with them); None past ``MAX_REPORTED_SHAPES``."""
+    counts: dict[tuple[int, ...], int] = {}
+    for p in params:
+        key = tuple(int(d) for d in p.shape)
+        counts[key] = counts.get(key, 0) + 1
+        if len(counts) > MAX_REPORTED_SHAPES:
+            return None
+    return [[list(k), n] for k, n in counts.items()]
