@@ -51,6 +51,36 @@ class InstanceType:
     source: str
 
 
+# How NCCL crosses nodes on an instance type's NIC: "rdma" (AWS's Elastic Fabric Adapter with the
+# aws-ofi-nccl plugin, or GPUDirect RDMA over RoCE) or "tcp" (NCCL's socket transport on a plain
+# NIC). Sources: AWS EC2 user guide, "Elastic Fabric Adapter: supported instance types" and "Get
+# started with EFA and NCCL" (p3dn 1 x 100, p4d/p4de 4 x 100, p5/p5e/p5en 32 x 100 or 16 x 200
+# Gbit/s EFA, p6 EFAv4: the bandwidth the catalog records is EFA's); Google Cloud, "GPU machine
+# types" (A3 Ultra and A4: GPUDirect RDMA over RoCE). Smaller AWS types (g4dn.12xlarge
+# included: the Pollux traces measured it over TCP) reach other nodes over TCP unless an EFA
+# interface and the plugin are set up; GCP's gVNIC is TCP, and A3 High/Mega's GPUDirect-TCPX(O)
+# is counted as TCP (no measurement of it in the shared data). fit.PRIOR_*_BY_FABRIC.
+RDMA_TYPES: tuple[tuple[str, str], ...] = (
+    ("aws", "p3dn"),
+    ("aws", "p4d"),
+    ("aws", "p4de"),
+    ("aws", "p5"),
+    ("aws", "p5e"),
+    ("aws", "p5en"),
+    ("aws", "p6"),
+    ("gcp", "a3-ultragpu"),
+    ("gcp", "a4-highgpu"),
+)
+
+
+def nic_fabric(inst: InstanceType) -> Literal["rdma", "tcp"]:
+    """The fabric NCCL uses between two nodes of this instance type (see RDMA_TYPES)."""
+    family = inst.name.split(".")[0] if inst.cloud == "aws" else inst.name.rsplit("-", 1)[0]
+    if inst.cloud == "aws":
+        family = family.split("-")[0]  # p6-b200 -> p6
+    return "rdma" if (inst.cloud, family) in RDMA_TYPES else "tcp"
+
+
 @dataclass(frozen=True)
 class Offer:
     """A price for one instance type in one zone and market."""

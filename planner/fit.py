@@ -28,13 +28,29 @@ from kplan.planner.profile import Measurement
 # measured by vTrain (shared/data/gpu/vtrain-micro24/trace/{a100,v100}/AR_GPU<k>_*_LUT, k=2..8,
 # 1 MB..1 GB) as t = c0 + S * 2(k-1)/k / (eta * BW), BW = 2400 (A100) / 1200 (V100) Gbit/s:
 # eta = 0.665 on both (A100 alone 0.73, V100 alone 0.57), c0 = 58 us per call.
-# PRIOR_ETA_INTER: no inter-node NCCL measurement in the shared data; NCCL drives the NIC with
-# the same ring protocol, so the intra-node ring efficiency is transferred (an assumption; the
-# former 0.25 made a 400 Gbit/s EFA node look like 100 and is what bench/sync_model.py part b
-# shows against DGX multi-node throughput). Latencies per ring hop: ~10 us in a node, ~50 us
-# across nodes over TCP (assumed; the NCCL data shows no per-hop growth inside a node).
+# PRIOR_ETA_INTER: the RDMA (EFA / InfiniBand) prior: no inter-node NCCL-over-RDMA measurement
+# in the shared data; NCCL drives such a NIC with the same ring protocol, so the intra-node ring
+# efficiency is transferred (an assumption; the former 0.25 made a 400 Gbit/s EFA node look
+# like 100 and is what bench/sync_model.py part b shows against DGX multi-node throughput).
+# It does not hold over plain TCP: see PRIOR_ETA_INTER_BY_FABRIC. Latencies per ring hop:
+# ~10 us in a node, ~50 us across nodes over TCP (assumed; the NCCL data shows no per-hop
+# growth inside a node).
 PRIOR_ETA_INTRA = 0.665
 PRIOR_ETA_INTER = PRIOR_ETA_INTRA
+# Per NIC fabric (catalog.nic_fabric): "rdma" (NCCL over EFA/RoCE/IB, as NVLink's ring) keeps
+# the transferred NCCL efficiency above and the one-node overlap. "tcp" (NCCL's socket transport
+# on a plain NIC) is fitted on the multi-node rows of the Pollux T4 traces (g4dn.12xlarge, 50
+# Gbit/s, no EFA; bench/multinode_transfer.py): from each model's one-node fit, one efficiency
+# and one inter-node overlap exponent shared by five models (cifar10, imagenet, bert,
+# deepspeech2, yolov3; 4840 rows, 2 to 16 nodes). Held out one model at a time, eta 0.075-0.092
+# and gamma 1.38-2.33: about 4 Gbit/s of a 50 Gbit/s NIC, barely overlapped. The transferred
+# 0.665 (and the one-node gamma) predicted these rows 0.59x of the measured time (36% MAPE).
+PRIOR_ETA_INTER_BY_FABRIC: dict[str, float] = {"rdma": PRIOR_ETA_INTER, "tcp": 0.082}
+PRIOR_GAMMA_INTER_BY_FABRIC: dict[str, float | None] = {"rdma": None, "tcp": 1.64}
+# One-sigma log error of a multi-node prediction whose inter-node terms are this prior: the RMS
+# of the held-out (leave-one-model-out) log errors of bench/multinode_transfer.py.
+PRIOR_INTER_LOG_SIGMA = 0.20
+FABRICS = tuple(PRIOR_ETA_INTER_BY_FABRIC)
 PRIOR_NCCL_CALL = 58e-6  # c0 of the fit above: one NCCL all-reduce call inside a node
 PRIOR_LAT_INTRA = 10e-6
 PRIOR_LAT_INTER = 50e-6
@@ -75,7 +91,10 @@ class FitInputs:
 
 
 def _priors(
-    gradient_bytes: float | None, intra_gbps: float | None, inter_gbps: float | None
+    gradient_bytes: float | None,
+    intra_gbps: float | None,
+    inter_gbps: float | None,
+    inter_eta: float = PRIOR_ETA_INTER,
 ) -> NDArray[np.float64]:
     def beta(gbps: float | None, eta: float) -> float:
         if gradient_bytes and gbps:
@@ -91,7 +110,7 @@ def _priors(
             beta(intra_gbps, PRIOR_ETA_INTRA),
             PRIOR_LAT_INTRA,
             PRIOR_ALPHA,
-            beta(inter_gbps, PRIOR_ETA_INTER),
+            beta(inter_gbps, inter_eta),
             PRIOR_LAT_INTER,
             0.0,
         ]
@@ -161,17 +180,21 @@ def fit_perf_params(
     gpu: str | None = None,
     gpus_per_node: int | None = None,
     bucket_bytes: float | None = None,
+    inter_fabric: str = "tcp",
 ) -> PerfParams:
     """Least-squares fit of the step-time model in log space (robust soft-L1 loss).
 
     ``bucket_bytes``: DDP's bucket size, for the last-bucket floor (``perfmodel``); needs
-    ``gradient_bytes``. None fits without the floor.
+    ``gradient_bytes``. None fits without the floor. ``inter_fabric``: the NIC's fabric
+    (``catalog.nic_fabric``: "tcp" or "rdma"), which picks the inter-node priors where the rows
+    do not measure them; "tcp" (a plain NIC) unless the instance is known to use EFA or RDMA.
     """
     from scipy.optimize import least_squares  # scipy only on the fitting path
 
     d = rows if isinstance(rows, FitInputs) else FitInputs.from_measurements(rows)
     floor_bytes, floor_bucket = (gradient_bytes, bucket_bytes) if gradient_bytes else (None, None)
-    prior = _priors(gradient_bytes, intra_gbps, inter_gbps)
+    eta_inter, gamma_inter = prior_inter(inter_fabric)
+    prior = _priors(gradient_bytes, intra_gbps, inter_gbps, eta_inter)
     free = _free_mask(d)
     x0 = _initial(d, prior)
     has_sync = ~np.isnan(d.sync_time)
@@ -222,7 +245,17 @@ def fit_perf_params(
         max_nodes_measured=int(d.nodes.max()),
         max_workers_measured=int(d.workers.max()),
         inter_measured=bool((d.nodes > 1).any()),
+        # measured rows across nodes fit the overlap there (with gamma, on every row); a
+        # one-node profile cannot, and takes the fabric's prior
+        inter_gamma=None if (d.nodes > 1).any() else gamma_inter,
     )
+
+
+def prior_inter(fabric: str) -> tuple[float, float | None]:
+    """(efficiency of the nominal NIC bandwidth, overlap exponent or None) of a fabric."""
+    if fabric not in PRIOR_ETA_INTER_BY_FABRIC:
+        raise InputError(f"unknown NIC fabric {fabric!r}", hint=f"use one of {', '.join(FABRICS)}")
+    return PRIOR_ETA_INTER_BY_FABRIC[fabric], PRIOR_GAMMA_INTER_BY_FABRIC[fabric]
 
 
 def _params(x: NDArray[np.float64], **meta: Any) -> PerfParams:

@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kplan.errors import InputError
-from kplan.planner import efficiency, perfmodel
+from kplan.planner import efficiency, fit, perfmodel
 from kplan.planner.costs import Z90
 from kplan.planner.efficiency import sample_factor
 from kplan.planner.fit import FitInputs, fit_perf_params
@@ -47,7 +47,7 @@ OnlineObjective = Literal["cost", "time"]
 
 # Parameter groups that only rows of a kind can identify: kept from the prior without such rows.
 _INTRA = ("intra_alpha", "intra_beta", "intra_lat")
-_INTER = ("inter_alpha", "inter_beta", "inter_lat", "two_node")
+_INTER = ("inter_alpha", "inter_beta", "inter_lat", "two_node", "inter_gamma")
 # Time-valued parameters: scaling all of them by r scales every predicted step time by r.
 _TIMES = ("compute_a", "compute_b", "intra_alpha", "intra_beta", "inter_alpha", "inter_beta")
 _LATS = ("intra_lat", "inter_lat")
@@ -116,21 +116,24 @@ class ModelError:
     n: int
 
 
-# Extra log-space error of a prediction across nodes when no multi-node row was ever measured
-# (the inter-node terms are then priors: an assumed 25% of the NIC's nominal bandwidth, which
-# real all-reduces miss by a factor of 2 or more either way), and likewise inside a node.
+# Extra log-space error of a prediction on several GPUs of a node when no multi-GPU row was ever
+# measured (the intra-node terms are then priors). Across nodes with no multi-node row the
+# fabric prior's held-out error is added instead (fit.PRIOR_INTER_LOG_SIGMA).
 UNMEASURED_SYNC_LOG_SIGMA = 0.3
 
 
 def _sigma(p: PerfParams, nodes: Array, workers: Array | None = None) -> Array:
     """log_sigma widened by 0.05 per doubling of nodes past the largest measured (as search),
-    and by ``UNMEASURED_SYNC_LOG_SIGMA`` where the sync terms were never measured."""
+    by ``UNMEASURED_SYNC_LOG_SIGMA`` where the intra-node sync was never measured and by
+    ``fit.PRIOR_INTER_LOG_SIGMA`` where the inter-node sync was not."""
     doublings = np.log2(np.maximum(nodes / max(p.max_nodes_measured, 1), 1.0))
     out: Array = np.hypot(p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
-    unmeasured = (nodes > 1) & (not p.inter_measured)
     if workers is not None:
-        unmeasured |= (workers > 1) & (p.max_workers_measured <= 1)
-    out = np.where(unmeasured, np.hypot(out, UNMEASURED_SYNC_LOG_SIGMA), out)
+        unmeasured = (workers > 1) & (p.max_workers_measured <= 1)
+        out = np.where(unmeasured, np.hypot(out, UNMEASURED_SYNC_LOG_SIGMA), out)
+    # inter-node terms from the fabric prior: its held-out error (bench/multinode_transfer.py)
+    inter = (nodes > 1) & (not p.inter_measured)
+    out = np.where(inter, np.hypot(out, fit.PRIOR_INTER_LOG_SIGMA), out)
     return out
 
 

@@ -9,6 +9,7 @@ Notation: ``n`` nodes, ``k`` workers in all, per-worker batch ``b``, accumulatio
                = (alpha_n + beta_n * ring(k) + lat_n * 2(k-1))
                  * (1 + two_node * [n == 2])                    across nodes (the NIC)
     T          = (T_c^g + T_sync^g)^(1/g),  g in [1, 10]        compute/sync overlap
+                 (g = inter_gamma across nodes where it is set)
                  with T_sync less the last bucket, + T_last          DDP bucket floor (below)
     T_step     = (s - 1) * T_c + T                              with accumulation
 
@@ -24,6 +25,13 @@ so each node sends and receives ``ring(k) * P`` over its NICs whatever its GPU c
 bytes as a hierarchical reduce-scatter / inter-node all-reduce / all-gather, ``2(n-1)/n * P``
 per node, within ``k/(k-1)``), and ``BW_nic`` is the node's aggregate NIC bandwidth
 (catalog ``network_gbps``: 4 x 100 Gbit/s EFA on p4d = 400), not a per-GPU share.
+
+Overlap across nodes: ``inter_gamma`` (None: ``gamma``) is the overlap exponent of rows that
+span nodes. A fit with multi-node rows measures the overlap there and leaves it None; a fit of a
+one-node profile cannot (its sync is a short PCIe/NVLink all-reduce, so the one-node ``gamma``
+is poorly identified: 1.0 to 5.2 on the Pollux traces), and the fit sets the fabric's prior
+(``fit.PRIOR_GAMMA_INTER_BY_FABRIC``: over plain TCP sockets the inter-node all-reduce is
+several times the compute and overlaps little).
 
 Bucket floor: DDP all-reduces gradients in buckets of ``DDP_BUCKET_BYTES`` while backward runs,
 but the last bucket (the first layers' gradients) is ready only when backward ends, so at least
@@ -94,6 +102,9 @@ class PerfParams:
     # DDP bucket size in bytes: the last bucket's all-reduce is never hidden by compute (see
     # the module notes). None: no floor (models saved before issue 15, synthetic fixtures).
     bucket_bytes: float | None = None
+    # Overlap exponent of rows across nodes (None: gamma); a fabric prior where the inter-node
+    # terms are priors (fit.PRIOR_GAMMA_INTER_BY_FABRIC), None once multi-node rows are fitted.
+    inter_gamma: float | None = None
 
     def __post_init__(self) -> None:
         for name in (*(n for n in FITTED if n != "gamma"), "log_sigma"):
@@ -102,6 +113,8 @@ class PerfParams:
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
         if not 1.0 <= self.gamma <= 10.0:
             raise ValueError(f"gamma={self.gamma!r} must be in [1, 10]")
+        if self.inter_gamma is not None and not 1.0 <= self.inter_gamma <= 10.0:
+            raise ValueError(f"inter_gamma={self.inter_gamma!r} must be in [1, 10]")
         if self.compute_a + self.compute_b <= 0:
             raise ValueError("compute_a + compute_b must be > 0")
         if self.bucket_bytes is not None and not (
@@ -165,7 +178,15 @@ def overlapped(p: PerfParams, compute: ArrayLike, nodes: ArrayLike, workers: Arr
     tc = np.asarray(compute, dtype=float)
     sync = sync_time(p, nodes, workers)
     last = np.minimum(last_bucket_sync_time(p, nodes, workers), sync)
-    return overlap(tc, sync - last, p.gamma) + last
+    return overlap(tc, sync - last, overlap_gamma(p, nodes)) + last
+
+
+def overlap_gamma(p: PerfParams, nodes: ArrayLike) -> Array:
+    """The overlap exponent of each row: ``inter_gamma`` across nodes where set, else gamma."""
+    n = np.asarray(nodes, dtype=float)
+    inter = p.gamma if p.inter_gamma is None else p.inter_gamma
+    out: Array = np.where(n > 1, inter, p.gamma)
+    return out
 
 
 def with_bucket_floor(p: PerfParams, bucket_bytes: float = DDP_BUCKET_BYTES) -> PerfParams:
@@ -173,8 +194,9 @@ def with_bucket_floor(p: PerfParams, bucket_bytes: float = DDP_BUCKET_BYTES) -> 
     return replace(p, bucket_bytes=bucket_bytes) if p.gradient_bytes else p
 
 
-def overlap(compute: ArrayLike, sync: ArrayLike, gamma: float) -> Array:
-    """(T_c^g + T_sync^g)^(1/g), computed stably."""
+def overlap(compute: ArrayLike, sync: ArrayLike, gamma: float | ArrayLike) -> Array:
+    """(T_c^g + T_sync^g)^(1/g), computed stably (``gamma`` a number or one per row)."""
+    gamma = np.asarray(gamma, dtype=float)
     c = np.asarray(compute, dtype=float)
     s = np.asarray(sync, dtype=float)
     hi = np.maximum(c, s)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kplan.errors import InputError
 from kplan.planner import fit, perfmodel
-from kplan.planner.catalog import GpuSpec, InstanceType
+from kplan.planner.catalog import GpuSpec, InstanceType, nic_fabric
 from kplan.planner.devices import DeviceModel, compute_scale, precision_family
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
@@ -271,12 +271,15 @@ def for_instance(
             intra_beta=bytes_ / (fit.PRIOR_ETA_INTRA * inst.interconnect_gbps * 1e9 / 8),
         )
     if not w.params.inter_measured and inst.network_gbps:
-        # Inter-node terms were never measured: rebuild them from the prior for this NIC.
+        # Inter-node terms were never measured: rebuild them from the prior for this NIC's
+        # fabric (plain TCP or RDMA: efficiency and overlap, fit.PRIOR_*_BY_FABRIC).
+        eta_inter, gamma_inter = fit.prior_inter(nic_fabric(inst))
         params = perfmodel.replace_fields(
             params,
             inter_alpha=fit.PRIOR_ALPHA,
             inter_lat=fit.PRIOR_LAT_INTER,
             two_node=0.0,
-            inter_beta=bytes_ / (fit.PRIOR_ETA_INTER * inst.network_gbps * 1e9 / 8),
+            inter_beta=bytes_ / (eta_inter * inst.network_gbps * 1e9 / 8),
+            inter_gamma=gamma_inter,
         )
     return InstancePrediction(params, max_local_batch(w, gpu), speed.factor, extra)

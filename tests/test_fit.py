@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kplan.errors import InputError
 from kplan.planner import fit, perfmodel
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.profile import Measurement
@@ -51,8 +52,33 @@ def test_single_node_profile_keeps_inter_node_priors() -> None:
     fitted = fit_perf_params(rows, gradient_bytes=1e8, intra_gbps=100.0, inter_gbps=50.0)
     assert not fitted.inter_measured
     assert fitted.two_node == 0.0
-    # the prior: P / (eta * BW) with eta = fit.PRIOR_ETA_INTER
-    assert fitted.inter_beta == pytest.approx(1e8 / (fit.PRIOR_ETA_INTER * 50e9 / 8))
+    # the prior of a plain (TCP) NIC by default: P / (eta * BW), and its overlap across nodes
+    eta, gamma = fit.prior_inter("tcp")
+    assert fitted.inter_beta == pytest.approx(1e8 / (eta * 50e9 / 8))
+    assert fitted.inter_gamma == gamma
+    # over RDMA (EFA/RoCE) the NCCL efficiency measured inside a node, and the one-node overlap
+    rdma = fit_perf_params(
+        rows, gradient_bytes=1e8, intra_gbps=100.0, inter_gbps=50.0, inter_fabric="rdma"
+    )
+    assert rdma.inter_beta == pytest.approx(1e8 / (fit.PRIOR_ETA_INTER * 50e9 / 8))
+    assert rdma.inter_gamma is None
+
+
+def test_fabric_priors_are_physical_and_ordered() -> None:
+    # TCP sockets reach far less of the NIC than RDMA, and overlap no better than one node's
+    tcp_eta, tcp_gamma = fit.prior_inter("tcp")
+    rdma_eta, _ = fit.prior_inter("rdma")
+    assert 0.02 < tcp_eta < rdma_eta <= 1.0
+    assert tcp_gamma is not None and 1.0 <= tcp_gamma <= fit.PRIOR_GAMMA
+    assert 0.1 <= fit.PRIOR_INTER_LOG_SIGMA <= 0.5
+    with pytest.raises(InputError, match="unknown NIC fabric"):
+        fit.prior_inter("infiniband-ish")
+
+
+def test_multi_node_rows_fit_the_overlap_across_nodes() -> None:
+    # measured rows across nodes replace the fabric's overlap prior (inter_gamma None: gamma)
+    fitted = fit_perf_params(_rows(params()), gradient_bytes=1e8, inter_gbps=50.0)
+    assert fitted.inter_measured and fitted.inter_gamma is None
 
 
 def test_log_sigma_reflects_noise() -> None:

@@ -66,6 +66,10 @@ def test_a_deadline_does_not_lock_the_job_into_the_dearest_cluster() -> None:
     # cifar10, deadline halfway (geometrically) between the fastest and the cheapest config:
     # the early forecast's spread made every config miss at its p90, and the job took the
     # best chance at any price (16 nodes until 88% of the job: 4.7x the hindsight best).
+    # Issue 15 item 5: with the plain-TCP inter-node prior (multi-node steps no longer 0.59x of
+    # the measured) the model's first trial is 8 nodes, not 2, and the coarse re-plans of QUICK
+    # take one detour (4 nodes) before 3: 1.19x here (0.84x with the former optimistic prior);
+    # at the default re-plan interval cifar10 is 1.12x (1.29x before).
     r = simulate("cifar10", replace(QUICK, deadline_frac=0.5))
     assert r.deadline_s is not None and r.online.seconds <= r.deadline_s
-    assert r.online.cost <= 1.10 * r.best_usd
+    assert r.online.cost <= 1.20 * r.best_usd

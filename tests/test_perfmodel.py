@@ -73,3 +73,18 @@ def test_model_json_round_trip_and_errors() -> None:
         params_from_dict({"schema": "kplan.perfmodel/1.0", "foo": 1})
     with pytest.raises(DataFileError, match="profile"):
         params_from_dict({"schema": "kplan.profile/1.0"})
+
+
+def test_inter_gamma_sets_the_overlap_across_nodes_only() -> None:
+    p = params(gamma=4.0)
+    q = perfmodel.replace_fields(p, inter_gamma=1.0)
+    # inside a node nothing changes; across nodes gamma 1 adds compute and sync (no overlap)
+    assert perfmodel.step_time(q, 1, 4, 16) == pytest.approx(perfmodel.step_time(p, 1, 4, 16))
+    tc = float(perfmodel.compute_time(q, 16))
+    sync = float(perfmodel.sync_time(q, 4, 16))
+    assert perfmodel.step_time(q, 4, 16, 16) == pytest.approx(tc + sync)
+    assert perfmodel.step_time(p, 4, 16, 16) < tc + sync
+    # saved and loaded with the model; out of [1, 10] refused
+    assert params_from_dict(json.loads(json.dumps(params_to_dict(q)))) == q
+    with pytest.raises(ValueError, match="inter_gamma"):
+        perfmodel.replace_fields(p, inter_gamma=0.5)
