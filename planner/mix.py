@@ -121,7 +121,9 @@ def _pair(
     sync = np.maximum(
         perfmodel.sync_time(p1, nodes, workers), perfmodel.sync_time(p2, nodes, workers)
     )
-    step = (s - 1.0) * compute + perfmodel.overlap(compute, sync, p1.gamma)
+    step = (s - 1.0) * compute + perfmodel.overlap(
+        compute, sync, perfmodel.overlap_gamma(p1, nodes)
+    )
     samples = workload.samples_at_base * efficiency.sample_factor(
         workload.gns, workload.base_batch, batch
     )
