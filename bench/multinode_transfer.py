@@ -266,8 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     online_p90 = [-e <= Z90 * stated_sigma(*fitted[m]) for m, e in lomo.items()]
     print(
         "held out, at or below the p90 with the sigma stated by online._sigma "
-        f"{np.mean(np.concatenate(online_p90)) * 100:.0f}%, by kplan estimate's rows (search: no "
-        f"unmeasured-term sigma) {np.mean(np.concatenate(est)) * 100:.0f}%"
+        f"{np.mean(np.concatenate(online_p90)) * 100:.0f}%, by kplan estimate's rows "
+        f"(search._extrapolation_sigma) {np.mean(np.concatenate(est)) * 100:.0f}%"
     )
     nodes = np.concatenate([fitted[m][1].nodes for m in SCORED])
     err = np.concatenate(list(lomo.values()))

@@ -324,7 +324,8 @@ def step_time(
         last = np.zeros_like(sync)
     k = np.asarray(workers, dtype=float)
     codec = np.where(k > 1, codec_s, 0.0)
-    return (s - 1.0) * tc + perfmodel.overlap(tc, sync - last, p.gamma) + last + codec
+    gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
+    return (s - 1.0) * tc + perfmodel.overlap(tc, sync - last, gamma) + last + codec
 
 
 @dataclass(frozen=True)

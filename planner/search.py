@@ -18,7 +18,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.errors import InfeasibleError, InputError
-from kplan.planner import batchsched, compression, costs, efficiency, fmt, perfmodel, spotplan
+from kplan.planner import (
+    batchsched,
+    compression,
+    costs,
+    efficiency,
+    fit,
+    fmt,
+    perfmodel,
+    spotplan,
+)
 from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.compression import StatCost
 from kplan.planner.devices import DeviceModel
@@ -294,9 +303,15 @@ def batch_grid(workload: Workload, opts: SearchOptions) -> NDArray[np.int64]:
 
 
 def _extrapolation_sigma(p: perfmodel.PerfParams, nodes: Array) -> Array:
+    """The step time's log sigma: the fit's, widened per doubling of nodes past the largest
+    measured and, across nodes where no multi-node row was measured, by the fabric prior's
+    held-out error (``fit.PRIOR_INTER_LOG_SIGMA``, bench/multinode_transfer.py), as the
+    online model does."""
     measured = max(p.max_nodes_measured, 1)
     doublings = np.log2(np.maximum(nodes / measured, 1.0))
     out: Array = np.hypot(p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
+    if not p.inter_measured:
+        out = np.where(nodes > 1, np.hypot(out, fit.PRIOR_INTER_LOG_SIGMA), out)
     return out
 
 
