@@ -12,7 +12,7 @@ from kplan.catalogs.current import load_current, staleness_note
 from kplan.catalogs.device_model import load_device_model
 from kplan.errors import InputError
 from kplan.io import read_json
-from kplan.planner.catalog import Catalog
+from kplan.planner.catalog import Catalog, nic_fabric
 from kplan.planner.plan import Plan
 from kplan.planner.profile import Profile, profile_from_dict
 from kplan.planner.search import SearchOptions, search
@@ -92,10 +92,12 @@ def estimate(
 
         params = model_from_dict(profile.fit, f"profile {profile.name} (fit)")
     ref_links: tuple[float | None, float | None] = (None, None)
+    ref_fabric = None
     if profile.cloud and profile.instance_type:
         inst = catalog.instances.get((profile.cloud, profile.instance_type))
         if inst is not None:
             ref_links = (inst.interconnect_gbps, inst.network_gbps)
+            ref_fabric = nic_fabric(inst)
     workload = workload_from_profile(
         profile,
         catalog.gpus,
@@ -104,6 +106,7 @@ def estimate(
         dataset_size=dataset_size,
         ref_link_gbps=ref_links,
         other=other,
+        ref_fabric=ref_fabric,
     )
     plan = search(workload, catalog, dm, options)
     if (stale := staleness_note(catalog.version)) is not None:

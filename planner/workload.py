@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from kplan.errors import InputError
 from kplan.planner import fit, perfmodel
@@ -52,6 +53,9 @@ class Workload:
     # the codec times measured on the reference device. None: not profiled (priors used).
     gradient_shapes: tuple[tuple[int, ...], ...] | None = None
     codec: CodecTimes | None = None
+    # The NIC fabric of the profiled instance (catalog.nic_fabric), when known: measured
+    # inter-node terms transfer only to instances of the same fabric.
+    ref_fabric: Literal["rdma", "tcp"] | None = None
 
     def __post_init__(self) -> None:
         if self.base_batch < 1:
@@ -77,6 +81,7 @@ def workload_from_profile(
     dataset_size: int | None = None,
     ref_link_gbps: tuple[float | None, float | None] = (None, None),
     other: Profile | None = None,
+    ref_fabric: Literal["rdma", "tcp"] | None = None,
 ) -> Workload:
     """Build a Workload; fits the profile's measurements when no model is given. ``other``: the
     same job profiled on the same GPU in another precision family (see ``precision_ratio``)."""
@@ -125,6 +130,7 @@ def workload_from_profile(
         precision_ratio=precision_ratio(profile, other) if other is not None else None,
         gradient_shapes=profile.shapes(),
         codec=profile.codec,
+        ref_fabric=ref_fabric,
     )
 
 
@@ -270,12 +276,17 @@ def for_instance(
             intra_lat=fit.PRIOR_LAT_INTRA,
             intra_beta=bytes_ / (fit.PRIOR_ETA_INTRA * inst.interconnect_gbps * 1e9 / 8),
         )
-    if not w.params.inter_measured and inst.network_gbps:
-        # Inter-node terms were never measured: rebuild them from the prior for this NIC's
-        # fabric (plain TCP or RDMA: efficiency and overlap, fit.PRIOR_*_BY_FABRIC).
-        eta_inter, gamma_inter = fit.prior_inter(nic_fabric(inst))
+    fabric = nic_fabric(inst)
+    other_fabric = w.ref_fabric is not None and w.ref_fabric != fabric
+    if (not w.params.inter_measured or other_fabric) and inst.network_gbps:
+        # Inter-node terms were never measured, or were measured over another fabric (an
+        # all-reduce over TCP sockets says little about NCCL over EFA, and the reverse): rebuild
+        # them from the prior for this NIC's fabric (plain TCP or RDMA: efficiency and overlap,
+        # fit.PRIOR_*_BY_FABRIC), and say they are a prior (its held-out sigma joins the p90).
+        eta_inter, gamma_inter = fit.prior_inter(fabric)
         params = perfmodel.replace_fields(
             params,
+            inter_measured=False,
             inter_alpha=fit.PRIOR_ALPHA,
             inter_lat=fit.PRIOR_LAT_INTER,
             two_node=0.0,

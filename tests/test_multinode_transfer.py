@@ -57,3 +57,32 @@ def test_nic_fabric_of_the_catalog() -> None:
     assert nic_fabric(inst[("aws", "p4d.24xlarge")]) == "rdma"
     assert nic_fabric(inst[("aws", "p6-b200.48xlarge")]) == "rdma"
     assert nic_fabric(inst[("gcp", "a2-highgpu-8g")]) == "tcp"
+
+
+def test_measured_inter_node_terms_transfer_only_within_a_fabric() -> None:
+    """The built-in examples measured multi-node rows over g4dn's TCP NIC: on another TCP type
+    those terms are kept (scaled by the link), on an EFA type they give way to the RDMA prior,
+    marked as a prior (its held-out sigma then joins the p90 in kplan estimate's rows)."""
+    from kplan.catalogs.device_model import load_device_model
+    from kplan.planner.search import SearchOptions, _extrapolation_sigma
+    from kplan.planner.workload import for_instance
+    from kplan.planning import estimate, load_example
+
+    opts = SearchOptions(clouds=("aws",), instance_types=("p4d.24xlarge",))
+    est = estimate(load_example("imagenet-resnet50"), opts)
+    w, cat = est.workload, est.catalog
+    assert w.ref_fabric == "tcp" and w.params.inter_measured
+    dm = load_device_model()
+    tcp = cat.instances[("aws", "g5.48xlarge")]
+    efa = cat.instances[("aws", "p4d.24xlarge")]
+    assert nic_fabric(tcp) == "tcp" and nic_fabric(efa) == "rdma"
+    kept = for_instance(w, tcp, cat.gpus[tcp.gpu], dm).params
+    swapped = for_instance(w, efa, cat.gpus[efa.gpu], dm).params
+    assert kept.inter_measured and not swapped.inter_measured
+    eta_rdma, _ = fit.prior_inter("rdma")
+    bytes_per_s = w.gradient_bytes / swapped.inter_beta
+    assert bytes_per_s == pytest.approx(eta_rdma * efa.network_gbps * 1e9 / 8, rel=1e-9)
+    nodes = np.array([1.0, 4.0])
+    wide = _extrapolation_sigma(swapped, nodes)
+    assert wide[1] > _extrapolation_sigma(kept, nodes)[1]
+    assert wide[1] >= fit.PRIOR_INTER_LOG_SIGMA
