@@ -188,6 +188,10 @@ class JobView:
     # (progress, gns) as the job measured them, thinned (at most GNS_HISTORY points): the
     # trajectory the planner's GNS forecast starts from
     gns_history: list[tuple[float, float]] = field(default_factory=list)
+    # the runtime's GNS is a moving average about this many steps old (start event)
+    gns_window_steps: float | None = None
+    # (step, progress) of the previous step record: the progress one step makes
+    last_step_progress: tuple[int, float] | None = None
 
     @property
     def remaining_progress(self) -> float | None:
@@ -256,18 +260,25 @@ class Observer:
         v.step = int(rec["step"])
         v.global_batch = int(rec.get("global_batch") or 0) or v.global_batch
         v.world_size = int(rec.get("world_size") or 1)
+        previous = v.last_step_progress
         v.progress = _num(rec.get("progress"), v.progress)
+        if v.progress is not None:
+            v.last_step_progress = (v.step, v.progress)
         gns = _num(rec.get("gns"))
         if gns is not None and gns > 0:
             v.gns = gns
             if v.progress is not None:
-                _remember(v.gns_history, v.progress, gns)
+                _remember(v.gns_history, _gns_progress(v, previous), gns)
         v.last_step_time = _num(rec.get("time"), v.last_step_time)
         v.steps_in_generation += 1
 
     def _event(self, rec: dict[str, Any]) -> None:
         name = rec.get("event")
-        if name == "epochs":  # the job's statistical target (runtime: job.epochs)
+        if name == "start":
+            window = _num(rec.get("gns_window_steps"))
+            if window is not None and window > 0:
+                self.view.gns_window_steps = window
+        elif name == "epochs":  # the job's statistical target (runtime: job.epochs)
             total = _num(rec.get("target_progress"))
             if total is not None and total > 0:
                 self.view.target_progress = total
@@ -369,6 +380,21 @@ GNS_HISTORY = 512  # points kept of the job's GNS; past it every other one is dr
 GNS_BAND = 0.9  # a measured noise scale outside this central band of the forecast is a surprise
 GNS_OFF_SPAN = 0.01  # ... once it stays out over this fraction of the job (it is an average)
 MAX_REEXPLORE = 1  # with --explore, explorations started again by such a surprise
+
+
+def _gns_progress(v: JobView, previous: tuple[int, float] | None) -> float:
+    """The progress the job's GNS refers to. The runtime reports a moving average (a mean age
+    of ``gns_window_steps`` once full; of about half the steps so far before, as its start is
+    debiased), so the value is filed that many steps back, at the progress a step makes now."""
+    progress = v.progress or 0.0
+    window = v.gns_window_steps
+    if window is None or previous is None or v.step <= previous[0]:
+        return progress
+    per_step = max(progress - previous[1], 0.0) / (v.step - previous[0])
+    beta = window / (1.0 + window)  # the EMA's weight: mean age beta/(1-beta) = window
+    n = v.step + 1
+    age = window - n * beta**n / (1.0 - beta**n)  # mean age of a debiased EMA of n samples
+    return max(progress - max(age, 0.0) * per_step, progress / n)
 
 
 def _remember(history: list[tuple[float, float]], progress: float, gns: float) -> None:

@@ -170,6 +170,27 @@ def test_the_jobs_gns_history_feeds_the_forecast_at_its_fraction_of_the_job() ->
     assert h[-1] == (3.0, 7.0) and all(x < 3.0 for x, _ in h[:-1])
 
 
+def test_gns_points_are_filed_at_the_progress_their_moving_average_refers_to() -> None:
+    """The runtime's GNS is an EMA about gns_window_steps old (start event): the launcher files
+    each point that many steps back, at the progress a step makes (debiased start: the mean age
+    of n samples, about n/2 while n << window); without the start event, at the progress now."""
+    obs = Observer()
+    obs.feed([{"event": "start", "rank": 0, "gns_window_steps": 99.0}])
+    # batch 64 over B0 32: two base-batch steps of progress per step
+    obs.feed([_step(s, 1, 64, 0.1) for s in range(2000)])
+    (p_last, _) = obs.view.gns_history[-1]
+    assert obs.view.progress == pytest.approx(2 * 1999)
+    assert p_last == pytest.approx(2 * 1999 - 2 * 99.0, rel=1e-6)  # full window: 99 steps back
+    early = Observer()
+    early.feed([{"event": "start", "rank": 0, "gns_window_steps": 99.0}])
+    early.feed([_step(s, 1, 64, 0.1) for s in range(11)])
+    p10 = early.view.gns_history[-1][0]
+    assert 2 * 10 - 2 * 5.5 < p10 < 2 * 10 - 2 * 4.5  # 11 samples: a mean age of about 5 steps
+    plain = Observer()  # an older runtime (no window in its start event): filed where it is
+    plain.feed([_step(s, 1, 64, 0.1) for s in range(50)])
+    assert plain.view.gns_history[-1][0] == pytest.approx(2 * 49)
+
+
 def test_a_noise_scale_that_leaves_the_forecast_band_triggers_a_replan(tmp_path: Path) -> None:
     from kplan.planner.gnsforecast import forecast
 
