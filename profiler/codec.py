@@ -91,7 +91,8 @@ def codec_seconds(
                 continue
             a = flat.clone()
             a.add_(errors[j])
-            idx = rcomp.topk_select(a, topk_count(a.numel(), c.ratio))
+            # the runtime's own selection (sampled threshold on large parameters, seeded)
+            idx = rcomp.topk_select(a, topk_count(a.numel(), c.ratio), seed=j)
             if collective == "ar":
                 idx = idx.to(torch.int32).long()
             values, residual = rcomp.split_sent(a, idx)
