@@ -30,7 +30,7 @@ from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, place
 from kplan.launcher.journal import Journal, instance_doc
 from kplan.launcher.ledger import BillingRule
-from kplan.launcher.observe import EventSink, Finish, RunState
+from kplan.launcher.observe import COLLATERAL_WINDOW_S, EventSink, Finish, RunState
 from kplan.launcher.provider import Instance
 from kplan.launcher.providers import Backend
 from kplan.launcher.state import (
@@ -456,11 +456,32 @@ class _Run(RunState):
 
     def _check_failed(self) -> None:
         """A node whose status says 1..127 (the script failed; torchrun gave up on it) fails the
-        job, with the error line of the node's log in the reason."""
+        job, with the error line of the node's log in the reason; unless another node was lost
+        at about the same time (``_collateral``): then it is replaced and counted as a crash."""
         for rank, doc in sorted(self.finished.items()):
             code = int(doc.get("exit_code", 1))
-            if 0 < code < _SIGNAL_EXIT:
-                raise Finish("failed", self.failure_reason(rank, code))
+            if not 0 < code < _SIGNAL_EXIT or rank in self.lost:
+                continue
+            reason = self.failure_reason(rank, code)
+            other = self._collateral(rank)
+            if other is None:
+                raise Finish("failed", reason)
+            self._crash(rank, reason)
+            self._check_crashes()
+            self._drop(rank, self.clock.now(), f"{reason} (after node {other} was lost)")
+
+    def _collateral(self, rank: int) -> int | None:
+        """Another node lost now or within ``COLLATERAL_WINDOW_S``: a node whose workers lose
+        their rendezvous store (the head) or a peer mid-collective exits with an error (e.g.
+        RendezvousConnectionError), which is that loss's doing, not the script's."""
+        for other in sorted(self.lost):
+            if other != rank:
+                return other
+        if self.last_loss is not None:
+            other, when = self.last_loss
+            if other != rank and self.clock.now() - when <= COLLATERAL_WINDOW_S:
+                return other
+        return None
 
     def _drop(self, rank: int, now: float, why: str) -> None:
         """Give up on a rank's current instance (terminate it if alive) and mark it lost."""

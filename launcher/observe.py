@@ -33,6 +33,10 @@ _MAX_QUERY_FAILURES = 3
 CRASH_LIMIT = 3
 """A node rank whose instances fail with the same error this many times in a row fails the job
 (a script that cannot start would otherwise be relaunched until ``max_replacements``)."""
+COLLATERAL_WINDOW_S = 60.0
+"""A node that fails within this many seconds of another node's loss (or while one is lost) is
+taken as failing because of it (its rendezvous store or a peer went away mid-collective): it is
+replaced, counted as a crash, instead of failing the job."""
 
 
 class Finish(Exception):
@@ -79,6 +83,7 @@ class RunState:
         self.launches: dict[int, int] = {}  # node rank -> instances launched for it
         self.terminating: set[str] = set()
         self.lost: dict[int, tuple[float, str]] = {}  # rank -> (when, why)
+        self.last_loss: tuple[int, float] | None = None  # (rank, when) of the newest loss
         self.recovering: dict[int, float] = {}  # rank -> when it was lost
         self.finished: dict[int, dict[str, Any]] = {}
         self.crashes: dict[int, tuple[str, int]] = {}  # rank -> (error, failures in a row)
@@ -197,6 +202,7 @@ class RunState:
         elif _crashed(rec.reason):
             self._crash(rec.node_rank, rec.reason or "exited")
         self.lost[rec.node_rank] = (now, rec.reason or kind)
+        self.last_loss = (rec.node_rank, now)
         self._event(
             kind,
             f"node {rec.node_rank}: {rec.id} {kind} ({rec.reason or 'no reason given'})",

@@ -149,6 +149,33 @@ def test_losing_the_head_restarts_every_group_with_a_new_rendezvous(env: dict[st
     assert old_worker.state == "terminated" and old_worker.reason == "terminated by request"
 
 
+def test_a_node_failing_as_the_head_is_lost_is_replaced_not_fatal(env: dict[str, Any]) -> None:
+    """The head (and its rendezvous store) is preempted without notice; the worker node's agent
+    then exits 1 (RendezvousConnectionError), its status written before it powers off. That exit
+    is the loss's doing: every node restarts and the job succeeds (before, it failed the job:
+    test_launch_survives_three_preemptions under load)."""
+    clock = env["clock"]
+    storage = env["storage"]
+    sim = _sim(env, finish_at=clock.now() + HOUR)
+    sim.preempt_after = lambda spec: 900.0 if spec.name == "kp-life-1-n0-r0" else None
+
+    def store_gone(e: Any) -> None:
+        if e.kind == "preempted" and "node 0" in e.message:
+            doc = {"exit_code": 1, "time": e.time, "instance": "kp-life-1-n1-r0"}
+            storage.put_bytes("kp-life-1/status/node-1.json", json.dumps(doc).encode())
+
+    spec = _spec(env, markets=("spot", "on-demand"))
+    out = run_job(
+        spec, Backend(sim, storage), env["db"], clock=clock, billing=AWS, on_event=store_gone
+    )
+    assert out.status == "succeeded", out.reason
+    names = [s.name for s in sim.launched]
+    assert names[:2] == ["kp-life-1-n0-r0", "kp-life-1-n1-r0"]
+    assert "kp-life-1-n0-r1" in names and "kp-life-1-n1-r1" in names
+    lost = [e.message for e in env["db"].events("kp-life-1") if e.kind == "lost"]
+    assert any("after node 0 was lost" in m for m in lost), lost
+
+
 def test_a_failing_script_fails_the_job_and_tears_down(env: dict[str, Any]) -> None:
     clock = env["clock"]
     sim = _sim(env, node_exit={"kp-life-1-n1-r0": (120.0, 1)}, term_latency_s=5)
