@@ -651,6 +651,7 @@ def replan(
         fits &= ev.cost_p90_usd <= budget_left_usd
     in_budget = fits.copy()
     alone = np.ones(len(configs), dtype=bool)
+    contingent: Array | None = None  # each config's value with its fallback (deadline rules)
     if deadline_left_s is not None:
         share = _hold_share(ev.seconds - down, done_fraction, recheck_s, recheck_fraction)
         alone, safe = deadline_safe(
@@ -689,18 +690,7 @@ def replan(
         chance = _fallback_chance(configs, ev, down, deadline_left_s, share, restart_s=restart_s)
         chance = np.where(in_budget, chance, -1.0)
         near = in_budget & (chance >= float(chance.max()) - margin) & (chance > 0)
-        if near.any():
-            contingent = _contingent_value(
-                configs,
-                ev,
-                down,
-                boot,
-                deadline_left_s,
-                share,
-                objective=objective,
-                restart_s=restart_s,
-                boot_s=boot_s,
-            )
+        if near.any() and contingent is not None:  # valued above (share is set)
             pick = np.where(near, contingent, np.inf)
             j = int(np.argmin(pick))
             gain = (pick[0] - pick[j]) / pick[0] if near[0] and pick[0] > 0 else 1.0
