@@ -13,12 +13,13 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 BENCH_PORT_ENV = "KPLAN_PROFILE_BENCH_PORT"
 
 
-def gradient_bytes_from(metrics: Path) -> int | None:
-    """The gradient size the runtime reported in its ``model`` record, if any."""
+def model_record(metrics: Path) -> dict[str, Any] | None:
+    """The runtime's last ``model`` record in ``metrics`` (None: no file or no such record)."""
     try:
         lines = metrics.read_text().splitlines()
     except FileNotFoundError:
@@ -29,9 +30,15 @@ def gradient_bytes_from(metrics: Path) -> int | None:
         except ValueError:
             continue
         if isinstance(raw, dict) and raw.get("event") == "model":
-            value = raw.get("gradient_bytes")
-            return int(value) if isinstance(value, int | float) and value > 0 else None
+            return raw
     return None
+
+
+def gradient_bytes_from(metrics: Path) -> int | None:
+    """The gradient size the runtime reported in its ``model`` record, if any."""
+    raw = model_record(metrics)
+    value = None if raw is None else raw.get("gradient_bytes")
+    return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def time_allreduce(nbytes: int, repeats: int | None = None) -> float:

@@ -196,18 +196,10 @@ def bench_after_job(metrics: Path) -> None:
 
 def _shapes_from(metrics: Path) -> tuple[tuple[int, ...], ...] | None:
     """Every parameter's shape from the runtime's last ``model`` record, if it has them."""
-    try:
-        lines = metrics.read_text().splitlines()
-    except FileNotFoundError:
+    from kplan.profiler.allreduce import model_record
+
+    raw = model_record(metrics)
+    pairs = None if raw is None else raw.get("gradient_shapes")
+    if not isinstance(pairs, list):
         return None
-    for line in reversed(lines):
-        try:
-            raw = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(raw, dict) and raw.get("event") == "model":
-            pairs = raw.get("gradient_shapes")
-            if not isinstance(pairs, list):
-                return None
-            return tuple(tuple(int(d) for d in s) for s, n in pairs for _ in range(int(n)))
-    return None
+    return tuple(tuple(int(d) for d in s) for s, n in pairs for _ in range(int(n)))
