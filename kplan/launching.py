@@ -261,7 +261,9 @@ def build_spec(req: LaunchRequest) -> JobSpec:
             options.update(
                 predicted_hours=float(row["hours"]),
                 predicted_cost_usd=float(row["cost_usd"]),
-                predicted_cost_p90_usd=float(row["cost_p90_usd"]),
+                predicted_cost_p90_usd=float(
+                    row.get("batch_schedule_cost_p90_usd") or row["cost_p90_usd"]
+                ),
                 plan=prediction,
             )
         spec = JobSpec.local(
@@ -651,7 +653,9 @@ def spec_from_plan(req: LaunchRequest, plan: dict[str, Any], cloud: str) -> JobS
             batch_schedule=_plan_schedule(row),
             predicted_hours=float(row.get("batch_schedule_hours") or row["hours"]),
             predicted_cost_usd=float(row.get("batch_schedule_cost_usd") or row["cost_usd"]),
-            predicted_cost_p90_usd=float(row["cost_p90_usd"]),
+            predicted_cost_p90_usd=float(
+                row.get("batch_schedule_cost_p90_usd") or row["cost_p90_usd"]
+            ),
             plan=plan,
             price_notes=price_notes,
             # what the plan was made for: the workers train in it (KPLAN_PRECISION)

@@ -34,10 +34,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import gnsforecast, perfmodel
+from kplan.planner import costs, gnsforecast, perfmodel
 from kplan.planner.profile import GnsPoint
 
 Array = NDArray[np.float64]
+Priced = tuple[float, float, float, float]  # hours, USD, hours p90, USD p90
 
 MAX_PHASES = 4
 # Candidate phase boundaries (progress fractions): dense early, where the noise scale grows
@@ -74,6 +75,12 @@ class SchedulePlan:
     single_hours: float
     single_cost_usd: float
     saving: float  # 1 - schedule / single: cost (objective cost), else time
+    # p90s: the step time's and the forecast's spread together (module docstring)
+    hours_p90: float = math.nan
+    cost_p90_usd: float = math.nan
+    single_hours_p90: float = math.nan
+    single_cost_p90_usd: float = math.nan
+    log_sigma: float = 0.0  # the schedule's forecast spread alone (log space, one sigma)
 
     def entries(self) -> list[dict[str, float | int]]:
         """What the runtime takes (``KPLAN_BATCH_SCHEDULE``): ``{"progress", "global_batch"}``."""
@@ -88,19 +95,40 @@ class SchedulePlan:
         return sum(p.samples for p in self.phases)
 
 
-def segment_inverse(
+def segment_inverse_draws(
     gns: Sequence[GnsPoint], base_batch: float, edges: Sequence[float] = EDGES
 ) -> Array:
-    """``E[mean over segment j of 1/(Bn + B0)]`` for each segment between ``edges``."""
+    """``mean over segment j of 1/(Bn + B0)`` for each of the forecast's trajectories (rows;
+    one row when the measured noise scale covers training) and each segment between ``edges``
+    (columns)."""
     fc = gnsforecast.forecast(gns)
     done = fc.now >= gnsforecast.DONE
     bn = fc.median(_FINE)[None, :] if done else fc.sample(_FINE, 256, seed=0)
     inv = 1.0 / (bn + base_batch)
-    out = np.empty(len(edges) - 1)
+    out = np.empty((inv.shape[0], len(edges) - 1))
     for j, (a, b) in enumerate(itertools.pairwise(edges)):
         sel = (a - 1e-12 <= _FINE) & (b + 1e-12 >= _FINE)
-        out[j] = float(np.mean(np.trapezoid(inv[:, sel], _FINE[sel], axis=1))) / (b - a)
+        out[:, j] = np.trapezoid(inv[:, sel], _FINE[sel], axis=1) / (b - a)
     return out
+
+
+def segment_inverse(
+    gns: Sequence[GnsPoint], base_batch: float, edges: Sequence[float] = EDGES
+) -> Array:
+    """``E[mean over segment j of 1/(Bn + B0)]`` for each segment between ``edges``."""
+    out: Array = segment_inverse_draws(gns, base_batch, edges).mean(axis=0)
+    return out
+
+
+def forecast_log_sigma(train_s: Array) -> float:
+    """The log-space one-sigma spread of a training time over the forecast's trajectories
+    (``log(p90 / mean) / Z90``, as ``efficiency.log_sigma``; 0 for one trajectory)."""
+    if train_s.size < 2:
+        return 0.0
+    mid, p90 = float(np.mean(train_s)), float(np.quantile(train_s, 0.9))
+    if not (mid > 0 and math.isfinite(p90)):
+        return 0.0
+    return max(math.log(p90 / mid), 0.0) / costs.Z90
 
 
 def best_schedule(segment_time: Array, max_phases: int = MAX_PHASES) -> tuple[float, list[int]]:
@@ -155,13 +183,15 @@ def plan_schedule(
     accum_steps: int,
     max_local_batch: int,
     min_local_batch: int,
-    price: Callable[[float], tuple[float, float]],
+    price: Callable[[float, float], Priced],
     objective: str,
     tie_tolerance: float,
+    step_log_sigma: float = 0.0,
 ) -> SchedulePlan | None:
     """The schedule for one cluster, or None when it does not beat the best single batch on
     it by more than ``tie_tolerance`` (or there is no GNS or one batch only). ``price`` turns
-    seconds of training into (hours, USD) on the cluster; ``objective``: cost, time or knee."""
+    seconds of training and a log sigma into (hours, USD, hours p90, USD p90) on the cluster;
+    ``objective``: cost, time or knee; ``step_log_sigma``: the step time's own spread."""
     if not gns or len(grid) < 2:
         return None
     per_micro = workers * accum_steps
@@ -181,7 +211,8 @@ def plan_schedule(
     step = perfmodel.step_time(params, nodes, workers, local, accum_steps)
     edges = np.array(EDGES)
     widths = np.diff(edges)
-    inv = segment_inverse(gns, base_batch)
+    draws = segment_inverse_draws(gns, base_batch)
+    inv = draws.mean(axis=0)
     samples = (
         samples_at_base * widths[:, None] * (1.0 + (batches[None, :] - base_batch) * inv[:, None])
     )
@@ -213,9 +244,30 @@ def plan_schedule(
         )
     if len(phases) < 2:
         return None
-    hours, cost = price(sum(p.train_s for p in phases))
+    # the training time of the schedule (phases fixed) and of the single batch on each of the
+    # forecast's trajectories: their spreads
+    path_b = np.asarray(path)
+    per_sample = step / batches  # seconds per sample at each batch
+    sched_draws = (
+        samples_at_base
+        * (widths[None, :] * (1.0 + (batches[path_b][None, :] - base_batch) * draws))
+        @ per_sample[path_b]
+    )
+    single_draws = (
+        samples_at_base
+        * (widths[None, :] * (1.0 + (batches[single] - base_batch) * draws)).sum(axis=1)
+        * per_sample[single]
+    )
+    sched_sigma = forecast_log_sigma(sched_draws)
+    single_sigma = forecast_log_sigma(single_draws)
+    hours, cost, hours_p90, cost_p90 = price(
+        sum(p.train_s for p in phases), math.hypot(step_log_sigma, sched_sigma)
+    )
     s_samples = float(single_time[single]) / float(step[single]) * float(batches[single])
-    s_hours, s_cost = price(math.ceil(s_samples / batches[single]) * float(step[single]))
+    s_hours, s_cost, s_hours_p90, s_cost_p90 = price(
+        math.ceil(s_samples / batches[single]) * float(step[single]),
+        math.hypot(step_log_sigma, single_sigma),
+    )
     # On one cluster time and cost move together (the price per hour is fixed); the saving
     # is in the objective's terms: cost for `cost`, time for `time` and `knee`.
     saving = 1.0 - (cost / s_cost if objective == "cost" else hours / s_hours)
@@ -229,6 +281,11 @@ def plan_schedule(
         single_hours=s_hours,
         single_cost_usd=s_cost,
         saving=saving,
+        hours_p90=hours_p90,
+        cost_p90_usd=cost_p90,
+        single_hours_p90=s_hours_p90,
+        single_cost_p90_usd=s_cost_p90,
+        log_sigma=sched_sigma,
     )
 
 

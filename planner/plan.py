@@ -77,10 +77,15 @@ class PlanRow:
     # A global-batch schedule on this cluster (planner/batchsched.py), set on the chosen row
     # when it beats the best single batch by more than the tie tolerance: phases
     # [{"progress": p, "global_batch": B}, ...] for the runtime (KPLAN_BATCH_SCHEDULE), and its
-    # expected hours and cost (the row's own fields stay the single batch's) and its saving.
+    # expected hours and cost (the row's own fields stay the single batch's), their p90s (the
+    # step time's spread and the GNS forecast's over the schedule's phases; the latter alone in
+    # batch_schedule_forecast_log_sigma) and its saving.
     batch_schedule: list[dict[str, float | int]] | None = None
     batch_schedule_hours: float | None = None
     batch_schedule_cost_usd: float | None = None
+    batch_schedule_hours_p90: float | None = None
+    batch_schedule_cost_p90_usd: float | None = None
+    batch_schedule_forecast_log_sigma: float | None = None
     batch_schedule_saving: float | None = None
     # Gradient compression the row runs (planner/compression.py; KPLAN_COMPRESSION) and why:
     # its all-reduce, codec and step multiplier against dense on the same configuration.

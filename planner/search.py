@@ -509,13 +509,13 @@ def _with_schedule(
         co_loss = c.risk.co_loss
         wait = spotplan.expected_wait_s(c.risk, opts.allow_on_demand, _capacity_wait(c.risk, opts))
 
-    def price(train_s: float) -> tuple[float, float]:
+    def price(train_s: float, log_sigma: float) -> batchsched.Priced:
         tc = costs.time_and_cost(
             train_seconds=train_s,
             instances=r.nodes,
             usd_per_hour=c.offer.usd_per_hour,
             preempt_per_hour=c.preempt_per_hour,
-            log_sigma=0.0,
+            log_sigma=log_sigma,
             checkpoint_s=checkpoint_s,
             billing_min_s=c.billing_min_s,
             billing_increment_s=c.billing_increment_s,
@@ -523,8 +523,9 @@ def _with_schedule(
             co_loss=co_loss,
             outage_wait_s=wait,
         )
-        return float(tc.hours), float(tc.cost_usd)
+        return float(tc.hours), float(tc.cost_usd), float(tc.hours_p90), float(tc.cost_p90_usd)
 
+    step_sigma = math.log(max(r.step_time_p90_s / r.step_time_s, 1.0)) / costs.Z90
     sched = batchsched.plan_schedule(
         gns=workload.gns,
         base_batch=workload.base_batch,
@@ -539,15 +540,21 @@ def _with_schedule(
         price=price,
         objective=opts.objective,
         tie_tolerance=opts.tie_tolerance,
+        step_log_sigma=step_sigma,
     )
-    if sched is None or not (math.isfinite(sched.hours) and math.isfinite(sched.cost_usd)):
+    fields = (sched.hours, sched.cost_usd, sched.hours_p90, sched.cost_p90_usd) if sched else ()
+    if sched is None or not all(math.isfinite(x) for x in fields):
         return plan
-    # The row's time and cost model (maybe the Monte-Carlo's) scaled by the closed form's ratio.
+    # The row's time and cost model (maybe the Monte-Carlo's) scaled by the closed form's
+    # ratios, the p90s by the ratio of the closed form's p90s (each with its own spread).
     chosen = replace(
         r,
         batch_schedule=sched.entries(),
         batch_schedule_hours=r.hours * sched.hours / sched.single_hours,
         batch_schedule_cost_usd=r.cost_usd * sched.cost_usd / sched.single_cost_usd,
+        batch_schedule_hours_p90=r.hours_p90 * sched.hours_p90 / sched.single_hours_p90,
+        batch_schedule_cost_p90_usd=r.cost_p90_usd * sched.cost_p90_usd / sched.single_cost_p90_usd,
+        batch_schedule_forecast_log_sigma=sched.log_sigma,
         batch_schedule_saving=sched.saving,
     )
     rows = tuple(chosen if row is r else row for row in plan.plans)

@@ -13,7 +13,7 @@ from kplan import planning
 from kplan.catalogs import load_catalog
 from kplan.cli import app
 from kplan.errors import DataFileError
-from kplan.planner import batchsched
+from kplan.planner import batchsched, costs, efficiency
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint
 from kplan.planner.search import SearchOptions
@@ -27,7 +27,7 @@ GRID = [64, 91, 128, 181, 256, 362, 512, 724, 1024, 1448, 2048]
 
 
 def _plan(
-    gns: list[GnsPoint], objective: str = "time", tie: float = 0.05
+    gns: list[GnsPoint], objective: str = "time", tie: float = 0.05, step_sigma: float = 0.0
 ) -> batchsched.SchedulePlan | None:
     return batchsched.plan_schedule(
         gns=gns,
@@ -40,10 +40,18 @@ def _plan(
         accum_steps=1,
         max_local_batch=256,
         min_local_batch=1,
-        price=lambda s: (s / 3600 + 0.1, (s / 3600 + 0.1) * 30.0),
+        price=_price,
         objective=objective,
         tie_tolerance=tie,
+        step_log_sigma=step_sigma,
     )
+
+
+def _price(train_s: float, log_sigma: float) -> batchsched.Priced:
+    """0.1 h of set-up, $30 an hour, a log-normal training time (p90 at exp(Z90 sigma))."""
+    hours = train_s / 3600 + 0.1
+    hours_p90 = train_s / 3600 * float(np.exp(costs.Z90 * log_sigma)) + 0.1
+    return hours, hours * 30.0, hours_p90, hours_p90 * 30.0
 
 
 def _measured(values: list[float]) -> list[GnsPoint]:
@@ -66,6 +74,25 @@ def test_a_growing_noise_scale_gives_a_growing_schedule() -> None:
     # the phases' samples are the integral of (Bn + B)/(Bn + B0): more than at B0, each
     assert all(p.samples >= 5e6 * (p.end - p.start) * (1 - 1e-9) for p in plan.phases)
     assert plan.entries()[0] == {"progress": 0.0, "global_batch": batches[0]}
+
+
+def test_the_schedules_p90_holds_the_forecasts_spread_and_the_step_times() -> None:
+    # measured over the whole of training: no forecast spread, the p90 is the step time's
+    growing = _measured([float(v) for v in np.geomspace(30, 30_000, 21)])
+    plan = _plan(growing, step_sigma=0.1)
+    assert plan is not None and plan.log_sigma == 0.0
+    step90 = float(np.exp(costs.Z90 * 0.1))
+    assert plan.hours_p90 - 0.1 == pytest.approx((plan.hours - 0.1) * step90)
+    assert plan.single_hours_p90 - 0.1 == pytest.approx((plan.single_hours - 0.1) * step90)
+    # one early point: the forecast's trajectories spread the samples of every phase
+    early = [GnsPoint(0.01, 40.0)]
+    plan = _plan(early, objective="cost", tie=0.0)
+    assert plan is not None and plan.log_sigma > 0.01
+    assert plan.hours_p90 > plan.hours and plan.cost_p90_usd > plan.cost_usd
+    # the single batch's spread taken the same way agrees with the one a plan row carries
+    single = float(plan.single_hours_p90 - 0.1) / float(plan.single_hours - 0.1)
+    row = float(efficiency.log_sigma(early, 64, [plan.single_batch])[0])
+    assert np.log(single) / costs.Z90 == pytest.approx(row, rel=0.15, abs=0.01)
 
 
 @pytest.mark.parametrize("bn", [50.0, 2_000.0, 1e6])
@@ -120,6 +147,10 @@ def test_search_attaches_a_schedule_to_the_chosen_row() -> None:
     assert batches == sorted(batches) and len(set(batches)) == len(batches) >= 2
     assert row.batch_schedule_saving is not None and row.batch_schedule_saving > 0.05
     assert row.batch_schedule_hours is not None and row.batch_schedule_hours < row.hours
+    assert row.batch_schedule_hours_p90 is not None and row.batch_schedule_cost_p90_usd is not None
+    assert row.batch_schedule_cost_usd is not None
+    assert row.batch_schedule_hours_p90 > row.batch_schedule_hours
+    assert row.batch_schedule_cost_p90_usd > row.batch_schedule_cost_usd
     assert all(b % row.accum_steps == 0 for b in batches)
     pinned = planning.estimate(profile, SearchOptions(fixed_global_batch=True), catalog=None)
     assert pinned.plan.chosen.batch_schedule is None  # one batch: nothing to schedule
@@ -153,6 +184,7 @@ def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path
         e["global_batch"] for e in row["batch_schedule"]
     ]
     assert spec.predicted_hours == row["batch_schedule_hours"] < row["hours"]
+    assert spec.predicted_cost_p90_usd == row["batch_schedule_cost_p90_usd"]
     plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
     without = spec.plan | {"chosen": {k: v for k, v in row.items() if k != "batch_schedule"}}
     assert spec_from_plan(plain, without, "aws").batch_schedule is None
@@ -164,3 +196,5 @@ def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path
     line = next(x for x in result.output.splitlines() if x.startswith("batch schedule:"))
     first = row["batch_schedule"][0]["global_batch"]
     assert line.startswith(f"batch schedule: {first} until") and "saves" in result.output
+    tail = " ".join(result.output[result.output.index("batch schedule:") :].split())
+    assert "; p90 " in tail.split(")")[0]  # the schedule's own p90, before the line ends

@@ -263,7 +263,8 @@ def _next(console: Console, step: NextStep) -> None:
 
 def schedule_line(r: PlanRow) -> str | None:
     """The line for a row with a global-batch schedule (planner/batchsched.py), e.g. ``batch
-    schedule: 256 until 20%, 512 until 60%, 1,024 after; saves 9% (1.2 h, $14)``; else None."""
+    schedule: 256 until 20%, 512 until 60%, 1,024 after; saves 9% (1.2 h, $14; p90 1.6 h,
+    $19)``; else None."""
     if not r.batch_schedule:
         return None
     from kplan.planner.batchsched import describe
@@ -271,7 +272,11 @@ def schedule_line(r: PlanRow) -> str | None:
     text = f"batch schedule: {describe(r.batch_schedule, r.batch_schedule_saving)}"
     if r.batch_schedule_hours is not None and r.batch_schedule_cost_usd is not None:
         when = fmt.duration(r.batch_schedule_hours)
-        text += f" ({when}, {fmt.money(r.batch_schedule_cost_usd)})"
+        text += f" ({when}, {fmt.money(r.batch_schedule_cost_usd)}"
+        if r.batch_schedule_hours_p90 is not None and r.batch_schedule_cost_p90_usd is not None:
+            p90 = fmt.duration(r.batch_schedule_hours_p90)
+            text += f"; p90 {p90}, {fmt.money(r.batch_schedule_cost_p90_usd)}"
+        text += ")"
     return text
 
 
