@@ -10,6 +10,8 @@ import pytest
 from bench import online_sim
 from bench.online_sim import Progress, SimOptions, hindsight, load_truth, simulate
 from bench.traces import data_root
+from kplan.planner import fit
+from kplan.planner.profile import Measurement
 
 needs_traces = pytest.mark.skipif(
     not (data_root() / "traces" / "pollux" / "t4").is_dir(),
@@ -73,3 +75,33 @@ def test_a_deadline_does_not_lock_the_job_into_the_dearest_cluster() -> None:
     r = simulate("cifar10", replace(QUICK, deadline_frac=0.5))
     assert r.deadline_s is not None and r.online.seconds <= r.deadline_s
     assert r.online.cost <= 1.20 * r.best_usd
+
+
+def test_implied_gradient_bytes_reads_the_ring_all_reduce_back() -> None:
+    # Syncs made by the intra-node prior's ring all-reduce of 30 MB over a 100 Gbit/s link.
+    size, gbps = 30e6, 100.0
+    eta, c0 = fit.PRIOR_ETA_INTRA, fit.PRIOR_NCCL_CALL
+    rows = [
+        Measurement(1, k, 64, 0.1, c0 + size * 2 * (k - 1) / k / (eta * gbps * 1e9 / 8))
+        for k in (2, 3, 4)
+    ]
+    one_gpu = Measurement(1, 1, 64, 0.09, 0.0)
+    assert online_sim.implied_gradient_bytes([one_gpu, *rows], gbps) == pytest.approx(size)
+    assert online_sim.implied_gradient_bytes([one_gpu], gbps) is None
+
+
+@needs_traces
+def test_ncf_gets_a_gradient_size_and_keeps_its_zero_slack_deadline() -> None:
+    # ncf's size is not published. With none, the inter-node bandwidth term was zero: every
+    # multi-node config looked no slower than one node (0.30x of its measured steps), and the
+    # deadline run took 2 nodes (2.5x the hindsight best, deadline missed). Its fastest config
+    # is its cheapest, so the deadline is that config's own time: a run of it must not "miss"
+    # by the rounding of its re-plan intervals either.
+    truth = load_truth("ncf")
+    assert online_sim.GRADIENT_BYTES["ncf"] is None
+    size = online_sim.gradient_bytes(truth)
+    assert size is not None and 1e6 < size < 1e9
+    r = simulate("ncf", replace(QUICK, deadline_frac=0.5))
+    assert r.deadline_s is not None
+    assert online_sim._met(r, r.online.seconds) == "" and online_sim._met(r, r.adapt_s) == ""
+    assert r.online.cost <= 1.10 * r.best_usd
