@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from bench.traces import MODELS, data_root, load_placements, load_scalability
 from kplan.catalogs import load_catalog
@@ -514,6 +514,15 @@ def _prior_without(model: str) -> GnsPrior:
     return prior_without(all_curves(), model)
 
 
+def within(seconds: ArrayLike, deadline_s: float) -> NDArray[np.bool_]:
+    """Whether ``seconds`` keep the deadline. The deadline can be the fastest config's own time
+    (ncf: its fastest config is its cheapest, so fastest^(1-f) x cheapest^f is that time for
+    every f), and the power's rounding or the sum of a run's re-plan intervals must not make
+    that config miss it by 1e-14 s: a relative 1e-9 is the same time."""
+    out: NDArray[np.bool_] = np.asarray(seconds, dtype=float) <= deadline_s * (1 + 1e-9)
+    return out
+
+
 def simulate(model: str, o: SimOptions, root: Path | None = None) -> Result:
     if o.gns_prior not in ("others", "all"):
         raise InputError(f"gns_prior={o.gns_prior!r}", hint="others or all")
@@ -531,7 +540,7 @@ def _simulate(model: str, o: SimOptions, root: Path | None = None) -> Result:
     if o.deadline_frac is not None:
         f = o.deadline_frac
         sim.deadline_s = float(seconds.min()) ** (1 - f) * float(seconds[np.argmin(usd)]) ** f
-        usd_fit = np.where(seconds <= sim.deadline_s, usd, np.inf)
+        usd_fit = np.where(within(seconds, sim.deadline_s), usd, np.inf)
     else:
         usd_fit = usd
     best = int(np.argmin(usd_fit))
@@ -560,10 +569,8 @@ def _short(c: Config) -> str:
 
 
 def _met(r: Result, seconds: float) -> str:
-    """The mark "!" where ``seconds`` missed the deadline. The deadline can be the fastest config's own
-    time (ncf: its fastest is its cheapest), so a run of that config must not miss it by the
-    rounding of summing its re-plan intervals (1e-14 s): a relative 1e-9 is the same time."""
-    return "" if r.deadline_s is None else ("" if seconds <= r.deadline_s * (1 + 1e-9) else "!")
+    """The mark "!" where ``seconds`` missed the deadline."""
+    return "" if r.deadline_s is None or within(seconds, r.deadline_s) else "!"
 
 
 def print_table(results: Sequence[Result], o: SimOptions) -> None:

@@ -105,3 +105,16 @@ def test_ncf_gets_a_gradient_size_and_keeps_its_zero_slack_deadline() -> None:
     assert r.deadline_s is not None
     assert online_sim._met(r, r.online.seconds) == "" and online_sim._met(r, r.adapt_s) == ""
     assert r.online.cost <= 1.10 * r.best_usd
+
+
+@needs_traces
+def test_the_hindsight_best_keeps_a_zero_slack_deadline_through_rounding() -> None:
+    # ncf's fastest config is its cheapest: fastest^0.7 x cheapest^0.3 is that config's time,
+    # a few 1e-14 s below it after rounding; the hindsight best was then "no config" (index 0:
+    # 1 GPU at B=257, 10x the cheapest) instead of the fastest and cheapest config.
+    truth = load_truth("ncf")
+    usd, seconds = hindsight(truth, Progress(truth, QUICK.chunks), QUICK)
+    assert np.argmin(usd) == np.argmin(seconds)
+    r = simulate("ncf", replace(QUICK, deadline_frac=0.3))
+    assert r.best_usd == pytest.approx(float(usd.min()))
+    assert online_sim.within(r.online.seconds, r.deadline_s or 0.0)
