@@ -10,7 +10,7 @@ NIC's nominal bandwidth). This benchmark measures that path on the Pollux T4 tra
 - predict every multi-node row (placements.csv with 2 to 4 nodes, and scalability.csv, 6 to 16
   nodes); report MAPE, bias (mean log(predicted / measured), as a ratio) and calibration: the
   fraction of measured times at or below kplan's stated p90, with the sigma the planner states
-  for an unmeasured inter-node term (``planner.online._sigma``: the fit's sigma, the per-doubling
+  for an unmeasured inter-node term (``fit.prior_log_sigma``: the fit's sigma, the per-doubling
   extrapolation term and ``fit.PRIOR_INTER_LOG_SIGMA``; before issue 15 item 5, 0.3);
 - before: the same one-node fit with the former prior (eta 0.665, transferred from vTrain's
   NCCL rows inside a node, and the one-node overlap); baselines: the sync at the NIC's nominal
@@ -42,10 +42,9 @@ from bench.online_sim import GPUS_PER_NODE, GRADIENT_BYTES, INSTANCE
 from bench.pollux import fit_pollux, predict_pollux
 from bench.traces import MODELS, Rows, load_placements, load_scalability
 from kplan.catalogs import load_catalog
-from kplan.planner import fit, online, perfmodel, search
+from kplan.planner import fit, perfmodel
 from kplan.planner.fit import FitInputs, fit_perf_params
 from kplan.planner.perfmodel import PerfParams
-from kplan.planner.search import EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING
 
 Array = NDArray[np.float64]
 Z90 = 1.2815515655446004
@@ -115,11 +114,12 @@ def predict(p: PerfParams, r: Rows) -> Array:
 
 
 def stated_sigma(p: PerfParams, r: Rows, unmeasured: float | None = None) -> Array:
-    """The one-sigma log error the planner states (online._sigma), the unmeasured term swapped."""
+    """The one-sigma log error the planner states (fit.prior_log_sigma), the unmeasured term
+    swapped."""
     if unmeasured is None:
-        return online._sigma(p, r.nodes.astype(float), r.workers.astype(float))
+        return fit.prior_log_sigma(p, r.nodes.astype(float), r.workers.astype(float))
     doublings = np.log2(np.maximum(r.nodes / max(p.max_nodes_measured, 1), 1.0))
-    base = np.hypot(p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
+    base = np.hypot(p.log_sigma, fit.EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
     out: Array = np.where(r.nodes > 1, np.hypot(base, unmeasured), base)
     return out
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         pol = predict_pollux(fit_pollux(splits[m].one), r.nodes, r.workers, r.local_batch)
         ship = predict(p, r)
         s_old = stated_sigma(p, r, 0.3)
-        s_ship = stated_sigma(p, r)  # what online._sigma states now
+        s_ship = stated_sigma(p, r)  # what kplan estimate and the re-planner state now
         line = (
             f"{m:12s} {len(r):4d} | {_fmt(score(old, r.step_time, s_old))} | "
             f"{_fmt(score(nominal, r.step_time))[:14]} | {_fmt(score(pol, r.step_time))[:14]} | "
@@ -258,16 +258,11 @@ def main(argv: list[str] | None = None) -> None:
         f"held-out RMS log error (LOMO, {len(true)} rows): {rms(lomo):.3f}; "
         f"fitted on all five: eta {eta_all:.3f}, inter gamma {gamma_all:.2f}"
     )
-    # kplan estimate's rows (search) state the fit's sigma and the per-doubling term only
-    est = [
-        -e <= Z90 * search._extrapolation_sigma(fitted[m][0], fitted[m][1].nodes.astype(float))
-        for m, e in lomo.items()
-    ]
-    online_p90 = [-e <= Z90 * stated_sigma(*fitted[m]) for m, e in lomo.items()]
+    # kplan estimate's rows and the online re-planner state the same sigma (fit.prior_log_sigma)
+    stated = [-e <= Z90 * stated_sigma(*fitted[m]) for m, e in lomo.items()]
     print(
-        "held out, at or below the p90 with the sigma stated by online._sigma "
-        f"{np.mean(np.concatenate(online_p90)) * 100:.0f}%, by kplan estimate's rows "
-        f"(search._extrapolation_sigma) {np.mean(np.concatenate(est)) * 100:.0f}%"
+        "held out, at or below the p90 with the sigma kplan states (fit.prior_log_sigma) "
+        f"{np.mean(np.concatenate(stated)) * 100:.0f}%"
     )
     nodes = np.concatenate([fitted[m][1].nodes for m in SCORED])
     err = np.concatenate(list(lomo.values()))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from kplan.errors import InputError
 from kplan.planner import perfmodel
@@ -45,6 +45,19 @@ PRIOR_ETA_INTER = PRIOR_ETA_INTRA
 # deepspeech2, yolov3; 4840 rows, 2 to 16 nodes). Held out one model at a time, eta 0.075-0.092
 # and gamma 1.38-2.33: about 4 Gbit/s of a 50 Gbit/s NIC, barely overlapped. The transferred
 # 0.665 (and the one-node gamma) predicted these rows 0.59x of the measured time (36% MAPE).
+# Per GPU link of the node (catalog.InstanceType.interconnect), where the profile measured no
+# all-reduce between a node's GPUs (a one-GPU profile): NVLink keeps the nccl-tests efficiency
+# above and PRIOR_GAMMA; PCIe is fitted on the one-node rows of the Pollux T4 traces
+# (g4dn.12xlarge: 4 x T4 on PCIe gen3; bench/intranode_transfer.py) from each model's one-GPU
+# fit: one efficiency and one overlap exponent shared by five models (108 rows, 2-4 GPUs). Held
+# out one model at a time, eta 0.27-0.69 and gamma 1.0-1.2 (the sync barely overlaps compute);
+# the NVLink prior predicted these rows 0.89x of the measured time, held out 0.99x.
+PRIOR_ETA_INTRA_BY_LINK: dict[str, float] = {"nvlink": PRIOR_ETA_INTRA, "pcie": 0.418}
+PRIOR_GAMMA_INTRA_BY_LINK: dict[str, float] = {"nvlink": 2.5, "pcie": 1.0}
+# One-sigma log error of a prediction whose intra-node all-reduce is this prior: the RMS of the
+# held-out (leave-one-model-out) log errors of bench/intranode_transfer.py.
+PRIOR_INTRA_LOG_SIGMA = 0.132
+LINKS = tuple(PRIOR_ETA_INTRA_BY_LINK)
 PRIOR_ETA_INTER_BY_FABRIC: dict[str, float] = {"rdma": PRIOR_ETA_INTER, "tcp": 0.082}
 PRIOR_GAMMA_INTER_BY_FABRIC: dict[str, float | None] = {"rdma": None, "tcp": 1.64}
 # One-sigma log error of a multi-node prediction whose inter-node terms are this prior: the RMS
@@ -57,6 +70,8 @@ PRIOR_LAT_INTER = 50e-6
 PRIOR_ALPHA = 1e-3
 PRIOR_GAMMA = 2.5
 MIN_LOG_SIGMA = 0.05  # never claim better than 5% accuracy
+# The step time's sigma grows by this per doubling of nodes past the largest the profile measured.
+EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.05
 
 _NAMES = perfmodel.FITTED
 _LOWER = np.array([0.0, 1e-12, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
@@ -95,6 +110,8 @@ def _priors(
     intra_gbps: float | None,
     inter_gbps: float | None,
     inter_eta: float = PRIOR_ETA_INTER,
+    intra_eta: float = PRIOR_ETA_INTRA,
+    gamma: float = PRIOR_GAMMA,
 ) -> NDArray[np.float64]:
     def beta(gbps: float | None, eta: float) -> float:
         if gradient_bytes and gbps:
@@ -105,9 +122,9 @@ def _priors(
         [
             0.0,
             0.0,
-            PRIOR_GAMMA,
+            gamma,
             PRIOR_ALPHA,
-            beta(intra_gbps, PRIOR_ETA_INTRA),
+            beta(intra_gbps, intra_eta),
             PRIOR_LAT_INTRA,
             PRIOR_ALPHA,
             beta(inter_gbps, inter_eta),
@@ -181,6 +198,7 @@ def fit_perf_params(
     gpus_per_node: int | None = None,
     bucket_bytes: float | None = None,
     inter_fabric: str = "tcp",
+    intra_link: str | None = None,
 ) -> PerfParams:
     """Least-squares fit of the step-time model in log space (robust soft-L1 loss).
 
@@ -188,13 +206,17 @@ def fit_perf_params(
     ``gradient_bytes``. None fits without the floor. ``inter_fabric``: the NIC's fabric
     (``catalog.nic_fabric``: "tcp" or "rdma"), which picks the inter-node priors where the rows
     do not measure them; "tcp" (a plain NIC) unless the instance is known to use EFA or RDMA.
+    ``intra_link``: the GPU link in a node ("nvlink", "pcie"; ``InstanceType.interconnect``),
+    which picks the intra-node priors (efficiency and overlap) where no row measures them;
+    None or "none": the NVLink-fitted ones.
     """
     from scipy.optimize import least_squares  # scipy only on the fitting path
 
     d = rows if isinstance(rows, FitInputs) else FitInputs.from_measurements(rows)
     floor_bytes, floor_bucket = (gradient_bytes, bucket_bytes) if gradient_bytes else (None, None)
     eta_inter, gamma_inter = prior_inter(inter_fabric)
-    prior = _priors(gradient_bytes, intra_gbps, inter_gbps, eta_inter)
+    eta_intra, gamma_intra = prior_intra(intra_link)
+    prior = _priors(gradient_bytes, intra_gbps, inter_gbps, eta_inter, eta_intra, gamma_intra)
     free = _free_mask(d)
     x0 = _initial(d, prior)
     has_sync = ~np.isnan(d.sync_time)
@@ -256,6 +278,38 @@ def prior_inter(fabric: str) -> tuple[float, float | None]:
     if fabric not in PRIOR_ETA_INTER_BY_FABRIC:
         raise InputError(f"unknown NIC fabric {fabric!r}", hint=f"use one of {', '.join(FABRICS)}")
     return PRIOR_ETA_INTER_BY_FABRIC[fabric], PRIOR_GAMMA_INTER_BY_FABRIC[fabric]
+
+
+def prior_intra(link: str | None) -> tuple[float, float]:
+    """(efficiency of the nominal GPU link, one-node overlap exponent) of a node's GPU link
+    (None or "none": the NVLink-fitted priors, as before links had their own)."""
+    if link is None or link == "none":
+        return PRIOR_ETA_INTRA, PRIOR_GAMMA
+    if link not in PRIOR_ETA_INTRA_BY_LINK:
+        raise InputError(f"unknown GPU link {link!r}", hint=f"use one of {', '.join(LINKS)}")
+    return PRIOR_ETA_INTRA_BY_LINK[link], PRIOR_GAMMA_INTRA_BY_LINK[link]
+
+
+def prior_log_sigma(
+    p: PerfParams, nodes: ArrayLike, workers: ArrayLike | None = None
+) -> NDArray[np.float64]:
+    """The step time's one-sigma log error that a plan states: the fit's, widened by
+    ``EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING`` per doubling of nodes past the largest measured,
+    by ``PRIOR_INTRA_LOG_SIGMA`` where a node's GPUs share an all-reduce no row measured (a
+    one-GPU profile; ``workers`` given) and by ``PRIOR_INTER_LOG_SIGMA`` across nodes where no
+    multi-node row was measured (each the held-out error of its prior's benchmark). One rule
+    for ``kplan estimate`` (planner/search.py) and the online re-planner (planner/online.py)."""
+    n = np.asarray(nodes, dtype=float)
+    doublings = np.log2(np.maximum(n / max(p.max_nodes_measured, 1), 1.0))
+    out: NDArray[np.float64] = np.hypot(
+        p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings
+    )
+    if workers is not None and p.max_workers_measured <= 1:
+        w = np.asarray(workers, dtype=float)
+        out = np.where(w > n, np.hypot(out, PRIOR_INTRA_LOG_SIGMA), out)
+    if not p.inter_measured:
+        out = np.where(n > 1, np.hypot(out, PRIOR_INTER_LOG_SIGMA), out)
+    return out
 
 
 def _params(x: NDArray[np.float64], **meta: Any) -> PerfParams:

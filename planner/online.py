@@ -40,7 +40,6 @@ from kplan.planner.efficiency import sample_factor
 from kplan.planner.fit import FitInputs, fit_perf_params
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint, Measurement
-from kplan.planner.search import EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING
 
 Array = NDArray[np.float64]
 OnlineObjective = Literal["cost", "time"]
@@ -116,27 +115,6 @@ class ModelError:
     n: int
 
 
-# Extra log-space error of a prediction on several GPUs of a node when no multi-GPU row was ever
-# measured (the intra-node terms are then priors). Across nodes with no multi-node row the
-# fabric prior's held-out error is added instead (fit.PRIOR_INTER_LOG_SIGMA).
-UNMEASURED_SYNC_LOG_SIGMA = 0.3
-
-
-def _sigma(p: PerfParams, nodes: Array, workers: Array | None = None) -> Array:
-    """log_sigma widened by 0.05 per doubling of nodes past the largest measured (as search),
-    by ``UNMEASURED_SYNC_LOG_SIGMA`` where the intra-node sync was never measured and by
-    ``fit.PRIOR_INTER_LOG_SIGMA`` where the inter-node sync was not."""
-    doublings = np.log2(np.maximum(nodes / max(p.max_nodes_measured, 1), 1.0))
-    out: Array = np.hypot(p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
-    if workers is not None:
-        unmeasured = (workers > 1) & (p.max_workers_measured <= 1)
-        out = np.where(unmeasured, np.hypot(out, UNMEASURED_SYNC_LOG_SIGMA), out)
-    # inter-node terms from the fabric prior: its held-out error (bench/multinode_transfer.py)
-    inter = (nodes > 1) & (not p.inter_measured)
-    out = np.where(inter, np.hypot(out, fit.PRIOR_INTER_LOG_SIGMA), out)
-    return out
-
-
 class OnlineModel:
     """The step-time model of one instance type, refitted from what a running job measures."""
 
@@ -194,7 +172,9 @@ class OnlineModel:
         step = perfmodel.step_time(
             p, nodes, [config.workers], [config.local_batch], [config.accum_steps]
         )
-        return float(step[0]), float(_sigma(p, nodes, np.array([config.workers], float))[0])
+        return float(step[0]), float(
+            fit.prior_log_sigma(p, nodes, np.array([config.workers], float))[0]
+        )
 
     def _predict_row(self, m: Measurement) -> float:
         step = perfmodel.step_time(
@@ -382,7 +362,7 @@ def evaluate(
     accum = np.array([c.accum_steps for c in configs], dtype=float)
     price = np.array([c.usd_per_hour for c in configs], dtype=float)
     step = perfmodel.step_time(params, nodes, workers, batch / (workers * accum), accum)
-    sigma = _sigma(params, nodes, workers)
+    sigma = fit.prior_log_sigma(params, nodes, workers)
     steps = steps_to_finish(
         batch,
         remaining_progress=remaining_progress,

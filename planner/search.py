@@ -38,7 +38,6 @@ from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, load_spot_mo
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
 Array = NDArray[np.float64]
-EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.05  # uncertainty added per doubling past the profile
 # Plans whose expected times differ by less than this fraction are tied, and a tie goes to the
 # cheaper plan: "fastest" is the cheapest plan within 5% of the fastest time; the knee is found
 # after merging frontier points within 5% of each other's time (the cheapest of each kept).
@@ -302,19 +301,6 @@ def batch_grid(workload: Workload, opts: SearchOptions) -> NDArray[np.int64]:
     return grid[grid <= top]
 
 
-def _extrapolation_sigma(p: perfmodel.PerfParams, nodes: Array) -> Array:
-    """The step time's log sigma: the fit's, widened per doubling of nodes past the largest
-    measured and, across nodes where no multi-node row was measured, by the fabric prior's
-    held-out error (``fit.PRIOR_INTER_LOG_SIGMA``, bench/multinode_transfer.py), as the
-    online model does."""
-    measured = max(p.max_nodes_measured, 1)
-    doublings = np.log2(np.maximum(nodes / measured, 1.0))
-    out: Array = np.hypot(p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings)
-    if not p.inter_measured:
-        out = np.where(nodes > 1, np.hypot(out, fit.PRIOR_INTER_LOG_SIGMA), out)
-    return out
-
-
 @dataclass(frozen=True)
 class _TypeGrid:
     """Every (nodes, accumulation, global batch) of one instance type, with step times."""
@@ -365,7 +351,7 @@ def _type_grid(
     step = perfmodel.step_time(p, nodes, workers, local, accum)
     samples = workload.samples_at_base * factors[gi]
     steps = np.ceil(samples / batch)
-    sigma = np.hypot(_extrapolation_sigma(p, nodes), work_sigma[gi])
+    sigma = np.hypot(fit.prior_log_sigma(p, nodes, workers), work_sigma[gi])
     if c.compression != "none":
         # The option's step time and samples; unless pinned, only where it saves more than the
         # tie tolerance over dense on the same multi-node configuration.

@@ -267,14 +267,19 @@ def for_instance(
         intra_beta=params.intra_beta * ratio,
         inter_beta=params.inter_beta * ratio,
     )
-    if w.params.intra_gbps is None and inst.interconnect_gbps and inst.gpu_count > 1:
-        # The profiled machine's intra-node link is unknown (e.g. CPU workers over gloo): its
-        # all-reduce says nothing about this instance's GPUs, so use the physical prior.
+    one_gpu = w.params.max_workers_measured <= 1
+    if (w.params.intra_gbps is None or one_gpu) and inst.interconnect_gbps and inst.gpu_count > 1:
+        # The profile measured no all-reduce between a node's GPUs (one GPU), or over a link
+        # that says nothing about this instance's GPUs (CPU workers over gloo): the prior of
+        # this instance's GPU link (NVLink or PCIe: fit.prior_intra; its held-out sigma joins
+        # the p90, fit.prior_log_sigma), with its overlap where the profile could not fit one.
+        eta_intra, gamma_intra = fit.prior_intra(inst.interconnect)
         params = perfmodel.replace_fields(
             params,
             intra_alpha=fit.PRIOR_ALPHA,
             intra_lat=fit.PRIOR_LAT_INTRA,
-            intra_beta=bytes_ / (fit.PRIOR_ETA_INTRA * inst.interconnect_gbps * 1e9 / 8),
+            intra_beta=bytes_ / (eta_intra * inst.interconnect_gbps * 1e9 / 8),
+            **({"gamma": gamma_intra} if one_gpu else {}),
         )
     fabric = nic_fabric(inst)
     other_fabric = w.ref_fabric is not None and w.ref_fabric != fabric

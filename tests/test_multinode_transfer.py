@@ -64,7 +64,7 @@ def test_measured_inter_node_terms_transfer_only_within_a_fabric() -> None:
     those terms are kept (scaled by the link), on an EFA type they give way to the RDMA prior,
     marked as a prior (its held-out sigma then joins the p90 in kplan estimate's rows)."""
     from kplan.catalogs.device_model import load_device_model
-    from kplan.planner.search import SearchOptions, _extrapolation_sigma
+    from kplan.planner.search import SearchOptions
     from kplan.planner.workload import for_instance
     from kplan.planning import estimate, load_example
 
@@ -83,6 +83,6 @@ def test_measured_inter_node_terms_transfer_only_within_a_fabric() -> None:
     bytes_per_s = w.gradient_bytes / swapped.inter_beta
     assert bytes_per_s == pytest.approx(eta_rdma * efa.network_gbps * 1e9 / 8, rel=1e-9)
     nodes = np.array([1.0, 4.0])
-    wide = _extrapolation_sigma(swapped, nodes)
-    assert wide[1] > _extrapolation_sigma(kept, nodes)[1]
+    wide = fit.prior_log_sigma(swapped, nodes)
+    assert wide[1] > fit.prior_log_sigma(kept, nodes)[1]
     assert wide[1] >= fit.PRIOR_INTER_LOG_SIGMA
