@@ -619,6 +619,9 @@ class Job:
                 and (not lossy or self.step_count % GNS_DENSE_EVERY == 0)
             )
             weight = info.sizes[self.ctx.rank] / sum(info.sizes)
+            if comp is not None and comp.momentum is not None:
+                # the momentum the optimizer step will use (compensated: runtime/momentum.py)
+                comp.momentum.ratio = self._momentum.ratio(self.step_count)
             self._sync.begin_step(
                 weight,
                 self._measure and self.ctx.world_size > 1,

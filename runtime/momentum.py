@@ -99,7 +99,7 @@ class MomentumCompensator:
         for g in groups:
             if "betas" in g and _floats(g["betas"]):
                 out.append(tuple(compensated(float(b), k) for b in g["betas"]))
-            elif _sgd_momentum(g):
+            elif sgd_momentum(g):
                 out.append(compensated(float(g["momentum"]), k))
             else:
                 out.append(None)
@@ -114,7 +114,7 @@ class MomentumCompensator:
             if k != 1.0 and "betas" in g and _floats(g["betas"]):
                 keep["betas"] = g["betas"]
                 g["betas"] = tuple(compensated(float(b), k) for b in g["betas"])
-            elif k != 1.0 and _sgd_momentum(g):
+            elif k != 1.0 and sgd_momentum(g):
                 m = float(g["momentum"])
                 keep["momentum"] = g["momentum"]
                 g["momentum"] = compensated(m, k)
@@ -149,7 +149,8 @@ def _floats(values: Any) -> bool:
     return isinstance(values, tuple | list) and all(isinstance(v, float | int) for v in values)
 
 
-def _sgd_momentum(g: MutableMapping[str, Any]) -> bool:
+def sgd_momentum(g: MutableMapping[str, Any]) -> bool:
+    """Whether compensation changes this group's SGD momentum (0 < m < 1, no dampening)."""
     m = g.get("momentum")
     return (
         isinstance(m, float | int)

@@ -12,6 +12,7 @@ from typing import Any
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 
 from kplan.errors import InputError
+from kplan.runtime.momentum import compensated, sgd_momentum
 
 
 class MomentumFold:
@@ -46,7 +47,11 @@ class MomentumFold:
     with ``buf`` the optimizer's momentum buffer before the step (absent: 0, and no 1/(1-d)).
     The optimizer's buffer then equals D after each step (to rounding), and its state, the
     script's scheduler and checkpoints are the script's own; ``.grad`` after the exchange holds
-    G, not the mean gradient. It is stable where plain SGD at lr/(1-m) is (measured:
+    G, not the mean gradient. Under momentum compensation of a batch change (runtime/momentum.py:
+    ``m^k`` and the LR x ``(1 - m^k)/(1 - m)`` during ``optimizer.step()``), ``m`` is the step's
+    compensated value (``ratio`` = ``k``, set by the job before the step's exchange): the step
+    then applies ``lr' D`` and each gradient moves the weights by ``lr' s = lr/(1 - m)`` in all,
+    as compensated dense momentum SGD does. It is stable where plain SGD at lr/(1-m) is (measured:
     docs/runtime.md). A dense step (the GNS sample, job.py) sends the plain weighted gradient
     w g; the rest of s w g' stays in r. Groups with ``momentum == 0`` use plain error feedback.
     """
@@ -61,6 +66,9 @@ class MomentumFold:
         self._groups = [groups.get(id(p)) for p in self.params]
         self.weight = 1.0
         """This worker's batch share b_i/B this step (weight decay is weighted with it)."""
+        self.ratio = 1.0
+        """The batch ratio ``k`` the momentum compensation uses at this step's optimizer step
+        (``MomentumCompensator.ratio``; 1: none)."""
 
     @staticmethod
     def needed(optimizer: torch.optim.Optimizer) -> bool:
@@ -96,6 +104,8 @@ class MomentumFold:
         m = float(group.get("momentum", 0.0) or 0.0)
         if m <= 0:
             return None
+        if self.ratio != 1.0 and sgd_momentum(group):  # what the compensator sets for the step
+            m = compensated(m, self.ratio)
         return m, float(group["dampening"]), float(group["weight_decay"]), bool(group["nesterov"])
 
     def increment(self, j: int, grad: torch.Tensor) -> torch.Tensor | None:

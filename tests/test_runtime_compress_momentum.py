@@ -61,6 +61,50 @@ def test_fold_makes_torch_sgd_apply_exactly_the_exchanged_update(kwargs: dict[st
         assert torch.allclose(before - p.detach(), 0.05 * d, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_fold_under_momentum_compensation_applies_the_exchanged_update(nesterov: bool) -> None:
+    """After a batch change (k = 4), the compensator runs the optimizer step at m^k and
+    lr (1 - m^k)/(1 - m) (runtime/momentum.py): the fold inverts with m^k, so the step still
+    applies exactly lr' D, and a gradient enters the residual at 1/(1 - m^k), so that each
+    gradient moves the weights by lr'/(1 - m^k) = lr/(1 - m) in all, as compensated dense SGD."""
+    import torch
+
+    from kplan.runtime.momentum import MomentumCompensator, compensated, lr_correction
+    from kplan.runtime.momentum_fold import MomentumFold
+
+    k, m, lr = 4.0, 0.9, 0.05
+    gen = torch.Generator().manual_seed(5)
+    p = torch.nn.Parameter(torch.randn(30, generator=gen, dtype=torch.float64))
+    opt = torch.optim.SGD([p], lr=lr, momentum=m, nesterov=nesterov)
+    comp = MomentumCompensator("horizon", ref_batch=64, ramp_steps=0)
+    comp.set_batch(0, 256)
+    assert comp.ratio(0) == k
+    fold = MomentumFold(opt, [p])
+    fold.ratio = comp.ratio(0)
+    applied_lr = lr * lr_correction(m, k)
+    for _ in range(8):
+        d = torch.randn(30, generator=gen, dtype=torch.float64)
+        inv = fold.inverse(0)
+        assert inv is not None
+        c, z = inv
+        p.grad = (c * (d - (0 if z is None else z))).view_as(p)
+        before = p.detach().clone()
+        kept = comp.apply(opt.param_groups, k)  # as step_end.optimizer_step, which also
+        opt.step()  # gives the LR back
+        comp.restore(opt.param_groups, kept)
+        opt.param_groups[0]["lr"] = lr
+        assert opt.param_groups[0]["momentum"] == m  # the script's value is back
+        assert torch.allclose(before - p.detach(), applied_lr * d, atol=1e-12, rtol=0)
+    g = torch.ones(30, dtype=torch.float64)
+    got = fold.increment(0, g)
+    assert got is not None
+    assert torch.allclose(got, g / (1.0 - compensated(m, k)))
+    assert applied_lr / (1.0 - compensated(m, k)) == pytest.approx(lr / (1.0 - m))
+    fold.ratio = 1.0  # no batch change: the script's momentum
+    again = fold.increment(0, g)
+    assert again is not None and torch.allclose(again, g / (1.0 - m))
+
+
 def test_fold_feeds_error_feedback_the_sgd_equivalent_step() -> None:
     """Each gradient enters the residual at (1-d)/(1-m) times (nesterov: 1/(1-m)), weight decay
     included at the worker's share; groups without momentum are not folded."""
