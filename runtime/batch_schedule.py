@@ -5,7 +5,7 @@ A schedule is a list of phases ``{"progress": p, "global_batch": B}`` or ``{"ste
 step after its trigger is reached until the next phase's.
 
 - ``progress``: a fraction (0 to 1) of the job's statistical target, ``job.progress`` over the
-  ``target_progress`` of ``job.epochs(E)`` (``E x ceil(N / B0)`` base-batch steps). This is the
+  ``target_progress`` of ``job.epochs(E)`` (``E x N / B0`` base-batch steps). This is the
   planner's own measure (it plans the noise scale against base-batch progress), and it does not
   drift when the forecast of the steps at each batch is wrong: with the default ``adascale`` rule
   ``job.progress`` sums the gain ``B/B0 (Bn + B0)/(Bn + B)``, the planner's efficiency exactly.

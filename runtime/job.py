@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -382,13 +381,16 @@ class Job:
         """Epoch numbers from the resumed epoch up to ``total`` (profile mode: until done).
 
         With ``KPLAN_EPOCHS_BY=progress`` the loop runs until ``job.progress`` reaches
-        ``total`` x ceil(len(dataset)/B0) base-batch steps, through as many data passes as that
-        takes (the last one stops mid-epoch).
+        ``total`` x len(dataset)/B0 base-batch steps (the planner's samples to train, N x E, in
+        base-batch steps), through as many data passes as that takes (the last one stops
+        mid-epoch).
         """
         if total < 0:
             raise InputError(f"epochs({total}): the number of epochs is negative", "")
         by_progress = self.config.epochs_by == "progress" and not self.profiling
-        target = float(total * math.ceil(self._dataset_size / self.base_batch))
+        # N x E samples at B0, as the planner counts them (ceil(N/B0) per epoch read up to
+        # a step per epoch high: 2.4% at N = 10,000, B0 = 256)
+        target = total * self._dataset_size / self.base_batch
         if by_progress:
             self._progress_target = target
         if not self.profiling:

@@ -341,6 +341,20 @@ class _Recorder(Policy):
             act.set_global_batch(64, "test")
 
 
+def test_the_progress_target_is_the_planners_samples_at_the_base_batch(tmp_path: Path) -> None:
+    """E x N/B0 base-batch steps (N x E samples, as the planner counts them), not
+    E x ceil(N/B0): 1,000 samples at 32 are 31.25 steps of progress an epoch, and a pass at B0
+    (the tail skipped) makes 31."""
+    job = _job(tmp_path, batch=32, samples=1000, lr_scaling="sqrt", epochs_by="progress")
+    _train(job, 2)
+    records = read_records(tmp_path / "m.jsonl")
+    (start,) = [r for r in records if r.get("event") == "epochs"]
+    assert start["target_progress"] == pytest.approx(2 * 1000 / 32)  # 62.5, was 64
+    steps = _steps(tmp_path / "m.jsonl")
+    assert len(steps) == 63  # 31 + 31 in two passes, then one step into a third
+    assert steps[-2]["progress"] < 62.5 <= steps[-1]["progress"]
+
+
 def test_progress_epochs_run_until_the_statistical_target(tmp_path: Path) -> None:
     recorder = _Recorder(grow_at=8)
     cfg = {"lr_scaling": "sqrt", "epochs_by": "progress", "policies": [recorder]}
