@@ -253,20 +253,26 @@ def known_gns(truth: Truth, d: float, every: float | None = None) -> tuple[GnsPo
     return (*(seen[k] for k in sorted(seen)), now)
 
 
-def implied_gradient_bytes(profile: Sequence[Measurement], intra_gbps: float) -> float | None:
+def implied_gradient_bytes(
+    profile: Sequence[Measurement], intra_gbps: float, intra_link: str | None = None
+) -> float | None:
     """The gradient size that a one-node profile's all-reduce waits imply, for a model whose
     size is not published (ncf): each multi-worker row's sync read as a ring all-reduce at the
-    intra-node prior (fit.py: ``t = c0 + S * 2(k-1)/k / (eta * BW)``), the median over rows.
+    intra-node prior of the node's GPU link (fit.py: ``t = c0 + S * 2(k-1)/k / (eta * BW)``,
+    ``eta`` of ``fit.prior_intra``), the median over rows.
 
-    A rough size (the sync is the exposed part, and a T4 node's PCIe ring is not the NVLink
-    ring of the prior): on the five models whose size is published it reads 0.2x to 3.4x of
-    it. Without any size the inter-node bandwidth term is zero and every multi-node
-    configuration looks no slower than one node (ncf: 0.30x of the measured multi-node steps;
-    with this size 2.8x, on the safe side). None without multi-worker rows with a sync time.
+    A rough size (the sync is only the exposed part): on the five models whose size is
+    published, it reads 0.13x (imagenet, whose sync overlaps compute) to 2.1x of it on the T4
+    nodes (PCIe), and their multi-node steps are predicted 0.56x to 1.26x of the measured
+    (0.85x to 1.09x with the published size). Without any size the inter-node bandwidth term
+    is zero and every multi-node configuration looks no slower than one node (ncf: 0.30x of
+    its measured multi-node steps; 1.84x with this size). None without multi-worker rows with
+    a sync time.
     """
+    eta, _ = fit.prior_intra(intra_link)
     sizes = [
         max(m.sync_time - fit.PRIOR_NCCL_CALL, 0.0)
-        * fit.PRIOR_ETA_INTRA
+        * eta
         * intra_gbps
         * 1e9
         / 8
@@ -285,7 +291,7 @@ def gradient_bytes(truth: Truth) -> float | None:
     if published is not None:
         return published
     inst = load_catalog().instances[INSTANCE]
-    return implied_gradient_bytes(truth.profile, inst.interconnect_gbps)
+    return implied_gradient_bytes(truth.profile, inst.interconnect_gbps, inst.interconnect)
 
 
 def fit_prior(truth: Truth) -> PerfParams:

@@ -78,16 +78,19 @@ def test_a_deadline_does_not_lock_the_job_into_the_dearest_cluster() -> None:
 
 
 def test_implied_gradient_bytes_reads_the_ring_all_reduce_back() -> None:
-    # Syncs made by the intra-node prior's ring all-reduce of 30 MB over a 100 Gbit/s link.
+    # Syncs made by the PCIe prior's ring all-reduce of 30 MB over a 100 Gbit/s link.
     size, gbps = 30e6, 100.0
-    eta, c0 = fit.PRIOR_ETA_INTRA, fit.PRIOR_NCCL_CALL
+    (eta, _), c0 = fit.prior_intra("pcie"), fit.PRIOR_NCCL_CALL
     rows = [
         Measurement(1, k, 64, 0.1, c0 + size * 2 * (k - 1) / k / (eta * gbps * 1e9 / 8))
         for k in (2, 3, 4)
     ]
     one_gpu = Measurement(1, 1, 64, 0.09, 0.0)
-    assert online_sim.implied_gradient_bytes([one_gpu, *rows], gbps) == pytest.approx(size)
-    assert online_sim.implied_gradient_bytes([one_gpu], gbps) is None
+    assert online_sim.implied_gradient_bytes([one_gpu, *rows], gbps, "pcie") == pytest.approx(size)
+    # read at the NVLink efficiency, the same waits mean more bytes
+    nvlink = online_sim.implied_gradient_bytes(rows, gbps)
+    assert nvlink == pytest.approx(size * fit.prior_intra(None)[0] / eta)
+    assert online_sim.implied_gradient_bytes([one_gpu], gbps, "pcie") is None
 
 
 @needs_traces
