@@ -22,11 +22,21 @@ once; each collective round pays its ring or tree hops at the per-hop latency ``
 
 ``topk:x:auto`` takes the cheaper of AR and AG by the runtime's own cost function
 (``compress.topk_collective``) at the link's fitted bandwidth and per-hop latency. Every option
-runs as a DDP communication hook per bucket, so it overlaps backward like the dense all-reduce
-(the model's ``gamma`` and last-bucket floor); the codec compute (compress + decompress: casts,
-PowerSGD's matmuls and orthogonalisation, top-k selection and scatter) is added in full:
+runs as a DDP communication hook per bucket (``nb = ceil(P / bucket)`` buckets), so each bucket
+pays its rounds' hops: the latency term is ``lat * hops * nb`` (dense keeps perfmodel's fit).
+A round the hook waits for before it can go on is not overlapped with anything: PowerSGD's P
+round (Q = M^T P needs the summed P) and AR-Topk's index broadcast (the values sent depend on
+the indices). Each such round is also a barrier inside backward: every worker waits there for
+the slowest, ``skew`` seconds beyond the latency (0 on identical dedicated devices, the
+planner's default; measured on the emulated hosts, where the workers share cores, by
+bench/comm_bed.py). The other rounds overlap backward like the dense all-reduce (the model's
+``gamma`` and last-bucket floor). The codec compute (compress + decompress: casts, PowerSGD's
+matmuls and orthogonalisation, top-k selection and scatter) runs on the worker's own device
+between backward's kernels, so it is added in full:
 
-    T_step(o) = (s-1) T_c + overlap(T_c, T_sync(o) - T_last(o)) + T_last(o) + T_codec(o)
+    T_step(o) = (s-1) T_c + overlap(T_c, T_async(o) - T_last(o)) + T_last(o)
+                + T_block(o) + T_codec(o)
+    T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew)
 
 ``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
 runs the option's compress + decompress on the model's own parameter shapes on the profiling
@@ -34,6 +44,9 @@ device) and scaled to the target GPU by the device factor the compute time uses
 (``InstancePrediction.compute_factor``); else ``CODEC_S_PER_ELEMENT`` x elements (a prior). The
 shapes are the profile's ``model.gradient_shapes`` when recorded, else ``assumed_shapes``.
 ``codec_for`` picks, and says which ("codec measured" or "codec prior") in the row's why.
+
+Top-k's sparsity warm-up (``:wSTEPS``) is priced at its steady ratio: its first steps send
+more, a cost that is small against a run of many times STEPS steps.
 
 The statistical cost is a multiplier on the samples (steps) to the target, ``StatCost``: a
 documented prior per option (below) that measurements replace (``StatCost.updated``: the
@@ -167,12 +180,14 @@ def assumed_shapes(gradient_bytes: float, element_bytes: int = 4) -> Shapes:
 
 @dataclass(frozen=True)
 class Traffic:
-    """One synchronised step's communication for one worker."""
+    """One synchronised step's communication for one worker (per bucket: ``hops``)."""
 
-    bytes: float  # sent by one worker (the bottleneck link's load)
-    rounds: int  # collective rounds (their hops are counted in ``hops``)
-    hops: float  # sequential messages (each pays the per-hop latency)
+    bytes: float  # sent by one worker over the step (the bottleneck link's load)
+    rounds: int  # collective rounds per bucket (their hops are counted in ``hops``)
+    hops: float  # sequential messages per bucket (each pays the per-hop latency)
     collective: str  # "ar"/"ag" for top-k, "" otherwise
+    blocking_bytes: float = 0.0  # of ``bytes``: in rounds the hook waits for (not overlapped)
+    blocking_hops: float = 0.0  # of ``hops``: the same rounds' messages, per bucket
 
 
 def traffic(
@@ -187,7 +202,11 @@ def traffic(
     if c.kind in ("none", "fp16", "bf16"):
         return Traffic(rc.wire_bytes(c, shapes, k), 1, 2.0 * (k - 1), "")
     if c.kind == "powersgd":
-        return Traffic(rc.wire_bytes(c, shapes, k), 2, 4.0 * (k - 1), "")
+        # P's round is waited for inside the hook (Q = M^T P needs the summed P)
+        p_elems, _, _ = rc.powersgd_elements(c.rank, shapes)
+        p_bytes = rc.ring_allreduce_bytes(rc.VALUE_BYTES * p_elems, k)
+        hops = 2.0 * (k - 1)
+        return Traffic(rc.wire_bytes(c, shapes, k), 2, 2 * hops, "", p_bytes, hops)
     coll: Literal["ar", "ag"]
     if c.collective == "auto":
         numel = sum(math.prod(s) for s in shapes)
@@ -198,10 +217,12 @@ def traffic(
         return Traffic(rc.wire_bytes(c, shapes, k, "ag"), 1, float(k - 1), "ag")
     # AR: the broadcast's critical path is ceil(log2 k) sends of all K indices (a tree), as in
     # the runtime's cost function; then the ring all-reduce of the K values.
+    # The broadcast is waited for inside the hook (the values sent depend on the indices).
     kk = sum(rc.topk_count(math.prod(s), c.ratio) for s in shapes)
     tree = math.ceil(math.log2(k))
-    nbytes = tree * rc.INDEX_BYTES * kk + rc.ring_allreduce_bytes(rc.VALUE_BYTES * kk, k)
-    return Traffic(nbytes, 2, tree + 2.0 * (k - 1), "ar")
+    bcast = tree * rc.INDEX_BYTES * kk
+    nbytes = bcast + rc.ring_allreduce_bytes(rc.VALUE_BYTES * kk, k)
+    return Traffic(nbytes, 2, tree + 2.0 * (k - 1), "ar", bcast, float(tree))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -219,6 +240,14 @@ def _link(p: PerfParams, n: Array, gradient_bytes: float) -> tuple[Array, Array,
     return alpha, per_byte, lat, two
 
 
+def buckets(p: PerfParams, shapes: Sequence[tuple[int, ...]]) -> int:
+    """DDP buckets per step: ceil(gradient bytes / bucket bytes), 1 without a bucket size."""
+    pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
+    if not p.bucket_bytes:
+        return 1
+    return max(1, math.ceil(pbytes / p.bucket_bytes))
+
+
 def sync_time(
     p: PerfParams,
     c: Compression,
@@ -226,16 +255,24 @@ def sync_time(
     nodes: ArrayLike,
     workers: ArrayLike,
     fraction: float = 1.0,
+    part: Literal["all", "overlapped", "blocking"] = "all",
+    skew_s: float = 0.0,
 ) -> tuple[Array, list[str]]:
-    """All-reduce time of the option (before overlap) and the top-k collective per entry;
-    ``fraction`` of the bytes (the last bucket's share) with alpha and latencies in full."""
+    """Communication time of the option and the top-k collective per entry; ``fraction`` of
+    the bytes (the last bucket's share) with alpha and latencies in full. Every bucket runs
+    the option's rounds, so the per-hop latencies count once per bucket (``buckets``).
+    ``part``: all of it, the rounds that overlap backward (``alpha`` with them), or the
+    rounds the hook waits for (module notes) plus ``skew_s`` at each of them (``step_time``)."""
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
     pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
     alpha, per_byte, lat, two = _link(p, n, pbytes)
+    if part == "blocking":
+        alpha = np.zeros_like(alpha)
+    nb = buckets(p, shapes)
     shape_key = tuple(tuple(sh) for sh in shapes)
     keys = np.stack([k.ravel(), (n.ravel() > 1).astype(float)], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    t_bytes, t_hops = np.zeros(len(uniq)), np.zeros(len(uniq))
+    t_bytes, t_hops, t_wait = np.zeros(len(uniq)), np.zeros(len(uniq)), np.zeros(len(uniq))
     names: list[str] = []
     for j, (kk, inter) in enumerate(uniq):
         pb = float(p.inter_beta if inter else p.intra_beta) / pbytes
@@ -246,14 +283,26 @@ def sync_time(
             1.0 / pb if pb > 0 else 1e18,
             p.inter_lat if inter else p.intra_lat,
         )
-        t_bytes[j], t_hops[j] = t.bytes, t.hops
+        if part == "all":
+            t_bytes[j], t_hops[j] = t.bytes, t.hops
+        elif part == "blocking":
+            t_bytes[j], t_hops[j] = t.blocking_bytes, t.blocking_hops
+            t_wait[j] = skew_s * nb if t.blocking_hops > 0 else 0.0
+        else:
+            t_bytes[j], t_hops[j] = t.bytes - t.blocking_bytes, t.hops - t.blocking_hops
         names.append(t.collective)
     inv = inverse.reshape(k.shape)
+    hops = t_hops[inv] * (nb if c.kind != "none" else 1)
     out: Array = np.where(
-        k > 1, two * (alpha + per_byte * t_bytes[inv] * fraction + lat * t_hops[inv]), 0.0
+        k > 1, two * (alpha + per_byte * t_bytes[inv] * fraction + lat * hops) + t_wait[inv], 0.0
     )
     colls = [names[int(j)] for j in inv.ravel()]
     return out, colls
+
+
+def _steady(c: Compression) -> str:
+    """The option after its sparsity warm-up (the warm-up is not priced: module notes)."""
+    return replace(c, warmup=0).spec()
 
 
 def codec_seconds(
@@ -264,7 +313,7 @@ def codec_seconds(
     if c.kind == "none":
         return 0.0
     if measured:
-        for key in (c.spec(), c.kind):
+        for key in (c.spec(), _steady(c), c.kind):
             if key in measured:
                 return float(measured[key])
     numel = sum(math.prod(s) for s in shapes)
@@ -283,9 +332,10 @@ def codec_for(
     per-element prior on ``shapes``."""
     if c.kind == "none":
         return 0.0, ""
-    if measured and c.spec() in measured:
+    key = c.spec() if measured and c.spec() in measured else _steady(c)
+    if measured and key in measured:
         scaled = f" x{factor:.3g} device factor" if factor != 1.0 else ""
-        return measured[c.spec()] * factor, f"codec measured on {device or 'the profiler'}{scaled}"
+        return measured[key] * factor, f"codec measured on {device or 'the profiler'}{scaled}"
     return codec_seconds(c, shapes), "codec prior"
 
 
@@ -310,22 +360,27 @@ def step_time(
     local_batch: ArrayLike,
     accum_steps: ArrayLike = 1,
     codec_s: float = 0.0,
+    skew_s: float = 0.0,
 ) -> Array:
-    """Seconds per optimizer step with ``c`` (module notes); ``none`` is perfmodel's exactly."""
+    """Seconds per optimizer step with ``c`` (module notes); ``none`` is perfmodel's exactly.
+    ``skew_s``: a worker's mean wait at a barrier inside backward beyond the link's latency
+    (the others still computing), paid at each blocking round of each bucket."""
     if c.kind == "none":
         return perfmodel.step_time(p, nodes, workers, local_batch, accum_steps)
     tc = perfmodel.compute_time(p, local_batch)
     s = np.asarray(accum_steps, dtype=float)
-    sync, _ = sync_time(p, c, shapes, nodes, workers)
+    sync, _ = sync_time(p, c, shapes, nodes, workers, part="overlapped")
     if p.gradient_bytes and p.bucket_bytes:
         frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
-        last = np.minimum(sync_time(p, c, shapes, nodes, workers, frac)[0], sync)
+        last = sync_time(p, c, shapes, nodes, workers, frac, part="overlapped")[0]
+        last = np.minimum(last, sync)
     else:
         last = np.zeros_like(sync)
+    blocking, _ = sync_time(p, c, shapes, nodes, workers, part="blocking", skew_s=skew_s)
     k = np.asarray(workers, dtype=float)
     codec = np.where(k > 1, codec_s, 0.0)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
-    return (s - 1.0) * tc + perfmodel.overlap(tc, sync - last, gamma) + last + codec
+    return (s - 1.0) * tc + perfmodel.overlap(tc, sync - last, gamma) + last + blocking + codec
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ imports this module).
   designated worker, rotating with the step, broadcast), then an all-reduce of the selected
   values (AR-Topk); ``auto`` (default): the cheaper of the two for the whole gradient by
   :func:`topk_collective` with the bandwidth and latency measured at start.
+- ``topk:RATIO[:ar|ag|auto]:wSTEPS``: top-k with Deep Gradient Compression's sparsity
+  warm-up (Lin et al. 2018, section 3.4): the ratio starts at WARMUP_START_RATIO (25%, DGC's
+  75% sparsity) and decays exponentially to RATIO over the first STEPS optimizer steps
+  (:func:`warmup_ratio`, a function of the step: the same on every rank and after a resume).
+  The first steps, where the loss falls fastest and the error-feedback residual has not built
+  up, send far more of the gradient; the planner prices the steady RATIO.
 - ``adaptive[:MIN:MAX][:ar|ag|auto]``: top-k whose ratio changes online (GraVAC-style) from the
   measured compression gain (``compressor.py``, ``AdaptiveRatio``), within [MIN, MAX]
   (default [0.001, 0.1]), starting at MAX.
@@ -40,13 +46,16 @@ CompressionKind = Literal["none", "fp16", "bf16", "powersgd", "topk", "adaptive"
 Collective = Literal["ar", "ag", "auto"]
 COLLECTIVES: tuple[Collective, ...] = ("ar", "ag", "auto")
 KINDS: tuple[CompressionKind, ...] = ("none", "fp16", "bf16", "powersgd", "topk", "adaptive")
+WARMUP_START_RATIO = 0.25
+"""Top-k's ratio at step 0 of a sparsity warm-up (DGC: 75% sparsity in its first epoch)."""
 ADAPTIVE_MIN = 0.001
 ADAPTIVE_MAX = 0.1
 VALUE_BYTES = 4
 INDEX_BYTES = 4
 _HINT = (
     "use none, fp16, bf16, powersgd:RANK (RANK >= 1), topk:RATIO[:ar|ag|auto] "
-    "(0 < RATIO <= 1, the fraction kept) or adaptive[:MIN:MAX][:ar|ag|auto]"
+    "(0 < RATIO <= 1, the fraction kept; :wSTEPS adds a sparsity warm-up over STEPS steps) "
+    "or adaptive[:MIN:MAX][:ar|ag|auto]"
 )
 
 
@@ -62,6 +71,8 @@ class Compression:
     collective: Collective = "auto"
     min_ratio: float = ADAPTIVE_MIN
     max_ratio: float = ADAPTIVE_MAX
+    warmup: int = 0
+    """Top-k: steps of the sparsity warm-up (0: none); see :func:`warmup_ratio`."""
 
     @property
     def lossy(self) -> bool:
@@ -77,7 +88,8 @@ class Compression:
         if self.kind == "powersgd":
             return f"powersgd:{self.rank}"
         if self.kind == "topk":
-            return f"topk:{self.ratio:g}:{self.collective}"
+            warm = f":w{self.warmup}" if self.warmup else ""
+            return f"topk:{self.ratio:g}:{self.collective}{warm}"
         if self.kind == "adaptive":
             return f"adaptive:{self.min_ratio:g}:{self.max_ratio:g}:{self.collective}"
         return self.kind
@@ -102,14 +114,19 @@ def parse_compression(text: str, source: str = "compression") -> Compression:
         return Compression("powersgd", rank=int(parts[1]))
     if kind in ("topk", "adaptive"):
         args = parts[1:]
+        warmup = 0
+        if kind == "topk" and len(args) > 1 and args[-1].startswith("w"):
+            if not args[-1][1:].isdigit() or int(args[-1][1:]) < 1:
+                raise bad(f"the warm-up {args[-1]!r} must be w followed by steps >= 1 (e.g. w100)")
+            warmup = int(args.pop()[1:])
         collective: Collective = "auto"
         if args and args[-1] in COLLECTIVES:
             collective = args.pop()  # type: ignore[assignment]
         if kind == "topk":
             if len(args) != 1:
-                raise bad("expected topk:RATIO[:ar|ag|auto]")
+                raise bad("expected topk:RATIO[:ar|ag|auto][:wSTEPS]")
             ratio = _ratio(args[0], bad)
-            return Compression("topk", ratio=ratio, collective=collective)
+            return Compression("topk", ratio=ratio, collective=collective, warmup=warmup)
         if len(args) not in (0, 2):
             raise bad("expected adaptive or adaptive:MIN:MAX[:ar|ag|auto]")
         lo, hi = (ADAPTIVE_MIN, ADAPTIVE_MAX) if not args else (_ratio(a, bad) for a in args)
@@ -130,6 +147,17 @@ def _ratio(text: str, bad: object) -> float:
 
 
 # --- the cost model ---------------------------------------------------------------------------
+
+
+def warmup_ratio(ratio: float, warmup: int, step: int) -> float:
+    """Top-k's ratio at ``step`` under a sparsity warm-up of ``warmup`` steps (DGC):
+    ``max(ratio, s0 (ratio / s0)^(step / warmup))`` with ``s0 = WARMUP_START_RATIO``, so the
+    ratio falls by the same factor every step and reaches ``ratio`` at ``step = warmup``;
+    ``ratio`` itself without a warm-up, after it, or when ``ratio >= s0``."""
+    if warmup <= 0 or step >= warmup or ratio >= WARMUP_START_RATIO:
+        return ratio
+    s0 = WARMUP_START_RATIO
+    return max(ratio, s0 * math.exp(math.log(ratio / s0) * max(step, 0) / warmup))
 
 
 def topk_count(numel: int, ratio: float) -> int:
@@ -212,15 +240,7 @@ def wire_bytes(
     if kind in ("fp16", "bf16"):
         return ring_allreduce_bytes(2 * total, workers)
     if kind == "powersgd":
-        p_elems = q_elems = dense = 0
-        for shape, numel in zip(shapes, numels, strict=True):
-            n, m = powersgd_matrix(shape)
-            r = min(compression.rank, n, m)
-            if len(shape) >= 2 and r * (n + m) < numel:
-                p_elems += n * r
-                q_elems += m * r
-            else:
-                dense += numel
+        p_elems, q_elems, dense = powersgd_elements(compression.rank, shapes)
         return ring_allreduce_bytes(VALUE_BYTES * p_elems, workers) + ring_allreduce_bytes(
             VALUE_BYTES * (q_elems + dense), workers
         )
@@ -231,6 +251,42 @@ def wire_bytes(
     return broadcast_bytes(INDEX_BYTES * k, workers) + ring_allreduce_bytes(
         VALUE_BYTES * k, workers
     )
+
+
+def powersgd_elements(rank: int, shapes: Sequence[tuple[int, ...]]) -> tuple[int, int, int]:
+    """(P, Q, dense) elements one worker all-reduces with rank-``rank`` PowerSGD: the first
+    round carries P (rows x r per matrix), the second Q (cols x r) and the parameters sent
+    dense (vectors, and matrices where r(rows+cols) >= numel)."""
+    p_elems = q_elems = dense = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        n, m = powersgd_matrix(shape)
+        r = min(rank, n, m)
+        if len(shape) >= 2 and r * (n + m) < numel:
+            p_elems += n * r
+            q_elems += m * r
+        else:
+            dense += numel
+    return p_elems, q_elems, dense
+
+
+def link_from_probe(
+    small_s: float, big_s: float, big_bytes: float, workers: int
+) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s per message) of the ring model above from two timed
+    all-reduces: ``small_s`` of one element and ``big_s`` of ``big_bytes``.
+
+    latency = small_s / (2(n-1)) (a one-element ring all-reduce is 2(n-1) messages);
+    bandwidth = 2(n-1)/n x big_bytes / (big_s - small_s). The runtime's start-up probe and the
+    bench's link probe both read their times through this one function, so the planner's
+    ``topk_collective`` and the runtime's see the link the same way.
+    """
+    n = workers
+    if n <= 1:
+        return math.inf, 0.0
+    latency = max(small_s, 0.0) / (2 * (n - 1))
+    transfer = max(big_s - small_s, 1e-9)
+    return 2 * (n - 1) / n * big_bytes / transfer, latency
 
 
 def powersgd_matrix(shape: tuple[int, ...]) -> tuple[int, int]:

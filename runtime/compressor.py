@@ -50,10 +50,12 @@ from kplan.runtime.compress import (
     Compression,
     allgather_bytes,
     broadcast_bytes,
+    link_from_probe,
     powersgd_matrix,
     ring_allreduce_bytes,
     topk_collective,
     topk_count,
+    warmup_ratio,
 )
 from kplan.runtime.distributed import Context
 from kplan.runtime.momentum_fold import MomentumFold, unfolded_warning
@@ -270,8 +272,10 @@ class Compressor:
 
     @property
     def ratio(self) -> float:
-        """The top-k ratio in use (adaptive: its current value)."""
-        return self.adaptive.ratio if self.adaptive is not None else self._ratio
+        """The top-k ratio in use (adaptive: its current value; a warm-up: this step's)."""
+        if self.adaptive is not None:
+            return self.adaptive.ratio
+        return warmup_ratio(self._ratio, self.spec.warmup, self.step)
 
     @property
     def active(self) -> bool:
@@ -418,11 +422,7 @@ class Compressor:
         segs = self._segments(indices)
         a = self._compensated(flat, segs)
         total_k = sum(topk_count(n, ratio) for _, _, n in segs)
-        collective = self.spec.collective
-        if collective == "auto":  # for the whole gradient: DDP's bucket layout changes
-            bw, lat = self.network or (1e9, 1e-4)
-            total = sum(p.numel() for p in self.params)
-            collective = topk_collective(total, ratio, world, bw, lat).choice
+        collective = self.collective(ratio)
         self.collectives.add(collective)
         if collective == "ag" or world == 1:
             idx = self._local_topk(a, segs, ratio)
@@ -465,6 +465,16 @@ class Compressor:
             return self._apply_inverse(out, inverses)
 
         return self._launch(works, reduced)
+
+    def collective(self, ratio: float) -> str:
+        """Top-k's collective at ``ratio``: the spec's, or for ``auto`` the planner's own cost
+        function (``compress.topk_collective``, as ``planner.compression.traffic`` calls it)
+        for the whole gradient (DDP's bucket layout changes) on the link probed at start."""
+        if self.spec.collective != "auto":
+            return self.spec.collective
+        bw, lat = self.network or (1e9, 1e-4)
+        total = sum(p.numel() for p in self.params)
+        return topk_collective(total, ratio, self.ctx.world_size, bw, lat).choice
 
     def _local_topk(
         self, a: torch.Tensor, segs: list[tuple[int, int, int]], ratio: float
@@ -576,9 +586,11 @@ class Compressor:
 def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) of this group, from timed all-reduces (every rank agrees).
 
-    latency = median(t of a 1-element all-reduce) / (2(n-1)); bandwidth from the median time
-    of an ``nbytes`` all-reduce minus that latency term, under the ring model of compress.py.
-    Each rank's times are combined with MAX (the slowest link decides).
+    ``compress.link_from_probe`` of the median time of a 1-element and of an ``nbytes``
+    all-reduce (each rank's medians combined with MAX: the slowest link decides). Each timed
+    all-reduce starts after a barrier, so a rank that arrives first does not count its wait for
+    the others as link latency (at two workers AR and AG move the same bytes and ``auto``
+    decides on latency alone).
     """
     n = ctx.world_size
     if not ctx.distributed or n == 1:
@@ -590,6 +602,7 @@ def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tupl
         dist.all_reduce(buf)  # warm-up
         times = []
         for _ in range(repeats):
+            dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
@@ -602,8 +615,4 @@ def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tupl
     small, big = timed(1), timed(nbytes // VALUE_BYTES)
     both = torch.tensor([small, big], dtype=torch.float64, device=device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    small, big = float(both[0]), float(both[1])
-    latency = small / (2 * (n - 1))
-    transfer = max(big - small, 1e-9)
-    bandwidth = 2 * (n - 1) / n * nbytes / transfer
-    return bandwidth, latency
+    return link_from_probe(float(both[0]), float(both[1]), nbytes, n)

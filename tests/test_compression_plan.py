@@ -243,3 +243,43 @@ def test_measured_statistical_costs_update_the_prior_and_the_choice() -> None:
     assert cp.stat_for(cp.parse("topk:0.1"), measured) == cp.prior(cp.parse("topk:0.1"))
     with pytest.raises(InputError, match="measured multiplier"):
         SearchOptions(compression_stats=(("fp16", -1.0, 0.1),))
+
+
+def test_rounds_waited_for_in_the_hook_are_not_overlapped() -> None:
+    """PowerSGD's P round and AR-Topk's index broadcast block backward: their bytes, their
+    hops in every bucket and a barrier's skew are added in full even with near-perfect
+    overlap; AG-Topk and fp16 have no such round (module notes)."""
+    p = fx.params(gamma=10.0, inter_alpha=0.0, inter_lat=1e-3, bucket_bytes=25 * 2**20)
+    nb = cp.buckets(p, SHAPES)
+    assert nb == math.ceil(1e8 / (25 * 2**20)) == 4
+    per_byte = p.inter_beta / P
+    c = cp.parse("powersgd:4")
+    block, _ = cp.sync_time(p, c, SHAPES, [2], [2], part="blocking")
+    p_bytes = rc.ring_allreduce_bytes(4 * 5000 * 4, 2)  # P: 5000 x 4 FP32
+    assert float(block[0]) == pytest.approx(per_byte * p_bytes + nb * 1e-3 * 2)
+    whole, _ = cp.sync_time(p, c, SHAPES, [2], [2])
+    over, _ = cp.sync_time(p, c, SHAPES, [2], [2], part="overlapped")
+    assert float(whole[0]) == pytest.approx(float(block[0] + over[0]))
+    tc = float(perfmodel.compute_time(p, 16))
+    step = float(cp.step_time(p, c, SHAPES, [2], [2], [16], 1, codec_s=0.1)[0])
+    assert step >= tc + float(block[0]) + 0.1
+    for spec, waits in (("powersgd:4", True), ("topk:0.01:ar", True), ("topk:0.01:ag", False),
+                        ("fp16", False)):  # fmt: skip
+        o = cp.parse(spec)
+        calm = cp.step_time(p, o, SHAPES, [2], [2], [16], 1, 0.1)
+        skewed = cp.step_time(p, o, SHAPES, [2], [2], [16], 1, 0.1, skew_s=0.01)
+        assert float(skewed[0] - calm[0]) == pytest.approx(0.01 * nb if waits else 0.0)
+    one = cp.step_time(p, c, SHAPES, [1], [1], [16], 1, 0.1, skew_s=0.01)
+    assert float(one[0]) == pytest.approx(tc)  # one worker: no rounds, no barrier
+
+
+def test_every_bucket_pays_its_rounds_latency() -> None:
+    """A compressed option runs its rounds in each DDP bucket: hops x latency x buckets
+    (dense keeps perfmodel's own latency term)."""
+    lat = 1e-3
+    p = fx.params(inter_alpha=0.0, inter_beta=1e-12, inter_lat=lat, bucket_bytes=25 * 2**20)
+    nb = cp.buckets(p, SHAPES)
+    for spec, hops in (("fp16", 2), ("powersgd:4", 4), ("topk:0.01:ag", 1), ("topk:0.01:ar", 3)):
+        sync, _ = cp.sync_time(p, cp.parse(spec), SHAPES, [2], [2])
+        assert float(sync[0]) == pytest.approx(hops * lat * nb, rel=1e-6)
+    assert cp.buckets(fx.params(), SHAPES) == 1  # no bucket size: one round per step
