@@ -174,6 +174,59 @@ def held_out_errors(fitted: Fitted, models: tuple[str, ...]) -> dict[str, Array]
     return out
 
 
+@dataclass(frozen=True)
+class Between:
+    """Held-out log errors at node counts below the largest measured that no row measured."""
+
+    errors: Array  # log(pred / measured)
+    fit_sigma: Array  # the fit's own sigma for each row
+    stated: Array  # the sigma kplan states for it (fit.prior_log_sigma)
+
+    @property
+    def extra(self) -> float:
+        """The excess of the mean square log error over the fit's own: the sigma to add."""
+        return math.sqrt(max(float(np.mean(self.errors**2 - self.fit_sigma**2)), 0.0))
+
+    def covered(self, sigma: Array) -> float:
+        return float(np.mean(-self.errors <= Z90 * sigma))
+
+
+def unmeasured_node_counts(splits: dict[str, Split]) -> dict[str, Between]:
+    """Fit each scored model on its one-node rows plus some multi-node counts ("one": each
+    count alone; "two": each pair that includes 2 nodes) and predict the rows at the counts
+    below the largest fitted one that were left out (fit.PRIOR_NODES_LOG_SIGMA*)."""
+    import itertools
+
+    out: dict[str, list[tuple[Array, Array, Array]]] = {"one": [], "two": []}
+    for m in SCORED:
+        s = splits[m]
+        counts = sorted({int(n) for n in s.multi.nodes})
+        sets = [(c,) for c in counts] + [c for c in itertools.combinations(counts, 2) if 2 in c]
+        for measured in sets:
+            part = s.multi.select(np.isin(s.multi.nodes, measured))
+            test = s.multi.select(
+                ~np.isin(s.multi.nodes, measured) & (s.multi.nodes < max(measured))
+            )
+            if not len(test):
+                continue
+            p = fit_one_node(Split(m, _join(s.one, part), test))
+            e = np.log(predict(p, test) / test.step_time)
+            stated = fit.prior_log_sigma(p, test.nodes.astype(float), test.workers.astype(float))
+            key = "one" if len(measured) == 1 else "two"
+            out[key].append((e, np.full(len(e), p.log_sigma), stated))
+    return {
+        k: Between(*(np.concatenate([v[i] for v in rows]) for i in range(3)))
+        for k, rows in out.items()
+    }
+
+
+def _join(a: Rows, b: Rows) -> Rows:
+    fields = ("nodes", "workers", "max_per_node", "local_batch", "step_time", "sync_time")
+    return Rows(
+        *(np.concatenate([getattr(a, f), getattr(b, f)]) for f in fields), a.placement + b.placement
+    )
+
+
 def rms(errors: dict[str, Array]) -> float:
     return float(np.sqrt(np.mean(np.concatenate(list(errors.values())) ** 2)))
 
@@ -264,6 +317,16 @@ def main(argv: list[str] | None = None) -> None:
         "held out, at or below the p90 with the sigma kplan states (fit.prior_log_sigma) "
         f"{np.mean(np.concatenate(stated)) * 100:.0f}%"
     )
+    between = unmeasured_node_counts(splits)
+    for key, what in (("one", "one multi-node count"), ("two", "two or more, with 2 nodes")):
+        b = between[key]
+        print(
+            f"unmeasured node counts below the largest, fitted with {what}: {len(b.errors)} rows,"
+            f" RMS log error {float(np.sqrt(np.mean(b.errors**2))):.3f}, bias "
+            f"{math.exp(float(b.errors.mean())):.2f}x, sigma to add {b.extra:.3f}; at or below "
+            f"the p90: {b.covered(b.fit_sigma) * 100:.0f}% with the fit's sigma alone, "
+            f"{b.covered(b.stated) * 100:.0f}% with what kplan states"
+        )
     nodes = np.concatenate([fitted[m][1].nodes for m in SCORED])
     err = np.concatenate(list(lomo.values()))
     before = np.log(cat["old"] / true)

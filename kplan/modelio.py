@@ -147,6 +147,15 @@ def model_from_dict(doc: Any, source: str) -> PerfParams:
                 bad = f"an integer in [1, {MAX_WORKERS}]"
             elif key == "inter_measured" and not isinstance(value, bool):
                 bad = "true or false"
+            elif key == "nodes_measured" and not (
+                isinstance(value, list)
+                and value
+                and all(
+                    isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WORKERS
+                    for n in value
+                )
+            ):
+                bad = f"a list of node counts in [1, {MAX_WORKERS}]"
             elif key == "gpu" and not (isinstance(value, str) and len(value) <= 64):
                 bad = "a GPU name"
             else:

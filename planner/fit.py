@@ -63,6 +63,15 @@ PRIOR_GAMMA_INTER_BY_FABRIC: dict[str, float | None] = {"rdma": None, "tcp": 1.6
 # One-sigma log error of a multi-node prediction whose inter-node terms are this prior: the RMS
 # of the held-out (leave-one-model-out) log errors of bench/multinode_transfer.py.
 PRIOR_INTER_LOG_SIGMA = 0.20
+# One-sigma log error added for a node count below the largest measured that no row measured
+# (e.g. 3 nodes from rows at 1, 2 and 4): bench/multinode_transfer.py, part "unmeasured node
+# counts", fits each Pollux T4 model on its one-node rows and some multi-node counts and predicts
+# the other counts below the largest; the excess of the held-out mean square log error over the
+# fit's own sigma. With one multi-node count measured (or two nodes not among them, so the
+# two-node term is not identified: 2 nodes came out 0.63-0.88x from 3 or 4) 0.118 over 18,260
+# rows; with two or more including 2, 0.078 over 16,100 rows.
+PRIOR_NODES_LOG_SIGMA = 0.118
+PRIOR_NODES_LOG_SIGMA_WITH_TWO = 0.078
 FABRICS = tuple(PRIOR_ETA_INTER_BY_FABRIC)
 PRIOR_NCCL_CALL = 58e-6  # c0 of the fit above: one NCCL all-reduce call inside a node
 PRIOR_LAT_INTRA = 10e-6
@@ -265,6 +274,7 @@ def fit_perf_params(
         gpus_per_node=gpus_per_node,
         bucket_bytes=floor_bucket,
         max_nodes_measured=int(d.nodes.max()),
+        nodes_measured=tuple(int(n) for n in np.unique(d.nodes)),
         max_workers_measured=int(d.workers.max()),
         inter_measured=bool((d.nodes > 1).any()),
         # measured rows across nodes fit the overlap there (with gamma, on every row); a
@@ -290,20 +300,33 @@ def prior_intra(link: str | None) -> tuple[float, float]:
     return PRIOR_ETA_INTRA_BY_LINK[link], PRIOR_GAMMA_INTRA_BY_LINK[link]
 
 
+def unmeasured_nodes_sigma(nodes_measured: Sequence[int]) -> float:
+    """The sigma added at a node count between measured ones (``PRIOR_NODES_LOG_SIGMA*``)."""
+    multi = [n for n in nodes_measured if n > 1]
+    return (
+        PRIOR_NODES_LOG_SIGMA_WITH_TWO if len(multi) >= 2 and 2 in multi else PRIOR_NODES_LOG_SIGMA
+    )
+
+
 def prior_log_sigma(
     p: PerfParams, nodes: ArrayLike, workers: ArrayLike | None = None
 ) -> NDArray[np.float64]:
     """The step time's one-sigma log error that a plan states: the fit's, widened by
     ``EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING`` per doubling of nodes past the largest measured,
     by ``PRIOR_INTRA_LOG_SIGMA`` where a node's GPUs share an all-reduce no row measured (a
-    one-GPU profile; ``workers`` given) and by ``PRIOR_INTER_LOG_SIGMA`` across nodes where no
-    multi-node row was measured (each the held-out error of its prior's benchmark). One rule
+    one-GPU profile; ``workers`` given), by ``PRIOR_INTER_LOG_SIGMA`` across nodes where no
+    multi-node row was measured and by ``PRIOR_NODES_LOG_SIGMA`` at a node count below the
+    largest measured that no row measured (each the held-out error of its benchmark). One rule
     for ``kplan estimate`` (planner/search.py) and the online re-planner (planner/online.py)."""
     n = np.asarray(nodes, dtype=float)
     doublings = np.log2(np.maximum(n / max(p.max_nodes_measured, 1), 1.0))
     out: NDArray[np.float64] = np.hypot(
         p.log_sigma, EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings
     )
+    if p.inter_measured and p.nodes_measured is not None:
+        measured = np.isin(n, np.asarray(p.nodes_measured, dtype=float))
+        between = (n > 1) & (n < p.max_nodes_measured) & ~measured
+        out = np.where(between, np.hypot(out, unmeasured_nodes_sigma(p.nodes_measured)), out)
     if workers is not None and p.max_workers_measured <= 1:
         w = np.asarray(workers, dtype=float)
         out = np.where(w > n, np.hypot(out, PRIOR_INTRA_LOG_SIGMA), out)

@@ -244,6 +244,7 @@ class OnlineModel:
             fitted,
             **keep,
             max_nodes_measured=max(fitted.max_nodes_measured, self.prior.max_nodes_measured),
+            nodes_measured=_union(fitted.nodes_measured, self.prior.nodes_measured),
             max_workers_measured=max(fitted.max_workers_measured, self.prior.max_workers_measured),
             inter_measured=fitted.inter_measured or self.prior.inter_measured,
         )
@@ -263,6 +264,11 @@ class OnlineModel:
             self.prior, [m.nodes], [m.workers], [m.local_batch], [m.accum_steps]
         )
         return float(step[0])
+
+
+def _union(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """Node counts measured by either (None: a side that did not record them, so neither)."""
+    return None if a is None or b is None else tuple(sorted({*a, *b}))
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,19 @@ class PerfParams:
     # Overlap exponent of rows across nodes (None: gamma); a fabric prior where the inter-node
     # terms are priors (fit.PRIOR_GAMMA_INTER_BY_FABRIC), None once multi-node rows are fitted.
     inter_gamma: float | None = None
+    # The node counts the rows measured (sorted); None: not recorded (models saved before,
+    # taken as every count up to max_nodes_measured). A count below the largest that no row
+    # measured is interpolated, with its own error (fit.PRIOR_NODES_LOG_SIGMA).
+    nodes_measured: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.nodes_measured is not None:
+            counts = tuple(sorted({int(n) for n in self.nodes_measured}))
+            if not counts or counts[0] < 1 or len(counts) != len(self.nodes_measured):
+                raise ValueError(
+                    f"nodes_measured={self.nodes_measured!r} must be distinct counts >= 1"
+                )
+            object.__setattr__(self, "nodes_measured", counts)
         for name in (*(n for n in FITTED if n != "gamma"), "log_sigma"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -301,6 +312,9 @@ def term_sources(
         inter = "scaled by link bandwidth"
     elif nodes > p.max_nodes_measured:
         inter = f"extrapolated from {p.max_nodes_measured} nodes"
+    elif p.nodes_measured is not None and nodes not in p.nodes_measured:
+        shown = ", ".join(str(n) for n in p.nodes_measured)
+        inter = f"interpolated between measured node counts ({shown})"
     else:
         inter = "measured"
     return {"compute": compute, "intra_sync": intra, "inter_sync": inter}

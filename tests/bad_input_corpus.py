@@ -518,6 +518,20 @@ def _enum_cases() -> list[Case]:
         ("model-predict-valid", ("model", "predict", "--model", "{d}/model.json", "-c",
                                  "{d}/c.csv"), 0, "step_time",
          {"model.json": Mut("model"), "c.csv": CONFIGS}),
+        *[
+            (f"model-nodes_measured={label}", ("model", "predict", "--model", "{d}/model.json",
+                                               "-c", "{d}/c.csv"), code, match,
+             {"model.json": Mut("model", ("nodes_measured",), value), "c.csv": CONFIGS})
+            for label, value, code, match in (
+                ("valid", [1, 2, 4], 0, "step_time"),
+                ("string", "1,2", 2, "nodes_measured"),
+                ("zero", [0, 2], 2, "nodes_measured"),
+                ("float", [1, 2.5], 2, "nodes_measured"),
+                ("empty", [], 2, "nodes_measured"),
+                ("duplicates", [2, 2], 2, "nodes_measured"),
+                ("bool", [True], 2, "nodes_measured"),
+            )
+        ],
         ("estimate-profile-valid", ("estimate", "--profile", "{d}/p.json", "--json", "--top",
                                     "2"), 0, "chosen", {"p.json": Mut("profile")}),
         ("estimate-dataset-size-1e30", (*est, "--dataset-size", "1e30"), 2, "Invalid value", {}),

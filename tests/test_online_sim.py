@@ -72,9 +72,13 @@ def test_a_deadline_does_not_lock_the_job_into_the_dearest_cluster() -> None:
     # the measured) the model's first trial is 8 nodes, not 2, and the coarse re-plans of QUICK
     # take one detour (4 nodes) before 3: 1.19x here (0.84x with the former optimistic prior);
     # at the default re-plan interval cifar10 is 1.12x (1.29x before).
+    # 2026-11-27: node counts between the measured ones (2-7 after a trial at 8) now carry
+    # their held-out sigma (fit.PRIOR_NODES_LOG_SIGMA: their p90 covered 82% of the measured
+    # times, now 92%), so fewer clusters are safe at their p90 and the job takes a detour via
+    # 6 nodes: 1.31x here, 1.34x at the default interval. Still far from the dearest cluster.
     r = simulate("cifar10", replace(QUICK, deadline_frac=0.5))
     assert r.deadline_s is not None and r.online.seconds <= r.deadline_s
-    assert r.online.cost <= 1.20 * r.best_usd
+    assert r.online.cost <= 1.40 * r.best_usd
 
 
 def test_implied_gradient_bytes_reads_the_ring_all_reduce_back() -> None:
