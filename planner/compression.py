@@ -40,9 +40,11 @@ between backward's kernels, so it is added in full:
 
 ``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
 runs the option's compress + decompress on the model's own parameter shapes on the profiling
-device) and scaled to the target GPU by the device factor the compute time uses
-(``InstancePrediction.compute_factor``); else ``CODEC_S_PER_ELEMENT`` x elements (a prior). The
-shapes are the profile's ``model.gradient_shapes`` when recorded, else ``assumed_shapes``.
+device) and scaled to the target GPU by the ratio of memory bandwidths (the codec streams
+the gradient: memory-bound, so the compute time's FLOP-based factor would overstate a faster
+GPU's gain; ``InstancePrediction.codec_factor``, the compute factor from a CPU profile);
+else ``CODEC_S_PER_ELEMENT`` x elements (a prior). The shapes are the profile's
+``model.gradient_shapes`` when recorded, else ``assumed_shapes``.
 ``codec_for`` picks, and says which ("codec measured" or "codec prior") in the row's why.
 
 Top-k's sparsity warm-up (``:wSTEPS``) is priced at its steady ratio: its first steps send
@@ -328,7 +330,7 @@ def codec_for(
     device: str = "",
 ) -> tuple[float, str]:
     """(codec seconds on the target, basis): ``measured[c.spec()]`` (the same option, measured
-    on ``device``) x ``factor`` (the compute time's device factor to the target GPU), else the
+    on ``device``) x ``factor`` (``InstancePrediction.codec_factor`` to the target GPU), else the
     per-element prior on ``shapes``."""
     if c.kind == "none":
         return 0.0, ""
@@ -343,8 +345,8 @@ def job_inputs(
     c: Compression, workload: Workload, gradient_bytes: float, factor: float
 ) -> tuple[Shapes, tuple[float, str]]:
     """The job's gradient shapes (profiled, else ``assumed_shapes(gradient_bytes)``) and
-    ``codec_for`` with its measured codec times scaled by ``factor`` (the instance's compute
-    factor)."""
+    ``codec_for`` with its measured codec times scaled by ``factor`` (the instance's
+    ``codec_factor``)."""
     shapes = workload.gradient_shapes or assumed_shapes(gradient_bytes)
     codec = workload.codec
     measured = codec.as_dict() if codec is not None else None

@@ -357,7 +357,7 @@ def _type_grid(
         # tie tolerance over dense on the same multi-node configuration.
         comp = compression.parse(c.compression)
         shapes, (codec, _) = compression.job_inputs(
-            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.compute_factor
+            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
         )
         stat = c.compression_stat or compression.prior(comp)
         dense_s = steps * step
@@ -1222,7 +1222,7 @@ def _compression_fields(
     nodes = int(t.nodes[i])
     comp = compression.parse(c.compression)
     shapes, codec = compression.job_inputs(
-        comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.compute_factor
+        comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
     )
     priced = compression.price(
         p,

@@ -70,6 +70,15 @@ class InstancePrediction:
     max_local_batch: int
     compute_factor: float
     compute_log_sigma: float
+    # Memory-bound device work (gradient compression's codec: casts, top-k selection, PowerSGD's
+    # rank-r products stream the gradient) scales by the memory bandwidths, reference GPU's
+    # over the target's; None (a CPU profile, a bandwidth unknown): compute_factor.
+    memory_factor: float | None = None
+
+    @property
+    def codec_factor(self) -> float:
+        """The factor a codec time measured on the reference device takes to this one."""
+        return self.compute_factor if self.memory_factor is None else self.memory_factor
 
 
 def workload_from_profile(
@@ -298,4 +307,7 @@ def for_instance(
             inter_beta=bytes_ / (eta_inter * inst.network_gbps * 1e9 / 8),
             inter_gamma=gamma_inter,
         )
-    return InstancePrediction(params, max_local_batch(w, gpu), speed.factor, extra)
+    memory = None
+    if not w.ref_is_cpu and w.ref_gpu.mem_bw_gbs > 0 and gpu.mem_bw_gbs > 0:
+        memory = w.ref_gpu.mem_bw_gbs / gpu.mem_bw_gbs
+    return InstancePrediction(params, max_local_batch(w, gpu), speed.factor, extra, memory)

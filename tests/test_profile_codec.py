@@ -140,13 +140,18 @@ def _measured(wl: Workload, seconds: float, spec: str = TOPK) -> Workload:
 
 
 @pytest.mark.parametrize("gpu", ["T4", "A100"])
-def test_measured_codec_time_adds_to_the_step_scaled_by_the_compute_factor(gpu: str) -> None:
-    """Doubling the measured codec seconds adds them (x the compute factor to the target GPU,
-    1 on the profiled T4) to every compressed row's step; the why says measured."""
+def test_measured_codec_time_adds_to_the_step_scaled_by_memory_bandwidth(gpu: str) -> None:
+    """Doubling the measured codec seconds adds them (x the memory-bandwidth ratio of the
+    profiled T4 to the target GPU: the codec is memory-bound, not the compute time's FLOP-based
+    factor) to every compressed row's step; the why says measured."""
     wl = fx.workload(gns=False, inter_beta=2.0)  # one global batch: the same rows in both
     inst = next(i for i in fx.catalog().instances.values() if i.gpu == gpu and i.gpu_count > 1)
-    factor = for_instance(wl, inst, fx.catalog().gpus[gpu], fx.device_model()).compute_factor
+    gpus = fx.catalog().gpus
+    pred = for_instance(wl, inst, gpus[gpu], fx.device_model())
+    factor = pred.codec_factor
+    assert factor == pytest.approx(gpus["T4"].mem_bw_gbs / gpus[gpu].mem_bw_gbs)
     assert (factor == 1.0) == (gpu == "T4")
+    assert (factor != pytest.approx(pred.compute_factor)) == (gpu != "T4")
     one, two = (
         _rows(_plan(_measured(wl, 0.3), TOPK, gpu)),
         _rows(_plan(_measured(wl, 0.6), TOPK, gpu)),
