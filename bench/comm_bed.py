@@ -9,10 +9,18 @@ dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints pe
 - the planner's prediction (planner/compression.py over perfmodel): the compute time measured
   by one worker alone (no communication), the link's alpha and bytes/s from a gloo all-reduce
   probe on the bed at two sizes, the codec seconds measured by profiler/codec.py on the model's
-  shapes, and the overlap exponent gamma fitted on the dense run (so dense is a fit, every
-  other option a prediction);
+  shapes, the per-message latency from a 1-element all-reduce, the wait at a barrier inside
+  backward (``probe_barrier``: a 1-element all-reduce right after a compute step on both hosts,
+  less the same all-reduce alone: where the emulated hosts share the cores, a worker waits
+  there for the other; PowerSGD's P round and AR-Topk's broadcast are such barriers, once per
+  DDP bucket) and the overlap exponent gamma fitted on the dense run (so dense is a fit,
+  every other option a prediction);
 - the final held-out loss against dense, and the steps to dense's final training loss (the
   workers' mean, smoothed by an EMA of span 5);
+- the statistical cost on a held-out curve (EVAL_SAMPLES samples every --eval-every steps,
+  left out of the step times): each option's held-out loss at --steps against dense's, and
+  the step at which it reaches dense's --steps loss; --topk-steps trains the top-k rows longer
+  so that step can be found, --topk-warmup adds top-k with DGC's sparsity warm-up;
 - SelSync's synchronised steps and its wall time to dense's final loss;
 
 and, at 0.1, 1 and 10 Gbit/s, the collective ``topk:X:auto`` picked against the faster of
@@ -21,6 +29,7 @@ and, at 0.1, 1 and 10 Gbit/s, the collective ``topk:X:auto`` picked against the 
     .venv/bin/python bench/comm_bed.py            # 5-8 minutes on 2 shared cores; needs root
     .venv/bin/python bench/comm_bed.py --quick    # 1 Gbit/s only, no AR/AG sweep: ~5 minutes
     .venv/bin/python bench/comm_bed.py --steps 12 --quick   # a smoke run
+    .venv/bin/python bench/comm_bed.py --topk-steps 45 --topk-warmup 30  # top-k to dense's loss
 
 The emulated hosts share this machine's cores (and any other load on it, printed as the load
 average): their compute, codec and step times carry that contention, so the profile for the
@@ -51,6 +60,7 @@ GLOBAL_BATCH = 32
 WARMUP = 3  # steps left out of the step-time median (connections, first buckets, allocator)
 TIMING_STEPS = 7  # steps per short timing run (WARMUP of them untimed)
 SEED = 0
+EVAL_SAMPLES = 256  # held-out samples of the loss curve (every --eval-every steps)
 
 
 # --- the worker (run by torchrun inside each namespace) ----------------------------------------
@@ -81,9 +91,10 @@ def make_data(samples: int, seed: int) -> Any:
     return TensorDataset(x, y)
 
 
-def worker(steps: int, out: Path, lr: float) -> None:
+def worker(steps: int, out: Path, lr: float, data_steps: int, eval_every: int) -> None:
     import torch
     import torch.nn.functional as F
+    from torch.utils.data import TensorDataset
 
     import kplan.runtime as kr
 
@@ -91,12 +102,16 @@ def worker(steps: int, out: Path, lr: float) -> None:
     ctx = kr.init()
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    data = make_data(steps * GLOBAL_BATCH, seed=1)
+    # the first ``steps`` batches of one stream of ``data_steps``: runs of any length see the
+    # same samples in the same order
+    x, y = make_data(max(steps, data_steps) * GLOBAL_BATCH, seed=1).tensors
+    data = TensorDataset(x[: steps * GLOBAL_BATCH], y[: steps * GLOBAL_BATCH])
     held_x, held_y = make_data(1024, seed=2).tensors
     job = kr.Job(model, opt, data, batch_size=GLOBAL_BATCH, config=kr.RuntimeConfig(gns="off"))
     times: list[float] = []
     losses: list[float] = []
     walls: list[float] = []
+    curve: list[tuple[int, float]] = []  # (step, held-out loss on EVAL_SAMPLES)
     start = last = time.perf_counter()
     for _epoch in job.epochs(1):
         for x, y in job.batches():
@@ -108,9 +123,15 @@ def worker(steps: int, out: Path, lr: float) -> None:
             walls.append(now - start)
             losses.append(float(loss.detach()))
             last = now
+            if eval_every and len(times) % eval_every == 0:
+                with torch.no_grad():
+                    ev = F.mse_loss(job.module(held_x[:EVAL_SAMPLES]), held_y[:EVAL_SAMPLES])
+                curve.append((len(times), float(ev)))
+                last = time.perf_counter()  # the evaluation is left out of times and walls
+                start += last - now
     with torch.no_grad():
         held = float(F.mse_loss(job.module(held_x), held_y))
-    doc = {"times": times, "losses": losses, "walls": walls, "held_loss": held}
+    doc = {"times": times, "losses": losses, "walls": walls, "held_loss": held, "curve": curve}
     Path(f"{out}.rank{ctx.rank}").write_text(json.dumps(doc))
 
 
@@ -131,6 +152,8 @@ class Run:
     steps: int
     significance: list[float]
     timed: list[float]
+    network: tuple[float, float] | None = None  # the runtime's start-up probe (bytes/s, s)
+    curve: list[tuple[int, float]] | None = None  # (step, held-out loss) every --eval-every
 
 
 def _median_spread(ts: list[float]) -> tuple[float, float]:
@@ -148,8 +171,28 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [r for r in read_records(path) if r.get("rank") == 0 and "step" in r]
 
 
+def _network(path: Path) -> tuple[float, float] | None:
+    """The (bandwidth, latency) rank 0's runtime probed at start (its compression event)."""
+    from kplan.runtime.metrics import read_records
+
+    if not path.exists():
+        return None
+    for r in read_records(path):
+        if r.get("event") == "compression" and r.get("bandwidth_Bps") is not None:
+            return float(r["bandwidth_Bps"]), float(r["latency_s"])
+    return None
+
+
 def run_option(
-    bed: Any, option: str, steps: int, lr: float, tmp: Path, gbps: float, port: int
+    bed: Any,
+    option: str,
+    steps: int,
+    lr: float,
+    tmp: Path,
+    gbps: float,
+    port: int,
+    data_steps: int = 0,
+    eval_every: int = 0,
 ) -> Run:
     from bench.runtime_common import clean_env
     from tests import netbed
@@ -178,6 +221,10 @@ def run_option(
             str(lr),
             "--out",
             str(out),
+            "--data-steps",
+            str(max(steps, data_steps)),
+            "--eval-every",
+            str(eval_every),
         ]
         procs.append(bed.popen(i, cmd, env=bed.env(i, clean_env(**extra)), cwd=str(REPO)))
     results = [netbed.wait(p, 600) for p in procs]
@@ -207,11 +254,13 @@ def run_option(
         len(doc["times"]),
         sig,
         timed,
+        _network(metrics),
+        [(int(a), float(b)) for a, b in doc.get("curve", [])],
     )
 
 
-def compute_seconds(steps: int) -> float:
-    """Forward + backward + SGD at the local batch, no communication (median after 2)."""
+def compute_seconds(steps: int, skip: int = 2) -> float:
+    """Forward + backward + SGD at the local batch, no communication (median after ``skip``)."""
     import torch
     import torch.nn.functional as F
 
@@ -226,7 +275,7 @@ def compute_seconds(steps: int) -> float:
         F.mse_loss(model(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return float(statistics.median(times[2:]))
+    return float(statistics.median(times[skip:]))
 
 
 def profile_host(options: list[str], out: Path) -> None:
@@ -273,16 +322,65 @@ def profile_on_bed(bed: Any, options: list[str], tmp: Path) -> tuple[float, dict
     return max(d["compute"] for d in docs), {o: codec[o] for o in options}
 
 
-def probe_link(bed: Any, port: int) -> tuple[float, float]:
-    """(alpha s, seconds per byte sent) of a 2-host gloo all-reduce, from 4 MB and 40 MB."""
+def barrier_host(host: int, addr: str, port: int, reps: int, out: Path) -> None:
+    """One host's part of ``probe_barrier``: after one compute step, the wait in a 1-element
+    all-reduce (the others may still compute); after a barrier, the same all-reduce alone."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=host, world_size=2)
+    one = torch.zeros(1)
+    alone = [_timed(lambda: dist.all_reduce(one), before=dist.barrier) for _ in range(reps)]
+    waits = [_timed(lambda: dist.all_reduce(one), before=lambda: compute_seconds(1, 0)) for _
+             in range(reps + 2)][2:]  # fmt: skip
+    dist.destroy_process_group()
+    out.write_text(json.dumps({"alone": statistics.median(alone), "wait": statistics.fmean(waits)}))
+
+
+def _timed(fn: Any, before: Any) -> float:
+    before()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def probe_barrier(bed: Any, port: int, tmp: Path, reps: int = 10) -> tuple[float, float]:
+    """(1-element all-reduce seconds alone, mean extra wait in it right after a compute step):
+    the cost of a barrier inside backward on this bed, where the hosts share the cores, beyond
+    the link's latency (both hosts' means, averaged: each worker pays its own wait)."""
+    from tests import netbed
+
+    outs = [tmp / f"barrier-{i}.json" for i in range(2)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--barrier-host"]
+    procs = [
+        bed.popen(i, [*cmd, str(i), bed.hosts[0].ip, str(reps), str(o)], env=bed.env(i))
+        for i, o in enumerate(outs)
+    ]
+    for i, proc in enumerate(procs):
+        r = netbed.wait(proc, 300)
+        if r.returncode != 0:
+            raise RuntimeError(f"barrier probe on host {i} failed:\n{r.stdout[-3000:]}")
+    docs = [json.loads(o.read_text()) for o in outs]
+    alone = max(d["alone"] for d in docs)
+    return alone, max(statistics.fmean(d["wait"] for d in docs) - alone, 0.0)
+
+
+def probe_link(bed: Any, port: int) -> tuple[float, float, float]:
+    """(alpha s, seconds per byte sent, latency s per message) of a 2-host gloo all-reduce:
+    the byte term from 4 MB and 40 MB, the latency from 1 element as the runtime reads its
+    own probe (``compress.link_from_probe``: t / 2(k-1))."""
+    from kplan.runtime.compress import link_from_probe
     from tests import netbed
 
     small, big = 4_000_000, 40_000_000
     ts = netbed.allreduce_seconds(bed, small, reps=3, port=port)
     tb = netbed.allreduce_seconds(bed, big, reps=3, port=port + 1)
+    t1 = netbed.allreduce_seconds(bed, 4, reps=5, port=port + 2)
     ring = 1.0  # 2(k-1)/k at k = 2: each host sends S bytes
     per_byte = max((tb - ts) / ((big - small) * ring), 1e-12)
-    return max(ts - per_byte * small * ring, 0.0), per_byte
+    latency = link_from_probe(t1, tb, big, 2)[1]
+    return max(ts - per_byte * small * ring, 0.0), per_byte, latency
 
 
 def smoothed(losses: list[float], span: int = 5) -> list[float]:
@@ -299,6 +397,17 @@ def steps_to(losses: list[float], target: float) -> int | None:
         if v <= target:
             return i + 1
     return None
+
+
+def curve_at(curve: list[tuple[int, float]] | None, step: int) -> float | None:
+    """The held-out loss of the last evaluation at or before ``step``."""
+    pts = [v for s, v in curve or [] if s <= step]
+    return pts[-1] if pts else None
+
+
+def curve_steps_to(curve: list[tuple[int, float]] | None, target: float) -> int | None:
+    """The first evaluated step whose held-out loss is at or below ``target``."""
+    return next((s for s, v in curve or [] if v <= target), None)
 
 
 def fit_dense(tc: float, sync: float, last: float, measured: float) -> tuple[float, float]:
@@ -323,8 +432,32 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--barrier-host", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=30, help="training steps per option")
+    ap.add_argument("--data-steps", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=5,
+        help=f"held-out loss on {EVAL_SAMPLES} samples every N steps of the training runs (left "
+        "out of the step times): steps to dense's held-out loss",
+    )
+    ap.add_argument(
+        "--topk-steps",
+        type=int,
+        default=0,
+        help="training steps of the top-k runs (default --steps): longer runs measure the "
+        "steps top-k needs to reach dense's loss after --steps",
+    )
+    ap.add_argument(
+        "--topk-warmup",
+        type=int,
+        default=0,
+        help="also train top-k (AG) with a sparsity warm-up over this many steps (DGC; "
+        "topk:RATIO:ag:wSTEPS), for --topk-steps",
+    )
     ap.add_argument("--lr", type=float, default=0.03)
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank")
     ap.add_argument("--ratio", type=float, default=0.01, help="top-k ratio")
@@ -337,10 +470,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 Gbit/s only, no AR/AG sweep")
     args = ap.parse_args()
     if args.worker:
-        worker(args.steps, args.out, args.lr)
+        worker(args.steps, args.out, args.lr, args.data_steps, args.eval_every)
         return 0
     if args.profile_host:
         profile_host(args.options.split(","), args.out)
+        return 0
+    if args.barrier_host:
+        host, addr, reps, out = args.barrier_host
+        barrier_host(int(host), addr, args.port, int(reps), Path(out))
         return 0
 
     from tests import netbed
@@ -368,13 +505,16 @@ def main() -> int:
         f"({pbytes / 1e6:.0f} MB FP32 gradient), global batch {GLOBAL_BATCH} on 2 hosts "
         f"(1 worker each, 1 thread), plain SGD lr {args.lr:g}"
     )
-    tc, codec = 0.0, dict[str, float]()
+    tc, codec, skew = 0.0, dict[str, float](), 0.0
     port = 29600
     runs: dict[tuple[str, float], Run] = {}
-    links: dict[float, tuple[float, float]] = {}
+    links: dict[float, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="kplan-comm-bed-") as tmpdir:
         tmp = Path(tmpdir)
-        main_opts = [*options, f"{topk}:auto", args.selective]
+        warm = [f"{topk}:ag:w{args.topk_warmup}"] if args.topk_warmup else []
+        main_opts = [*options, *warm, f"{topk}:auto", args.selective]
+        topk_steps = max(args.topk_steps, args.steps)
+        data_steps = topk_steps  # every run trains on a prefix of the same sample stream
         sweep = [f"{topk}:ar", f"{topk}:ag", f"{topk}:auto"]
         # (bandwidth, options timed round-robin, options trained for --steps)
         plan: list[tuple[float, list[str], list[str]]] = [
@@ -393,20 +533,32 @@ def main() -> int:
                         + ", ".join(f"{o} {s * 1e3:.0f} ms" for o, s in codec.items() if s),
                         flush=True,
                     )
+                    _alone, skew = probe_barrier(bed, port, tmp)
+                    port += 1
+                    print(
+                        f"barrier inside backward (probe_barrier): {skew * 1e3:.1f} ms of wait "
+                        f"beyond the 1-element all-reduce's {_alone * 1e3:.2f} ms",
+                        flush=True,
+                    )
                 links[gbps] = probe_link(bed, port)
-                port += 2
+                port += 3
                 # Step times from two windows: the options in order (the training runs, or
                 # short runs), then a short run of each in reverse order, so a drift of the
                 # machine's load hits every option alike; the mean of the two windows' medians.
                 windows: dict[str, list[list[float]]] = {o: [] for o in timed_opts}
                 for o in timed_opts:
-                    steps = args.steps if o in trained else TIMING_STEPS
-                    runs[(o, gbps)] = run_option(bed, o, steps, args.lr, tmp, gbps, port)
+                    steps = TIMING_STEPS
+                    if o in trained:
+                        steps = topk_steps if o.startswith("topk") else args.steps
+                    ev = args.eval_every if o in trained else 0
+                    runs[(o, gbps)] = run_option(
+                        bed, o, steps, args.lr, tmp, gbps, port, data_steps, ev
+                    )
                     windows[o].append(runs[(o, gbps)].timed)
                     port += 1
                 for o in timed_opts[::-1]:
                     windows[o].append(
-                        run_option(bed, o, TIMING_STEPS, args.lr, tmp, gbps, port).timed
+                        run_option(bed, o, TIMING_STEPS, args.lr, tmp, gbps, port, data_steps).timed
                     )
                     port += 1
                 for o, ws in windows.items():
@@ -422,7 +574,7 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
 
     # --- the prediction: perfmodel with the bed's link, gamma fitted on dense ---
-    alpha, per_byte = links[1.0]
+    alpha, per_byte, lat = links[1.0]
     p = perfmodel.PerfParams(
         compute_a=tc,
         compute_b=0.0,
@@ -432,7 +584,7 @@ def main() -> int:
         intra_lat=0.0,
         inter_alpha=alpha,
         inter_beta=per_byte * pbytes,
-        inter_lat=0.0,
+        inter_lat=lat,
         two_node=0.0,
         log_sigma=0.0,
         gradient_bytes=pbytes,
@@ -445,7 +597,8 @@ def main() -> int:
     p = perfmodel.replace_fields(p, gamma=gamma, compute_a=tc + fixed)
     print(
         f"\nlink at 1 Gbit/s (gloo all-reduce probe, 4 and 40 MB): alpha {alpha * 1e3:.1f} ms, "
-        f"{8 / per_byte / 1e9:.3f} Gbit/s; fitted on the dense run: gamma {gamma:.2f}, "
+        f"{8 / per_byte / 1e9:.3f} Gbit/s, latency {lat * 1e3:.2f} ms/message (1 element); "
+        f"barrier skew {skew * 1e3:.1f} ms; fitted on the dense run: gamma {gamma:.2f}, "
         f"runtime overhead {fixed * 1e3:.0f} ms/step (dense's prediction is this fit)"
     )
     target = smoothed(dense.losses)[-1]
@@ -456,24 +609,27 @@ def main() -> int:
     print(
         f"\n1 Gbit/s, 2 hosts; step s: mean of two windows' medians (the runs in order, then "
         f"{TIMING_STEPS - WARMUP} steps of each in reverse order), spread = IQR / median of "
-        f"their steps; loss after {args.steps} steps\n{head}"
+        f"their steps; held-out loss after {args.steps} steps (top-k: after {topk_steps})"
+        f"\n{head}"
     )
     for o in main_opts:
         r = runs[(o, 1.0)]
-        if o.startswith("selective"):
-            pred = None
+        if o.startswith("selective") or (o.startswith("topk") and cp.parse(o).warmup > 0):
+            pred = None  # SelSync: no model; a warm-up: its first steps send more (not priced)
         else:
             c = cp.parse(o)
             # auto: the codec of the collective the planner's auto takes on this link
-            coll = cp.traffic(c, shapes, 2, 1 / per_byte, alpha).collective
+            coll = cp.traffic(c, shapes, 2, 1 / per_byte, lat).collective
             cs = codec.get(o, codec.get(f"{topk}:{coll}", 0.0))
-            pred = float(cp.step_time(p, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs)[0])
+            pred = float(cp.step_time(p, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs, skew)[0])
         to = steps_to(r.losses, target)
         err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
         loss = (
             f"{r.held_loss:>10.4f}{r.held_loss / dense.held_loss - 1:>+9.1%}"
             f"{'not reached' if to is None else str(to):>21}"
-            if r.steps >= args.steps
+            if r.steps == args.steps
+            else f"{f'(held loss after {r.steps} steps below)':>40}"
+            if r.steps > args.steps
             else f"{'(timed only: as ar or ag)':>40}"
         )
         print(
@@ -482,19 +638,38 @@ def main() -> int:
             f"{'' if r.synced is None else str(r.synced):>7}"
         )
     n_dense = steps_to(dense.losses, target) or dense.steps
-    print("\nstatistical cost: steps to dense's final loss / dense's, against the planner's prior")
+    held_target = curve_at(dense.curve, args.steps)
+    n_dense_h = curve_steps_to(dense.curve, held_target) if held_target is not None else None
+    print(
+        f"\nstatistical cost, on the held-out loss ({EVAL_SAMPLES} samples, every "
+        f"{args.eval_every} steps): the steps to dense's loss after {args.steps} steps "
+        f"({'-' if held_target is None else f'{held_target:.4f}'}, which dense first reached at "
+        f"step {n_dense_h}) / dense's, against the planner's prior; and on the training loss "
+        f"(the workers' mean, EMA of span 5, noisy at batch {GLOBAL_BATCH}): steps to dense's "
+        f"final {target:.4f}, which dense first reached at step {n_dense}"
+    )
     for o in main_opts[1:]:
         if o.startswith("selective") or o.endswith(":auto"):
             continue
-        to_o = steps_to(runs[(o, 1.0)].losses, target)
+        ro = runs[(o, 1.0)]
         pr = cp.prior(cp.parse(o))
-        if to_o is None:
-            print(f"  {o}: not reached in {args.steps} steps (> {args.steps / n_dense:.2f}x); "
-                  f"prior x{pr.multiplier:.3g}")  # fmt: skip
+        to_o = steps_to(ro.losses, target)
+        train = f"train loss: {'not reached' if to_o is None else f'step {to_o}'}"
+        at = curve_at(ro.curve, args.steps)
+        to_h = None if held_target is None else curve_steps_to(ro.curve, held_target)
+        if held_target is None or at is None or n_dense_h is None:
+            print(f"  {o}: no held-out curve (--eval-every 0); {train}")
             continue
-        up = pr.updated(to_o / n_dense, 0.1, "measured here")
-        print(f"  {o}: x{to_o / n_dense:.2f} measured, prior x{pr.multiplier:.3g} "
-              f"-> updated x{up.multiplier:.3g} (+-{up.log_sigma:.0%})")  # fmt: skip
+        at_fixed = f"held-out at step {args.steps} {at / held_target - 1:+.1%} vs dense"
+        if to_h is None:
+            print(f"  {o}: {at_fixed}; dense's loss not reached in {ro.steps} steps (> "
+                  f"{ro.steps / n_dense_h:.2f}x); {train}; prior x{pr.multiplier:.3g}")  # fmt: skip
+            continue
+        up = pr.updated(to_h / n_dense_h, 0.1, "measured here")
+        print(
+            f"  {o}: {at_fixed}; dense's loss at step {to_h} (x{to_h / n_dense_h:.2f}); {train}; "
+            f"prior x{pr.multiplier:.3g} -> updated x{up.multiplier:.3g} (+-{up.log_sigma:.0%})"
+        )
     sel = runs[(args.selective, 1.0)]
     to = steps_to(sel.losses, target)
     wall = sel.walls[to - 1] if to is not None else None
@@ -515,12 +690,21 @@ def main() -> int:
         faster = "ar" if ar.step_s <= ag.step_s else "ag"
         gap = abs(ar.step_s - ag.step_s) / min(ar.step_s, ag.step_s)
         picked = ",".join(auto.collectives) or "?"
-        a, b = links[gbps]
-        pc = cp.traffic(cp.parse(f"{topk}:auto"), shapes, 2, 1 / b, a).collective
+        _a, b, la = links[gbps]
+        auto_c = cp.parse(f"{topk}:auto")
+        pc = cp.traffic(auto_c, shapes, 2, 1 / b, la).collective
+        net = auto.network
+        rt = "" if net is None else (
+            f"; runtime's probe {net[0] * 8 / 1e9:.3g} Gbit/s, {net[1] * 1e3:.2f} ms/message "
+            f"-> the shared cost function says "
+            f"{cp.traffic(auto_c, shapes, 2, net[0], net[1]).collective}"
+        )  # fmt: skip
+        spread = max(ar.step_spread, ag.step_spread)
         print(
             f"  {gbps:>5g} Gbit/s: ar {ar.step_s:.3f} s, ag {ag.step_s:.3f} s (faster {faster}, "
-            f"by {gap:.0%}); auto ran {picked} ({'match' if picked == faster else 'MISMATCH'}); "
-            f"the planner's auto: {pc}"
+            f"by {gap:.0%}; step spread up to {spread:.0%}); auto ran {picked} "
+            f"({'match' if picked == faster else 'MISMATCH'}); the planner's auto: {pc} (bench "
+            f"probe {8 / b / 1e9:.3g} Gbit/s, {la * 1e3:.2f} ms/message){rt}"
         )
     print(
         f"\ntotal {elapsed:.0f} s (the bench, beds and probes); machine load average "
