@@ -26,17 +26,18 @@ runs as a DDP communication hook per bucket (``nb = ceil(P / bucket)`` buckets),
 pays its rounds' hops: the latency term is ``lat * hops * nb`` (dense keeps perfmodel's fit).
 A round the hook waits for before it can go on is not overlapped with anything: PowerSGD's P
 round (Q = M^T P needs the summed P) and AR-Topk's index broadcast (the values sent depend on
-the indices). Each such round is also a barrier inside backward: every worker waits there for
-the slowest, ``skew`` seconds beyond the latency (0 on identical dedicated devices, the
-planner's default; measured on the emulated hosts, where the workers share cores, by
-bench/comm_bed.py). The other rounds overlap backward like the dense all-reduce (the model's
-``gamma`` and last-bucket floor). The codec compute (compress + decompress: casts, PowerSGD's
-matmuls and orthogonalisation, top-k selection and scatter) runs on the worker's own device
-between backward's kernels, so it is added in full:
+the indices). PowerSGD's P all-reduce is also a barrier inside backward: every worker waits
+there for the slowest, ``skew`` seconds beyond the latency (0 on identical dedicated devices,
+the planner's default; measured on the emulated hosts, where the workers share cores, by
+bench/comm_bed.py). AR-Topk's broadcast is not: the others wait for the designated worker's
+selection (in its codec time) and it waits for no one. The other rounds overlap backward
+like the dense all-reduce (the model's ``gamma`` and last-bucket floor). The codec compute
+(compress + decompress: casts, PowerSGD's matmuls and orthogonalisation, top-k selection and
+scatter) runs on the worker's own device between backward's kernels, so it is added in full:
 
     T_step(o) = (s-1) T_c + overlap(T_c, T_async(o) - T_last(o)) + T_last(o)
                 + T_block(o) + T_codec(o)
-    T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew)
+    T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew [a barrier])
 
 ``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
 runs the option's compress + decompress on the model's own parameter shapes on the profiling
@@ -190,6 +191,7 @@ class Traffic:
     collective: str  # "ar"/"ag" for top-k, "" otherwise
     blocking_bytes: float = 0.0  # of ``bytes``: in rounds the hook waits for (not overlapped)
     blocking_hops: float = 0.0  # of ``hops``: the same rounds' messages, per bucket
+    barrier: bool = False  # the blocking round needs every worker's part (skew is paid)
 
 
 def traffic(
@@ -208,7 +210,7 @@ def traffic(
         p_elems, _, _ = rc.powersgd_elements(c.rank, shapes)
         p_bytes = rc.ring_allreduce_bytes(rc.VALUE_BYTES * p_elems, k)
         hops = 2.0 * (k - 1)
-        return Traffic(rc.wire_bytes(c, shapes, k), 2, 2 * hops, "", p_bytes, hops)
+        return Traffic(rc.wire_bytes(c, shapes, k), 2, 2 * hops, "", p_bytes, hops, True)
     coll: Literal["ar", "ag"]
     if c.collective == "auto":
         numel = sum(math.prod(s) for s in shapes)
@@ -219,7 +221,9 @@ def traffic(
         return Traffic(rc.wire_bytes(c, shapes, k, "ag"), 1, float(k - 1), "ag")
     # AR: the broadcast's critical path is ceil(log2 k) sends of all K indices (a tree), as in
     # the runtime's cost function; then the ring all-reduce of the K values.
-    # The broadcast is waited for inside the hook (the values sent depend on the indices).
+    # The broadcast is waited for inside the hook (the values sent depend on the indices), but
+    # it is no barrier: the others wait for the designated worker's selection (its codec time),
+    # and it waits for no one.
     kk = sum(rc.topk_count(math.prod(s), c.ratio) for s in shapes)
     tree = math.ceil(math.log2(k))
     bcast = tree * rc.INDEX_BYTES * kk
@@ -289,7 +293,7 @@ def sync_time(
             t_bytes[j], t_hops[j] = t.bytes, t.hops
         elif part == "blocking":
             t_bytes[j], t_hops[j] = t.blocking_bytes, t.blocking_hops
-            t_wait[j] = skew_s * nb if t.blocking_hops > 0 else 0.0
+            t_wait[j] = skew_s * nb if t.barrier else 0.0
         else:
             t_bytes[j], t_hops[j] = t.bytes - t.blocking_bytes, t.hops - t.blocking_hops
         names.append(t.collective)

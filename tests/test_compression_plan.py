@@ -246,9 +246,10 @@ def test_measured_statistical_costs_update_the_prior_and_the_choice() -> None:
 
 
 def test_rounds_waited_for_in_the_hook_are_not_overlapped() -> None:
-    """PowerSGD's P round and AR-Topk's index broadcast block backward: their bytes, their
-    hops in every bucket and a barrier's skew are added in full even with near-perfect
-    overlap; AG-Topk and fp16 have no such round (module notes)."""
+    """PowerSGD's P round and AR-Topk's index broadcast block backward: their bytes and their
+    hops in every bucket are added in full even with near-perfect overlap, and PowerSGD's (an
+    all-reduce every worker joins) pays the barrier's skew; the broadcast waits for the
+    designated worker alone (no skew); AG-Topk and fp16 have no such round (module notes)."""
     p = fx.params(gamma=10.0, inter_alpha=0.0, inter_lat=1e-3, bucket_bytes=25 * 2**20)
     nb = cp.buckets(p, SHAPES)
     assert nb == math.ceil(1e8 / (25 * 2**20)) == 4
@@ -263,7 +264,7 @@ def test_rounds_waited_for_in_the_hook_are_not_overlapped() -> None:
     tc = float(perfmodel.compute_time(p, 16))
     step = float(cp.step_time(p, c, SHAPES, [2], [2], [16], 1, codec_s=0.1)[0])
     assert step >= tc + float(block[0]) + 0.1
-    for spec, waits in (("powersgd:4", True), ("topk:0.01:ar", True), ("topk:0.01:ag", False),
+    for spec, waits in (("powersgd:4", True), ("topk:0.01:ar", False), ("topk:0.01:ag", False),
                         ("fp16", False)):  # fmt: skip
         o = cp.parse(spec)
         calm = cp.step_time(p, o, SHAPES, [2], [2], [16], 1, 0.1)
@@ -271,6 +272,10 @@ def test_rounds_waited_for_in_the_hook_are_not_overlapped() -> None:
         assert float(skewed[0] - calm[0]) == pytest.approx(0.01 * nb if waits else 0.0)
     one = cp.step_time(p, c, SHAPES, [1], [1], [16], 1, 0.1, skew_s=0.01)
     assert float(one[0]) == pytest.approx(tc)  # one worker: no rounds, no barrier
+    ar = cp.parse("topk:0.01:ar")
+    bcast, _ = cp.sync_time(p, ar, SHAPES, [2], [2], part="blocking")
+    kk = math.ceil(0.01 * 25_000_000)
+    assert float(bcast[0]) == pytest.approx(per_byte * 4 * kk + nb * 1e-3 * 1)
 
 
 def test_every_bucket_pays_its_rounds_latency() -> None:
