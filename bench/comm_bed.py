@@ -6,15 +6,16 @@ batch of 32) through ``kplan.runtime`` for a fixed number of steps with each opt
 dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints per option
 
 - the measured per-step time (median of the steps after the first 3) and its ratio to dense;
-- the planner's prediction (planner/compression.py over perfmodel): the compute time measured
-  by one worker alone (no communication), the link's alpha and bytes/s from a gloo all-reduce
-  probe on the bed at two sizes, the codec seconds measured by profiler/codec.py on the model's
-  shapes, the per-message latency from a 1-element all-reduce, the wait at a barrier inside
-  backward (``probe_barrier``: a 1-element all-reduce right after a compute step on both hosts,
-  less the same all-reduce alone: where the emulated hosts share the cores, a worker waits
-  there for the other; PowerSGD's P round and AR-Topk's broadcast are such barriers, once per
-  DDP bucket) and the overlap exponent gamma fitted on the dense run (so dense is a fit,
-  every other option a prediction);
+- the planner's prediction (planner/compression.py over perfmodel): the compute time (no
+  communication) and the option's codec seconds measured on both hosts at once right before
+  the option runs (the machine's load drifts over the minutes of the bench; the codec by
+  profiler/codec.py on the model's shapes), the link's alpha and bytes/s from a gloo
+  all-reduce probe on the bed at two sizes, the per-message latency from a 1-element
+  all-reduce, the wait at a barrier inside backward (``probe_barrier``: a 1-element
+  all-reduce right after a compute step on both hosts, less the same all-reduce alone: where
+  the emulated hosts share the cores, a worker waits there for the other; PowerSGD's P round
+  is such a barrier, once per DDP bucket) and the overlap exponent gamma fitted on the dense
+  run (so dense is a fit, every other option a prediction);
 - the final held-out loss against dense, and the steps to dense's final training loss (the
   workers' mean, smoothed by an EMA of span 5);
 - the statistical cost on a held-out curve (EVAL_SAMPLES samples every --eval-every steps,
@@ -107,7 +108,14 @@ def worker(steps: int, out: Path, lr: float, data_steps: int, eval_every: int) -
     x, y = make_data(max(steps, data_steps) * GLOBAL_BATCH, seed=1).tensors
     data = TensorDataset(x[: steps * GLOBAL_BATCH], y[: steps * GLOBAL_BATCH])
     held_x, held_y = make_data(1024, seed=2).tensors
-    job = kr.Job(model, opt, data, batch_size=GLOBAL_BATCH, config=kr.RuntimeConfig(gns="off"))
+    job = kr.Job(
+        model,
+        opt,
+        data,
+        batch_size=GLOBAL_BATCH,
+        shuffle=False,  # i.i.d. samples: in stream order, so runs of any length share a prefix
+        config=kr.RuntimeConfig(gns="off"),
+    )
     times: list[float] = []
     losses: list[float] = []
     walls: list[float] = []
@@ -287,8 +295,8 @@ def profile_host(options: list[str], out: Path) -> None:
     torch.set_num_threads(1)
     shapes = model_shapes(make_model())
     doc = {
-        "compute": compute_seconds(8),
-        "codec": {o: codec_seconds(o, shapes, repeats=3) for o in options},
+        "compute": compute_seconds(14),
+        "codec": {o: codec_seconds(o, shapes, repeats=5) for o in options if o},
     }
     out.write_text(json.dumps(doc))
 
@@ -334,8 +342,9 @@ def barrier_host(host: int, addr: str, port: int, reps: int, out: Path) -> None:
     alone = [_timed(lambda: dist.all_reduce(one), before=dist.barrier) for _ in range(reps)]
     waits = [_timed(lambda: dist.all_reduce(one), before=lambda: compute_seconds(1, 0)) for _
              in range(reps + 2)][2:]  # fmt: skip
-    dist.destroy_process_group()
     out.write_text(json.dumps({"alone": statistics.median(alone), "wait": statistics.fmean(waits)}))
+    dist.barrier()  # neither host tears the group down while the other still uses it
+    dist.destroy_process_group()
 
 
 def _timed(fn: Any, before: Any) -> float:
@@ -359,7 +368,7 @@ def probe_barrier(bed: Any, port: int, tmp: Path, reps: int = 10) -> tuple[float
     ]
     for i, proc in enumerate(procs):
         r = netbed.wait(proc, 300)
-        if r.returncode != 0:
+        if r.returncode != 0 and not outs[i].exists():  # (a crash in gloo's teardown is not)
             raise RuntimeError(f"barrier probe on host {i} failed:\n{r.stdout[-3000:]}")
     docs = [json.loads(o.read_text()) for o in outs]
     alone = max(d["alone"] for d in docs)
@@ -381,6 +390,15 @@ def probe_link(bed: Any, port: int) -> tuple[float, float, float]:
     per_byte = max((tb - ts) / ((big - small) * ring), 1e-12)
     latency = link_from_probe(t1, tb, big, 2)[1]
     return max(ts - per_byte * small * ring, 0.0), per_byte, latency
+
+
+def _priced(option: str) -> bool:
+    """Whether the planner predicts the option's step (not SelSync, not a top-k warm-up)."""
+    if option.startswith("selective"):
+        return False
+    from kplan.runtime.compress import parse_compression
+
+    return parse_compression(option).warmup == 0
 
 
 def smoothed(losses: list[float], span: int = 5) -> list[float]:
@@ -509,6 +527,7 @@ def main() -> int:
     port = 29600
     runs: dict[tuple[str, float], Run] = {}
     links: dict[float, tuple[float, float, float]] = {}
+    near: dict[str, tuple[float, dict[str, float]]] = {}  # profiled right before each option
     with tempfile.TemporaryDirectory(prefix="kplan-comm-bed-") as tmpdir:
         tmp = Path(tmpdir)
         warm = [f"{topk}:ag:w{args.topk_warmup}"] if args.topk_warmup else []
@@ -528,8 +547,8 @@ def main() -> int:
                     tc, codec = profile_on_bed(bed, options, tmp)
                     print(
                         f"profiled on both hosts at once (slowest host): compute "
-                        f"{tc * 1e3:.0f} ms/step (median of 6); codec (profiler/codec.py, "
-                        "median of 3): "
+                        f"{tc * 1e3:.0f} ms/step (median of 12); codec (profiler/codec.py, "
+                        "median of 5): "
                         + ", ".join(f"{o} {s * 1e3:.0f} ms" for o, s in codec.items() if s),
                         flush=True,
                     )
@@ -547,6 +566,16 @@ def main() -> int:
                 # machine's load hits every option alike; the mean of the two windows' medians.
                 windows: dict[str, list[list[float]]] = {o: [] for o in timed_opts}
                 for o in timed_opts:
+                    if gbps == 1.0 and _priced(o):
+                        # compute and codec again right before the option runs: the load of
+                        # the shared machine drifts over the minutes the bench takes
+                        own = [o] if o != "none" and not o.endswith(":auto") else []
+                        near[o] = profile_on_bed(bed, own, tmp)
+                        print(
+                            f"  profiled before {o}: compute {near[o][0] * 1e3:.0f} ms"
+                            + "".join(f", codec {v * 1e3:.0f} ms" for v in near[o][1].values()),
+                            flush=True,
+                        )
                     steps = TIMING_STEPS
                     if o in trained:
                         steps = topk_steps if o.startswith("topk") else args.steps
@@ -593,8 +622,9 @@ def main() -> int:
     dense = runs[("none", 1.0)]
     sync = float(perfmodel.sync_time(p, 2, 2))
     last = float(perfmodel.last_bucket_sync_time(p, 2, 2))
-    gamma, fixed = fit_dense(tc, sync, last, dense.step_s)
-    p = perfmodel.replace_fields(p, gamma=gamma, compute_a=tc + fixed)
+    tc_dense = near.get("none", (tc, codec))[0]
+    gamma, fixed = fit_dense(tc_dense, sync, last, dense.step_s)
+    p = perfmodel.replace_fields(p, gamma=gamma, compute_a=tc_dense + fixed)
     print(
         f"\nlink at 1 Gbit/s (gloo all-reduce probe, 4 and 40 MB): alpha {alpha * 1e3:.1f} ms, "
         f"{8 / per_byte / 1e9:.3f} Gbit/s, latency {lat * 1e3:.2f} ms/message (1 element); "
@@ -620,8 +650,11 @@ def main() -> int:
             c = cp.parse(o)
             # auto: the codec of the collective the planner's auto takes on this link
             coll = cp.traffic(c, shapes, 2, 1 / per_byte, lat).collective
-            cs = codec.get(o, codec.get(f"{topk}:{coll}", 0.0))
-            pred = float(cp.step_time(p, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs, skew)[0])
+            tc_o, own_codec = near.get(o, (tc, codec))
+            chosen = f"{topk}:{coll}"
+            cs = own_codec.get(o, near.get(chosen, (tc, codec))[1].get(chosen, 0.0))
+            po = perfmodel.replace_fields(p, compute_a=tc_o + fixed)
+            pred = float(cp.step_time(po, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs, skew)[0])
         to = steps_to(r.losses, target)
         err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
         loss = (
