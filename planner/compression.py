@@ -16,7 +16,8 @@ once; each collective round pays its ring or tree hops at the per-hop latency ``
     none          2(k-1)/k P                                           1       2(k-1)
     fp16, bf16    2(k-1)/k P/2                                         1       2(k-1)
     powersgd:r    2(k-1)/k 4 (sum (rows+cols) r over matrices + vectors)  2    4(k-1)
-    topk:x:ag     (k-1) 8 K              (K = sum ceil(x numel), 4+4 bytes) 1  k-1
+    topk:x:ag     (k-1) 8 K              (K = sum ceil(x numel), 4+4 bytes) 2  2(k-1)
+                  (two all-gathers: the values and the indices)
     topk:x:ar     ceil(log2 k) 4 K + 2(k-1)/k 4 K  (tree broadcast of the   2  ceil(log2 k) + 2(k-1)
                   indices: its critical path, then the AR of the values)
 
@@ -218,7 +219,7 @@ def traffic(
     else:
         coll = "ar" if c.collective == "ar" else "ag"
     if coll == "ag":
-        return Traffic(rc.wire_bytes(c, shapes, k, "ag"), 1, float(k - 1), "ag")
+        return Traffic(rc.wire_bytes(c, shapes, k, "ag"), 2, float(2 * (k - 1)), "ag")
     # AR: the broadcast's critical path is ceil(log2 k) sends of all K indices (a tree), as in
     # the runtime's cost function; then the ring all-reduce of the K values.
     # The broadcast is waited for inside the hook (the values sent depend on the indices), but

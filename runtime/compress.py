@@ -190,15 +190,16 @@ def topk_collective(
 ) -> TopkCost:
     """AR or AG for top-k of ``numel`` entries at ``ratio`` on ``workers`` (module docstring).
 
-    AG moves (n-1) x 8k bytes through each link but costs n-1 latencies; AR moves about
-    2 x 4k bytes plus the broadcast of k indices, with 2(n-1) + ceil(log2 n) latencies. So AG
-    wins for small k (latency-bound) or two workers; AR wins when k x (n - 2) is large.
+    AG moves (n-1) x 8k bytes through each link in two all-gathers (values and indices, as
+    the runtime issues them: 2(n-1) latencies); AR moves about 2 x 4k bytes plus the broadcast
+    of k indices, with 2(n-1) + ceil(log2 n) latencies. So AG wins for small k (latency-bound)
+    or two workers; AR wins when k x (n - 2) is large.
     """
     k = topk_count(numel, ratio)
     n = workers
     if n <= 1:
         return TopkCost("ar", 0.0, 0.0, k)
-    ag = (n - 1) * latency_s + (n - 1) * (VALUE_BYTES + INDEX_BYTES) * k / bandwidth_Bps
+    ag = 2 * (n - 1) * latency_s + (n - 1) * (VALUE_BYTES + INDEX_BYTES) * k / bandwidth_Bps
     rounds = math.ceil(math.log2(n))
     bcast = rounds * (latency_s + INDEX_BYTES * k / bandwidth_Bps)
     ar = bcast + dense_allreduce_seconds(VALUE_BYTES * k, n, bandwidth_Bps, latency_s)

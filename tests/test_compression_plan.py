@@ -39,10 +39,11 @@ def test_bytes_on_the_wire_per_option(k: int) -> None:
     assert _traffic("topk:0.01:ag", k).bytes == pytest.approx((k - 1) * 8 * kk)
     tree = math.ceil(math.log2(k))
     assert _traffic("topk:0.01:ar", k).bytes == pytest.approx(tree * 4 * kk + ring * 4 * kk)
-    # hops: ring all-reduce 2(k-1), PowerSGD two of them, AG k-1, AR tree + ring
+    # hops: ring all-reduce 2(k-1), PowerSGD two of them, AG two all-gathers 2(k-1), AR tree
+    # + ring
     assert _traffic("none", k).hops == 2 * (k - 1)
     assert _traffic("powersgd:4", k).hops == 4 * (k - 1)
-    assert _traffic("topk:0.01:ag", k).hops == k - 1
+    assert _traffic("topk:0.01:ag", k).hops == 2 * (k - 1)
     assert _traffic("topk:0.01:ar", k).hops == tree + 2 * (k - 1)
 
 
@@ -284,7 +285,7 @@ def test_every_bucket_pays_its_rounds_latency() -> None:
     lat = 1e-3
     p = fx.params(inter_alpha=0.0, inter_beta=1e-12, inter_lat=lat, bucket_bytes=25 * 2**20)
     nb = cp.buckets(p, SHAPES)
-    for spec, hops in (("fp16", 2), ("powersgd:4", 4), ("topk:0.01:ag", 1), ("topk:0.01:ar", 3)):
+    for spec, hops in (("fp16", 2), ("powersgd:4", 4), ("topk:0.01:ag", 2), ("topk:0.01:ar", 3)):
         sync, _ = cp.sync_time(p, cp.parse(spec), SHAPES, [2], [2])
         assert float(sync[0]) == pytest.approx(hops * lat * nb, rel=1e-6)
     assert cp.buckets(fx.params(), SHAPES) == 1  # no bucket size: one round per step

@@ -107,16 +107,16 @@ def test_launcher_passes_the_plans_options_to_the_workers(tmp_path: Path) -> Non
 
 
 def test_topk_collective_cost_model() -> None:
-    # 2 workers: AG sends 8k bytes once; AR sends 4k (broadcast) + 4k (all-reduce) with 3
-    # latencies instead of 1: AG is never slower.
+    # 2 workers: AG sends 8k bytes in two all-gathers (values, indices: 2 latencies); AR sends
+    # 4k (broadcast) + 4k (all-reduce) with 3 latencies: AG is never slower.
     two = topk_collective(10**7, 0.01, 2, 125e6, 1e-4)
     assert two.choice == "ag" and two.k == 10**5
-    assert two.ag_s == pytest.approx(1e-4 + 8 * 1e5 / 125e6)
+    assert two.ag_s == pytest.approx(2e-4 + 8 * 1e5 / 125e6)
     assert two.ar_s == pytest.approx((1e-4 + 4e5 / 125e6) + 2e-4 + 4e5 / 125e6)
     # 8 workers, bandwidth-bound: AG's (n-1) x 8k bytes lose to AR's ~2 x 4k.
     eight = topk_collective(10**7, 0.01, 8, 125e6, 1e-4)
     assert eight.choice == "ar" and eight.ar_s < eight.ag_s
-    # 8 workers, tiny k on a high-latency link: AG's 7 latencies beat AR's 14 + 3.
+    # 8 workers, tiny k on a high-latency link: AG's 2 x 7 latencies beat AR's 14 + 3.
     assert topk_collective(10**4, 0.001, 8, 125e6, 5e-3).choice == "ag"
     assert topk_collective(10**4, 0.5, 1, 1e9, 1e-3).ar_s == 0.0
 
