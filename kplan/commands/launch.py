@@ -195,7 +195,8 @@ def launch_command(
             "--compression",
             metavar="SPEC",
             help="Gradient compression the workers run: none, fp16, bf16, powersgd:RANK, "
-            "topk:RATIO[:ar|ag|auto] or adaptive[:MIN:MAX] (docs/runtime.md). A plan made "
+            "topk:RATIO[:ar|ag|auto][:wSTEPS] (wSTEPS: sparsity warm-up) or adaptive[:MIN:MAX] "
+            "(docs/runtime.md). A plan made "
             "now is searched with it pinned; a saved --plan runs its own.",
         ),
     ] = None,
