@@ -33,17 +33,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import minimize
 
-from bench.multinode_transfer import SCORED, Score, links, score
+from bench import multinode_transfer as mt
+from bench.multinode_transfer import SCORED, Fitted, _fmt, links, predict, rms, score
 from bench.online_sim import GPUS_PER_NODE, GRADIENT_BYTES
 from bench.traces import MODELS, Rows, load_placements
-from kplan.planner import fit, perfmodel
+from kplan.planner import fit
 from kplan.planner.fit import FitInputs, fit_perf_params
 from kplan.planner.perfmodel import PerfParams
 
 Array = NDArray[np.float64]
-Z90 = 1.2815515655446004
 
 
 @dataclass(frozen=True)
@@ -90,10 +89,6 @@ def with_prior(p: PerfParams, eta: float, gamma: float) -> PerfParams:
     return replace(p, intra_beta=p.gradient_bytes / (eta * p.intra_gbps * 1e9 / 8), gamma=gamma)
 
 
-def predict(p: PerfParams, r: Rows) -> Array:
-    return perfmodel.step_time(p, r.nodes, r.workers, r.local_batch)
-
-
 def stated_sigma(p: PerfParams, r: Rows, unmeasured: float | None = None) -> Array:
     """The one-sigma log error kplan states for these rows, the prior's term swapped for
     ``unmeasured`` when given (0: the fit's sigma alone, as ``kplan estimate`` stated before)."""
@@ -105,47 +100,15 @@ def stated_sigma(p: PerfParams, r: Rows, unmeasured: float | None = None) -> Arr
     return out
 
 
-Fitted = dict[str, tuple[PerfParams, Rows]]
-
-
 def fit_prior(fitted: Fitted, models: tuple[str, ...]) -> tuple[float, float]:
-    """(eta, gamma) in a node minimising the mean squared log error of the multi-GPU rows of
-    ``models`` (each model's mean, so every model weighs alike), each model's one-GPU compute
-    fit held. eta in (0, 1], gamma in [1, 10] (perfmodel's bounds)."""
-
-    def unpack(z: Array) -> tuple[float, float]:
-        return math.exp(min(float(z[0]), 0.0)), 1.0 + 9.0 / (1.0 + math.exp(-float(z[1])))
-
-    def loss(z: Array) -> float:
-        eta, gamma = unpack(z)
-        per = [
-            float(np.mean(np.log(predict(with_prior(p, eta, gamma), r) / r.step_time) ** 2))
-            for p, r in (fitted[m] for m in models)
-        ]
-        return float(np.mean(per))
-
-    starts = [np.array([math.log(0.3), g]) for g in (-3.0, 0.0, 3.0)]
-    best = min((minimize(loss, z, method="Nelder-Mead") for z in starts), key=lambda r: r.fun)
-    return unpack(best.x)
+    """(eta, gamma) inside a node for the multi-GPU rows of ``models`` (each model's one-GPU
+    compute fit held): ``multinode_transfer.fit_prior`` with this module's ``with_prior``."""
+    return mt.fit_prior(fitted, models, with_prior, eta0=0.3)
 
 
 def held_out_errors(fitted: Fitted, models: tuple[str, ...]) -> dict[str, Array]:
     """Log errors of each model's multi-GPU rows under the prior fitted on the others."""
-    out = {}
-    for m in models:
-        eta, gamma = fit_prior(fitted, tuple(o for o in models if o != m))
-        p, r = fitted[m]
-        out[m] = np.log(predict(with_prior(p, eta, gamma), r) / r.step_time)
-    return out
-
-
-def rms(errors: dict[str, Array]) -> float:
-    return float(np.sqrt(np.mean(np.concatenate(list(errors.values())) ** 2)))
-
-
-def _fmt(s: Score) -> str:
-    cal = "   -  " if s.at_or_below_p90 is None else f"{s.at_or_below_p90 * 100:5.0f}%"
-    return f"{s.mape:6.1f}% {s.bias:5.2f}x {cal}"
+    return mt.held_out_errors(fitted, models, with_prior, eta0=0.3)
 
 
 def main(argv: list[str] | None = None) -> None:

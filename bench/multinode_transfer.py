@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -60,18 +61,8 @@ class Split:
 
 def load_split(model: str) -> Split:
     plc = load_placements(model)
-    scal = load_scalability(model)
-    multi = plc.select(plc.nodes > 1)
-    both = Rows(
-        np.concatenate([multi.nodes, scal.nodes]),
-        np.concatenate([multi.workers, scal.workers]),
-        np.concatenate([multi.max_per_node, scal.max_per_node]),
-        np.concatenate([multi.local_batch, scal.local_batch]),
-        np.concatenate([multi.step_time, scal.step_time]),
-        np.concatenate([multi.sync_time, scal.sync_time]),
-        multi.placement + scal.placement,
-    )
-    return Split(model, plc.select(plc.nodes == 1), both)
+    multi = plc.select(plc.nodes > 1).concat(load_scalability(model))
+    return Split(model, plc.select(plc.nodes == 1), multi)
 
 
 def links() -> tuple[float, float]:
@@ -143,10 +134,18 @@ def score(pred: Array, true: Array, sigma: Array | None = None) -> Score:
 Fitted = dict[str, tuple[PerfParams, Rows]]
 
 
-def fit_prior(fitted: Fitted, models: tuple[str, ...]) -> tuple[float, float]:
-    """(eta, gamma) across nodes minimising the mean squared log error of the multi-node rows
-    of ``models`` (each model's mean, so every model weighs alike), the rest of each model's
-    one-node fit held. eta in [0.005, 1], gamma in [1, 10] (perfmodel's bounds)."""
+PriorOf = Callable[[PerfParams, float, float], PerfParams]
+
+
+def fit_prior(
+    fitted: Fitted, models: tuple[str, ...], apply: PriorOf | None = None, eta0: float = 0.1
+) -> tuple[float, float]:
+    """(eta, gamma) minimising the mean squared log error of the test rows of ``models`` (each
+    model's mean, so every model weighs alike), the rest of each model's fit held; ``apply``
+    sets the pair in a model (default ``with_prior``: across nodes; bench/intranode_transfer.py
+    passes its own, inside a node), ``eta0`` starts the search. eta in (0, 1], gamma in [1, 10]
+    (perfmodel's bounds)."""
+    with_prior_ = apply or with_prior
 
     def unpack(z: Array) -> tuple[float, float]:
         return math.exp(min(float(z[0]), 0.0)), 1.0 + 9.0 / (1.0 + math.exp(-float(z[1])))
@@ -154,23 +153,26 @@ def fit_prior(fitted: Fitted, models: tuple[str, ...]) -> tuple[float, float]:
     def loss(z: Array) -> float:
         eta, gamma = unpack(z)
         per = [
-            float(np.mean(np.log(predict(with_prior(p, eta, gamma), r) / r.step_time) ** 2))
+            float(np.mean(np.log(predict(with_prior_(p, eta, gamma), r) / r.step_time) ** 2))
             for p, r in (fitted[m] for m in models)
         ]
         return float(np.mean(per))
 
-    starts = [np.array([math.log(0.1), g]) for g in (-3.0, 0.0, 3.0)]
+    starts = [np.array([math.log(eta0), g]) for g in (-3.0, 0.0, 3.0)]
     best = min((minimize(loss, z, method="Nelder-Mead") for z in starts), key=lambda r: r.fun)
     return unpack(best.x)
 
 
-def held_out_errors(fitted: Fitted, models: tuple[str, ...]) -> dict[str, Array]:
-    """Log errors of each model's multi-node rows under the prior fitted on the others."""
+def held_out_errors(
+    fitted: Fitted, models: tuple[str, ...], apply: PriorOf | None = None, eta0: float = 0.1
+) -> dict[str, Array]:
+    """Log errors of each model's test rows under the prior fitted on the others
+    (``apply``, ``eta0``: as ``fit_prior``)."""
     out = {}
     for m in models:
-        eta, gamma = fit_prior(fitted, tuple(o for o in models if o != m))
+        eta, gamma = fit_prior(fitted, tuple(o for o in models if o != m), apply, eta0)
         p, r = fitted[m]
-        out[m] = np.log(predict(with_prior(p, eta, gamma), r) / r.step_time)
+        out[m] = np.log(predict((apply or with_prior)(p, eta, gamma), r) / r.step_time)
     return out
 
 
@@ -209,7 +211,7 @@ def unmeasured_node_counts(splits: dict[str, Split]) -> dict[str, Between]:
             )
             if not len(test):
                 continue
-            p = fit_one_node(Split(m, _join(s.one, part), test))
+            p = fit_one_node(Split(m, s.one.concat(part), test))
             e = np.log(predict(p, test) / test.step_time)
             stated = fit.prior_log_sigma(p, test.nodes.astype(float), test.workers.astype(float))
             key = "one" if len(measured) == 1 else "two"
@@ -218,13 +220,6 @@ def unmeasured_node_counts(splits: dict[str, Split]) -> dict[str, Between]:
         k: Between(*(np.concatenate([v[i] for v in rows]) for i in range(3)))
         for k, rows in out.items()
     }
-
-
-def _join(a: Rows, b: Rows) -> Rows:
-    fields = ("nodes", "workers", "max_per_node", "local_batch", "step_time", "sync_time")
-    return Rows(
-        *(np.concatenate([getattr(a, f), getattr(b, f)]) for f in fields), a.placement + b.placement
-    )
 
 
 def rms(errors: dict[str, Array]) -> float:

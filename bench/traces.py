@@ -54,6 +54,18 @@ class Rows:
             tuple(self.placement[i] for i in idx),
         )
 
+    def concat(self, other: Rows) -> Rows:
+        """These rows followed by ``other``'s."""
+        return Rows(
+            np.concatenate([self.nodes, other.nodes]),
+            np.concatenate([self.workers, other.workers]),
+            np.concatenate([self.max_per_node, other.max_per_node]),
+            np.concatenate([self.local_batch, other.local_batch]),
+            np.concatenate([self.step_time, other.step_time]),
+            np.concatenate([self.sync_time, other.sync_time]),
+            self.placement + other.placement,
+        )
+
 
 def _rows(records: list[tuple[int, int, int, int, float, float, str]]) -> Rows:
     n, k, g, b, t, s, p = zip(*records, strict=True)
@@ -113,17 +125,7 @@ def split(model: str, root: Path | None = None) -> tuple[Rows, Rows]:
     placements = load_placements(model, root)
     fit_mask = np.array([p in FIT_PLACEMENTS for p in placements.placement])
     test = placements.select(~fit_mask)
-    scal = load_scalability(model, root)
-    both = Rows(
-        np.concatenate([test.nodes, scal.nodes]),
-        np.concatenate([test.workers, scal.workers]),
-        np.concatenate([test.max_per_node, scal.max_per_node]),
-        np.concatenate([test.local_batch, scal.local_batch]),
-        np.concatenate([test.step_time, scal.step_time]),
-        np.concatenate([test.sync_time, scal.sync_time]),
-        test.placement + scal.placement,
-    )
-    return placements.select(fit_mask), both
+    return placements.select(fit_mask), test.concat(load_scalability(model, root))
 
 
 def mape(pred: NDArray[np.float64], true: NDArray[np.float64]) -> float:

@@ -8,7 +8,7 @@ import pytest
 
 from bench import intranode_transfer as it
 from bench.traces import data_root
-from kplan.planner import fit, perfmodel
+from kplan.planner import costs, fit, perfmodel
 from kplan.planner.perfmodel import PerfParams
 
 pytestmark = pytest.mark.skipif(
@@ -60,7 +60,7 @@ def test_held_out_prior_is_unbiased_and_its_sigma_is_calibrated(before: it.Fitte
     # the measured time is at or below the shipped p90 (the sigma kplan states for these rows)
     shipped = {m: (it.fit_one_gpu(it.load_split(m), "pcie"), r) for m, (_, r) in before.items()}
     hits = [
-        np.log(it.predict(p, r) / r.step_time) >= -it.Z90 * it.stated_sigma(p, r)
+        np.log(it.predict(p, r) / r.step_time) >= -costs.Z90 * it.stated_sigma(p, r)
         for p, r in shipped.values()
     ]
     assert 0.85 <= float(np.mean(np.concatenate(hits))) <= 0.99
