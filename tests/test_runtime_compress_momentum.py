@@ -52,13 +52,20 @@ def test_fold_makes_torch_sgd_apply_exactly_the_exchanged_update(kwargs: dict[st
     fold = MomentumFold(opt, [p])
     for _ in range(12):
         d = torch.randn(40, generator=gen, dtype=torch.float64)
-        inv = fold.inverse(0)
-        assert inv is not None
-        c, z = inv
-        p.grad = (c * (d - (0 if z is None else z))).view_as(p)
-        before = p.detach().clone()
-        opt.step()
-        assert torch.allclose(before - p.detach(), 0.05 * d, atol=1e-12, rtol=0)
+        moved = _folded_step(fold, p, d, opt.step)
+        assert torch.allclose(moved, 0.05 * d, atol=1e-12, rtol=0)
+
+
+def _folded_step(fold: Any, p: Any, d: Any, step: Any) -> Any:
+    """Set ``p.grad`` to the G that makes the optimizer apply the exchanged update ``d``
+    (``fold.inverse``), run ``step()``; what the weights moved by."""
+    inv = fold.inverse(0)
+    assert inv is not None
+    c, z = inv
+    p.grad = (c * (d - (0 if z is None else z))).view_as(p)
+    before = p.detach().clone()
+    step()
+    return before - p.detach()
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -82,19 +89,18 @@ def test_fold_under_momentum_compensation_applies_the_exchanged_update(nesterov:
     fold = MomentumFold(opt, [p])
     fold.ratio = comp.ratio(0)
     applied_lr = lr * lr_correction(m, k)
-    for _ in range(8):
-        d = torch.randn(30, generator=gen, dtype=torch.float64)
-        inv = fold.inverse(0)
-        assert inv is not None
-        c, z = inv
-        p.grad = (c * (d - (0 if z is None else z))).view_as(p)
-        before = p.detach().clone()
-        kept = comp.apply(opt.param_groups, k)  # as step_end.optimizer_step, which also
-        opt.step()  # gives the LR back
+
+    def compensated_step() -> None:  # as step_end.optimizer_step, which also gives the LR back
+        kept = comp.apply(opt.param_groups, k)
+        opt.step()
         comp.restore(opt.param_groups, kept)
         opt.param_groups[0]["lr"] = lr
+
+    for _ in range(8):
+        d = torch.randn(30, generator=gen, dtype=torch.float64)
+        moved = _folded_step(fold, p, d, compensated_step)
         assert opt.param_groups[0]["momentum"] == m  # the script's value is back
-        assert torch.allclose(before - p.detach(), applied_lr * d, atol=1e-12, rtol=0)
+        assert torch.allclose(moved, applied_lr * d, atol=1e-12, rtol=0)
     g = torch.ones(30, dtype=torch.float64)
     got = fold.increment(0, g)
     assert got is not None
