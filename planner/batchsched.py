@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import costs, gnsforecast, perfmodel
+from kplan.planner import efficiency, gnsforecast, perfmodel
 from kplan.planner.profile import GnsPoint
 
 Array = NDArray[np.float64]
@@ -122,13 +122,10 @@ def segment_inverse(
 
 def forecast_log_sigma(train_s: Array) -> float:
     """The log-space one-sigma spread of a training time over the forecast's trajectories
-    (``log(p90 / mean) / Z90``, as ``efficiency.log_sigma``; 0 for one trajectory)."""
+    (``efficiency.spread_log_sigma``, as a plan row's; 0 for one trajectory)."""
     if train_s.size < 2:
         return 0.0
-    mid, p90 = float(np.mean(train_s)), float(np.quantile(train_s, 0.9))
-    if not (mid > 0 and math.isfinite(p90)):
-        return 0.0
-    return max(math.log(p90 / mid), 0.0) / costs.Z90
+    return float(efficiency.spread_log_sigma(np.mean(train_s), np.quantile(train_s, 0.9)))
 
 
 def best_schedule(segment_time: Array, max_phases: int = MAX_PHASES) -> tuple[float, list[int]]:

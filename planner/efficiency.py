@@ -115,8 +115,14 @@ def log_sigma(
     (0 where the points cover the rest of training, large from a single profile point): to be
     combined in quadrature with the step time's."""
     mid, p90 = sample_factor_band(gns, base_batch, global_batch, start=start)
+    return spread_log_sigma(mid, p90)
+
+
+def spread_log_sigma(mean: ArrayLike, p90: ArrayLike) -> NDArray[np.float64]:
+    """The log-space one sigma a spread of forecast draws states: ``log(p90 / mean) / Z90``,
+    at least 0, and 0 where undefined (shared with planner/batchsched.py's schedules)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: NDArray[np.float64] = np.maximum(np.log(p90 / mid), 0.0) / _Z90
+        out: NDArray[np.float64] = np.maximum(np.log(np.divide(p90, mean)), 0.0) / _Z90
     return np.where(np.isfinite(out), out, 0.0)
 
 

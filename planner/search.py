@@ -528,8 +528,9 @@ def _with_schedule(
         tie_tolerance=opts.tie_tolerance,
         step_log_sigma=step_sigma,
     )
-    fields = (sched.hours, sched.cost_usd, sched.hours_p90, sched.cost_p90_usd) if sched else ()
-    if sched is None or not all(math.isfinite(x) for x in fields):
+    if sched is None or not all(
+        math.isfinite(x) for x in (sched.hours, sched.cost_usd, sched.hours_p90, sched.cost_p90_usd)
+    ):
         return plan
     # The row's time and cost model (maybe the Monte-Carlo's) scaled by the closed form's
     # ratios, the p90s by the ratio of the closed form's p90s (each with its own spread).
