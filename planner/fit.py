@@ -37,6 +37,7 @@ from kplan.planner.profile import Measurement
 # growth inside a node).
 PRIOR_ETA_INTRA = 0.665
 PRIOR_ETA_INTER = PRIOR_ETA_INTRA
+PRIOR_GAMMA = 2.5  # overlap exponent of compute and the all-reduce (assumed typical DDP)
 # Per NIC fabric (catalog.nic_fabric): "rdma" (NCCL over EFA/RoCE/IB, as NVLink's ring) keeps
 # the transferred NCCL efficiency above and the one-node overlap. "tcp" (NCCL's socket transport
 # on a plain NIC) is fitted on the multi-node rows of the Pollux T4 traces (g4dn.12xlarge, 50
@@ -53,7 +54,7 @@ PRIOR_ETA_INTER = PRIOR_ETA_INTRA
 # out one model at a time, eta 0.27-0.69 and gamma 1.0-1.2 (the sync barely overlaps compute);
 # the NVLink prior predicted these rows 0.89x of the measured time, held out 0.99x.
 PRIOR_ETA_INTRA_BY_LINK: dict[str, float] = {"nvlink": PRIOR_ETA_INTRA, "pcie": 0.418}
-PRIOR_GAMMA_INTRA_BY_LINK: dict[str, float] = {"nvlink": 2.5, "pcie": 1.0}
+PRIOR_GAMMA_INTRA_BY_LINK: dict[str, float] = {"nvlink": PRIOR_GAMMA, "pcie": 1.0}
 # One-sigma log error of a prediction whose intra-node all-reduce is this prior: the RMS of the
 # held-out (leave-one-model-out) log errors of bench/intranode_transfer.py.
 PRIOR_INTRA_LOG_SIGMA = 0.132
@@ -77,7 +78,6 @@ PRIOR_NCCL_CALL = 58e-6  # c0 of the fit above: one NCCL all-reduce call inside 
 PRIOR_LAT_INTRA = 10e-6
 PRIOR_LAT_INTER = 50e-6
 PRIOR_ALPHA = 1e-3
-PRIOR_GAMMA = 2.5
 MIN_LOG_SIGMA = 0.05  # never claim better than 5% accuracy
 # The step time's sigma grows by this per doubling of nodes past the largest the profile measured.
 EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.05
@@ -293,8 +293,7 @@ def prior_inter(fabric: str) -> tuple[float, float | None]:
 def prior_intra(link: str | None) -> tuple[float, float]:
     """(efficiency of the nominal GPU link, one-node overlap exponent) of a node's GPU link
     (None or "none": the NVLink-fitted priors, as before links had their own)."""
-    if link is None or link == "none":
-        return PRIOR_ETA_INTRA, PRIOR_GAMMA
+    link = "nvlink" if link in (None, "none") else link
     if link not in PRIOR_ETA_INTRA_BY_LINK:
         raise InputError(f"unknown GPU link {link!r}", hint=f"use one of {', '.join(LINKS)}")
     return PRIOR_ETA_INTRA_BY_LINK[link], PRIOR_GAMMA_INTRA_BY_LINK[link]
