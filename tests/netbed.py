@@ -3,7 +3,8 @@
 Each emulated host is a network namespace with one veth interface on a shared bridge in the root
 namespace and an address in a private /24. Its link is shaped in both directions with ``tc tbf``
 at the given rate (the namespace side shapes what the host sends, the bridge side what it
-receives), so a host behaves like a machine with a full-duplex NIC of that speed. ``netem`` is
+receives) with a 5 ms queue (``_tbf``), so a host behaves like a machine with a full-duplex NIC
+of that speed. ``netem`` is
 not in this kernel, so no latency is added: the link latency is the veth's (tens of us).
 
     with netbed(2, gbps=1.0) as bed:
@@ -171,13 +172,26 @@ def wait(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(proc.args, proc.returncode or 0, out, None)
 
 
+QUEUE_S = 0.005  # egress queue of a shaped link, seconds at the rate (``_tbf``)
+
+
 def _tbf(dev: str, gbps: float, netns: str | None = None) -> None:
-    """Shape ``dev``'s egress to ``gbps``. The bucket holds >= 2 ms at the rate and at least two
-    64 KiB GSO segments (veth sends TSO-sized packets), so the rate is reached, not undercut."""
+    """Shape ``dev``'s egress to ``gbps`` with a short queue.
+
+    The queue holds about ``QUEUE_S`` at the rate, the standing queue fq_codel (Linux's usual
+    default qdisc, not built into this kernel) keeps a real host's NIC to. A deeper one (50 ms
+    before 2026-11-27) made the bed half-duplex-like: with both directions of a link full, the
+    ACKs of one direction wait behind the other's data and that side's TCP fell to 0.72-0.96
+    of the rate at 0.1 Gbit/s (bench/netbed_duplex.py). GSO segments are capped at a quarter of
+    the queue (at most 64 KiB), so the bucket (>= 2 ms at the rate, >= two segments) and the
+    queue still hold whole segments at low rates."""
     rate_bytes = gbps * 1e9 / 8
-    burst = int(max(2 * 65536 + 1514, rate_bytes * 0.002))
-    limit = int(max(4 * burst, rate_bytes * 0.05))  # ~50 ms of queue
+    segment = int(min(65536, max(4096, rate_bytes * QUEUE_S / 4)))
+    burst = int(max(2 * segment + 1514, rate_bytes * 0.002))
+    limit = int(max(2 * burst, rate_bytes * QUEUE_S))
     pre = ["ip", "netns", "exec", netns] if netns else []
+    if segment < 65536:
+        _sh(*pre, "ip", "link", "set", "dev", dev, "gso_max_size", str(segment))
     _sh(
         *pre,
         "tc",
