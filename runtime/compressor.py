@@ -17,7 +17,8 @@ survive a restart; per-parameter state does, which is what makes resume exact.
   sends its a at those indices in one SUM all-reduce. Parameters of 2^16 elements or more
   select with a sampled threshold (fast_topk_select, seeded by job seed, step and parameter:
   the same on every run) and torch.topk among the candidates: the same k as torch.topk over
-  all of a, several times faster on a CPU.
+  all of a, several times faster on a CPU. ``auto`` takes the faster of the two measured at
+  start (``probe_topk_exchange``), at another ratio the cost model's (``collective``).
 - PowerSGD (rank r, per weight matrix M = a viewed as rows x rest): P = M Q (Q warm-started
   from the previous step, first drawn from a generator seeded by the job seed and the
   parameter's index), SUM all-reduce P, orthonormalise (QR), Q_i = M^T P, local error
@@ -227,6 +228,7 @@ class Compressor:
         network: tuple[float, float] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         precision: str = "fp32",
+        exchange: tuple[float, float, float] | None = None,
     ) -> None:
         self.spec = spec
         self.params = list(params)
@@ -234,6 +236,8 @@ class Compressor:
         self.seed = seed
         self.network = network
         """(bandwidth bytes/s, latency s) measured at start, for ``auto``; None otherwise."""
+        self.exchange = exchange
+        """(ratio, AR-Topk s, AG-Topk s) of the gradient measured at start, for ``auto``."""
         self.adaptive = (
             AdaptiveRatio(spec.min_ratio, spec.max_ratio) if spec.kind == "adaptive" else None
         )
@@ -444,11 +448,7 @@ class Compressor:
         numel = flat.numel()
         works: list[Any] = []
         if collective == "ag" and world > 1:
-            vals = [torch.empty_like(values) for _ in range(world)]
-            idx32 = idx.to(torch.int32)
-            ids = [torch.empty_like(idx32) for _ in range(world)]
-            works.append(dist.all_gather(vals, values, async_op=True))
-            works.append(dist.all_gather(ids, idx32, async_op=True))
+            vals, ids = _all_gather_topk(works, values, idx.to(torch.int32), world)
             self.bytes_sent += allgather_bytes((VALUE_BYTES + INDEX_BYTES) * total_k, world)
 
             def gathered(_: Any) -> torch.Tensor:
@@ -467,11 +467,15 @@ class Compressor:
         return self._launch(works, reduced)
 
     def collective(self, ratio: float) -> str:
-        """Top-k's collective at ``ratio``: the spec's, or for ``auto`` the planner's own cost
-        function (``compress.topk_collective``, as ``planner.compression.traffic`` calls it)
-        for the whole gradient (DDP's bucket layout changes) on the link probed at start."""
+        """Top-k's collective at ``ratio``: the spec's; for ``auto`` the faster one measured at
+        start (``probe_topk_exchange``) at that ratio, else (another ratio: a warm-up's first
+        steps, adaptive's changes) the planner's own cost function (``compress.topk_collective``,
+        as ``planner.compression.traffic`` calls it) for the whole gradient (DDP's bucket layout
+        changes) on the link probed at start."""
         if self.spec.collective != "auto":
             return self.spec.collective
+        if self.exchange is not None and self.exchange[0] == ratio:
+            return "ar" if self.exchange[1] <= self.exchange[2] else "ag"
         bw, lat = self.network or (1e9, 1e-4)
         total = sum(p.numel() for p in self.params)
         return topk_collective(total, ratio, self.ctx.world_size, bw, lat).choice
@@ -564,6 +568,7 @@ class Compressor:
             "error": {j: t.detach().cpu().clone() for j, t in self.error.items()},
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
             "network": None if self.network is None else list(self.network),
+            "exchange": None if self.exchange is None else list(self.exchange),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
@@ -580,7 +585,89 @@ class Compressor:
             # auto's AR/AG choices continue as before the restart (not a fresh measurement)
             bandwidth, latency = state["network"]
             self.network = (float(bandwidth), float(latency))
+        if self.exchange is not None and state.get("exchange") is not None:
+            ratio, ar_s, ag_s = state["exchange"]
+            self.exchange = (float(ratio), float(ar_s), float(ag_s))
         return True
+
+
+def _all_gather_topk(
+    works: list[Any], values: torch.Tensor, idx32: torch.Tensor, world: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """AG-Topk's two asynchronous all-gathers (values, int32 indices), appended to ``works``."""
+    vals = [torch.empty_like(values) for _ in range(world)]
+    ids = [torch.empty_like(idx32) for _ in range(world)]
+    works.append(dist.all_gather(vals, values, async_op=True))
+    works.append(dist.all_gather(ids, idx32, async_op=True))
+    return vals, ids
+
+
+def exchange_buckets(numels: Sequence[int], bucket_bytes: int = 25 << 20) -> list[int]:
+    """Elements per DDP bucket of FP32 parameters of ``numels`` (in reverse order, as DDP fills
+    them; a parameter larger than a bucket is a bucket of its own)."""
+    out: list[int] = []
+    size = 0
+    for n in reversed(list(numels)):
+        if size and (size + n) * VALUE_BYTES > bucket_bytes:
+            out.append(size)
+            size = 0
+        size += n
+    if size:
+        out.append(size)
+    return out
+
+
+def probe_topk_exchange(
+    ctx: Context, buckets: Sequence[int], ratio: float, pairs: int = 5
+) -> tuple[float, float]:
+    """(AR-Topk s, AG-Topk s): the measured exchange of a top-k gradient at ``ratio`` over DDP
+    buckets of ``buckets`` elements, with the collectives ``_topk`` issues per bucket (AR: the
+    index broadcast waited for, then the values' all-reduce; AG: the two all-gathers), all
+    waited for as a step does.
+
+    Random indices and values of each bucket's k, so the time is the network's and the
+    collective library's (the selection is on either's critical path). One warm-up of each,
+    then ``pairs`` AR/AG pairs in alternating order, each from a barrier to the slowest rank's
+    end (MAX: every rank gets the same times and so the same choice); the medians.
+    """
+    world = ctx.world_size
+    if not ctx.distributed or world == 1:
+        return 0.0, 0.0
+    device = ctx.device
+    gen = torch.Generator().manual_seed(ctx.rank)
+    data = []
+    for n in buckets:
+        k = topk_count(n, ratio)
+        idx = torch.randint(0, n, (k,), generator=gen, dtype=torch.int32).to(device)
+        data.append((torch.randn(k, generator=gen).to(device), idx))
+
+    def once(collective: str, step: int) -> float:
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        works: list[Any] = []
+        for values, idx in data:
+            if collective == "ar":
+                sent = idx.clone() if ctx.rank == step % world else torch.empty_like(idx)
+                dist.broadcast(sent, src=step % world)
+                works.append(dist.all_reduce(values.clone(), async_op=True))
+            else:
+                _all_gather_topk(works, values, idx, world)
+        for work in works:
+            work.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        return float(took[0])
+
+    once("ar", 0), once("ag", 0)  # connections and buffers of every collective
+    times: dict[str, list[float]] = {"ar": [], "ag": []}
+    for s in range(pairs):
+        for collective in ("ar", "ag") if s % 2 == 0 else ("ag", "ar"):
+            times[collective].append(once(collective, s))
+    return statistics.median(times["ar"]), statistics.median(times["ag"])
 
 
 def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tuple[float, float]:

@@ -35,7 +35,12 @@ from kplan.runtime import env, local_gns, profile_steps, step_end
 from kplan.runtime.amp import Amp
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
-from kplan.runtime.compressor import Compressor, probe_network
+from kplan.runtime.compressor import (
+    Compressor,
+    exchange_buckets,
+    probe_network,
+    probe_topk_exchange,
+)
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator
 from kplan.runtime.lr_scaling import LrScaler
@@ -177,11 +182,14 @@ class Job:
         assert not isinstance(comp, str)  # parsed by RuntimeConfig
         self._compressor: Compressor | None = None
         if ddp is not None and ctx.world_size > 1:
-            network = None
+            network, exchange = None, None
             if comp.sparse and comp.collective == "auto":
                 network = probe_network(ctx)
+                cap = int(getattr(ddp, "bucket_bytes_cap", 25 << 20))
+                buckets = exchange_buckets([p.numel() for p in params], cap)
+                exchange = (comp.ratio, *probe_topk_exchange(ctx, buckets, comp.ratio))
             self._compressor = Compressor(
-                comp, params, ctx, cfg.seed, network, optimizer, self.amp.precision
+                comp, params, ctx, cfg.seed, network, optimizer, self.amp.precision, exchange
             )
         policy = cfg.sync_policy
         assert not isinstance(policy, str)
@@ -307,13 +315,14 @@ class Job:
             gradient_shapes=shape_counts(params),
         )
         if self._compressor is not None and (comp.kind != "none" or self._selsync.active):
-            net = self._compressor.network
+            net, exch = self._compressor.network, self._compressor.exchange
             self.metrics.event(
                 "compression",
                 compression=comp.spec(),
                 sync_policy=policy.spec(),
                 bandwidth_Bps=None if net is None else net[0],
                 latency_s=None if net is None else net[1],
+                topk_exchange_s=None if exch is None else {"ar": exch[1], "ag": exch[2]},
                 gns_dense_every=GNS_DENSE_EVERY if comp.lossy and self._gns_on else None,
             )
         if resumed:

@@ -1,18 +1,25 @@
 """topk:auto's AR/AG choice: the runtime and the planner decide with one cost function
-(``compress.topk_collective``) on the link read the same way (``compress.link_from_probe``)."""
+(``compress.topk_collective``) on the link read the same way (``compress.link_from_probe``),
+and the runtime takes the faster exchange it measured at start where it has one."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from kplan.planner import compression as cp
 from kplan.runtime.compress import link_from_probe, parse_compression, topk_collective
-from kplan.runtime.compressor import Compressor
+from kplan.runtime.compressor import Compressor, exchange_buckets
 from kplan.runtime.distributed import Context
 
+REPO = Path(__file__).resolve().parents[1]
 SHAPES = ((2560, 1024), (2560,), (2560, 2560), (2560,))
 
 
@@ -61,3 +68,64 @@ def test_two_workers_choose_on_latency() -> None:
     ctx = Context(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
     params = [torch.zeros(s) for s in SHAPES]
     assert Compressor(fixed, params, ctx, network=(1.0, 1.0)).collective(0.01) == "ar"
+
+
+def test_measured_exchange_decides_auto_at_its_ratio() -> None:
+    """With the exchange measured at start, ``auto`` takes the faster measured collective at
+    that ratio, against the cost model (which says AG at two workers); at any other ratio (a
+    warm-up's first steps, adaptive's moves) the cost model decides. The measurement survives
+    a checkpoint."""
+    params = [torch.zeros(s) for s in SHAPES]
+    ctx = Context(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    spec = parse_compression("topk:0.01:auto")
+    net = (1.25e8, 1e-4)
+    comp = Compressor(spec, params, ctx, network=net, exchange=(0.01, 0.050, 0.060))
+    assert comp.collective(0.01) == "ar"
+    assert comp.collective(0.02) == _runtime_choice(2, 0.02, net) == "ag"
+    assert (
+        Compressor(spec, params, ctx, network=net, exchange=(0.01, 0.07, 0.06)).collective(0.01)
+        == "ag"
+    )
+    fresh = Compressor(spec, params, ctx, network=(1.0, 1.0), exchange=(0.01, 1.0, 0.5))
+    assert fresh.load_state_dict(comp.state_dict())
+    assert fresh.exchange == (0.01, 0.050, 0.060) and fresh.collective(0.01) == "ar"
+    fixed = Compressor(parse_compression("topk:0.01:ag"), params, ctx, exchange=(0.01, 0.01, 1.0))
+    assert fixed.collective(0.01) == "ag"  # a fixed collective is never overridden
+
+
+def test_exchange_buckets_follow_ddp_fill_order() -> None:
+    cap = 1000 * 4  # 1000 FP32 elements
+    # DDP fills buckets from the last parameter backwards; an oversized one is alone
+    assert exchange_buckets([10, 600, 600, 5000, 20], cap) == [20, 5000, 600, 610]
+    assert exchange_buckets([100], cap) == [100]
+    assert sum(exchange_buckets([7, 999, 1, 1001, 3], cap)) == 7 + 999 + 1 + 1001 + 3
+
+
+_PROBE = """
+import json, sys, torch, torch.distributed as dist
+from kplan.runtime.compressor import probe_topk_exchange
+from kplan.runtime.distributed import Context
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
+ctx = Context(rank=rank, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
+print(json.dumps(probe_topk_exchange(ctx, [200_000, 50_000], 0.01, pairs=3)))
+dist.destroy_process_group()
+"""
+
+
+def test_probe_times_both_collectives_and_every_rank_agrees(tmp_path: Path) -> None:
+    """Two real gloo processes: positive AR and AG times, the same on both ranks (MAX), so
+    both ranks make the same choice."""
+    url = f"file://{tmp_path / 'store'}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROBE, str(r), url], stdout=subprocess.PIPE, text=True, env=env
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    got = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    assert got[0] == got[1]
+    assert all(t > 0 for t in got[0])
