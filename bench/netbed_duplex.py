@@ -1,9 +1,11 @@
 """TCP goodput on the emulated hosts one direction at a time against both at once (issue 14).
 
-Why AR-Topk beat AG-Topk at 0.1 Gbit/s on bench/comm_bed.py although both move the same bytes
-at two workers: AG fills both directions of each host's shaped link at once, AR's index
-broadcast only one. This measures plain TCP (``tests/netbed.tcp_gbps``, about one second of
-data per transfer) on the same bed: host 0 to host 1 alone, then both directions together.
+Both directions of an emulated host's link should run at the rate at once, as on a full-duplex
+NIC. With the bed's first 50 ms tbf queue they did not (0.1 Gbit/s: one side fell to 0.072-0.096
+of the rate, its ACKs waiting behind the other direction's data), which penalised AG-Topk (both
+directions at once) against AR-Topk on bench/comm_bed.py; the bed now keeps a 5 ms queue
+(tests/netbed.py ``_tbf``). This measures plain TCP (``tests/netbed.tcp_gbps``, about one
+second of data per transfer) on the bed: host 0 to host 1 alone, then both directions together.
 
     python bench/netbed_duplex.py            # as root, ~1 minute
 """

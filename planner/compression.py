@@ -22,23 +22,30 @@ once; each collective round pays its ring or tree hops at the per-hop latency ``
                   indices: its critical path, then the AR of the values)
 
 ``topk:x:auto`` takes the cheaper of AR and AG by the runtime's own cost function
-(``compress.topk_collective``) at the link's fitted bandwidth and per-hop latency. Every option
-runs as a DDP communication hook per bucket (``nb = ceil(P / bucket)`` buckets), so each bucket
-pays its rounds' hops: the latency term is ``lat * hops * nb`` (dense keeps perfmodel's fit).
-A round the hook waits for before it can go on is not overlapped with anything: PowerSGD's P
-round (Q = M^T P needs the summed P) and AR-Topk's index broadcast (the values sent depend on
-the indices). PowerSGD's P all-reduce is also a barrier inside backward: every worker waits
-there for the slowest, ``skew`` seconds beyond the latency (0 on identical dedicated devices,
-the planner's default; measured on the emulated hosts, where the workers share cores, by
-bench/comm_bed.py). AR-Topk's broadcast is not: the others wait for the designated worker's
-selection (in its codec time) and it waits for no one. The other rounds overlap backward
-like the dense all-reduce (the model's ``gamma`` and last-bucket floor). The codec compute
-(compress + decompress: casts, PowerSGD's matmuls and orthogonalisation, top-k selection and
-scatter) runs on the worker's own device between backward's kernels, so it is added in full:
+(``compress.topk_collective``) at the link's fitted bandwidth and per-hop latency. The running
+job measures both exchanges at start and takes the faster (``compressor.probe_topk_exchange``),
+so where the collective library's costs differ from the bytes' the job may run the other one.
+Every option runs as a DDP communication hook per bucket (``nb = ceil(P / bucket)`` buckets), so
+each bucket pays its rounds' hops: the latency term is ``lat * hops * nb`` (dense keeps
+perfmodel's fit). A round the hook waits for before it can go on is not overlapped with
+anything: PowerSGD's P round (Q = M^T P needs the summed P) and AR-Topk's index broadcast (the
+values sent depend on the indices). PowerSGD's P all-reduce is also a barrier inside backward:
+every worker waits there for the slowest, ``skew`` seconds beyond the latency (0 on identical
+dedicated devices, the planner's default; measured on the emulated hosts, where the workers
+share cores, by bench/comm_bed.py). AR-Topk's broadcast is not: the others wait for the
+designated worker's selection (in its codec time) and it waits for no one. The other rounds
+overlap backward like the dense all-reduce (the model's ``gamma`` and last-bucket floor). The
+codec compute (compress + decompress: casts, PowerSGD's matmuls and orthogonalisation, top-k
+selection and scatter) runs on the worker's own device between backward's kernels: it lengthens
+the compute that the asynchronous rounds of the earlier buckets overlap, as backward does:
 
-    T_step(o) = (s-1) T_c + overlap(T_c, T_async(o) - T_last(o)) + T_last(o)
-                + T_block(o) + T_codec(o)
+    T_step(o) = (s-1) T_c + overlap(T_c + T_codec(o), T_async(o) - T_last(o)) + T_last(o)
+                + T_block(o)
     T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew [a barrier])
+
+(Until 2026-11-27 the codec was added outside the overlap, in full. At top-k 0.05 on the
+emulated hosts, where the codec and the all-gathers are both about a third of the step, that
+predicted the step 20% slow; bench/comm_bed.py.)
 
 ``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
 runs the option's compress + decompress on the model's own parameter shapes on the profiling
@@ -387,7 +394,7 @@ def step_time(
     k = np.asarray(workers, dtype=float)
     codec = np.where(k > 1, codec_s, 0.0)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
-    return (s - 1.0) * tc + perfmodel.overlap(tc, sync - last, gamma) + last + blocking + codec
+    return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync - last, gamma) + last + blocking
 
 
 @dataclass(frozen=True)
