@@ -14,7 +14,8 @@ dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints pe
   all-reduce, the wait at a barrier inside backward (``probe_barrier``: a 1-element
   all-reduce right after a compute step on both hosts, less the same all-reduce alone: where
   the emulated hosts share the cores, a worker waits there for the other; PowerSGD's P round
-  is such a barrier, once per DDP bucket) and the overlap exponent gamma fitted on the dense
+  is such a barrier, once per DDP bucket; probed again, 20 times, right before PowerSGD runs,
+  and that wait used for its prediction) and the overlap exponent gamma fitted on the dense
   run (so dense is a fit, every other option a prediction);
 - the final held-out loss against dense, and the steps to dense's final training loss (the
   workers' mean, smoothed by an EMA of span 5);
@@ -528,6 +529,7 @@ def main() -> int:
     runs: dict[tuple[str, float], Run] = {}
     links: dict[float, tuple[float, float, float]] = {}
     near: dict[str, tuple[float, dict[str, float]]] = {}  # profiled right before each option
+    near_skew: dict[str, float] = {}  # the barrier wait, probed right before PowerSGD
     with tempfile.TemporaryDirectory(prefix="kplan-comm-bed-") as tmpdir:
         tmp = Path(tmpdir)
         warm = [f"{topk}:ag:w{args.topk_warmup}"] if args.topk_warmup else []
@@ -571,9 +573,15 @@ def main() -> int:
                         # the shared machine drifts over the minutes the bench takes
                         own = [o] if o != "none" and not o.endswith(":auto") else []
                         near[o] = profile_on_bed(bed, own, tmp)
+                        waits = ""
+                        if o.startswith("powersgd"):  # its P round is a barrier: the wait now
+                            near_skew[o] = probe_barrier(bed, port, tmp, reps=20)[1]
+                            port += 1
+                            waits = f", barrier wait {near_skew[o] * 1e3:.1f} ms"
                         print(
                             f"  profiled before {o}: compute {near[o][0] * 1e3:.0f} ms"
-                            + "".join(f", codec {v * 1e3:.0f} ms" for v in near[o][1].values()),
+                            + "".join(f", codec {v * 1e3:.0f} ms" for v in near[o][1].values())
+                            + waits,
                             flush=True,
                         )
                     steps = TIMING_STEPS
@@ -654,7 +662,8 @@ def main() -> int:
             chosen = f"{topk}:{coll}"
             cs = own_codec.get(o, near.get(chosen, (tc, codec))[1].get(chosen, 0.0))
             po = perfmodel.replace_fields(p, compute_a=tc_o + fixed)
-            pred = float(cp.step_time(po, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs, skew)[0])
+            sk = near_skew.get(o, skew)
+            pred = float(cp.step_time(po, c, shapes, [2], [2], [GLOBAL_BATCH // 2], 1, cs, sk)[0])
         to = steps_to(r.losses, target)
         err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
         loss = (
