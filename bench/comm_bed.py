@@ -742,10 +742,13 @@ def main() -> int:
             f"{cp.traffic(auto_c, shapes, 2, net[0], net[1]).collective}"
         )  # fmt: skip
         spread = max(ar.step_spread, ag.step_spread)
+        verdict = "match" if picked == faster else "MISMATCH"
+        if gap < spread:
+            verdict += ", but the gap is within the step spread: a tie"
         print(
             f"  {gbps:>5g} Gbit/s: ar {ar.step_s:.3f} s, ag {ag.step_s:.3f} s (faster {faster}, "
             f"by {gap:.0%}; step spread up to {spread:.0%}); auto ran {picked} "
-            f"({'match' if picked == faster else 'MISMATCH'}); the planner's auto: {pc} (bench "
+            f"({verdict}); the planner's auto: {pc} (bench "
             f"probe {8 / b / 1e9:.3g} Gbit/s, {la * 1e3:.2f} ms/message){rt}"
         )
     print(

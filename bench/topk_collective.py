@@ -16,11 +16,11 @@ from a barrier to the last worker's end (the MAX over the workers). The faster o
 slower in fewer pairs, by a two-sided sign test at 5% over the pairs; otherwise the two tie.
 
 ``topk:auto``'s choice is the runtime's own, made at start on the same bed before the pairs:
-``runtime.compressor.probe_topk_exchange`` (5 pairs of the same exchange, the faster median).
-Beside it, the cost model's choice (``compress.topk_collective`` on the link probed by
-``runtime.compressor.probe_network``, timed 1-element and 4 MB all-reduces read by
-``compress.link_from_probe``), which the runtime falls back on at other ratios and the planner
-prices with. Each row uses a new bed.
+``runtime.compressor.probe_topk_exchange`` (5 pairs of the same exchange; the faster where 4 or
+5 of them agree, else, "?", the cost model's). Beside it, the cost model's choice
+(``compress.topk_collective`` on the link probed by ``runtime.compressor.probe_network``, timed
+1-element and 4 MB all-reduces read by ``compress.link_from_probe``), which the runtime falls
+back on at other ratios and the planner prices with. Each row uses a new bed.
 
     python bench/topk_collective.py           # as root; ~4 minutes
     python bench/topk_collective.py --hosts 2 --ratios 0.01 --gbps 1
@@ -67,7 +67,7 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
     sizes = buckets()
     bw, lat = probe_network(ctx)
     cost = topk_collective(sum(sizes), ratio, world, bw, lat)
-    probe_ar, probe_ag = probe_topk_exchange(ctx, sizes, ratio)  # the runtime's, 5 pairs
+    probe = probe_topk_exchange(ctx, sizes, ratio)  # the runtime's, 5 pairs
     gen = torch.Generator().manual_seed(rank)
     data = []
     for n in sizes:
@@ -115,8 +115,8 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
                     "pairs": pairs,
                     "bandwidth": bw,
                     "latency": lat,
-                    "auto": "ar" if probe_ar <= probe_ag else "ag",
-                    "probe": [probe_ar, probe_ag],
+                    "auto": probe.decided or cost.choice,  # Compressor.collective's rule
+                    "probe": f"{probe.ar_wins}/{probe.pairs}" + ("" if probe.decided else "?"),
                     "model": cost.choice,
                     "ar_s": cost.ar_s,
                     "ag_s": cost.ag_s,
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'hosts':>5}{'ratio':>7}{'Gbit/s':>7}{'AR s':>9}{'AG s':>9}{'AR/AG':>7}{'AR wins':>9}"
         f"{'p':>7}{'faster':>7}{'probe Gbit/s':>13}{'lat ms':>8}{'model AR/AG':>12}{'model':>6}"
-        f"{'auto':>6}"
+        f"{'AR wins at start':>17}{'auto':>6}"
     )
     port, matched, decided, t0 = 29700, 0, 0, time.perf_counter()
     for hosts in args.hosts:
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{statistics.median(ar) / statistics.median(ag):>7.2f}{wins:>6}/{len(ar):<2}"
                     f"{p:>7.3f}{faster:>7}{doc['bandwidth'] * 8 / 1e9:>13.3g}"
                     f"{doc['latency'] * 1e3:>8.3f}{doc['ar_s'] / doc['ag_s']:>12.2f}"
-                    f"{doc['model']:>6}{doc['auto']:>6} {verdict}",
+                    f"{doc['model']:>6}{doc['probe']:>17}{doc['auto']:>6} {verdict}",
                     flush=True,
                 )
     print(

@@ -18,7 +18,8 @@ survive a restart; per-parameter state does, which is what makes resume exact.
   select with a sampled threshold (fast_topk_select, seeded by job seed, step and parameter:
   the same on every run) and torch.topk among the candidates: the same k as torch.topk over
   all of a, several times faster on a CPU. ``auto`` takes the faster of the two measured at
-  start (``probe_topk_exchange``), at another ratio the cost model's (``collective``).
+  start (``probe_topk_exchange``) where 80% of the timed pairs agree, else (and at another
+  ratio) the cost model's (``collective``).
 - PowerSGD (rank r, per weight matrix M = a viewed as rows x rest): P = M Q (Q warm-started
   from the previous step, first drawn from a generator seeded by the job seed and the
   parameter's index), SUM all-reduce P, orthonormalise (QR), Q_i = M^T P, local error
@@ -34,6 +35,7 @@ local values) drives the adaptive ratio.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import sys
@@ -228,7 +230,7 @@ class Compressor:
         network: tuple[float, float] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         precision: str = "fp32",
-        exchange: tuple[float, float, float] | None = None,
+        exchange: TopkExchange | None = None,
     ) -> None:
         self.spec = spec
         self.params = list(params)
@@ -237,7 +239,7 @@ class Compressor:
         self.network = network
         """(bandwidth bytes/s, latency s) measured at start, for ``auto``; None otherwise."""
         self.exchange = exchange
-        """(ratio, AR-Topk s, AG-Topk s) of the gradient measured at start, for ``auto``."""
+        """AR-Topk against AG-Topk measured at start, for ``auto``; None otherwise."""
         self.adaptive = (
             AdaptiveRatio(spec.min_ratio, spec.max_ratio) if spec.kind == "adaptive" else None
         )
@@ -468,14 +470,15 @@ class Compressor:
 
     def collective(self, ratio: float) -> str:
         """Top-k's collective at ``ratio``: the spec's; for ``auto`` the faster one measured at
-        start (``probe_topk_exchange``) at that ratio, else (another ratio: a warm-up's first
-        steps, adaptive's changes) the planner's own cost function (``compress.topk_collective``,
+        start (``probe_topk_exchange``) at that ratio where the pairs agree, else (too close to
+        tell, or another ratio: a warm-up's first steps, adaptive's changes) the planner's own
+        cost function (``compress.topk_collective``,
         as ``planner.compression.traffic`` calls it) for the whole gradient (DDP's bucket layout
         changes) on the link probed at start."""
         if self.spec.collective != "auto":
             return self.spec.collective
-        if self.exchange is not None and self.exchange[0] == ratio:
-            return "ar" if self.exchange[1] <= self.exchange[2] else "ag"
+        if self.exchange is not None and self.exchange.ratio == ratio and self.exchange.decided:
+            return self.exchange.decided
         bw, lat = self.network or (1e9, 1e-4)
         total = sum(p.numel() for p in self.params)
         return topk_collective(total, ratio, self.ctx.world_size, bw, lat).choice
@@ -568,7 +571,7 @@ class Compressor:
             "error": {j: t.detach().cpu().clone() for j, t in self.error.items()},
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
             "network": None if self.network is None else list(self.network),
-            "exchange": None if self.exchange is None else list(self.exchange),
+            "exchange": None if self.exchange is None else dataclasses.astuple(self.exchange),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
@@ -586,8 +589,10 @@ class Compressor:
             bandwidth, latency = state["network"]
             self.network = (float(bandwidth), float(latency))
         if self.exchange is not None and state.get("exchange") is not None:
-            ratio, ar_s, ag_s = state["exchange"]
-            self.exchange = (float(ratio), float(ar_s), float(ag_s))
+            ratio, ar_s, ag_s, ar_wins, pairs = state["exchange"]
+            self.exchange = TopkExchange(
+                float(ratio), float(ar_s), float(ag_s), int(ar_wins), int(pairs)
+            )
         return True
 
 
@@ -600,6 +605,28 @@ def _all_gather_topk(
     works.append(dist.all_gather(vals, values, async_op=True))
     works.append(dist.all_gather(ids, idx32, async_op=True))
     return vals, ids
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkExchange:
+    """AR-Topk against AG-Topk timed on the job's own buckets (``probe_topk_exchange``)."""
+
+    ratio: float
+    ar_s: float  # median seconds of the AR exchange
+    ag_s: float  # median seconds of the AG exchange
+    ar_wins: int  # pairs in which AR was the faster
+    pairs: int
+
+    @property
+    def decided(self) -> str | None:
+        """The faster collective where at least 80% of the pairs agree, else None (too close
+        to tell apart at this many pairs: the cost model decides)."""
+        need = math.ceil(0.8 * self.pairs)
+        if self.pairs and self.ar_wins >= need:
+            return "ar"
+        if self.pairs and self.pairs - self.ar_wins >= need:
+            return "ag"
+        return None
 
 
 def exchange_buckets(numels: Sequence[int], bucket_bytes: int = 25 << 20) -> list[int]:
@@ -619,8 +646,8 @@ def exchange_buckets(numels: Sequence[int], bucket_bytes: int = 25 << 20) -> lis
 
 def probe_topk_exchange(
     ctx: Context, buckets: Sequence[int], ratio: float, pairs: int = 5
-) -> tuple[float, float]:
-    """(AR-Topk s, AG-Topk s): the measured exchange of a top-k gradient at ``ratio`` over DDP
+) -> TopkExchange:
+    """AR-Topk against AG-Topk: the measured exchange of a top-k gradient at ``ratio`` over DDP
     buckets of ``buckets`` elements, with the collectives ``_topk`` issues per bucket (AR: the
     index broadcast waited for, then the values' all-reduce; AG: the two all-gathers), all
     waited for as a step does.
@@ -628,11 +655,12 @@ def probe_topk_exchange(
     Random indices and values of each bucket's k, so the time is the network's and the
     collective library's (the selection is on either's critical path). One warm-up of each,
     then ``pairs`` AR/AG pairs in alternating order, each from a barrier to the slowest rank's
-    end (MAX: every rank gets the same times and so the same choice); the medians.
+    end (MAX: every rank gets the same times and so the same choice); the medians, and in how
+    many pairs AR was the faster (``TopkExchange.decided``).
     """
     world = ctx.world_size
     if not ctx.distributed or world == 1:
-        return 0.0, 0.0
+        return TopkExchange(ratio, 0.0, 0.0, 0, 0)
     device = ctx.device
     gen = torch.Generator().manual_seed(ctx.rank)
     data = []
@@ -667,7 +695,10 @@ def probe_topk_exchange(
     for s in range(pairs):
         for collective in ("ar", "ag") if s % 2 == 0 else ("ag", "ar"):
             times[collective].append(once(collective, s))
-    return statistics.median(times["ar"]), statistics.median(times["ag"])
+    wins = sum(a < b for a, b in zip(times["ar"], times["ag"], strict=True))
+    return TopkExchange(
+        ratio, statistics.median(times["ar"]), statistics.median(times["ag"]), wins, pairs
+    )
 
 
 def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tuple[float, float]:

@@ -187,7 +187,7 @@ class Job:
                 network = probe_network(ctx)
                 cap = int(getattr(ddp, "bucket_bytes_cap", 25 << 20))
                 buckets = exchange_buckets([p.numel() for p in params], cap)
-                exchange = (comp.ratio, *probe_topk_exchange(ctx, buckets, comp.ratio))
+                exchange = probe_topk_exchange(ctx, buckets, comp.ratio)
             self._compressor = Compressor(
                 comp, params, ctx, cfg.seed, network, optimizer, self.amp.precision, exchange
             )
@@ -322,7 +322,7 @@ class Job:
                 sync_policy=policy.spec(),
                 bandwidth_Bps=None if net is None else net[0],
                 latency_s=None if net is None else net[1],
-                topk_exchange_s=None if exch is None else {"ar": exch[1], "ag": exch[2]},
+                topk_exchange=None if exch is None else dataclasses.asdict(exch),
                 gns_dense_every=GNS_DENSE_EVERY if comp.lossy and self._gns_on else None,
             )
         if resumed:

@@ -16,7 +16,7 @@ import torch
 
 from kplan.planner import compression as cp
 from kplan.runtime.compress import link_from_probe, parse_compression, topk_collective
-from kplan.runtime.compressor import Compressor, exchange_buckets
+from kplan.runtime.compressor import Compressor, TopkExchange, exchange_buckets
 from kplan.runtime.distributed import Context
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,24 +72,26 @@ def test_two_workers_choose_on_latency() -> None:
 
 def test_measured_exchange_decides_auto_at_its_ratio() -> None:
     """With the exchange measured at start, ``auto`` takes the faster measured collective at
-    that ratio, against the cost model (which says AG at two workers); at any other ratio (a
-    warm-up's first steps, adaptive's moves) the cost model decides. The measurement survives
-    a checkpoint."""
+    that ratio where 80% of the pairs agree, against the cost model (which says AG at two
+    workers); too close to tell, or at any other ratio (a warm-up's first steps, adaptive's
+    moves), the cost model decides. The measurement survives a checkpoint."""
     params = [torch.zeros(s) for s in SHAPES]
     ctx = Context(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
     spec = parse_compression("topk:0.01:auto")
     net = (1.25e8, 1e-4)
-    comp = Compressor(spec, params, ctx, network=net, exchange=(0.01, 0.050, 0.060))
+    ar_faster = TopkExchange(0.01, 0.050, 0.060, ar_wins=4, pairs=5)
+    comp = Compressor(spec, params, ctx, network=net, exchange=ar_faster)
     assert comp.collective(0.01) == "ar"
     assert comp.collective(0.02) == _runtime_choice(2, 0.02, net) == "ag"
-    assert (
-        Compressor(spec, params, ctx, network=net, exchange=(0.01, 0.07, 0.06)).collective(0.01)
-        == "ag"
-    )
-    fresh = Compressor(spec, params, ctx, network=(1.0, 1.0), exchange=(0.01, 1.0, 0.5))
+    ag_faster = TopkExchange(0.01, 0.07, 0.06, ar_wins=0, pairs=5)
+    assert Compressor(spec, params, ctx, network=net, exchange=ag_faster).collective(0.01) == "ag"
+    close = TopkExchange(0.01, 0.050, 0.060, ar_wins=3, pairs=5)  # 3 of 5: too close to tell
+    assert close.decided is None
+    assert Compressor(spec, params, ctx, network=net, exchange=close).collective(0.01) == "ag"
+    fresh = Compressor(spec, params, ctx, network=(1.0, 1.0), exchange=ag_faster)
     assert fresh.load_state_dict(comp.state_dict())
-    assert fresh.exchange == (0.01, 0.050, 0.060) and fresh.collective(0.01) == "ar"
-    fixed = Compressor(parse_compression("topk:0.01:ag"), params, ctx, exchange=(0.01, 0.01, 1.0))
+    assert fresh.exchange == ar_faster and fresh.collective(0.01) == "ar"
+    fixed = Compressor(parse_compression("topk:0.01:ag"), params, ctx, exchange=ar_faster)
     assert fixed.collective(0.01) == "ag"  # a fixed collective is never overridden
 
 
@@ -108,7 +110,8 @@ from kplan.runtime.distributed import Context
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
 ctx = Context(rank=rank, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
-print(json.dumps(probe_topk_exchange(ctx, [200_000, 50_000], 0.01, pairs=3)))
+got = probe_topk_exchange(ctx, [200_000, 50_000], 0.01, pairs=3)
+print(json.dumps([got.ar_s, got.ag_s, got.ar_wins, got.pairs]))
 dist.destroy_process_group()
 """
 
@@ -128,4 +131,5 @@ def test_probe_times_both_collectives_and_every_rank_agrees(tmp_path: Path) -> N
     assert all(p.returncode == 0 for p in procs), outs
     got = [json.loads(o.strip().splitlines()[-1]) for o in outs]
     assert got[0] == got[1]
-    assert all(t > 0 for t in got[0])
+    ar_s, ag_s, wins, pairs = got[0]
+    assert ar_s > 0 and ag_s > 0 and pairs == 3 and 0 <= wins <= 3
