@@ -163,6 +163,7 @@ class Run:
     timed: list[float]
     network: tuple[float, float] | None = None  # the runtime's start-up probe (bytes/s, s)
     curve: list[tuple[int, float]] | None = None  # (step, held-out loss) every --eval-every
+    blocked_s: float | None = None  # rank 0's median wait in the hook's blocking rounds
 
 
 def _median_spread(ts: list[float]) -> tuple[float, float]:
@@ -250,6 +251,7 @@ def run_option(
     colls = sorted({c for r in recs for c in (r.get("collective") or [])})
     synced = [r["synced_steps"] for r in recs if "synced_steps" in r]
     sig = [float(r["significance"]) for r in recs if r.get("significance") is not None]
+    blocked = [float(r["blocked_s"]) for r in recs[WARMUP:] if r.get("blocked_s") is not None]
     return Run(
         option,
         gbps,
@@ -265,6 +267,7 @@ def run_option(
         timed,
         _network(metrics),
         [(int(a), float(b)) for a, b in doc.get("curve", [])],
+        statistics.median(blocked) if blocked else None,
     )
 
 
@@ -679,6 +682,18 @@ def main() -> int:
             f"{'' if pred is None else f'{pred:.3f}':>10}{err:>7}{loss}"
             f"{'' if r.synced is None else str(r.synced):>7}"
         )
+    for o in main_opts:
+        r = runs[(o, 1.0)]
+        if r.blocked_s and _priced(o) and not o.endswith(":auto"):
+            c = cp.parse(o)
+            sk = near_skew.get(o, skew)
+            po = perfmodel.replace_fields(p, compute_a=near.get(o, (tc, codec))[0] + fixed)
+            model = float(cp.sync_time(po, c, shapes, [2], [2], part="blocking", skew_s=sk)[0][0])
+            print(
+                f"  {o}: the hook waited {r.blocked_s * 1e3:.0f} ms a step in its blocking rounds "
+                f"(runtime's blocked_s, rank 0, median); the model's blocking term "
+                f"{model * 1e3:.0f} ms"
+            )
     n_dense = steps_to(dense.losses, target) or dense.steps
     held_target = curve_at(dense.curve, args.steps)
     n_dense_h = curve_steps_to(dense.curve, held_target) if held_target is not None else None

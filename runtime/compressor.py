@@ -35,12 +35,13 @@ local values) drives the adaptive ratio.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
@@ -251,6 +252,9 @@ class Compressor:
         self.dense = False
         self.bytes_sent = 0.0
         self.dense_bytes = 0.0
+        self.blocked_s = 0.0
+        """Seconds this step's hooks waited in the collectives they block on (PowerSGD's P
+        round, AR-Topk's index broadcast): host-timed, on a CPU device only."""
         self.sq_in = self._zero()
         self.sq_out = self._zero()
         """This step's local |a|² and |C(a)|² (0-d float64 on the device: no host sync)."""
@@ -296,9 +300,23 @@ class Compressor:
             self.momentum.weight = weight
         self.bytes_sent = 0.0
         self.dense_bytes = 0.0
+        self.blocked_s = 0.0
         self.sq_in = self._zero()
         self.sq_out = self._zero()
         self.collectives = set()
+
+    @contextlib.contextmanager
+    def _blocking(self) -> Iterator[None]:
+        """Time a collective the hook waits for (on a CPU device, where it returns when done;
+        a CUDA collective returns at enqueue, so there it is not timed)."""
+        if self.ctx.device.type != "cpu":
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.blocked_s += time.perf_counter() - start
 
     def _zero(self) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float64, device=self.ctx.device)
@@ -438,7 +456,8 @@ class Compressor:
                 idx = self._local_topk(a, segs, ratio).to(torch.int32)
             else:
                 idx = torch.empty(total_k, dtype=torch.int32, device=a.device)
-            dist.broadcast(idx, src=root)  # waited for: the values depend on it
+            with self._blocking():
+                dist.broadcast(idx, src=root)  # waited for: the values depend on it
             self.bytes_sent += broadcast_bytes(INDEX_BYTES * total_k, world)
             idx = idx.long()
         values, residual = split_sent(a, idx)
@@ -520,7 +539,8 @@ class Compressor:
         self.collectives.add("powersgd")
         if mats:
             p_all = torch.cat([(mm @ q).reshape(-1) for _, _, _, mm, q in mats])
-            dist.all_reduce(p_all, op=dist.ReduceOp.SUM)  # waited for: Q needs it
+            with self._blocking():
+                dist.all_reduce(p_all, op=dist.ReduceOp.SUM)  # waited for: Q needs it
             self.bytes_sent += ring_allreduce_bytes(VALUE_BYTES * p_all.numel(), world)
         q_parts, hats, offset = [], [], 0
         for j, _o, _n, mm, q in mats:

@@ -288,6 +288,11 @@ def test_every_option_trains_like_dense_and_counts_its_bytes(tmp_path: Path) -> 
     recs = res[0]["powersgd:1"]["records"]
     assert [r["compression"] for r in recs[:11]] == ["none"] + ["powersgd:1"] * 9 + ["none"]
     assert all(r["compress_ratio"] > 5 for r in recs[1:10])
+    # the P round is waited for inside the hook (timed on CPU); AG-Topk waits for nothing
+    assert all(r["blocked_s"] > 0 for r in recs[1:10])
+    assert "blocked_s" not in recs[0]  # a dense step
+    ag = [r for r in res[0]["topk:0.05:ag"]["records"] if r["compression"] != "none"]
+    assert ag and all(r["blocked_s"] == 0.0 for r in ag)
     assert res[0]["powersgd:1"]["gns"] is not None
     ratios = {r["topk_ratio"] for r in res[0]["adaptive:0.01:0.2"]["records"]}
     assert len(ratios) > 1  # the adaptive ratio moved
