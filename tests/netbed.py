@@ -81,7 +81,6 @@ class Host:
     ifname: str  # inside the namespace
     peer: str  # the bridge-side end, in the root namespace
     ip: str
-    cpu: int | None = None  # the CPU its processes run on (``netbed(pin=True)``), else any
 
 
 @dataclass
@@ -96,10 +95,8 @@ class NetBed:
     _procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def command(self, host: int, args: Sequence[str]) -> list[str]:
-        """``args`` run inside host ``host``'s namespace (on its own CPU when pinned)."""
-        h = self.hosts[host]
-        pin = ["taskset", "-c", str(h.cpu)] if h.cpu is not None else []
-        return ["ip", "netns", "exec", h.netns, *pin, *args]
+        """``args`` run inside host ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.hosts[host].netns, *args]
 
     def popen(
         self,
@@ -279,13 +276,8 @@ def leftovers(tag: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def netbed(hosts: int = 2, gbps: float | None = 1.0, pin: bool = True) -> Iterator[NetBed]:
-    """``hosts`` (2-4) emulated hosts on one bridge, each link shaped to ``gbps`` (None: not).
-
-    ``pin``: each host's processes run on one CPU of this process's set, host i on the i-th
-    (round robin), so two hosts on two CPUs do not share a core as separate machines would not
-    (unpinned, the scheduler put both on one core at times: a compute probe on both hosts at
-    once read 33 or 52 ms from run to run on bench/comm_bed.py)."""
+def netbed(hosts: int = 2, gbps: float | None = 1.0) -> Iterator[NetBed]:
+    """``hosts`` (2-4) emulated hosts on one bridge, each link shaped to ``gbps`` (None: not)."""
     if not 2 <= hosts <= 4:
         raise ValueError(f"hosts={hosts} must be in 2..4")
     if gbps is not None and not 0.001 <= gbps <= 100:
@@ -298,7 +290,6 @@ def netbed(hosts: int = 2, gbps: float | None = 1.0, pin: bool = True) -> Iterat
     tag = f"{PREFIX}{_b36(os.getpid())}-{_b36(rnd.randrange(36**3)).rjust(3, '0')}"
     subnet = f"10.{rnd.randrange(200, 250)}.{rnd.randrange(1, 255)}"
     bed = NetBed(tag, f"{tag}b", subnet, gbps, [])
-    cpus = sorted(os.sched_getaffinity(0))
     made_ns: list[str] = []
     made_links: list[str] = []
     try:
@@ -306,8 +297,7 @@ def netbed(hosts: int = 2, gbps: float | None = 1.0, pin: bool = True) -> Iterat
         made_links.append(bed.bridge)
         _sh("ip", "link", "set", bed.bridge, "up")
         for i in range(hosts):
-            cpu = cpus[i % len(cpus)] if pin and shutil.which("taskset") else None
-            host = Host(i, f"{tag}n{i}", f"{tag}h{i}", f"{tag}v{i}", f"{subnet}.{i + 1}", cpu)
+            host = Host(i, f"{tag}n{i}", f"{tag}h{i}", f"{tag}v{i}", f"{subnet}.{i + 1}")
             _sh("ip", "netns", "add", host.netns)
             made_ns.append(host.netns)
             _sh("ip", "link", "add", host.peer, "type", "veth", "peer", "name", host.ifname)

@@ -31,18 +31,6 @@ def test_bed_up_and_down_leaves_nothing_behind() -> None:
     assert netbed.leftovers(tag) == []
 
 
-def test_hosts_run_on_their_own_cpu() -> None:
-    """Pinned (the default), host i's processes may run only on the i-th CPU of this process's
-    set, round robin; unpinned, on the whole set."""
-    cpus = sorted(os.sched_getaffinity(0))
-    show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
-    with netbed.netbed(3, gbps=None) as bed:
-        for i in range(3):
-            assert bed.run(i, show).stdout.strip() == str([cpus[i % len(cpus)]])
-    with netbed.netbed(2, gbps=None, pin=False) as bed:
-        assert bed.run(1, show).stdout.strip() == str(cpus)
-
-
 def test_bed_is_removed_on_an_exception_in_the_block() -> None:
     with pytest.raises(KeyboardInterrupt), netbed.netbed(2, gbps=None) as bed:
         tag = bed.tag
