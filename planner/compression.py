@@ -21,7 +21,9 @@ once; each collective round pays its ring or tree hops at the per-hop latency ``
     topk:x:ar     ceil(log2 k) 4 K + 2(k-1)/k 4 K  (tree broadcast of the   2  ceil(log2 k) + 2(k-1)
                   indices: its critical path, then the AR of the values)
 
-``topk:x:auto`` takes the cheaper of AR and AG by the runtime's own cost function
+``topk:x:auto`` is priced as the faster of its two steps, AR's and AG's, each with its own
+codec (``variants``; AG's decompression sums every worker's part, AR's scatters one); alone,
+``traffic`` takes the cheaper on the wire by the runtime's own cost function
 (``compress.topk_collective``) at the link's fitted bandwidth and per-hop latency. The running
 job measures both exchanges at start and takes the faster (``compressor.probe_topk_exchange``),
 so where the collective library's costs differ from the bytes' the job may run the other one.
@@ -319,15 +321,34 @@ def _steady(c: Compression) -> str:
     return replace(c, warmup=0).spec()
 
 
+def variants(c: Compression) -> list[Compression]:
+    """The collectives ``c`` may run, each priced with its own codec: AR and AG for top-k's
+    ``auto`` (the planner prices the faster of the two steps, as the job runs the faster of the
+    two it measures), else ``c`` itself."""
+    if c.sparse and c.collective == "auto":
+        return [replace(c, collective="ar"), replace(c, collective="ag")]
+    return [c]
+
+
+def _codec_keys(c: Compression) -> list[str]:
+    """Where ``c``'s measured codec time is found: its spec, its steady spec (a warm-up's), and
+    for a fixed top-k collective the ``auto`` spec (profiles before 2026-11-27 timed ``auto``
+    only, as AG)."""
+    keys = [c.spec(), _steady(c)]
+    if c.sparse and c.collective != "auto":
+        keys.append(replace(c, collective="auto", warmup=0).spec())
+    return keys
+
+
 def codec_seconds(
     c: Compression, shapes: Sequence[tuple[int, ...]], measured: dict[str, float] | None = None
 ) -> float:
-    """Compress + decompress seconds per step: ``measured[c.spec()]`` (or by kind) when given,
-    else the per-element prior of its kind."""
+    """Compress + decompress seconds per step: ``measured`` under ``_codec_keys`` (or by kind)
+    when given, else the per-element prior of its kind."""
     if c.kind == "none":
         return 0.0
     if measured:
-        for key in (c.spec(), _steady(c), c.kind):
+        for key in (*_codec_keys(c), c.kind):
             if key in measured:
                 return float(measured[key])
     numel = sum(math.prod(s) for s in shapes)
@@ -341,15 +362,15 @@ def codec_for(
     factor: float = 1.0,
     device: str = "",
 ) -> tuple[float, str]:
-    """(codec seconds on the target, basis): ``measured[c.spec()]`` (the same option, measured
-    on ``device``) x ``factor`` (``InstancePrediction.codec_factor`` to the target GPU), else the
-    per-element prior on ``shapes``."""
+    """(codec seconds on the target, basis): ``measured`` under ``_codec_keys(c)`` (the same
+    option, measured on ``device``) x ``factor`` (``InstancePrediction.codec_factor`` to the
+    target GPU), else the per-element prior on ``shapes``."""
     if c.kind == "none":
         return 0.0, ""
-    key = c.spec() if measured and c.spec() in measured else _steady(c)
-    if measured and key in measured:
-        scaled = f" x{factor:.3g} device factor" if factor != 1.0 else ""
-        return measured[key] * factor, f"codec measured on {device or 'the profiler'}{scaled}"
+    for key in _codec_keys(c):
+        if measured and key in measured:
+            scaled = f" x{factor:.3g} device factor" if factor != 1.0 else ""
+            return measured[key] * factor, f"codec measured on {device or 'the profiler'}{scaled}"
     return codec_seconds(c, shapes), "codec prior"
 
 

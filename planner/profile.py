@@ -23,7 +23,7 @@ Document shape (``schema`` = ``kplan.profile/1.x``)::
                         "sync_time": 0.001, "accum_steps": 1}, ...],
       "fit": { ...a fitted performance model, see kplan.planner.perfmodel... },        # optional
       "codec_seconds": {"options": {"fp16": 0.0011, "powersgd:4": 0.0093,
-                                    "topk:0.01:auto": 0.041},
+                                    "topk:0.01:ar": 0.032, "topk:0.01:ag": 0.041},
                         "device": "cpu", "how": "median of 3 after 1 warm-up"}   # optional (1.2)
     }
 

@@ -356,12 +356,17 @@ def _type_grid(
         # The option's step time and samples; unless pinned, only where it saves more than the
         # tie tolerance over dense on the same multi-node configuration.
         comp = compression.parse(c.compression)
-        shapes, (codec, _) = compression.job_inputs(
-            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
-        )
         stat = c.compression_stat or compression.prior(comp)
         dense_s = steps * step
-        step = compression.step_time(p, comp, shapes, nodes, workers, local, accum, codec)
+        comp_steps = []  # auto: AR's and AG's, each with its own codec; the faster is priced
+        for cc in compression.variants(comp):
+            shapes, (codec, _) = compression.job_inputs(
+                cc, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+            )
+            comp_steps.append(
+                compression.step_time(p, cc, shapes, nodes, workers, local, accum, codec)
+            )
+        step = np.minimum.reduce(comp_steps)
         samples = samples * stat.multiplier
         steps = np.ceil(samples / batch)
         sigma = np.hypot(sigma, stat.log_sigma)
@@ -1222,20 +1227,25 @@ def _compression_fields(
     p = c.pred.params
     nodes = int(t.nodes[i])
     comp = compression.parse(c.compression)
-    shapes, codec = compression.job_inputs(
-        comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
-    )
-    priced = compression.price(
-        p,
-        comp,
-        shapes,
-        nodes,
-        nodes * c.inst.gpu_count,
-        int(t.local[i]),
-        int(t.accum[i]),
-        stat=c.compression_stat,
-        codec_s=codec,
-    )
+    options = []
+    for cc in compression.variants(comp):  # auto: the faster of AR and AG, as in the grid
+        shapes, codec = compression.job_inputs(
+            cc, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+        )
+        options.append(
+            compression.price(
+                p,
+                cc,
+                shapes,
+                nodes,
+                nodes * c.inst.gpu_count,
+                int(t.local[i]),
+                int(t.accum[i]),
+                stat=c.compression_stat,
+                codec_s=codec,
+            )
+        )
+    priced = replace(min(options, key=lambda o: o.step_s), compression=comp.spec())
     return {"compression": c.compression, "compression_why": priced.why()}
 
 

@@ -144,19 +144,22 @@ def measure_options(
     budget_s: float = CODEC_BUDGET_S,
     max_elements: int = MAX_CODEC_ELEMENTS,
 ) -> tuple[dict[str, float], str]:
-    """({canonical spec: median seconds}, what was skipped and why, "" when nothing was)."""
-    from kplan.planner.compression import parse
+    """({canonical spec: median seconds}, what was skipped and why, "" when nothing was).
+    Top-k's ``auto`` is timed as each of its collectives (``:ar`` and ``:ag``, whose
+    decompressions differ), as the planner prices it (``compression.variants``)."""
+    from kplan.planner.compression import parse, variants
 
     n = elements(shapes)
     if n > max_elements:
         return {}, f"not measured: {n} gradient elements is more than {max_elements}"
+    specs = [v.spec() for spec in options for v in variants(parse(spec))]
     out: dict[str, float] = {}
     start = time.perf_counter()
-    for i, spec in enumerate(options):
+    for i, spec in enumerate(specs):
         if i and time.perf_counter() - start > budget_s:
-            rest = ", ".join(options[i:])
+            rest = ", ".join(specs[i:])
             return out, f"{rest} not measured: the {budget_s:g} s budget was spent"
-        out[parse(spec).spec()] = codec_seconds(
+        out[spec] = codec_seconds(
             spec, shapes, workers=CODEC_WORKERS, repeats=repeats, device=device
         )
     return out, ""

@@ -41,7 +41,9 @@ def test_profile_records_the_shapes_and_codec_times(tmp_path: Path) -> None:
         [[256, 32], 1], [[256], 2], [[256, 256], 1], [[1, 256], 1], [[1], 1],
     ]  # fmt: skip
     codec = doc["codec_seconds"]
-    assert set(codec["options"]) == {cp.parse(o).spec() for o in cp.DEFAULT_OPTIONS}
+    # auto is timed as each of its collectives
+    want = {v.spec() for o in cp.DEFAULT_OPTIONS for v in cp.variants(cp.parse(o))}
+    assert set(codec["options"]) == want and "topk:0.01:ar" in want
     assert all(math.isfinite(s) and 0 < s < 10 for s in codec["options"].values())
     assert codec["device"] == "cpu" and "median of 3" in codec["how"]
     profile = profile_from_dict(doc, source=str(out))
@@ -55,7 +57,9 @@ def test_measure_options_is_bounded_and_says_what_it_skipped() -> None:
     shapes = ((64, 32), (32,))
     got, skipped = measure_options(shapes, ("fp16", "powersgd:2", "topk:0.1"), budget_s=0.0)
     assert list(got) == ["fp16"] and got["fp16"] > 0
-    assert skipped == "powersgd:2, topk:0.1 not measured: the 0 s budget was spent"
+    assert skipped == (
+        "powersgd:2, topk:0.1:ar, topk:0.1:ag not measured: the 0 s budget was spent"
+    )
     got, skipped = measure_options(shapes, ("fp16",), max_elements=100)
     assert got == {} and "2080 gradient elements is more than 100" in skipped
 
@@ -172,6 +176,32 @@ def test_measured_codec_time_adds_to_the_step_scaled_by_memory_bandwidth(gpu: st
     )
     for key in one.keys() & two.keys():
         assert 0 < two[key].step_time_s - one[key].step_time_s < 0.3 * factor
+
+
+def test_auto_is_priced_as_the_faster_collective_with_its_own_codec() -> None:
+    """topk:R:auto's row takes the faster of AR's and AG's steps, each with its codec (the
+    why names the collective); a profile that timed only ``auto`` (before 2026-11-27, as AG)
+    prices both with that time."""
+    wl = fx.workload(gns=False, inter_beta=2.0, gamma=1.0)  # no overlap: the codec adds in full
+    auto = "topk:0.01:auto"
+
+    def rows(spec: str, codec: dict[str, float]) -> dict[tuple[str, int, int, int], PlanRow]:
+        measured = replace(wl, codec=CodecTimes(tuple(codec.items()), "cuda", "test"))
+        return _rows(_plan(measured, spec))
+
+    chosen = set()
+    for codec in ({"topk:0.01:ar": 0.05, "topk:0.01:ag": 0.4},
+                  {"topk:0.01:ar": 0.4, "topk:0.01:ag": 0.05}):  # fmt: skip
+        got, ar, ag = rows(auto, codec), rows("topk:0.01:ar", codec), rows("topk:0.01:ag", codec)
+        assert got.keys() and got.keys() <= ar.keys() & ag.keys()
+        for key, r in got.items():
+            faster = min((ar[key], "ar"), (ag[key], "ag"), key=lambda x: x[0].step_time_s)
+            assert r.step_time_s == pytest.approx(faster[0].step_time_s, rel=1e-12)
+            assert r.compression_why.startswith(f"{auto} ({faster[1].upper()})")
+            chosen.add(faster[1])
+    assert chosen == {"ar", "ag"}  # each codec setting makes the other collective the faster
+    old = rows(auto, {auto: 0.05})
+    assert old and all("codec measured" in r.compression_why for r in old.values())
 
 
 def test_old_profiles_plan_with_the_assumed_shapes_and_the_prior() -> None:
