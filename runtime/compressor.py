@@ -490,10 +490,9 @@ class Compressor:
     def collective(self, ratio: float) -> str:
         """Top-k's collective at ``ratio``: the spec's; for ``auto`` the faster one measured at
         start (``probe_topk_exchange``) at that ratio where the pairs agree, else (too close to
-        tell, or another ratio: a warm-up's first steps, adaptive's changes) the planner's own
-        cost function (``compress.topk_collective``,
-        as ``planner.compression.traffic`` calls it) for the whole gradient (DDP's bucket layout
-        changes) on the link probed at start."""
+        tell, or another ratio: a warm-up's first steps, adaptive's changes) the wire cost
+        function (``compress.topk_collective``, as ``planner.compression.traffic`` calls it)
+        for the whole gradient (DDP's bucket layout changes) on the link probed at start."""
         if self.spec.collective != "auto":
             return self.spec.collective
         if self.exchange is not None and self.exchange.ratio == ratio and self.exchange.decided:
@@ -710,7 +709,8 @@ def probe_topk_exchange(
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         return float(took[0])
 
-    once("ar", 0), once("ag", 0)  # connections and buffers of every collective
+    for collective in ("ar", "ag"):  # warm-up: connections and buffers of every collective
+        once(collective, 0)
     times: dict[str, list[float]] = {"ar": [], "ag": []}
     for s in range(pairs):
         for collective in ("ar", "ag") if s % 2 == 0 else ("ag", "ar"):
