@@ -8,21 +8,22 @@ buckets) with the collectives the runtime issues per bucket (runtime/compressor.
   FP32 values at those indices (asynchronous);
 - AG: an all-gather of each worker's FP32 values and one of its int32 indices (asynchronous);
 
-and waits for all of them, as the step does. The indices are fixed in advance, so the times are
-the network's alone: the selection is the same on either collective's critical path on real
-hosts, while on this bed the hosts share 2 cores and AG's concurrent selections would compete
-for them (AR runs one). AR and AG alternate for ``--reps`` pairs after a warm-up, each timed
+and waits for all of them, as the step does: ``runtime.compressor.probe_topk_exchange``, the
+runtime's own start-up probe, run for ``--reps`` pairs. Its indices are random, so the times
+are the network's and the collective library's alone: the selection is the same on either
+collective's critical path on real hosts, while on this bed the hosts share 2 cores and AG's
+concurrent selections would compete for them (AR runs one). AR and AG alternate, each timed
 from a barrier to the last worker's end (the MAX over the workers). The faster one is the one
 slower in fewer pairs, by a two-sided sign test at 5% over the pairs; otherwise the two tie.
 
-``topk:auto``'s choice is the runtime's own, made at start on the same bed before the pairs:
-``runtime.compressor.probe_topk_exchange`` (5 pairs of the same exchange; the faster where 4 or
-5 of them agree, else, "?", the cost model's). Beside it, the cost model's choice
-(``compress.topk_collective`` on the link probed by ``runtime.compressor.probe_network``, timed
-1-element and 4 MB all-reduces read by ``compress.link_from_probe``), which the runtime falls
-back on at other ratios and the planner prices with. Each row uses a new bed.
+``topk:auto``'s choice is the runtime's own, made on the same bed before the pairs: the same
+probe with its 5 pairs (the faster where 4 or 5 of them agree, else, "?", the cost model's).
+Beside it, the cost model's choice (``compress.topk_collective`` on the link probed by
+``runtime.compressor.probe_network``, timed 1-element and 4 MB all-reduces read by
+``compress.link_from_probe``), which the runtime falls back on where its probe cannot tell the
+two apart and at other ratios. Each row uses a new bed.
 
-    python bench/topk_collective.py           # as root; ~4 minutes
+    python bench/topk_collective.py           # as root; ~2 minutes
     python bench/topk_collective.py --hosts 2 --ratios 0.01 --gbps 1
 """
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -56,7 +56,7 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
     import torch
     import torch.distributed as dist
 
-    from kplan.runtime.compress import topk_collective, topk_count
+    from kplan.runtime.compress import topk_collective
     from kplan.runtime.compressor import probe_network, probe_topk_exchange
     from kplan.runtime.distributed import Context
 
@@ -68,51 +68,15 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
     bw, lat = probe_network(ctx)
     cost = topk_collective(sum(sizes), ratio, world, bw, lat)
     probe = probe_topk_exchange(ctx, sizes, ratio)  # the runtime's, 5 pairs
-    gen = torch.Generator().manual_seed(rank)
-    data = []
-    for n in sizes:
-        k = topk_count(n, ratio)
-        idx = torch.randperm(n, generator=gen)[:k].sort().values.to(torch.int32)
-        data.append((torch.randn(n, generator=gen), idx))
-
-    def exchange(coll: str, step: int) -> None:
-        works = []
-        for flat, idx in data:
-            if coll == "ar":
-                root = step % world
-                sent = idx.clone() if rank == root else torch.empty_like(idx)
-                dist.broadcast(sent, src=root)
-                values = flat[sent.long()]
-                works.append(dist.all_reduce(values, async_op=True))
-            else:
-                values = flat[idx.long()]
-                vals = [torch.empty_like(values) for _ in range(world)]
-                ids = [torch.empty_like(idx) for _ in range(world)]
-                works.append(dist.all_gather(vals, values, async_op=True))
-                works.append(dist.all_gather(ids, idx, async_op=True))
-        for w in works:
-            w.wait()
-
-    def timed(coll: str, step: int) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        exchange(coll, step)
-        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t[0])
-
-    for s in range(2):  # warm-up: connections and buffers of every collective
-        timed("ar", s), timed("ag", s)
-    pairs = []
-    for s in range(reps):
-        order = ("ar", "ag") if s % 2 == 0 else ("ag", "ar")
-        got = {c: timed(c, s) for c in order}
-        pairs.append((got["ar"], got["ag"]))
+    measured = probe_topk_exchange(ctx, sizes, ratio, pairs=reps)  # the same, longer
     if rank == 0:
         print(
             json.dumps(
                 {
-                    "pairs": pairs,
+                    "ar": measured.ar_s,
+                    "ag": measured.ag_s,
+                    "ar_wins": measured.ar_wins,
+                    "pairs": measured.pairs,
                     "bandwidth": bw,
                     "latency": lat,
                     "auto": probe.decided or cost.choice,  # Compressor.collective's rule
@@ -191,20 +155,17 @@ def main(argv: list[str] | None = None) -> int:
             for gbps in args.gbps:
                 doc = measure(hosts, gbps, ratio, args.reps, port)
                 port += 1
-                ar = [a for a, _ in doc["pairs"]]
-                ag = [b for _, b in doc["pairs"]]
-                wins = sum(a < b for a, b in doc["pairs"])
-                p = sign_test(wins, len(doc["pairs"]))
-                faster = ("ar" if wins * 2 > len(ar) else "ag") if p < 0.05 else "tie"
+                ar, ag, wins, n = doc["ar"], doc["ag"], doc["ar_wins"], doc["pairs"]
+                p = sign_test(wins, n)
+                faster = ("ar" if wins * 2 > n else "ag") if p < 0.05 else "tie"
                 verdict = "-"
                 if faster != "tie":
                     decided += 1
                     matched += doc["auto"] == faster
                     verdict = "match" if doc["auto"] == faster else "MISS"
                 print(
-                    f"{hosts:>5}{ratio:>7g}{gbps:>7g}{statistics.median(ar):>9.4f}"
-                    f"{statistics.median(ag):>9.4f}"
-                    f"{statistics.median(ar) / statistics.median(ag):>7.2f}{wins:>6}/{len(ar):<2}"
+                    f"{hosts:>5}{ratio:>7g}{gbps:>7g}{ar:>9.4f}{ag:>9.4f}{ar / ag:>7.2f}"
+                    f"{wins:>6}/{n:<2}"
                     f"{p:>7.3f}{faster:>7}{doc['bandwidth'] * 8 / 1e9:>13.3g}"
                     f"{doc['latency'] * 1e3:>8.3f}{doc['ar_s'] / doc['ag_s']:>12.2f}"
                     f"{doc['model']:>6}{doc['probe']:>17}{doc['auto']:>6} {verdict}",
