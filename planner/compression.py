@@ -386,6 +386,14 @@ def job_inputs(
     return shapes, codec_for(c, shapes, measured, factor, codec.device if codec else "")
 
 
+def variant_inputs(
+    c: Compression, workload: Workload, gradient_bytes: float, factor: float
+) -> list[tuple[Compression, Shapes, tuple[float, str]]]:
+    """``job_inputs`` of each of ``variants(c)``: what the planner prices ``c`` with (``auto``:
+    AR and AG, each with its own codec; the faster is taken)."""
+    return [(v, *job_inputs(v, workload, gradient_bytes, factor)) for v in variants(c)]
+
+
 def step_time(
     p: PerfParams,
     c: Compression,

@@ -358,15 +358,15 @@ def _type_grid(
         comp = compression.parse(c.compression)
         stat = c.compression_stat or compression.prior(comp)
         dense_s = steps * step
-        comp_steps = []  # auto: AR's and AG's, each with its own codec; the faster is priced
-        for cc in compression.variants(comp):
-            shapes, (codec, _) = compression.job_inputs(
-                cc, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
-            )
-            comp_steps.append(
+        inputs = compression.variant_inputs(
+            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+        )
+        step = np.minimum.reduce(  # auto: the faster of AR's and AG's
+            [
                 compression.step_time(p, cc, shapes, nodes, workers, local, accum, codec)
-            )
-        step = np.minimum.reduce(comp_steps)
+                for cc, shapes, (codec, _) in inputs
+            ]
+        )
         samples = samples * stat.multiplier
         steps = np.ceil(samples / batch)
         sigma = np.hypot(sigma, stat.log_sigma)
@@ -1227,24 +1227,24 @@ def _compression_fields(
     p = c.pred.params
     nodes = int(t.nodes[i])
     comp = compression.parse(c.compression)
-    options = []
-    for cc in compression.variants(comp):  # auto: the faster of AR and AG, as in the grid
-        shapes, codec = compression.job_inputs(
-            cc, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+    inputs = compression.variant_inputs(
+        comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+    )
+    options = [
+        compression.price(
+            p,
+            cc,
+            shapes,
+            nodes,
+            nodes * c.inst.gpu_count,
+            int(t.local[i]),
+            int(t.accum[i]),
+            stat=c.compression_stat,
+            codec_s=codec,
         )
-        options.append(
-            compression.price(
-                p,
-                cc,
-                shapes,
-                nodes,
-                nodes * c.inst.gpu_count,
-                int(t.local[i]),
-                int(t.accum[i]),
-                stat=c.compression_stat,
-                codec_s=codec,
-            )
-        )
+        for cc, shapes, codec in inputs
+    ]
+    # auto: the faster of AR and AG, as in the grid
     priced = replace(min(options, key=lambda o: o.step_s), compression=comp.spec())
     return {"compression": c.compression, "compression_why": priced.why()}
 

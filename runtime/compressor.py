@@ -305,11 +305,16 @@ class Compressor:
         self.sq_out = self._zero()
         self.collectives = set()
 
+    @property
+    def times_blocking(self) -> bool:
+        """Whether ``blocked_s`` is timed: on a CPU device a collective returns when done; a
+        CUDA one returns at enqueue, so there it is not."""
+        return self.ctx.device.type == "cpu"
+
     @contextlib.contextmanager
     def _blocking(self) -> Iterator[None]:
-        """Time a collective the hook waits for (on a CPU device, where it returns when done;
-        a CUDA collective returns at enqueue, so there it is not timed)."""
-        if self.ctx.device.type != "cpu":
+        """Time a collective the hook waits for (``times_blocking``)."""
+        if not self.times_blocking:
             yield
             return
         start = time.perf_counter()
@@ -648,7 +653,10 @@ class TopkExchange:
         return None
 
 
-def exchange_buckets(numels: Sequence[int], bucket_bytes: int = 25 << 20) -> list[int]:
+DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb, in bytes
+
+
+def exchange_buckets(numels: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
     """Elements per DDP bucket of FP32 parameters of ``numels`` (in reverse order, as DDP fills
     them; a parameter larger than a bucket is a bucket of its own)."""
     out: list[int] = []

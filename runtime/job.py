@@ -36,6 +36,7 @@ from kplan.runtime.amp import Amp
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
 from kplan.runtime.compressor import (
+    DDP_BUCKET_BYTES,
     Compressor,
     exchange_buckets,
     probe_network,
@@ -185,7 +186,7 @@ class Job:
             network, exchange = None, None
             if comp.sparse and comp.collective == "auto":
                 network = probe_network(ctx)
-                cap = int(getattr(ddp, "bucket_bytes_cap", 25 << 20))
+                cap = int(getattr(ddp, "bucket_bytes_cap", DDP_BUCKET_BYTES))
                 buckets = exchange_buckets([p.numel() for p in params], cap)
                 exchange = probe_topk_exchange(ctx, buckets, comp.ratio)
             self._compressor = Compressor(

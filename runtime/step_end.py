@@ -223,7 +223,7 @@ def after_sync(job: Job, rows: list[list[float]], sizes: tuple[int, ...]) -> dic
     spec = comp.spec
     out["compression"] = spec.spec() if compressed else "none"
     out["bytes_sent"] = comp.bytes_sent
-    if comp.ctx.device.type == "cpu" and compressed:
+    if comp.times_blocking and compressed:
         out["blocked_s"] = comp.blocked_s
     out["compress_ratio"] = comp.dense_bytes / comp.bytes_sent if comp.bytes_sent > 0 else None
     if spec.sparse:
