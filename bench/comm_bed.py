@@ -689,9 +689,8 @@ def main() -> int:
         r = runs[(o, 1.0)]
         if r.blocked_s and _priced(o) and not o.endswith(":auto"):
             c = cp.parse(o)
-            sk = near_skew.get(o, skew)
-            po = perfmodel.replace_fields(p, compute_a=near.get(o, (tc, codec))[0] + fixed)
-            model = float(cp.sync_time(po, c, shapes, [2], [2], part="blocking", skew_s=sk)[0][0])
+            sk = near_skew.get(o, skew)  # the blocking term does not depend on the compute
+            model = float(cp.sync_time(p, c, shapes, [2], [2], part="blocking", skew_s=sk)[0][0])
             print(
                 f"  {o}: the hook waited {r.blocked_s * 1e3:.0f} ms a step in its blocking rounds "
                 f"(runtime's blocked_s, rank 0, median); the model's blocking term "
