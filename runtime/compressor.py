@@ -35,6 +35,7 @@ local values) drives the adaptive ratio.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -262,6 +263,8 @@ class Compressor:
         self.stats: torch.Tensor | None = None
         """The reduced statistics vector of the bucket that carried it."""
         self._stats_fn: Callable[[], torch.Tensor] | None = None
+        self._pending: collections.deque[_Round] = collections.deque()
+        """Rounds launched whose decode waits for the calling thread (``decodes_on_caller``)."""
         self.momentum: MomentumFold | None = None
         """Top-k and adaptive with momentum SGD: EF at the SGD-equivalent step; else None."""
         if spec.sparse and optimizer is not None and MomentumFold.needed(optimizer):
@@ -304,6 +307,7 @@ class Compressor:
         self.sq_in = self._zero()
         self.sq_out = self._zero()
         self.collectives = set()
+        self._pending.clear()  # a step that failed part-way leaves rounds nobody waits for
 
     @property
     def times_blocking(self) -> bool:
@@ -323,6 +327,21 @@ class Compressor:
         finally:
             self.blocked_s += time.perf_counter() - start
 
+    @property
+    def decodes_on_caller(self) -> bool:
+        """Whether a round's decode (decompression, error-feedback updates) runs on the thread
+        that calls :meth:`reduce` rather than as a callback of its collective.
+
+        On a CPU device the callback would run on the backend's (gloo's) thread, competing for
+        the worker's cores with the main thread that compresses the next bucket, and the waits
+        at PowerSGD's P round turn that contention into stalls of both workers (2 emulated
+        hosts at 1 Gbit/s, bench/cpu_decode.py: PowerSGD rank 4's mean step 0.69-0.75x that of
+        the callbacks, top-k 0.01 0.83-0.98x, fp16 1.00-1.03x). So there the collectives still
+        run asynchronously, and each round is decoded by the next :meth:`reduce` once its
+        collectives are done, or by the step's final one, which waits for them. On CUDA a
+        callback only enqueues kernels: it stays a callback."""
+        return self.ctx.device.type == "cpu"
+
     def _zero(self) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float64, device=self.ctx.device)
 
@@ -337,20 +356,42 @@ class Compressor:
         flat: torch.Tensor,
         indices: list[int],
         stats_fn: Callable[[], torch.Tensor] | None = None,
+        final: bool = True,
     ) -> Future[torch.Tensor]:
         """SUM over workers of the weighted ``flat`` (params ``indices``, in buffer order),
         compressed. ``stats_fn`` (the last bucket's) builds the step's statistics vector after
         this bucket was compressed (so its gain counts); it is SUM-all-reduced alongside and
-        left in :attr:`stats`."""
+        left in :attr:`stats`. ``final``: no other bucket follows this step, so every round
+        still pending is decoded before returning (``decodes_on_caller``: else a future
+        returned here would wait for a later call that never comes)."""
+        self._decode(wait=False)
         self.dense_bytes += ring_allreduce_bytes(flat.numel() * VALUE_BYTES, self.ctx.world_size)
         self._stats_fn = stats_fn
         self.stats = None
         kind = self.spec.kind
         if kind in ("fp16", "bf16"):
-            return self._cast(flat)
-        if kind == "powersgd":
-            return self._powersgd(flat, indices)
-        return self._topk(flat, indices)
+            out = self._cast(flat)
+        elif kind == "powersgd":
+            out = self._powersgd(flat, indices)
+        else:
+            out = self._topk(flat, indices)
+        if final:
+            self._decode(wait=True)
+        return out
+
+    def _decode(self, wait: bool) -> None:
+        """Decode the pending rounds in launch order: those whose collectives are done, or
+        (``wait``) all of them, waiting. A collective's error goes to that round's future."""
+        while self._pending:
+            r = self._pending[0]
+            if not wait and not all(f.done() for f in r.futures):
+                return
+            self._pending.popleft()
+            try:
+                torch.futures.wait_all(r.futures)
+                r.result.set_result(r.decode(None))
+            except Exception as e:  # DDP re-raises it where it waits for the bucket
+                r.result.set_exception(e)  # type: ignore[arg-type]  # torch types it as T
 
     def _launch(
         self, works: list[Any], then: Callable[[Any], torch.Tensor]
@@ -361,7 +402,11 @@ class Compressor:
             works.append(dist.all_reduce(stats, op=dist.ReduceOp.SUM, async_op=True))
             self.stats = stats
         futures = [w.get_future() for w in works]
-        return torch.futures.collect_all(futures).then(then)
+        if not self.decodes_on_caller:
+            return torch.futures.collect_all(futures).then(then)
+        result: Future[torch.Tensor] = Future()
+        self._pending.append(_Round(futures, then, result))
+        return result
 
     # --- options ---
 
@@ -618,6 +663,15 @@ class Compressor:
                 float(ratio), float(ar_s), float(ag_s), int(ar_wins), int(pairs)
             )
         return True
+
+
+@dataclasses.dataclass
+class _Round:
+    """A launched round whose decode waits for the caller's thread (``decodes_on_caller``)."""
+
+    futures: list[Future[Any]]
+    decode: Callable[[Any], torch.Tensor]
+    result: Future[torch.Tensor]
 
 
 def _all_gather_topk(

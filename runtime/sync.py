@@ -278,7 +278,8 @@ def _weighted_hook(state: GradSync, bucket: Any) -> torch.futures.Future[torch.T
     if comp is not None and comp.active:  # compressed (compressor.py); stats go alongside
         last = bucket.is_last() and state.stats_source is not None
         ids = [state._index[id(p)] for p in bucket.parameters()]
-        fut = comp.reduce(buffer, ids, state.stats_source if last else None)
+        # DDP launches the buckets in index order: the last one is the step's final round
+        fut = comp.reduce(buffer, ids, state.stats_source if last else None, final=bucket.is_last())
         if not last:
             return fut
 

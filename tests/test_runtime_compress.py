@@ -342,7 +342,133 @@ def test_exact_resume_with_error_feedback(tmp_path: Path) -> None:
             assert got[rank][name]["residual_norm"] > 0, name
 
 
+def test_a_failed_round_fails_its_own_future_and_a_new_step_drops_leftovers(
+    tmp_path: Path,
+) -> None:
+    """A round decoded by the caller whose collective failed hands the error to that round's
+    future (where DDP waits), not to the hook that found it; a step that failed part-way
+    leaves no rounds for the next one to decode."""
+    import torch
+    import torch.distributed as dist
+
+    from kplan.runtime.compressor import Compressor
+    from kplan.runtime.distributed import Context
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        ctx = Context(
+            rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
+        )
+        comp = Compressor(parse_compression("fp16"), [torch.zeros(10)], ctx)
+        assert comp.decodes_on_caller
+        comp.begin_step(1, dense=False)
+        failed: torch.futures.Future[Any] = torch.futures.Future()
+        failed.set_exception(RuntimeError("connection reset by peer"))
+
+        class Work:
+            def get_future(self) -> torch.futures.Future[Any]:
+                return failed
+
+        first = comp._launch([Work()], lambda _: torch.ones(1))
+        assert not first.done()  # waits for the caller
+        second = comp.reduce(torch.full((10,), 3.0), [0], final=True)
+        with pytest.raises(RuntimeError, match="connection reset"):
+            first.wait()
+        assert torch.equal(second.wait(), torch.full((10,), 3.0))  # its own round is fine
+        comp.reduce(torch.ones(10), [0], final=False)
+        comp.begin_step(2, dense=False)
+        assert not comp._pending
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_cpu_rounds_are_decoded_by_the_caller_with_the_callbacks_results(tmp_path: Path) -> None:
+    """On CPU each round's decode runs on the thread that calls reduce (the next bucket's hook,
+    or the step's last one), not as a callback on gloo's thread (Compressor.decodes_on_caller):
+    with buckets of ~500 bytes (two a step) the rounds are really deferred, every decode runs
+    on the main thread, and the parameters equal those of the callback path bit for bit."""
+    import torch
+
+    from bench.runtime_common import clean_env, torchrun
+
+    options = ["powersgd:1", "topk:0.05:ag", "topk:0.05:ar", "fp16"]
+    args = ["decode", str(tmp_path), ",".join(options)]
+    proc = torchrun(args, clean_env(), nproc=2, script=Path(__file__), timeout=170)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for rank in (0, 1):
+        res = torch.load(tmp_path / f"decode.rank{rank}.pt")
+        for name in options:
+            caller, callback = res[name]["caller"], res[name]["callback"]
+            assert caller["deferred"] > 0, name  # a later hook decoded an earlier bucket
+            assert caller["decoded_on_main"] == caller["decodes"] > 0, name
+            assert callback["decoded_on_main"] < callback["decodes"], name  # gloo's threads
+            assert torch.equal(caller["params"], callback["params"]), (name, rank)
+
+
 # --- scenario run by torchrun (not by pytest) ---------------------------------------------------
+
+
+def _decode(folder: Path, options: list[str]) -> None:
+    """Train each option with small DDP buckets (two a step), its rounds decoded by the caller
+    (the CPU default) and as callbacks; count where the decodes ran."""
+    import threading
+
+    import torch
+    import torch.nn.functional as F
+
+    import kplan.runtime as kr
+    from bench.runtime_worker import make_data, make_model
+    from kplan.runtime import compressor as rc
+
+    ctx = kr.init()
+    data = make_data(512, 16, 0, 0.5)
+    main = threading.get_ident()
+    seen = {"decodes": 0, "decoded_on_main": 0, "deferred": 0}
+    launch, reduce = rc.Compressor._launch, rc.Compressor.reduce
+
+    def counted_launch(self: Any, works: Any, then: Any) -> Any:
+        def decode(x: Any) -> Any:
+            seen["decodes"] += 1
+            seen["decoded_on_main"] += threading.get_ident() == main
+            return then(x)
+
+        return launch(self, works, decode)
+
+    def counted_reduce(self: Any, *a: Any, **kw: Any) -> Any:
+        seen["deferred"] += len(self._pending)
+        return reduce(self, *a, **kw)
+
+    rc.Compressor._launch = counted_launch  # type: ignore[method-assign]
+    rc.Compressor.reduce = counted_reduce  # type: ignore[method-assign]
+    result: dict[str, Any] = {}
+    for name in options:
+        result[name] = {}
+        for mode in ("caller", "callback"):
+            rc.Compressor.decodes_on_caller = property(  # type: ignore[method-assign]
+                lambda self, on=mode == "caller": on
+            )
+            seen.update(decodes=0, decoded_on_main=0, deferred=0)
+            torch.manual_seed(0)
+            model = make_model("mlp", 16, 32)
+            cfg = kr.RuntimeConfig(compression=name, pid=None, lr_scaling="none", max_steps=8)
+            job = kr.Job(
+                model,
+                torch.optim.SGD(model.parameters(), lr=0.02),
+                data,
+                batch_size=64,
+                config=cfg,
+                ddp_kwargs={"bucket_cap_mb": 0.0005},  # ~500 bytes: the MLP in two buckets
+            )
+            for _ in job.epochs(1):
+                for x, y in job.batches():
+                    with job.step():
+                        job.backward(F.mse_loss(job.model(x), y))
+            params = torch.cat([p.detach().reshape(-1) for p in job.module.parameters()])
+            result[name][mode] = {"params": params, **seen}
+    torch.save(result, folder / f"decode.rank{ctx.rank}.pt")
 
 
 def _phases(folder: Path, options: list[str], phases: list[str]) -> None:
@@ -421,5 +547,7 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         _phases(Path(sys.argv[2]), sys.argv[3].split(","), sys.argv[4].split(","))
+    elif sys.argv[1] == "decode":
+        _decode(Path(sys.argv[2]), sys.argv[3].split(","))
     else:
         raise SystemExit(f"unknown scenario {sys.argv[1]!r}")
