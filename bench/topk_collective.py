@@ -8,16 +8,18 @@ buckets) with the collectives the runtime issues per bucket (runtime/compressor.
   FP32 values at those indices (asynchronous);
 - AG: an all-gather of each worker's FP32 values and one of its int32 indices (asynchronous);
 
-and waits for all of them, as the step does: ``runtime.compressor.probe_topk_exchange``, the
-runtime's own start-up probe, run for ``--reps`` pairs. Its indices are random, so the times
-are the network's and the collective library's alone: the selection is the same on either
-collective's critical path on real hosts, while on this bed the hosts share 2 cores and AG's
-concurrent selections would compete for them (AR runs one). AR and AG alternate, each timed
+and waits for all of them and decodes each bucket (AR: the scatter of the reduced values; AG:
+the sum of the gathered parts), as the step does: ``runtime.compressor.probe_topk_exchange``,
+the runtime's own start-up probe, run for ``--reps`` pairs. Its indices are random, so the
+selection is left out: it is the same on either collective's critical path on real hosts,
+while on this bed the hosts share 2 cores and AG's concurrent selections would compete for
+them (AR runs one). AR and AG alternate, each timed
 from a barrier to the last worker's end (the MAX over the workers). The faster one is the one
 slower in fewer pairs, by a two-sided sign test at 5% over the pairs; otherwise the two tie.
 
 ``topk:auto``'s choice is the runtime's own, made on the same bed before the pairs: the same
-probe with its 5 pairs (the faster where 4 or 5 of them agree, else, "?", the cost model's).
+probe with its own stopping rule (6 to 16 pairs, stopped where the sign test decides; the
+faster so decided, else, "?", the cost model's).
 Beside it, the cost model's choice (``compress.topk_collective`` on the link probed by
 ``runtime.compressor.probe_network``, timed 1-element and 4 MB all-reduces read by
 ``compress.link_from_probe``), which the runtime falls back on where its probe cannot tell the
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -67,8 +68,8 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
     sizes = buckets()
     bw, lat = probe_network(ctx)
     cost = topk_collective(sum(sizes), ratio, world, bw, lat)
-    probe = probe_topk_exchange(ctx, sizes, ratio)  # the runtime's, 5 pairs
-    measured = probe_topk_exchange(ctx, sizes, ratio, pairs=reps)  # the same, longer
+    probe = probe_topk_exchange(ctx, sizes, ratio)  # the runtime's: 6-16 pairs
+    measured = probe_topk_exchange(ctx, sizes, ratio, pairs=reps, max_pairs=reps)  # reps
     if rank == 0:
         print(
             json.dumps(
@@ -89,13 +90,6 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
             flush=True,
         )
     dist.destroy_process_group()
-
-
-def sign_test(wins: int, n: int) -> float:
-    """Two-sided p-value of ``wins`` of ``n`` under a fair coin."""
-    tail = min(wins, n - wins)
-    p = sum(math.comb(n, i) for i in range(tail + 1)) / 2**n
-    return min(1.0, 2 * p)
 
 
 def measure(hosts: int, gbps: float, ratio: float, reps: int, port: int) -> dict[str, Any]:
@@ -138,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
+    from kplan.runtime.compressor import sign_test
+
     sizes = buckets()
     print(
         f"top-k exchange of {sum(sizes) / 1e6:.1f}M FP32 entries in {len(sizes)} DDP "
@@ -156,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 doc = measure(hosts, gbps, ratio, args.reps, port)
                 port += 1
                 ar, ag, wins, n = doc["ar"], doc["ag"], doc["ar_wins"], doc["pairs"]
-                p = sign_test(wins, n)
+                p = sign_test(wins, n)  # the runtime's (compressor.py)
                 faster = ("ar" if wins * 2 > n else "ag") if p < 0.05 else "tie"
                 verdict = "-"
                 if faster != "tie":

@@ -697,14 +697,23 @@ class TopkExchange:
 
     @property
     def decided(self) -> str | None:
-        """The faster collective where at least 80% of the pairs agree, else None (too close
-        to tell apart at this many pairs: the cost model decides)."""
-        need = math.ceil(0.8 * self.pairs)
-        if self.pairs and self.ar_wins >= need:
-            return "ar"
-        if self.pairs and self.pairs - self.ar_wins >= need:
-            return "ag"
-        return None
+        """The faster collective where a sign test over the pairs says so at 5% (two-sided:
+        6 of 6, 12 of 15, 13 of 16), else None (too close to tell apart: the cost model
+        decides)."""
+        if not self.pairs or sign_test(self.ar_wins, self.pairs) >= 0.05:
+            return None
+        return "ar" if 2 * self.ar_wins > self.pairs else "ag"
+
+
+def sign_test(wins: int, n: int) -> float:
+    """Two-sided p-value of ``wins`` of ``n`` pairs under a fair coin."""
+    tail = min(wins, n - wins)
+    return min(1.0, 2.0 * sum(math.comb(n, i) for i in range(tail + 1)) / float(2**n))
+
+
+PROBE_PAIRS = 6  # the start-up probe's AR/AG pairs before it may stop (6 of 6 decide at 5%)
+PROBE_MAX_PAIRS = 16  # ... and at most, while the sign test cannot tell the two apart
+PROBE_BUDGET_S = 10.0  # measured seconds after which no further pair starts
 
 
 DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb, in bytes
@@ -726,18 +735,28 @@ def exchange_buckets(numels: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES
 
 
 def probe_topk_exchange(
-    ctx: Context, buckets: Sequence[int], ratio: float, pairs: int = 5
+    ctx: Context,
+    buckets: Sequence[int],
+    ratio: float,
+    pairs: int = PROBE_PAIRS,
+    max_pairs: int = PROBE_MAX_PAIRS,
+    budget_s: float = PROBE_BUDGET_S,
 ) -> TopkExchange:
     """AR-Topk against AG-Topk: the measured exchange of a top-k gradient at ``ratio`` over DDP
     buckets of ``buckets`` elements, with the collectives ``_topk`` issues per bucket (AR: the
     index broadcast waited for, then the values' all-reduce; AG: the two all-gathers), all
-    waited for as a step does.
+    waited for as a step does, and each bucket's decode as ``_topk`` does it (AR: the reduced
+    values scattered into the dense bucket; AG: every worker's part summed into it,
+    ``combine_gathered``), which costs AG more as workers grow (on 2 emulated hosts it made
+    AR's full step 6-11% the faster where the exchanges alone tied).
 
-    Random indices and values of each bucket's k, so the time is the network's and the
-    collective library's (the selection is on either's critical path). One warm-up of each,
-    then ``pairs`` AR/AG pairs in alternating order, each from a barrier to the slowest rank's
-    end (MAX: every rank gets the same times and so the same choice); the medians, and in how
-    many pairs AR was the faster (``TopkExchange.decided``).
+    Random indices and values of each bucket's k: the selection is left out, as either puts
+    one on the step's critical path (AG: every worker's at once; AR: the designated worker's,
+    the others waiting for its indices). One warm-up of each, then AR/AG pairs in alternating
+    order, each from a barrier to the slowest rank's end (MAX: every rank gets the same times,
+    so the same choice and the same number of pairs): ``pairs`` of them, then more, up to
+    ``max_pairs``, until the sign test tells the two apart (``TopkExchange.decided``) or the
+    pairs took ``budget_s``. The medians, and in how many pairs AR was the faster.
     """
     world = ctx.world_size
     if not ctx.distributed or world == 1:
@@ -756,15 +775,36 @@ def probe_topk_exchange(
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         works: list[Any] = []
-        for values, idx in data:
+        decodes: list[Callable[[], torch.Tensor]] = []
+        for n, (values, idx) in zip(buckets, data, strict=True):
             if collective == "ar":
                 sent = idx.clone() if ctx.rank == step % world else torch.empty_like(idx)
                 dist.broadcast(sent, src=step % world)
-                works.append(dist.all_reduce(values.clone(), async_op=True))
+                reduced = values.clone()
+                works.append(dist.all_reduce(reduced, async_op=True))
+
+                def scatter(
+                    n: int = n, at: torch.Tensor = sent, v: torch.Tensor = reduced
+                ) -> torch.Tensor:
+                    out = torch.zeros(n, dtype=v.dtype, device=v.device)
+                    out[at.long()] = v
+                    return out
+
+                decodes.append(scatter)
             else:
-                _all_gather_topk(works, values, idx, world)
+                vals, ids = _all_gather_topk(works, values, idx, world)
+                parts = list(zip(ids, vals, strict=True))
+
+                def gathered(
+                    n: int = n, parts: list[tuple[torch.Tensor, torch.Tensor]] = parts
+                ) -> torch.Tensor:
+                    return combine_gathered(n, parts, parts[0][1])
+
+                decodes.append(gathered)
         for work in works:
             work.wait()
+        for decode in decodes:
+            decode()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
@@ -774,13 +814,19 @@ def probe_topk_exchange(
     for collective in ("ar", "ag"):  # warm-up: connections and buffers of every collective
         once(collective, 0)
     times: dict[str, list[float]] = {"ar": [], "ag": []}
-    for s in range(pairs):
-        for collective in ("ar", "ag") if s % 2 == 0 else ("ag", "ar"):
-            times[collective].append(once(collective, s))
-    wins = sum(a < b for a, b in zip(times["ar"], times["ag"], strict=True))
-    return TopkExchange(
-        ratio, statistics.median(times["ar"]), statistics.median(times["ag"]), wins, pairs
-    )
+    done = 0
+    while done < max(pairs, max_pairs):
+        for collective in ("ar", "ag") if done % 2 == 0 else ("ag", "ar"):
+            times[collective].append(once(collective, done))
+        done += 1
+        wins = sum(a < b for a, b in zip(times["ar"], times["ag"], strict=True))
+        got = TopkExchange(
+            ratio, statistics.median(times["ar"]), statistics.median(times["ag"]), wins, done
+        )
+        spent = sum(times["ar"]) + sum(times["ag"])  # the same on every rank (MAX)
+        if done >= pairs and (got.decided is not None or spent >= budget_s):
+            break
+    return got
 
 
 def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tuple[float, float]:
