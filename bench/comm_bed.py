@@ -1,7 +1,8 @@
 """Communication-efficient training on emulated hosts (issue 14): measured against the planner.
 
 On 2 emulated hosts (tests/netbed.py: network namespaces, tbf-shaped veths) one torchrun worker
-per host trains a communication-bound MLP (~15.7M parameters, 63 MB of FP32 gradient, a global
+per host (the PID batch controller off: equal local batches, as predicted) trains a
+communication-bound MLP (~15.7M parameters, 63 MB of FP32 gradient, a global
 batch of 32) through ``kplan.runtime`` for a fixed number of steps with each option:
 dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints per option
 
@@ -60,7 +61,9 @@ if str(REPO) not in sys.path:
 FEATURES, HIDDEN, LAYERS = 1024, 2560, 3
 GLOBAL_BATCH = 32
 WARMUP = 3  # steps left out of the step-time median (connections, first buckets, allocator)
-TIMING_STEPS = 7  # steps per short timing run (WARMUP of them untimed)
+TIMING_STEPS = 15  # steps per short timing run (WARMUP of them untimed)
+# (7 before 2026-11-27: a 4-step window's median is noisy where steps have a heavy tail, as
+# PowerSGD's do on the bed, 10-20% of them 1.5-3x the median, and it weighed half the estimate)
 SEED = 0
 EVAL_SAMPLES = 256  # held-out samples of the loss curve (every --eval-every steps)
 
@@ -95,6 +98,7 @@ def make_data(samples: int, seed: int) -> Any:
 
 def worker(steps: int, out: Path, lr: float, data_steps: int, eval_every: int) -> None:
     import torch
+    import torch.distributed as dist
     import torch.nn.functional as F
     from torch.utils.data import TensorDataset
 
@@ -136,6 +140,9 @@ def worker(steps: int, out: Path, lr: float, data_steps: int, eval_every: int) -
                 with torch.no_grad():
                     ev = F.mse_loss(job.module(held_x[:EVAL_SAMPLES]), held_y[:EVAL_SAMPLES])
                 curve.append((len(times), float(ev)))
+                # the hosts' evaluations end apart: realign them, or the next step's first
+                # blocking round would carry that skew (a step up to 1.9x the median, before)
+                dist.barrier()
                 last = time.perf_counter()  # the evaluation is left out of times and walls
                 start += last - now
     with torch.no_grad():
@@ -209,7 +216,10 @@ def run_option(
 
     out = tmp / f"{option.replace(':', '_')}-{gbps:g}.json"
     metrics = tmp / f"{option.replace(':', '_')}-{gbps:g}.jsonl"
-    extra = {"KPLAN_METRICS_PATH": str(metrics)}
+    # PID off: every option trains on the same equal per-worker batches (the prediction's
+    # local batch, and the same trajectory for SelSync's local steps); with it on, the split
+    # moved with the workers' timing noise from run to run
+    extra = {"KPLAN_METRICS_PATH": str(metrics), "KPLAN_PID": "0"}
     if option.startswith("selective"):
         extra["KPLAN_SYNC_POLICY"] = option
     else:
@@ -290,14 +300,21 @@ def compute_seconds(steps: int, skip: int = 2) -> float:
     return float(statistics.median(times[skip:]))
 
 
-def profile_host(options: list[str], out: Path) -> None:
-    """What one host measures for the planner: compute and each option's codec seconds."""
+def profile_host(options: list[str], out: Path, ready: Path, hosts: int) -> None:
+    """What one host measures for the planner: compute and each option's codec seconds. It
+    starts when all ``hosts`` are ready (a file each in ``ready``): the hosts' processes start
+    seconds apart (imports), and a host that computed while the other still imported measured
+    its compute without the contention of a step (31-41 ms against 47-55 ms, before this)."""
     import torch
 
     from kplan.profiler.codec import codec_seconds, model_shapes
 
     torch.set_num_threads(1)
     shapes = model_shapes(make_model())
+    (ready / out.name).touch()
+    deadline = time.monotonic() + 120
+    while len(list(ready.iterdir())) < hosts and time.monotonic() < deadline:
+        time.sleep(0.005)
     doc = {
         "compute": compute_seconds(14),
         "codec": {o: codec_seconds(o, shapes, repeats=5) for o in options if o},
@@ -314,9 +331,11 @@ def profile_on_bed(bed: Any, options: list[str], tmp: Path) -> tuple[float, dict
 
     def on(hosts: list[int], opts: list[str], tag: str) -> list[dict[str, Any]]:
         outs = [tmp / f"profile-{tag}-{i}.json" for i in hosts]
+        ready = Path(tempfile.mkdtemp(prefix=f"ready-{tag}-", dir=tmp))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-host", "--options"]
+        cmd += [",".join(opts), "--ready", str(ready), "--hosts", str(len(hosts))]
         procs = [
-            bed.popen(i, [*cmd, ",".join(opts), "--out", str(out)], cwd=str(REPO))
+            bed.popen(i, [*cmd, "--out", str(out)], cwd=str(REPO))
             for i, out in zip(hosts, outs, strict=True)
         ]
         for i, proc in zip(hosts, procs, strict=True):
@@ -454,6 +473,8 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--ready", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--hosts", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--barrier-host", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -495,7 +516,7 @@ def main() -> int:
         worker(args.steps, args.out, args.lr, args.data_steps, args.eval_every)
         return 0
     if args.profile_host:
-        profile_host(args.options.split(","), args.out)
+        profile_host(args.options.split(","), args.out, args.ready, args.hosts)
         return 0
     if args.barrier_host:
         host, addr, reps, out = args.barrier_host
@@ -607,7 +628,8 @@ def main() -> int:
                     r.step_s = statistics.fmean(statistics.median(w) for w in ws)
                     r.step_spread = _median_spread(ts)[1]
                     print(
-                        f"  {o} at {gbps:g} Gbit/s: {r.step_s:.3f} s/step ({len(ts)} steps), "
+                        f"  {o} at {gbps:g} Gbit/s: {r.step_s:.3f} s/step ({len(ts)} steps; "
+                        f"their mean {statistics.fmean(ts):.3f} s), "
                         f"held loss {r.held_loss:.4f} after {r.steps} steps",
                         flush=True,
                     )
