@@ -141,7 +141,7 @@ def worker(steps: int, out: Path, lr: float, data_steps: int, eval_every: int) -
                     ev = F.mse_loss(job.module(held_x[:EVAL_SAMPLES]), held_y[:EVAL_SAMPLES])
                 curve.append((len(times), float(ev)))
                 # the hosts' evaluations end apart: realign them, or the next step's first
-                # blocking round would carry that skew (a step up to 1.9x the median, before)
+                # blocking round would carry that skew (a step up to 1.8x the median, before)
                 dist.barrier()
                 last = time.perf_counter()  # the evaluation is left out of times and walls
                 start += last - now
