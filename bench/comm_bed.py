@@ -712,11 +712,17 @@ def main() -> int:
         if r.blocked_s and _priced(o) and not o.endswith(":auto"):
             c = cp.parse(o)
             sk = near_skew.get(o, skew)  # the blocking term does not depend on the compute
-            model = float(cp.sync_time(p, c, shapes, [2], [2], part="blocking", skew_s=sk)[0][0])
+            exposed, hidden = cp.blocking_time(p, c, shapes, [2], [2], sk)
             print(
                 f"  {o}: the hook waited {r.blocked_s * 1e3:.0f} ms a step in its blocking rounds "
                 f"(runtime's blocked_s, rank 0, median); the model's blocking term "
-                f"{model * 1e3:.0f} ms"
+                f"{float(exposed[0]) * 1e3:.0f} ms"
+                + (
+                    f" (+ {float(hidden[0]) * 1e3:.0f} ms of the earlier buckets' broadcast, "
+                    "priced as overlapped)"
+                    if float(hidden[0]) > 0
+                    else ""
+                )
             )
     n_dense = steps_to(dense.losses, target) or dense.steps
     held_target = curve_at(dense.curve, args.steps)

@@ -35,8 +35,15 @@ values sent depend on the indices). PowerSGD's P all-reduce is also a barrier in
 every worker waits there for the slowest, ``skew`` seconds beyond the latency (0 on identical
 dedicated devices, the planner's default; measured on the emulated hosts, where the workers
 share cores, by bench/comm_bed.py). AR-Topk's broadcast is not: the others wait for the
-designated worker's selection (in its codec time) and it waits for no one. The other rounds
-overlap backward like the dense all-reduce (the model's ``gamma`` and last-bucket floor). The
+designated worker's selection (in its codec time) and it waits for no one. The designated
+worker sends a bucket's indices and goes on with the next bucket's backward and selection
+while they travel; the others, waiting for them, were waiting for its selection anyway. So of
+the broadcast only the last bucket's share of the bytes is exposed (with every bucket's
+latencies), and the earlier buckets' bytes share the link with the overlapped rounds
+(``blocking_time``; until 2026-11-27 the whole broadcast was exposed, which priced top-k AR at
+0.05 on the emulated hosts 26 ms, 15% of its step, too slow: bench/comm_bed.py). The other
+rounds overlap backward like the dense all-reduce (the model's ``gamma`` and last-bucket
+floor). The
 codec compute (compress + decompress: casts, PowerSGD's matmuls and orthogonalisation, top-k
 selection and scatter) runs on the worker's own device between backward's kernels: it lengthens
 the compute that the asynchronous rounds of the earlier buckets overlap, as backward does:
@@ -44,6 +51,7 @@ the compute that the asynchronous rounds of the earlier buckets overlap, as back
     T_step(o) = (s-1) T_c + overlap(T_c + T_codec(o), T_async(o) - T_last(o)) + T_last(o)
                 + T_block(o)
     T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew [a barrier])
+    (AR-Topk: T_block's bytes term x the last bucket's share f; the other 1 - f in T_async)
 
 (Until 2026-11-27 the codec was added outside the overlap, in full. At top-k 0.05 on the
 emulated hosts, where the codec and the all-gathers are both about a third of the step, that
@@ -419,11 +427,32 @@ def step_time(
         last = np.minimum(last, sync)
     else:
         last = np.zeros_like(sync)
-    blocking, _ = sync_time(p, c, shapes, nodes, workers, part="blocking", skew_s=skew_s)
+    blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
+    sync = sync + hidden
     k = np.asarray(workers, dtype=float)
     codec = np.where(k > 1, codec_s, 0.0)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
     return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync - last, gamma) + last + blocking
+
+
+def blocking_time(
+    p: PerfParams,
+    c: Compression,
+    shapes: Sequence[tuple[int, ...]],
+    nodes: ArrayLike,
+    workers: ArrayLike,
+    skew_s: float = 0.0,
+) -> tuple[Array, Array]:
+    """(exposed, hidden) seconds of the rounds the hook waits for (module notes): PowerSGD's P
+    round is a barrier, exposed in full; of AR-Topk's broadcast only the last bucket's share of
+    the bytes is exposed, the rest travels while the designated worker goes on (hidden: it is
+    added to the overlapped rounds)."""
+    whole, _ = sync_time(p, c, shapes, nodes, workers, part="blocking", skew_s=skew_s)
+    if not c.sparse or not (p.gradient_bytes and p.bucket_bytes):
+        return whole, np.zeros_like(whole)
+    frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
+    exposed, _ = sync_time(p, c, shapes, nodes, workers, frac, part="blocking", skew_s=skew_s)
+    return exposed, whole - exposed
 
 
 @dataclass(frozen=True)

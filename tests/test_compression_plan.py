@@ -293,6 +293,34 @@ def test_rounds_waited_for_in_the_hook_are_not_overlapped() -> None:
     assert float(bcast[0]) == pytest.approx(per_byte * 4 * kk + nb * 1e-3 * 1)
 
 
+def test_ar_topk_exposes_only_the_last_buckets_broadcast() -> None:
+    """The designated worker sends a bucket's indices and goes on while they travel: of
+    AR-Topk's broadcast only the last bucket's share of the bytes is exposed (every bucket's
+    latencies still are), the rest joins the overlapped rounds; PowerSGD's P round, a barrier,
+    stays exposed in full (module notes)."""
+    p = fx.params(gamma=10.0, inter_alpha=0.0, inter_lat=1e-3, bucket_bytes=25 * 2**20)
+    nb, per_byte = cp.buckets(p, SHAPES), p.inter_beta / P
+    frac = 25 * 2**20 / P
+    ar = cp.parse("topk:0.05:ar")
+    whole, _ = cp.sync_time(p, ar, SHAPES, [2], [2], part="blocking")
+    exposed, hidden = cp.blocking_time(p, ar, SHAPES, [2], [2])
+    kk = math.ceil(0.05 * 25_000_000)
+    assert float(exposed[0]) == pytest.approx(per_byte * 4 * kk * frac + nb * 1e-3)
+    assert float(exposed[0] + hidden[0]) == pytest.approx(float(whole[0]))
+    assert float(hidden[0]) > 0.5 * float(whole[0])
+    ps = cp.parse("powersgd:4")
+    full, _ = cp.sync_time(p, ps, SHAPES, [2], [2], part="blocking", skew_s=0.01)
+    e2, h2 = cp.blocking_time(p, ps, SHAPES, [2], [2], skew_s=0.01)
+    assert float(e2[0]) == pytest.approx(float(full[0])) and float(h2[0]) == 0.0
+    # a long compute hides the earlier buckets' broadcast: the step is compute + codec + the
+    # last bucket's rounds + the exposed broadcast, the hidden part cheaper than when exposed
+    tc = float(perfmodel.compute_time(p, 16))
+    step = float(cp.step_time(p, ar, SHAPES, [2], [2], [16], 1, codec_s=1.0)[0])
+    last, _ = cp.sync_time(p, ar, SHAPES, [2], [2], frac, part="overlapped")
+    assert step == pytest.approx(tc + 1.0 + float(last[0] + exposed[0]), rel=1e-3)
+    assert step < tc + 1.0 + float(last[0] + whole[0]) - 0.9 * float(hidden[0])
+
+
 def test_every_bucket_pays_its_rounds_latency() -> None:
     """A compressed option runs its rounds in each DDP bucket: hops x latency x buckets
     (dense keeps perfmodel's own latency term)."""
