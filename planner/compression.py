@@ -40,8 +40,8 @@ worker sends a bucket's indices and goes on with the next bucket's backward and 
 while they travel; the others, waiting for them, were waiting for its selection anyway. So of
 the broadcast only the last bucket's share of the bytes is exposed (with every bucket's
 latencies), and the earlier buckets' bytes share the link with the overlapped rounds
-(``blocking_time``; until 2026-11-27 the whole broadcast was exposed, which priced top-k AR at
-0.05 on the emulated hosts 26 ms, 15% of its step, too slow: bench/comm_bed.py). The other
+(``blocking_time``; until 2026-11-27 the whole broadcast was exposed: 26 ms of top-k AR's
+0.16 s step at ratio 0.05 on the emulated hosts, 11 ms now; bench/comm_bed.py). The other
 rounds overlap backward like the dense all-reduce (the model's ``gamma`` and last-bucket
 floor). The
 codec compute (compress + decompress: casts, PowerSGD's matmuls and orthogonalisation, top-k
