@@ -226,26 +226,24 @@ def run_option(
         extra["KPLAN_COMPRESSION"] = option
     procs = []
     for i in range(len(bed.hosts)):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            *bed.torchrun_args(i, port),
-            "--max-restarts=0",
-            "--monitor-interval=0.2",
-            str(Path(__file__).resolve()),
-            "--worker",
-            "--steps",
-            str(steps),
-            "--lr",
-            str(lr),
-            "--out",
-            str(out),
-            "--data-steps",
-            str(max(steps, data_steps)),
-            "--eval-every",
-            str(eval_every),
-        ]
+        cmd = bed.torchrun(
+            i,
+            port,
+            [
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--steps",
+                str(steps),
+                "--lr",
+                str(lr),
+                "--out",
+                str(out),
+                "--data-steps",
+                str(max(steps, data_steps)),
+                "--eval-every",
+                str(eval_every),
+            ],
+        )
         procs.append(bed.popen(i, cmd, env=bed.env(i, clean_env(**extra)), cwd=str(REPO)))
     results = [netbed.wait(p, 600) for p in procs]
     for i, r in enumerate(results):

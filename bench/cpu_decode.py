@@ -55,21 +55,8 @@ def run(bed: Any, option: str, mode: str, steps: int, port: int, tmp: Path) -> l
     env = {"KPLAN_COMPRESSION": option, "KPLAN_PID": "0"}
     procs = []
     for i in range(2):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            *bed.torchrun_args(i, port),
-            "--max-restarts=0",
-            "--monitor-interval=0.2",
-            str(Path(__file__).resolve()),
-            "--worker",
-            mode,
-            "--steps",
-            str(steps),
-            "--out",
-            str(out),
-        ]
+        script = [str(Path(__file__).resolve()), "--worker", mode, "--steps", str(steps)]
+        cmd = bed.torchrun(i, port, [*script, "--out", str(out)])
         procs.append(bed.popen(i, cmd, env=bed.env(i, clean_env(**env)), cwd=str(REPO)))
     for i, p in enumerate(procs):
         r = netbed.wait(p, 600)

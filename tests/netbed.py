@@ -143,6 +143,19 @@ class NetBed:
             *conf,
         ]
 
+    def torchrun(self, host: int, port: int, script: Sequence[str]) -> list[str]:
+        """The command that runs ``script`` (a path and its arguments) under torchrun on
+        ``host``: one bed-wide job, no restarts, its agent polling every 0.2 s."""
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *self.torchrun_args(host, port),
+            "--max-restarts=0",
+            "--monitor-interval=0.2",
+            *script,
+        ]
+
     def env(self, host: int, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with gloo bound to the host's NIC."""
         out = dict(os.environ if base is None else base)

@@ -93,18 +93,7 @@ def test_two_host_torchrun_ddp_through_the_runtime(tmp_path: Path) -> None:
     with netbed.netbed(2, gbps=0.1) as bed:
         procs = []
         for i in range(2):
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                *bed.torchrun_args(i, port),
-                "--max-restarts=0",
-                "--monitor-interval=0.2",
-                str(WORKER),
-                *args,
-                "--dump",
-                str(out),
-            ]
+            cmd = bed.torchrun(i, port, [str(WORKER), *args, "--dump", str(out)])
             procs.append(bed.popen(i, cmd, env=bed.env(i, clean_env()), cwd=os.getcwd()))
         results = [netbed.wait(p, 120) for p in procs]
     for r in results:
