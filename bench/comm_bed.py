@@ -16,8 +16,9 @@ dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints pe
   all-reduce right after a compute step on both hosts, less the same all-reduce alone: where
   the emulated hosts share the cores, a worker waits there for the other; PowerSGD's P round
   is such a barrier, once per DDP bucket; probed again, 20 times, right before PowerSGD runs,
-  and that wait used for its prediction) and the overlap exponent gamma fitted on the dense
-  run (so dense is a fit, every other option a prediction);
+  and that wait used for its prediction) and the overlap exponent gamma and a fixed per-step
+  overhead fitted on the dense run (so dense is a fit, every other option a prediction; the
+  compressed options' step, a pipeline of DDP's buckets, uses the overhead, not gamma);
 - the final held-out loss against dense, and the steps to dense's final training loss (the
   workers' mean, smoothed by an EMA of span 5);
 - the statistical cost on a held-out curve (EVAL_SAMPLES samples every --eval-every steps,
@@ -449,31 +450,6 @@ def curve_steps_to(curve: list[tuple[int, float]] | None, target: float) -> int 
     return next((s for s, v in curve or [] if v <= target), None)
 
 
-def pipeline_step(p: Any, c: Any, shapes: Any, codec_s: float, skew_s: float) -> float:
-    """A step model printed beside the planner's, not used by kplan: DDP's buckets as a
-    pipeline instead of the overlap exponent. Forward (a third of the compute) overlaps
-    nothing; each bucket, in DDP's launch order (``exchange_buckets``), takes its share (by
-    elements) of backward and codec on the host, then its share of the asynchronous rounds on
-    the link, which starts when both the bucket and the link are free; the rounds the hook
-    waits for (``blocking_time``'s exposed part) come on top. Nothing is fitted."""
-    from kplan.planner import compression as cp
-    from kplan.planner import perfmodel
-    from kplan.runtime.compressor import exchange_buckets
-
-    tc = float(perfmodel.compute_time(p, GLOBAL_BATCH // 2)[()])
-    sync = float(cp.sync_time(p, c, shapes, [2], [2], part="overlapped")[0][0])
-    exposed, hidden = cp.blocking_time(p, c, shapes, [2], [2], skew_s)
-    sync += float(hidden[0])
-    sizes = exchange_buckets([math.prod(s) for s in shapes])
-    host = tc / 3  # forward
-    link = 0.0
-    for n in sizes:
-        share = n / sum(sizes)
-        host += (2 * tc / 3 + codec_s) * share
-        link = max(link, host) + sync * share
-    return max(host, link) + float(exposed[0])
-
-
 def fit_dense(tc: float, sync: float, last: float, measured: float) -> tuple[float, float]:
     """(gamma, fixed per-step overhead) that make perfmodel's step equal the measured dense
     step: above compute + sync (no overlap) the rest is the runtime's fixed per-step work
@@ -690,7 +666,6 @@ def main() -> int:
     target = smoothed(dense.losses)[-1]
     head = (
         f"{'option':<18}{'step s':>8}{'spread':>8}{'vs dense':>9}{'predicted':>10}{'err':>7}"
-        f"{'pipeline':>9}{'err':>6}"
         f"{'held loss':>10}{'vs dense':>9}{'steps to dense loss':>21}{'syncs':>7}"
     )
     print(
@@ -701,7 +676,6 @@ def main() -> int:
     )
     for o in main_opts:
         r = runs[(o, 1.0)]
-        pipe = None
         if o.startswith("selective") or (o.startswith("topk") and cp.parse(o).warmup > 0):
             pred = None  # SelSync: no model; a warm-up: its first steps send more (not priced)
         else:
@@ -710,18 +684,15 @@ def main() -> int:
             tc_o = near.get(o, (tc, codec))[0]
             po = perfmodel.replace_fields(p, compute_a=tc_o + fixed)
             sk = near_skew.get(o, skew)
-            steps_o, pipes = [], []
+            steps_o = []
             for v in cp.variants(cp.parse(o)):
                 own = near.get(v.spec(), (tc, codec))[1]
                 cs = own.get(v.spec(), codec.get(v.spec(), 0.0))
                 local = [GLOBAL_BATCH // 2]
                 steps_o.append(float(cp.step_time(po, v, shapes, [2], [2], local, 1, cs, sk)[0]))
-                pipes.append(pipeline_step(po, v, shapes, cs, sk))
             pred = min(steps_o)
-            pipe = min(pipes)
         to = steps_to(r.losses, target)
         err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
-        pipe_col = "" if pipe is None else f"{pipe:>9.3f}{pipe / r.step_s - 1:>+6.0%}"
         loss = (
             f"{r.held_loss:>10.4f}{r.held_loss / dense.held_loss - 1:>+9.1%}"
             f"{'not reached' if to is None else str(to):>21}"
@@ -732,7 +703,7 @@ def main() -> int:
         )
         print(
             f"{o:<18}{r.step_s:>8.3f}{r.step_spread:>8.0%}{dense.step_s / r.step_s:>8.2f}x"
-            f"{'' if pred is None else f'{pred:.3f}':>10}{err:>7}{pipe_col:>15}{loss}"
+            f"{'' if pred is None else f'{pred:.3f}':>10}{err:>7}{loss}"
             f"{'' if r.synced is None else str(r.synced):>7}"
         )
     for o in main_opts:

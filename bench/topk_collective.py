@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
 def buckets() -> list[int]:
     """Elements per DDP bucket of the MLP's FP32 gradient (DDP's default 25 MiB buckets)."""
     from bench.comm_bed import make_model
-    from kplan.runtime.compressor import exchange_buckets
+    from kplan.runtime.compress import exchange_buckets
 
     return exchange_buckets([p.numel() for p in make_model().parameters()])
 

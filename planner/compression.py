@@ -42,20 +42,28 @@ the broadcast only the last bucket's share of the bytes is exposed (with every b
 latencies), and the earlier buckets' bytes share the link with the overlapped rounds
 (``blocking_time``; until 2026-11-27 the whole broadcast was exposed: 26 ms of top-k AR's
 0.16 s step at ratio 0.05 on the emulated hosts, 11 ms now; bench/comm_bed.py). The other
-rounds overlap backward like the dense all-reduce (the model's ``gamma`` and last-bucket
-floor). The
-codec compute (compress + decompress: casts, PowerSGD's matmuls and orthogonalisation, top-k
-selection and scatter) runs on the worker's own device between backward's kernels: it lengthens
-the compute that the asynchronous rounds of the earlier buckets overlap, as backward does:
+rounds overlap backward. The codec compute (compress + decompress: casts, PowerSGD's matmuls
+and orthogonalisation, top-k selection and scatter) runs on the worker's own device between
+backward's kernels. Where DDP's buckets are known (``p.bucket_bytes``; their layout from the
+shapes, ``bucket_shares``), the step is a pipeline of them (``pipeline``): forward (a third of
+T_c) overlaps nothing; each bucket, in launch order, takes its share (by elements) of backward
+and of the codec on the worker, then its share of the asynchronous rounds on the link, which
+starts once the bucket is compressed and the link has sent the earlier buckets:
 
-    T_step(o) = (s-1) T_c + overlap(T_c + T_codec(o), T_async(o) - T_last(o)) + T_last(o)
-                + T_block(o)
+    T_step(o) = (s-1) T_c + pipeline(T_c, T_codec(o), T_async(o)) + T_block(o)
     T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew [a barrier])
     (AR-Topk: T_block's bytes term x the last bucket's share f; the other 1 - f in T_async)
 
-(Until 2026-11-27 the codec was added outside the overlap, in full. At top-k 0.05 on the
-emulated hosts, where the codec and the all-gathers are both about a third of the step, that
-predicted the step 20% slow; bench/comm_bed.py.)
+No overlap exponent. Until 2026-11-27 this was perfmodel's power mean, overlap(T_c + T_codec,
+T_async - T_last, gamma) + T_last, with dense's gamma. On the emulated hosts that gamma
+(1.02-1.21, fitted on dense) made top-k at 0.05 18-31% slow: dense's communication there is ten
+times its compute, near-additive for a structural reason (forward cannot overlap, backward runs
+before each bucket is sent), while top-k's rounds hide behind the backward and codec of the
+buckets that follow. The pipeline, with nothing fitted, was within 8% for every option, dense
+included (bench/comm_bed.py). Without a bucket size the power mean with the last-bucket floor
+remains; dense (``none``) keeps perfmodel's step, fitted on real traces. (Before that, until
+the same day, the codec was added outside the overlap in full, which predicted top-k at 0.05
+20% slow.)
 
 ``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
 runs the option's compress + decompress on the model's own parameter shapes on the profiling
@@ -421,6 +429,13 @@ def step_time(
     tc = perfmodel.compute_time(p, local_batch)
     s = np.asarray(accum_steps, dtype=float)
     sync, _ = sync_time(p, c, shapes, nodes, workers, part="overlapped")
+    k = np.asarray(workers, dtype=float)
+    codec = np.where(k > 1, codec_s, 0.0)
+    if p.gradient_bytes and p.bucket_bytes:
+        # DDP's buckets as a pipeline (module notes): no overlap exponent
+        blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
+        shares = bucket_shares(shapes, p.bucket_bytes)
+        return (s - 1.0) * tc + pipeline(tc, codec, sync + hidden, shares) + blocking
     if p.gradient_bytes and p.bucket_bytes:
         frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
         last = sync_time(p, c, shapes, nodes, workers, frac, part="overlapped")[0]
@@ -429,10 +444,42 @@ def step_time(
         last = np.zeros_like(sync)
     blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
     sync = sync + hidden
-    k = np.asarray(workers, dtype=float)
-    codec = np.where(k > 1, codec_s, 0.0)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
     return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync - last, gamma) + last + blocking
+
+
+FORWARD_SHARE = 1.0 / 3.0
+"""Forward's share of forward + backward (backward costs about twice forward): it overlaps no
+bucket's rounds (DDP reduces the step's buckets before the optimizer, and the next forward
+needs the updated parameters)."""
+
+
+def bucket_shares(shapes: Sequence[tuple[int, ...]], bucket_bytes: float) -> list[float]:
+    """Each DDP bucket's share of the gradient's elements, in launch order (the last
+    parameters first, as backward produces them; ``compress.exchange_buckets``)."""
+    sizes = rc.exchange_buckets([math.prod(sh) for sh in shapes], int(bucket_bytes))
+    total = float(sum(sizes)) or 1.0
+    return [n / total for n in sizes]
+
+
+def pipeline(
+    compute: ArrayLike, codec: ArrayLike, rounds: ArrayLike, shares: Sequence[float]
+) -> Array:
+    """Seconds from forward's start until the last bucket's asynchronous rounds are done:
+    forward (``FORWARD_SHARE`` of ``compute``) overlaps nothing; then each bucket, in launch
+    order, takes its share of backward and of the codec on the worker, and its share of
+    ``rounds`` on the link, which starts once the bucket is compressed and the link has sent
+    the buckets before it."""
+    tc = np.asarray(compute, dtype=float)
+    work = (1.0 - FORWARD_SHARE) * tc + np.asarray(codec, dtype=float)
+    wire = np.asarray(rounds, dtype=float)
+    host = FORWARD_SHARE * tc
+    link = np.zeros_like(host * wire)
+    for f in shares:
+        host = host + work * f
+        link = np.maximum(link, host) + wire * f
+    out: Array = np.maximum(host, link)
+    return out
 
 
 def blocking_time(
@@ -450,7 +497,7 @@ def blocking_time(
     whole, _ = sync_time(p, c, shapes, nodes, workers, part="blocking", skew_s=skew_s)
     if not c.sparse or not (p.gradient_bytes and p.bucket_bytes):
         return whole, np.zeros_like(whole)
-    frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
+    frac = bucket_shares(shapes, p.bucket_bytes)[-1]  # the last bucket's
     exposed, _ = sync_time(p, c, shapes, nodes, workers, frac, part="blocking", skew_s=skew_s)
     return exposed, whole - exposed
 

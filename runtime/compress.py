@@ -52,6 +52,25 @@ ADAPTIVE_MIN = 0.001
 ADAPTIVE_MAX = 0.1
 VALUE_BYTES = 4
 INDEX_BYTES = 4
+
+DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb, in bytes
+
+
+def exchange_buckets(numels: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
+    """Elements per DDP bucket of FP32 parameters of ``numels`` (in reverse order, as DDP fills
+    and launches them; a parameter larger than a bucket is a bucket of its own)."""
+    out: list[int] = []
+    size = 0
+    for n in reversed(list(numels)):
+        if size and (size + n) * VALUE_BYTES > bucket_bytes:
+            out.append(size)
+            size = 0
+        size += n
+    if size:
+        out.append(size)
+    return out
+
+
 _HINT = (
     "use none, fp16, bf16, powersgd:RANK (RANK >= 1), topk:RATIO[:ar|ag|auto] "
     "(0 < RATIO <= 1, the fraction kept; :wSTEPS adds a sparsity warm-up over STEPS steps) "

@@ -716,24 +716,6 @@ PROBE_MAX_PAIRS = 16  # ... and at most, while the sign test cannot tell the two
 PROBE_BUDGET_S = 10.0  # measured seconds after which no further pair starts
 
 
-DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb, in bytes
-
-
-def exchange_buckets(numels: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
-    """Elements per DDP bucket of FP32 parameters of ``numels`` (in reverse order, as DDP fills
-    them; a parameter larger than a bucket is a bucket of its own)."""
-    out: list[int] = []
-    size = 0
-    for n in reversed(list(numels)):
-        if size and (size + n) * VALUE_BYTES > bucket_bytes:
-            out.append(size)
-            size = 0
-        size += n
-    if size:
-        out.append(size)
-    return out
-
-
 def probe_topk_exchange(
     ctx: Context,
     buckets: Sequence[int],

@@ -35,13 +35,8 @@ from kplan.runtime import env, local_gns, profile_steps, step_end
 from kplan.runtime.amp import Amp
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
-from kplan.runtime.compressor import (
-    DDP_BUCKET_BYTES,
-    Compressor,
-    exchange_buckets,
-    probe_network,
-    probe_topk_exchange,
-)
+from kplan.runtime.compress import DDP_BUCKET_BYTES, exchange_buckets
+from kplan.runtime.compressor import Compressor, probe_network, probe_topk_exchange
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator
 from kplan.runtime.lr_scaling import LrScaler

@@ -15,8 +15,13 @@ import pytest
 import torch
 
 from kplan.planner import compression as cp
-from kplan.runtime.compress import link_from_probe, parse_compression, topk_collective
-from kplan.runtime.compressor import Compressor, TopkExchange, exchange_buckets
+from kplan.runtime.compress import (
+    exchange_buckets,
+    link_from_probe,
+    parse_compression,
+    topk_collective,
+)
+from kplan.runtime.compressor import Compressor, TopkExchange
 from kplan.runtime.distributed import Context
 
 REPO = Path(__file__).resolve().parents[1]

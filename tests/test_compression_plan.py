@@ -22,6 +22,7 @@ from tests import planner_fixtures as fx
 
 P = 1e8  # fixture gradient bytes
 SHAPES = ((5000, 5000),)  # 25M elements = 1e8 FP32 bytes
+FOUR = ((2500, 2500),) * 4  # the same elements as four 25 MB parameters (a DDP bucket each)
 
 
 def _traffic(spec: str, k: int, shapes: tuple[tuple[int, ...], ...] = SHAPES) -> cp.Traffic:
@@ -299,26 +300,55 @@ def test_ar_topk_exposes_only_the_last_buckets_broadcast() -> None:
     latencies still are), the rest joins the overlapped rounds; PowerSGD's P round, a barrier,
     stays exposed in full (module notes)."""
     p = fx.params(gamma=10.0, inter_alpha=0.0, inter_lat=1e-3, bucket_bytes=25 * 2**20)
-    nb, per_byte = cp.buckets(p, SHAPES), p.inter_beta / P
-    frac = 25 * 2**20 / P
+    nb, per_byte = cp.buckets(p, FOUR), p.inter_beta / P
+    frac = cp.bucket_shares(FOUR, 25 * 2**20)[-1]
+    assert frac == pytest.approx(0.25)  # four 25 MB parameters, a bucket each
     ar = cp.parse("topk:0.05:ar")
-    whole, _ = cp.sync_time(p, ar, SHAPES, [2], [2], part="blocking")
-    exposed, hidden = cp.blocking_time(p, ar, SHAPES, [2], [2])
+    whole, _ = cp.sync_time(p, ar, FOUR, [2], [2], part="blocking")
+    exposed, hidden = cp.blocking_time(p, ar, FOUR, [2], [2])
     kk = math.ceil(0.05 * 25_000_000)
     assert float(exposed[0]) == pytest.approx(per_byte * 4 * kk * frac + nb * 1e-3)
     assert float(exposed[0] + hidden[0]) == pytest.approx(float(whole[0]))
     assert float(hidden[0]) > 0.5 * float(whole[0])
     ps = cp.parse("powersgd:4")
-    full, _ = cp.sync_time(p, ps, SHAPES, [2], [2], part="blocking", skew_s=0.01)
-    e2, h2 = cp.blocking_time(p, ps, SHAPES, [2], [2], skew_s=0.01)
+    full, _ = cp.sync_time(p, ps, FOUR, [2], [2], part="blocking", skew_s=0.01)
+    e2, h2 = cp.blocking_time(p, ps, FOUR, [2], [2], skew_s=0.01)
     assert float(e2[0]) == pytest.approx(float(full[0])) and float(h2[0]) == 0.0
     # a long compute hides the earlier buckets' broadcast: the step is compute + codec + the
-    # last bucket's rounds + the exposed broadcast, the hidden part cheaper than when exposed
+    # last bucket's share of the rounds + the exposed broadcast (the pipeline)
     tc = float(perfmodel.compute_time(p, 16))
-    step = float(cp.step_time(p, ar, SHAPES, [2], [2], [16], 1, codec_s=1.0)[0])
-    last, _ = cp.sync_time(p, ar, SHAPES, [2], [2], frac, part="overlapped")
-    assert step == pytest.approx(tc + 1.0 + float(last[0] + exposed[0]), rel=1e-3)
-    assert step < tc + 1.0 + float(last[0] + whole[0]) - 0.9 * float(hidden[0])
+    step = float(cp.step_time(p, ar, FOUR, [2], [2], [16], 1, codec_s=1.0)[0])
+    over, _ = cp.sync_time(p, ar, FOUR, [2], [2], part="overlapped")
+    last_share = cp.bucket_shares(FOUR, 25 * 2**20)[-1]
+    wire = float(over[0] + hidden[0])
+    assert step == pytest.approx(tc + 1.0 + wire * last_share + float(exposed[0]), rel=1e-6)
+    assert step < tc + 1.0 + wire * last_share + float(whole[0]) - 0.9 * float(hidden[0])
+
+
+def test_compressed_steps_are_a_pipeline_of_ddp_buckets() -> None:
+    """With DDP's buckets known, a compressed step is forward, then each bucket's backward and
+    codec on the worker and its rounds on the link in launch order (module notes): no overlap
+    exponent; comm-bound, the step is forward + the first bucket's work + all the rounds;
+    compute-bound, compute + codec + the last bucket's rounds; in one bucket, nothing
+    overlaps."""
+    shares = cp.bucket_shares([(1000, 1000), (500, 1000), (10,)], 4 * 1_000_000)
+    assert shares == pytest.approx([0.5e6 / 1.50001e6 + 10 / 1.50001e6, 1e6 / 1.50001e6])
+    tc, codec = 0.3, 0.06
+    f1, f2 = shares
+    slow = float(cp.pipeline(tc, codec, 10.0, shares))
+    assert slow == pytest.approx(tc / 3 + (2 * tc / 3 + codec) * f1 + 10.0)
+    fast = float(cp.pipeline(tc, codec, 0.01, shares))
+    assert fast == pytest.approx(tc + codec + 0.01 * f2)
+    assert float(cp.pipeline(tc, codec, 1.0, [1.0])) == pytest.approx(tc + codec + 1.0)
+    p = fx.params(inter_alpha=0.0, inter_lat=1e-4, bucket_bytes=25 * 2**20)
+    o = cp.parse("topk:0.01:ag")
+    steps = [
+        float(
+            cp.step_time(perfmodel.replace_fields(p, gamma=g), o, SHAPES, [2], [2], [16], 1, 0.1)[0]
+        )
+        for g in (1.0, 3.0, 10.0)
+    ]
+    assert steps[0] == pytest.approx(steps[1]) == pytest.approx(steps[2])
 
 
 def test_every_bucket_pays_its_rounds_latency() -> None:
