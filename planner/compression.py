@@ -60,10 +60,10 @@ T_async - T_last, gamma) + T_last, with dense's gamma. On the emulated hosts tha
 times its compute, near-additive for a structural reason (forward cannot overlap, backward runs
 before each bucket is sent), while top-k's rounds hide behind the backward and codec of the
 buckets that follow. The pipeline, with nothing fitted, was within 8% for every option, dense
-included (bench/comm_bed.py). Without a bucket size the power mean with the last-bucket floor
-remains; dense (``none``) keeps perfmodel's step, fitted on real traces. (Before that, until
-the same day, the codec was added outside the overlap in full, which predicted top-k at 0.05
-20% slow.)
+included (bench/comm_bed.py). Without a bucket size the power mean remains (no bucket
+layout, so no last-bucket floor and nothing hidden); dense (``none``) keeps perfmodel's step,
+fitted on real traces. (Before that, until the same day, the codec was added outside the
+overlap in full, which predicted top-k at 0.05 20% slow.)
 
 ``T_codec`` is measured when the profile has it (profile 1.2 ``codec_seconds``: profiler/codec.py
 runs the option's compress + decompress on the model's own parameter shapes on the profiling
@@ -431,21 +431,14 @@ def step_time(
     sync, _ = sync_time(p, c, shapes, nodes, workers, part="overlapped")
     k = np.asarray(workers, dtype=float)
     codec = np.where(k > 1, codec_s, 0.0)
+    blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
     if p.gradient_bytes and p.bucket_bytes:
         # DDP's buckets as a pipeline (module notes): no overlap exponent
-        blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
         shares = bucket_shares(shapes, p.bucket_bytes)
         return (s - 1.0) * tc + pipeline(tc, codec, sync + hidden, shares) + blocking
-    if p.gradient_bytes and p.bucket_bytes:
-        frac = min(1.0, p.bucket_bytes / p.gradient_bytes)
-        last = sync_time(p, c, shapes, nodes, workers, frac, part="overlapped")[0]
-        last = np.minimum(last, sync)
-    else:
-        last = np.zeros_like(sync)
-    blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
-    sync = sync + hidden
+    # no bucket layout: perfmodel's power mean (nothing is hidden, no last bucket is known)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
-    return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync - last, gamma) + last + blocking
+    return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync, gamma) + blocking
 
 
 FORWARD_SHARE = 1.0 / 3.0
@@ -454,12 +447,18 @@ bucket's rounds (DDP reduces the step's buckets before the optimizer, and the ne
 needs the updated parameters)."""
 
 
-def bucket_shares(shapes: Sequence[tuple[int, ...]], bucket_bytes: float) -> list[float]:
+def bucket_shares(shapes: Sequence[tuple[int, ...]], bucket_bytes: float) -> tuple[float, ...]:
     """Each DDP bucket's share of the gradient's elements, in launch order (the last
-    parameters first, as backward produces them; ``compress.exchange_buckets``)."""
-    sizes = rc.exchange_buckets([math.prod(sh) for sh in shapes], int(bucket_bytes))
+    parameters first, as backward produces them; ``compress.exchange_buckets``). Cached: the
+    step and its blocking term both read it, for every configuration priced."""
+    return _bucket_shares(tuple(math.prod(sh) for sh in shapes), int(bucket_bytes))
+
+
+@functools.lru_cache(maxsize=256)
+def _bucket_shares(numels: tuple[int, ...], bucket_bytes: int) -> tuple[float, ...]:
+    sizes = rc.exchange_buckets(numels, bucket_bytes)
     total = float(sum(sizes)) or 1.0
-    return [n / total for n in sizes]
+    return tuple(n / total for n in sizes)
 
 
 def pipeline(
