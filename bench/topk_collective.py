@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    from kplan.runtime.compressor import sign_test
+    from kplan.runtime.compressor import TopkExchange, sign_test
 
     sizes = buckets()
     print(
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 port += 1
                 ar, ag, wins, n = doc["ar"], doc["ag"], doc["ar_wins"], doc["pairs"]
                 p = sign_test(wins, n)  # the runtime's (compressor.py)
-                faster = ("ar" if wins * 2 > n else "ag") if p < 0.05 else "tie"
+                faster = TopkExchange(ratio, ar, ag, wins, n).decided or "tie"  # the same rule
                 verdict = "-"
                 if faster != "tie":
                     decided += 1

@@ -103,8 +103,7 @@ def codec_seconds(
                 idx32 = idx.to(torch.int32)
                 rcomp.combine_gathered(a.numel(), [(idx32, values)] * workers, flat)
             else:
-                out = torch.zeros_like(flat)
-                out[idx] = values
+                rcomp.scatter_reduced(flat.numel(), idx, values)
 
     once()
     sync()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -196,6 +197,14 @@ def split_sent(a: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.
     residual = a.clone()
     residual[idx] = 0
     return values, residual
+
+
+def scatter_reduced(numel: int, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """AR-Topk's decode: the all-reduced ``values`` at ``idx`` in a dense bucket of ``numel``
+    zeros (every worker sent the same indices)."""
+    out = torch.zeros(numel, dtype=values.dtype, device=values.device)
+    out[idx.long()] = values
+    return out
 
 
 def combine_gathered(
@@ -531,9 +540,7 @@ class Compressor:
         self.bytes_sent += ring_allreduce_bytes(VALUE_BYTES * total_k, world)
 
         def reduced(_: Any) -> torch.Tensor:
-            out = torch.zeros_like(flat)
-            out[idx] = values
-            return self._apply_inverse(out, inverses)
+            return self._apply_inverse(scatter_reduced(numel, idx, values), inverses)
 
         return self._launch(works, reduced)
 
@@ -764,25 +771,11 @@ def probe_topk_exchange(
                 dist.broadcast(sent, src=step % world)
                 reduced = values.clone()
                 works.append(dist.all_reduce(reduced, async_op=True))
-
-                def scatter(
-                    n: int = n, at: torch.Tensor = sent, v: torch.Tensor = reduced
-                ) -> torch.Tensor:
-                    out = torch.zeros(n, dtype=v.dtype, device=v.device)
-                    out[at.long()] = v
-                    return out
-
-                decodes.append(scatter)
+                decodes.append(functools.partial(scatter_reduced, n, sent, reduced))
             else:
                 vals, ids = _all_gather_topk(works, values, idx, world)
                 parts = list(zip(ids, vals, strict=True))
-
-                def gathered(
-                    n: int = n, parts: list[tuple[torch.Tensor, torch.Tensor]] = parts
-                ) -> torch.Tensor:
-                    return combine_gathered(n, parts, parts[0][1])
-
-                decodes.append(gathered)
+                decodes.append(functools.partial(combine_gathered, n, parts, values))
         for work in works:
             work.wait()
         for decode in decodes:
