@@ -4,7 +4,8 @@ A node's log (``<job>/logs/node-<rank>.log`` in the job's storage) holds the tra
 output and torchrun's own messages. :func:`error_line` picks the line that says what went wrong
 (the last ``SomeError: ...`` line of a traceback, else the last line that is not torchrun's
 bookkeeping); :func:`log_tail` reads the last lines of a node's log, at most ``TAIL_BYTES``
-from its end.
+from its end, optionally only the script's own lines (what a failed node's event keeps: torchrun
+and noderun may add lines after the script's last words, more of them on a loaded machine).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ _EXCEPTION = re.compile(r"^(\[rank\d+\]: ?)?([A-Za-z_][\w.]*(Error|Exception|Exi
 _NOISE = re.compile(r"^(=+|-+|\s*|kplan: not restarting .*)$")  # separators, noderun's note
 
 
-def log_tail(storage: Storage, job_id: str, rank: int, lines: int = TAIL_LINES) -> list[str]:
-    """The last ``lines`` non-empty lines of node ``rank``'s log (none if it has no log)."""
+def log_tail(
+    storage: Storage, job_id: str, rank: int, lines: int = TAIL_LINES, script_only: bool = False
+) -> list[str]:
+    """The last ``lines`` non-empty lines of node ``rank``'s log (none if it has no log);
+    ``script_only``: leave out torchrun's log lines, separators and noderun's notes."""
     try:
         data = storage.get_bytes(log_key(job_id, rank))
     except (OSError, ValueError):
@@ -36,6 +40,8 @@ def log_tail(storage: Storage, job_id: str, rank: int, lines: int = TAIL_LINES) 
         return []
     text = data[-TAIL_BYTES:].decode("utf-8", "replace")
     kept = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if script_only:
+        kept = [line for line in kept if not (_TORCH_LOG.match(line) or _NOISE.match(line))]
     return kept[-lines:] if lines > 0 else []
 
 

@@ -173,8 +173,9 @@ class RunState:
                 continue  # a late write of an instance this rank no longer runs on
             self.finished[rank] = doc
             told = doc
-            if code != 0:  # the last lines of its log, for `kplan status --json`
-                told = {**doc, "log_tail": log_tail(self.storage, self.spec.job_id, rank)}
+            if code != 0:  # the script's last lines in its log, for `kplan status --json`
+                tail = log_tail(self.storage, self.spec.job_id, rank, script_only=True)
+                told = {**doc, "log_tail": tail}
             self._event("node-exit", f"node {rank} exited with code {code}", told)
             if code == 0 and self.first_done is None:
                 self.first_done = self.clock.now()

@@ -189,4 +189,9 @@ def test_error_line_of_a_log(tmp_path: Path) -> None:
     assert error_line(["[rank1]: RuntimeError: boom", "done"]) == "[rank1]: RuntimeError: boom"
     assert error_line(["===="]) is None
     assert log_tail(storage, "kp-x", 0) == []  # no log
+    # a failed node's event keeps the script's lines, however many torchrun adds after them
+    noisy = "giving up\n" + "W1123 18:00:00.1 12 x] closing\n" * 8 + "=====\n"
+    storage.put_bytes("kp-x/logs/node-2.log", noisy.encode())
+    assert log_tail(storage, "kp-x", 2, lines=5)[0].startswith("W1123")
+    assert log_tail(storage, "kp-x", 2, lines=5, script_only=True) == ["giving up"]
     assert len(error_line(["x" * 1000]) or "") == 300
