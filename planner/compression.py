@@ -45,9 +45,10 @@ latencies), and the earlier buckets' bytes share the link with the overlapped ro
 rounds overlap backward. The codec compute (compress + decompress: casts, PowerSGD's matmuls
 and orthogonalisation, top-k selection and scatter) runs on the worker's own device between
 backward's kernels. Where DDP's buckets are known (``p.bucket_bytes``; their layout from the
-shapes, ``bucket_shares``), the step is a pipeline of them (``pipeline``): forward (a third of
-T_c) overlaps nothing; each bucket, in launch order, takes its share (by elements) of backward
-and of the codec on the worker, then its share of the asynchronous rounds on the link, which
+shapes, ``bucket_shares``), the step is a pipeline of them (``pipeline``): forward (its share
+of T_c measured by the profile, ``model.forward_share``, else a third) overlaps nothing; each
+bucket, in launch order, takes its share (by elements) of backward and of the codec on the
+worker, then its share of the asynchronous rounds on the link, which
 starts once the bucket is compressed and the link has sent the earlier buckets:
 
     T_step(o) = (s-1) T_c + pipeline(T_c, T_codec(o), T_async(o)) + T_block(o)
@@ -420,10 +421,13 @@ def step_time(
     accum_steps: ArrayLike = 1,
     codec_s: float = 0.0,
     skew_s: float = 0.0,
+    forward_share: float | None = None,
 ) -> Array:
     """Seconds per optimizer step with ``c`` (module notes); ``none`` is perfmodel's exactly.
     ``skew_s``: a worker's mean wait at a barrier inside backward beyond the link's latency
-    (the others still computing), paid at each blocking round of each bucket."""
+    (the others still computing), paid at each blocking round of each bucket.
+    ``forward_share``: the part of the compute no round overlaps (the profile's measured
+    ``model.forward_share``; None: ``FORWARD_SHARE``)."""
     if c.kind == "none":
         return perfmodel.step_time(p, nodes, workers, local_batch, accum_steps)
     tc = perfmodel.compute_time(p, local_batch)
@@ -435,16 +439,17 @@ def step_time(
     if p.gradient_bytes and p.bucket_bytes:
         # DDP's buckets as a pipeline (module notes): no overlap exponent
         shares = bucket_shares(shapes, p.bucket_bytes)
-        return (s - 1.0) * tc + pipeline(tc, codec, sync + hidden, shares) + blocking
+        ahead = FORWARD_SHARE if forward_share is None else forward_share
+        return (s - 1.0) * tc + pipeline(tc, codec, sync + hidden, shares, ahead) + blocking
     # no bucket layout: perfmodel's power mean (nothing is hidden, no last bucket is known)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
     return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync, gamma) + blocking
 
 
 FORWARD_SHARE = 1.0 / 3.0
-"""Forward's share of forward + backward (backward costs about twice forward): it overlaps no
-bucket's rounds (DDP reduces the step's buckets before the optimizer, and the next forward
-needs the updated parameters)."""
+"""Forward's share of forward + backward where the profile did not measure it (backward costs
+about twice forward): it overlaps no bucket's rounds (DDP reduces the step's buckets before the
+optimizer, and the next forward needs the updated parameters)."""
 
 
 def bucket_shares(shapes: Sequence[tuple[int, ...]], bucket_bytes: float) -> tuple[float, ...]:
@@ -462,17 +467,21 @@ def _bucket_shares(numels: tuple[int, ...], bucket_bytes: int) -> tuple[float, .
 
 
 def pipeline(
-    compute: ArrayLike, codec: ArrayLike, rounds: ArrayLike, shares: Sequence[float]
+    compute: ArrayLike,
+    codec: ArrayLike,
+    rounds: ArrayLike,
+    shares: Sequence[float],
+    forward_share: float = FORWARD_SHARE,
 ) -> Array:
     """Seconds from forward's start until the last bucket's asynchronous rounds are done:
-    forward (``FORWARD_SHARE`` of ``compute``) overlaps nothing; then each bucket, in launch
+    forward (``forward_share`` of ``compute``) overlaps nothing; then each bucket, in launch
     order, takes its share of backward and of the codec on the worker, and its share of
     ``rounds`` on the link, which starts once the bucket is compressed and the link has sent
     the buckets before it."""
     tc = np.asarray(compute, dtype=float)
-    work = (1.0 - FORWARD_SHARE) * tc + np.asarray(codec, dtype=float)
+    work = (1.0 - forward_share) * tc + np.asarray(codec, dtype=float)
     wire = np.asarray(rounds, dtype=float)
-    host = FORWARD_SHARE * tc
+    host = forward_share * tc
     link = np.zeros_like(host * wire)
     for f in shares:
         host = host + work * f
@@ -541,15 +550,29 @@ def price(
     measured_codec: dict[str, float] | None = None,
     stat: StatCost | None = None,
     codec_s: tuple[float, str] | None = None,
+    forward_share: float | None = None,
 ) -> Priced:
-    """Price ``c`` on one configuration against dense (``codec_s``: ``codec_for``'s answer)."""
+    """Price ``c`` on one configuration against dense (``codec_s``: ``codec_for``'s answer;
+    ``forward_share``: ``step_time``'s)."""
     if codec_s is not None:
         codec, basis = codec_s
     else:
         codec = codec_seconds(c, shapes, measured_codec)
         hit = measured_codec and (c.spec() in measured_codec or c.kind in measured_codec)
         basis = "codec measured" if hit else "codec prior"
-    step = float(step_time(p, c, shapes, [nodes], [workers], [local_batch], accum_steps, codec)[0])
+    step = float(
+        step_time(
+            p,
+            c,
+            shapes,
+            [nodes],
+            [workers],
+            [local_batch],
+            accum_steps,
+            codec,
+            forward_share=forward_share,
+        )[0]
+    )
     dense = float(perfmodel.step_time(p, nodes, workers, local_batch, accum_steps))
     sync, colls = sync_time(p, c, shapes, [nodes], [workers])
     return Priced(

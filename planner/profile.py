@@ -13,7 +13,8 @@ Document shape (``schema`` = ``kplan.profile/1.x``)::
       "device": {"gpu": "T4", "gpus_per_node": 4, "cloud": "aws", "instance_type": "g4dn.12xlarge",
                  "fp32_tflops": 7.9, "mem_bw_gbs": 290.0},   # the last two: measured, optional
       "model": {"gradient_bytes": 102228128,
-                "gradient_shapes": [[[2048, 512, 1, 1], 3], [[1000], 1], ...]},  # optional (1.2)
+                "gradient_shapes": [[[2048, 512, 1, 1], 3], [[1000], 1], ...],   # optional (1.2)
+                "forward_share": 0.31},                                          # optional (1.3)
       "batch": {"base_global_batch": 200, "max_local_batch": 200,
                 "max_local_limit": "oom"},   # optional: oom, memory or sweep (what set the max)
       "memory": {"device_memory_gb": 16.0, "static_gb": 1.5, "per_sample_gb": 0.06},   # optional
@@ -40,6 +41,10 @@ of distinct shapes (at most ``MAX_DISTINCT_SHAPES``; their elements must match
 options' compress + decompress seconds per step measured on the profiling device
 (profiler/codec.py), keyed by the option's canonical spec. The planner prices compression with
 both (planner/compression.py); without them it assumes square matrices and per-element priors.
+``model.forward_share`` (1.3) is forward's (and fetching the input's) share of the compute time,
+measured in the profile's sweep by timing the backward passes apart: the part of a step no
+gradient exchange overlaps. Without it the planner assumes a third (backward costs about twice
+forward).
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ from kplan.errors import DataFileError, InputError, SchemaVersionError
 from kplan.planner.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.runtime.compress import parse_compression
 
-# 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds"
-PROFILE_SCHEMA = "kplan.profile/1.2"
+# 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds";
+# 1.3: optional "model.forward_share"
+PROFILE_SCHEMA = "kplan.profile/1.3"
 _PROFILE_KIND = "kplan.profile"
 _SUPPORTED_MAJOR = 1
 
@@ -139,6 +145,8 @@ class Profile:
     # times of compression options (profile 1.2). None: not recorded.
     gradient_shapes: tuple[tuple[Shape, int], ...] | None = None
     codec: CodecTimes | None = None
+    # Forward's (and the input's) share of the compute time, measured (profile 1.3). None: not.
+    forward_share: float | None = None
 
     def shapes(self) -> tuple[Shape, ...] | None:
         """Every trainable parameter's shape (the pairs expanded), or None when not recorded."""
@@ -378,7 +386,21 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         max_local_limit=_limit(batch.get("max_local_limit"), source),
         gradient_shapes=_shapes(model, source),
         codec=_codec(doc.get("codec_seconds"), source),
+        forward_share=_share(model.get("forward_share"), source, "model.forward_share"),
     )
+
+
+def _share(value: Any, source: str, name: str) -> float | None:
+    """An optional fraction strictly between 0 and 1."""
+    if value is None:
+        return None
+    share = _num(value, source, name, upper=1.0)
+    if share >= 1.0:
+        raise DataFileError(
+            f"{source}: '{name}' must be below 1, got {value!r}",
+            hint="a share of the compute time, e.g. 0.33",
+        )
+    return share
 
 
 def _shapes(model: dict[str, Any], source: str) -> tuple[tuple[Shape, int], ...] | None:
@@ -551,6 +573,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         doc["fit"] = p.fit
     if p.gradient_shapes is not None:
         doc["model"]["gradient_shapes"] = [[list(s), n] for s, n in p.gradient_shapes]
+    if p.forward_share is not None:
+        doc["model"]["forward_share"] = p.forward_share
     if p.codec is not None:
         doc["codec_seconds"] = {
             "options": p.codec.as_dict(),

@@ -363,7 +363,17 @@ def _type_grid(
         )
         step = np.minimum.reduce(  # auto: the faster of AR's and AG's
             [
-                compression.step_time(p, cc, shapes, nodes, workers, local, accum, codec)
+                compression.step_time(
+                    p,
+                    cc,
+                    shapes,
+                    nodes,
+                    workers,
+                    local,
+                    accum,
+                    codec,
+                    forward_share=workload.forward_share,
+                )
                 for cc, shapes, (codec, _) in inputs
             ]
         )
@@ -1241,6 +1251,7 @@ def _compression_fields(
             int(t.accum[i]),
             stat=c.compression_stat,
             codec_s=codec,
+            forward_share=workload.forward_share,
         )
         for cc, shapes, codec in inputs
     ]

@@ -53,6 +53,9 @@ class Workload:
     # the codec times measured on the reference device. None: not profiled (priors used).
     gradient_shapes: tuple[tuple[int, ...], ...] | None = None
     codec: CodecTimes | None = None
+    # Forward's (and the input's) share of the compute, measured by the profile (1.3); None:
+    # compression.FORWARD_SHARE is assumed.
+    forward_share: float | None = None
     # The NIC fabric of the profiled instance (catalog.nic_fabric), when known: measured
     # inter-node terms transfer only to instances of the same fabric.
     ref_fabric: Literal["rdma", "tcp"] | None = None
@@ -139,6 +142,7 @@ def workload_from_profile(
         precision_ratio=precision_ratio(profile, other) if other is not None else None,
         gradient_shapes=profile.shapes(),
         codec=profile.codec,
+        forward_share=profile.forward_share,
         ref_fabric=ref_fabric,
     )
 

@@ -8,7 +8,9 @@ stall for reasons that have nothing to do with the job). The formulas:
 - memory (CUDA only) ``peak(b) = static + per_sample * b``, and the batch ceiling where the fit
   reaches 90% of device memory when no size ran out of memory;
 - gradient noise scale ``B_noise = tr(Sigma) / |G|^2`` (samples) from the runtime's running
-  estimates at the end of the GNS run.
+  estimates at the end of the GNS run;
+- forward's share of the compute, ``1 - sum(backward) / sum(compute)`` over the swept sizes'
+  means (the part no gradient exchange can overlap: planner/compression.py's bucket pipeline).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class SizeStats:
     compute_time: float
     sync_time: float
     step_time_stdev: float
+    backward_time: float | None = None  # mean of the same steps; None: not every one measured
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Analysis:
     max_local_limit: str = "sweep"
     gradient_shapes: tuple[tuple[tuple[int, ...], int], ...] | None = None  # (shape, count)
     codec: CodecEvent | None = None  # rank 0's codec benchmark after the job
+    forward_share: float | None = None  # forward_share(sizes)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float], *, nonneg: bool = False) -> LinearFit:
@@ -135,6 +139,7 @@ def size_stats(steps: Sequence[StepRecord], warmup: int, per_size: int) -> tuple
         kept = _trim_slowest(timed)
         times = [s.step_time for s in kept]
         ranks = {s.rank for s in timed}
+        backward = [s.backward_time for s in kept if s.backward_time is not None]
         out.append(
             SizeStats(
                 local_batch=b,
@@ -143,9 +148,27 @@ def size_stats(steps: Sequence[StepRecord], warmup: int, per_size: int) -> tuple
                 compute_time=statistics.fmean(s.compute_time for s in kept),
                 sync_time=statistics.fmean(s.sync_time for s in kept),
                 step_time_stdev=statistics.stdev(times) if len(times) > 1 else 0.0,
+                backward_time=statistics.fmean(backward) if len(backward) == len(kept) else None,
             )
         )
     return tuple(out)
+
+
+FORWARD_SHARE_RANGE = (0.02, 0.98)  # a share outside is a timing artefact, not a model
+
+
+def forward_share(sizes: Sequence[SizeStats]) -> float | None:
+    """Forward's (and the input's) share of the compute: ``1 - sum(backward) / sum(compute)``
+    over the sizes whose steps all timed their backward passes (a sum, so the larger batches a
+    job trains at weigh more than a tiny size's fixed costs); None if none did. Clipped to
+    ``FORWARD_SHARE_RANGE``."""
+    timed = [s for s in sizes if s.backward_time is not None and s.compute_time > 0]
+    if not timed:
+        return None
+    backward = sum(s.backward_time or 0.0 for s in timed)
+    share = 1.0 - backward / sum(s.compute_time for s in timed)
+    low, high = FORWARD_SHARE_RANGE
+    return min(max(share, low), high)
 
 
 def noise_scale(steps: Sequence[StepRecord]) -> tuple[float | None, int]:
@@ -219,6 +242,7 @@ def analyze(records: Sequence[Record], warmup: int, steps_per_batch: int) -> Ana
         max_local_limit=limit,
         gradient_shapes=models[-1].shapes,
         codec=codec[-1] if codec else None,
+        forward_share=forward_share(sizes),
     )
 
 

@@ -1,7 +1,8 @@
 """The runtime's metrics stream (JSON lines), parsed into typed records as it grows.
 
 Per-step records carry ``step, rank, world_size, local_batch, global_batch, compute_time,
-sync_time, step_time, loss, gns, grad_sqr, grad_var, phase``; events carry ``event``:
+sync_time, step_time, loss, gns, grad_sqr, grad_var, phase`` (and, in the sweep,
+``backward_time``: the part of ``compute_time`` the backward passes took); events carry ``event``:
 ``model`` (gradient bytes, parameters, the parameters' shapes), ``oom`` (a local batch that ran
 out of memory), ``memory`` (peak and total bytes on CUDA), ``allreduce`` and ``codec`` (the
 profiler's own microbenchmarks: profiler/allreduce.py, profiler/codec.py) and ``done``. Unknown
@@ -34,6 +35,7 @@ class StepRecord:
     gns: float | None = None
     grad_sqr: float | None = None
     grad_var: float | None = None
+    backward_time: float | None = None  # sweep steps: the backward passes' part of compute_time
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ def parse_record(raw: Any) -> Record | None:
             gns=_float(raw, "gns"),
             grad_sqr=_float(raw, "grad_sqr"),
             grad_var=_float(raw, "grad_var"),
+            backward_time=_float(raw, "backward_time"),
         )
     if event == "model":
         return ModelEvent(

@@ -305,6 +305,11 @@ def build_profile(
             )
         if a.codec.skipped:
             provenance += f"; codec {a.codec.skipped}"
+    if a.forward_share is not None:
+        provenance += (
+            f"; forward and input {a.forward_share:.0%} of the compute "
+            "(backward passes timed apart in the sweep)"
+        )
     mem = a.memory_fit
     if mem is not None and not gpus:
         provenance += (
@@ -331,4 +336,5 @@ def build_profile(
         max_local_limit=a.max_local_limit,
         gradient_shapes=a.gradient_shapes,
         codec=codec,
+        forward_share=a.forward_share,
     )

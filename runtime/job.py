@@ -512,8 +512,13 @@ class Job:
         self._loss_sum = self._loss_sum + loss.detach().double()
         last = self.is_last_micro_step
         scaled = loss / self.accum_steps if self.accum_steps > 1 else loss
+        sweep = self._sweeping()  # time backward apart from forward (no exchange inside it)
+        if sweep:
+            self._clock.backward_begin()
         with self.amp.outside_autocast():
             self.amp.scale(scaled).backward()  # type: ignore[no-untyped-call]
+        if sweep:
+            self._clock.backward_end()
         if self._first_grad is None:
             self._first_grad = next((p for p in self._params if p.grad is not None), None)
         if single_accum:

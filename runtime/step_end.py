@@ -174,6 +174,9 @@ def finish_step(job: Job) -> None:
     if job._profile is not None:
         record["phase"] = job._profile.phase.name
         record["warmup"] = job._profile.warmup
+        backward = job._clock.backward_time()
+        if backward is not None:  # the sweep's: compute_time minus forward and the input
+            record["backward_time"] = backward
     job.metrics.write(record)
     job.step_count += 1
 

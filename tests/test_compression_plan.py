@@ -7,6 +7,7 @@ compression does not help and picks (and explains) an option where the all-reduc
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -349,6 +350,43 @@ def test_compressed_steps_are_a_pipeline_of_ddp_buckets() -> None:
         for g in (1.0, 3.0, 10.0)
     ]
     assert steps[0] == pytest.approx(steps[1]) == pytest.approx(steps[2])
+
+
+def test_the_profiled_forward_share_is_what_no_round_overlaps() -> None:
+    """The profile's measured forward share replaces the assumed third: comm-bound, the step is
+    forward + the first bucket's work + the rounds; a larger share leaves less backward for the
+    rounds to hide behind, so the step grows, in the planner's search too."""
+    shares = cp.bucket_shares([(1000, 1000)] * 25, 25 * 2**20)
+    assert len(shares) > 2
+    tc, codec = 0.3, 0.06
+    for f in (0.1, 0.5, 0.9):
+        slow = float(cp.pipeline(tc, codec, 10.0, shares, f))
+        assert slow == pytest.approx(f * tc + ((1 - f) * tc + codec) * shares[0] + 10.0)
+    # compute-bound: compute + codec + the last bucket's rounds, whatever the share
+    fast = [float(cp.pipeline(tc, codec, 0.01, shares, f)) for f in (0.1, 0.9)]
+    assert fast == pytest.approx([tc + codec + 0.01 * shares[-1]] * 2)
+    p = fx.params(inter_alpha=0.0, inter_lat=1e-4, bucket_bytes=25 * 2**20)
+    o = cp.parse("topk:0.05:ag")
+    grads = [(1000, 1000)] * 25
+
+    def step(share: float | None) -> float:
+        return float(cp.step_time(p, o, grads, [2], [8], [64], 1, 0.05, forward_share=share)[0])
+
+    assert step(None) == pytest.approx(step(cp.FORWARD_SHARE))
+    assert step(0.1) < step(0.5) < step(0.9)
+    wl = replace(fx.workload(inter_beta=2.0), gradient_shapes=tuple(grads))
+    wl = replace(wl, params=replace(wl.params, bucket_bytes=25 * 2**20))
+
+    def chosen_step(share: float) -> float:
+        plan = _search(
+            replace(wl, forward_share=share), min_nodes=2, max_nodes=2, gpus=("T4",),
+            compression="topk:0.05:ag", objective="time",
+        )  # fmt: skip
+        r = plan.chosen  # type: ignore[attr-defined]
+        assert r.compression == "topk:0.05:ag"
+        return float(r.step_time_s)
+
+    assert chosen_step(0.1) < chosen_step(0.9)
 
 
 def test_every_bucket_pays_its_rounds_latency() -> None:

@@ -18,7 +18,7 @@ from kplan.planner import compression as cp
 from kplan.planner.plan import Plan, PlanRow
 from kplan.planner.profile import CodecTimes, profile_from_dict, profile_to_dict
 from kplan.planner.search import SearchOptions, search
-from kplan.planner.workload import Workload, for_instance
+from kplan.planner.workload import Workload, for_instance, workload_from_profile
 from kplan.profiler.codec import measure_options
 from tests import planner_fixtures as fx
 
@@ -51,6 +51,10 @@ def test_profile_records_the_shapes_and_codec_times(tmp_path: Path) -> None:
     assert shapes is not None and 4 * sum(math.prod(s) for s in shapes) == profile.gradient_bytes
     assert profile.codec is not None and "codec fp16" in profile.provenance
     assert profile_to_dict(profile)["codec_seconds"] == codec
+    # forward's share of the compute: the sweep timed its backward passes apart
+    share = doc["model"]["forward_share"]
+    assert 0.02 <= share <= 0.98 and profile.forward_share == share
+    assert f"forward and input {share:.0%} of the compute" in profile.provenance
 
 
 def test_measure_options_is_bounded_and_says_what_it_skipped() -> None:
@@ -86,6 +90,33 @@ def test_old_profiles_have_neither_field_and_write_back_without_them() -> None:
     assert p.gradient_shapes is None and p.codec is None and p.shapes() is None
     out = profile_to_dict(p)
     assert "gradient_shapes" not in out["model"] and "codec_seconds" not in out
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (1.0, "'model.forward_share' must be below 1"),
+        (0, "'model.forward_share' must be > 0"),
+        (-0.2, "'model.forward_share' must be > 0"),
+        ("a third", "'model.forward_share' must be a number"),
+        (True, "'model.forward_share' must be a number"),
+    ],
+)
+def test_forward_share_is_a_fraction(value: Any, match: str) -> None:
+    doc = _doc()
+    doc["model"]["forward_share"] = value
+    with pytest.raises(DataFileError, match=match):
+        profile_from_dict(doc)
+
+
+def test_forward_share_round_trips_and_reaches_the_workload() -> None:
+    doc = _doc()
+    assert profile_from_dict(doc).forward_share is None
+    doc["model"]["forward_share"] = 0.42
+    p = profile_from_dict(doc)
+    assert p.forward_share == 0.42 and profile_from_dict(profile_to_dict(p)) == p
+    assert profile_to_dict(p)["model"]["forward_share"] == 0.42
+    assert workload_from_profile(p, fx.catalog().gpus).forward_share == 0.42
 
 
 def test_fields_round_trip_with_canonical_specs() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,31 @@ def test_analyze_fits_compute_time_drops_warmup_and_stops_at_oom(flagged: bool) 
     assert [(m.workers, m.local_batch) for m in rows] == [(2, 2), (2, 4), (2, 8)]
     assert rows[0].step_time == pytest.approx(0.017)
     assert rows[0].sync_time == pytest.approx(0.01)
+
+
+def test_forward_share_is_what_the_backward_passes_left_of_the_compute() -> None:
+    """1 - sum(backward) / sum(compute) over the sizes' means: the larger sizes weigh more; a
+    size with a step that did not time its backward leaves the share to the others, none
+    leaves it unmeasured; an artefact outside (0.02, 0.98) is clipped."""
+
+    def sweep(b: int, compute: float, backward: list[float | None]) -> list[Record]:
+        return [
+            replace(r, backward_time=bw)  # type: ignore[type-var]
+            for r, bw in zip(_steps(b, 0, 10 * b, len(backward), compute), backward, strict=True)
+        ]
+
+    model: list[Record] = [ModelEvent(4_000, 1_000)]
+    a = analyze(model + sweep(2, 0.1, [0.05] * 3) + sweep(8, 0.3, [0.2] * 3), 0, 3)
+    assert [s.backward_time for s in a.sizes] == pytest.approx([0.05, 0.2])
+    assert a.forward_share == pytest.approx(1 - 0.25 / 0.4)
+    a = analyze(model + sweep(2, 0.1, [0.05, None, 0.05]) + sweep(8, 0.3, [0.2] * 3), 0, 3)
+    assert a.sizes[0].backward_time is None and a.forward_share == pytest.approx(1 / 3)
+    assert analyze(model + _steps(2, 0, 0, 3, 0.1), 0, 3).forward_share is None
+    assert analyze(model + sweep(2, 0.1, [0.1] * 3), 0, 3).forward_share == 0.02
+    # the runtime's record carries it; a non-number is no measurement
+    raw = {"step": 1, "local_batch": 2, "step_time": 0.2, "compute_time": 0.1}
+    assert parse_record({**raw, "backward_time": 0.06}).backward_time == 0.06  # type: ignore[union-attr]
+    assert parse_record({**raw, "backward_time": "x"}).backward_time is None  # type: ignore[union-attr]
 
 
 def test_analyze_without_steps_or_model_is_a_job_error() -> None:
