@@ -32,7 +32,11 @@ def summary_dict(
             "mem_bw_gbs": facts.mem_bw_gbs if facts else None,
             "memory_gb": facts.memory_gb if facts else None,
         },
-        "model": {"gradient_bytes": a.gradient_bytes, "parameters": a.parameters},
+        "model": {
+            "gradient_bytes": a.gradient_bytes,
+            "parameters": a.parameters,
+            "forward_share": a.forward_share,
+        },
         "sweep": [
             {
                 "local_batch": s.local_batch,
@@ -40,6 +44,7 @@ def summary_dict(
                 "step_time": s.step_time,
                 "compute_time": s.compute_time,
                 "sync_time": s.sync_time,
+                "backward_time": s.backward_time,
                 "step_time_stdev": s.step_time_stdev,
                 "samples_per_s": s.local_batch * result.workers / s.step_time,
             }

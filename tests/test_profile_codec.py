@@ -55,6 +55,7 @@ def test_profile_records_the_shapes_and_codec_times(tmp_path: Path) -> None:
     share = doc["model"]["forward_share"]
     assert 0.02 <= share <= 0.98 and profile.forward_share == share
     assert f"forward and input {share:.0%} of the compute" in profile.provenance
+    assert f"forward       {share:.0%} of the compute" in result.stdout  # the summary says it
 
 
 def test_measure_options_is_bounded_and_says_what_it_skipped() -> None:

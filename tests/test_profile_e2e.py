@@ -48,6 +48,9 @@ def test_profile_example_on_two_workers_writes_a_profile_and_csv(tmp_path: Path)
     assert summary["allreduce"]["nbytes"] == 4 * params
     assert summary["allreduce"]["workers"] == 2 and summary["allreduce"]["seconds"] > 0
     assert summary["compute_fit"]["b_c"] >= 0
+    # each size's backward passes timed apart: part of its compute, the rest is forward's share
+    assert all(0 < r["backward_time"] < r["compute_time"] for r in summary["sweep"])
+    assert summary["model"]["forward_share"] == profile.forward_share
     # Memory on a CPU: the tensors autograd saved, per sample at least the input and the two
     # hidden activations' one kept storage (fp32); the sweep, not memory, set the max batch.
     assert profile.max_local_limit == "sweep" and summary["max_local_limit"] == "sweep"

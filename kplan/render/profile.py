@@ -90,6 +90,12 @@ def render_summary(summary: dict[str, Any]) -> None:
             else " (largest swept)"
         ),
     ]
+    share = summary["model"].get("forward_share")
+    if share is not None:
+        lines.append(
+            f"forward       {share:.0%} of the compute (with the input; backward timed apart): "
+            "what no gradient exchange overlaps"
+        )
     if gns["noise_scale"] is not None:
         lines.append(f"noise scale   {gns['noise_scale']:.1f} samples ({gns['steps']} steps)")
     if summary["allreduce"]:
