@@ -19,11 +19,11 @@ slower in fewer pairs, by a two-sided sign test at 5% over the pairs; otherwise 
 
 ``topk:auto``'s choice is the runtime's own, made on the same bed before the pairs: the same
 probe with its own stopping rule (6 to 16 pairs, stopped where the sign test decides; the
-faster so decided, else, "?", the cost model's).
+faster so decided, else, "?", the one of the lower median, ``TopkExchange.choice``).
 Beside it, the cost model's choice (``compress.topk_collective`` on the link probed by
 ``runtime.compressor.probe_network``, timed 1-element and 4 MB all-reduces read by
-``compress.link_from_probe``), which the runtime falls back on where its probe cannot tell the
-two apart and at other ratios. Each row uses a new bed.
+``compress.link_from_probe``), which the runtime falls back on at other ratios. Each row uses
+a new bed.
 
     python bench/topk_collective.py           # as root; ~2 minutes
     python bench/topk_collective.py --hosts 2 --ratios 0.01 --gbps 1
@@ -80,7 +80,7 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
                     "pairs": measured.pairs,
                     "bandwidth": bw,
                     "latency": lat,
-                    "auto": probe.decided or cost.choice,  # Compressor.collective's rule
+                    "auto": probe.choice or cost.choice,  # Compressor.collective's rule
                     "probe": f"{probe.ar_wins}/{probe.pairs}" + ("" if probe.decided else "?"),
                     "model": cost.choice,
                     "ar_s": cost.ar_s,

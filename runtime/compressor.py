@@ -18,8 +18,8 @@ survive a restart; per-parameter state does, which is what makes resume exact.
   select with a sampled threshold (fast_topk_select, seeded by job seed, step and parameter:
   the same on every run) and torch.topk among the candidates: the same k as torch.topk over
   all of a, several times faster on a CPU. ``auto`` takes the faster of the two measured at
-  start (``probe_topk_exchange``) where 80% of the timed pairs agree, else (and at another
-  ratio) the cost model's (``collective``).
+  start (``probe_topk_exchange``; ``TopkExchange.choice``), and at another ratio the cost
+  model's (``collective``).
 - PowerSGD (rank r, per weight matrix M = a viewed as rows x rest): P = M Q (Q warm-started
   from the previous step, first drawn from a generator seeded by the job seed and the
   parameter's index), SUM all-reduce P, orthonormalise (QR), Q_i = M^T P, local error
@@ -546,14 +546,14 @@ class Compressor:
 
     def collective(self, ratio: float) -> str:
         """Top-k's collective at ``ratio``: the spec's; for ``auto`` the faster one measured at
-        start (``probe_topk_exchange``) at that ratio where the pairs agree, else (too close to
-        tell, or another ratio: a warm-up's first steps, adaptive's changes) the wire cost
-        function (``compress.topk_collective``, as ``planner.compression.traffic`` calls it)
-        for the whole gradient (DDP's bucket layout changes) on the link probed at start."""
+        start (``probe_topk_exchange``, ``TopkExchange.choice``) at that ratio, else (another
+        ratio: a warm-up's first steps, adaptive's changes) the wire cost function
+        (``compress.topk_collective``, as ``planner.compression.traffic`` calls it) for the
+        whole gradient (DDP's bucket layout changes) on the link probed at start."""
         if self.spec.collective != "auto":
             return self.spec.collective
-        if self.exchange is not None and self.exchange.ratio == ratio and self.exchange.decided:
-            return self.exchange.decided
+        if self.exchange is not None and self.exchange.ratio == ratio and self.exchange.choice:
+            return self.exchange.choice
         bw, lat = self.network or (1e9, 1e-4)
         total = sum(p.numel() for p in self.params)
         return topk_collective(total, ratio, self.ctx.world_size, bw, lat).choice
@@ -705,11 +705,22 @@ class TopkExchange:
     @property
     def decided(self) -> str | None:
         """The faster collective where a sign test over the pairs says so at 5% (two-sided:
-        6 of 6, 12 of 15, 13 of 16), else None (too close to tell apart: the cost model
-        decides)."""
+        6 of 6, 12 of 15, 13 of 16), else None (too close to tell apart: ``choice`` takes the
+        lower median)."""
         if not self.pairs or sign_test(self.ar_wins, self.pairs) >= 0.05:
             return None
         return "ar" if 2 * self.ar_wins > self.pairs else "ag"
+
+    @property
+    def choice(self) -> str | None:
+        """What ``auto`` runs: ``decided``, else the one of the lower median (None: nothing was
+        timed). Too close to tell apart, either costs about the same, and the probe's medians,
+        which hold the decode and the collective library's own costs, are the better guess: the
+        wire cost model says AG at two workers on latency alone, where AR's full steps were
+        faster in all 6 of the last two bench runs' settings (bench/comm_bed.py)."""
+        if not self.pairs:
+            return None
+        return self.decided or ("ar" if self.ar_s <= self.ag_s else "ag")
 
 
 def sign_test(wins: int, n: int) -> float:

@@ -78,8 +78,9 @@ def test_two_workers_choose_on_latency() -> None:
 def test_measured_exchange_decides_auto_at_its_ratio() -> None:
     """With the exchange measured at start, ``auto`` takes the faster measured collective at
     that ratio where a sign test over the pairs says so at 5%, against the cost model (which
-    says AG at two workers); too close to tell, or at any other ratio (a warm-up's first
-    steps, adaptive's moves), the cost model decides. The measurement survives a checkpoint."""
+    says AG at two workers); too close to tell, the lower median; at any other ratio (a
+    warm-up's first steps, adaptive's moves), or with nothing timed, the cost model decides.
+    The measurement survives a checkpoint."""
     params = [torch.zeros(s) for s in SHAPES]
     ctx = Context(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
     spec = parse_compression("topk:0.01:auto")
@@ -94,7 +95,13 @@ def test_measured_exchange_decides_auto_at_its_ratio() -> None:
     assert close.decided is None
     assert TopkExchange(0.01, 0.05, 0.06, ar_wins=5, pairs=5).decided is None  # p = 0.0625
     assert TopkExchange(0.01, 0.06, 0.05, ar_wins=3, pairs=16).decided == "ag"  # p = 0.02
-    assert Compressor(spec, params, ctx, network=net, exchange=close).collective(0.01) == "ag"
+    assert close.choice == "ar"  # the lower median, where the cost model says AG
+    assert Compressor(spec, params, ctx, network=net, exchange=close).collective(0.01) == "ar"
+    slower = TopkExchange(0.01, 0.061, 0.060, ar_wins=8, pairs=16)  # more wins, higher median
+    assert slower.decided is None and slower.choice == "ag"
+    nothing = TopkExchange(0.01, 0.0, 0.0, 0, 0)  # one worker: nothing timed
+    assert nothing.choice is None
+    assert Compressor(spec, params, ctx, network=net, exchange=nothing).collective(0.01) == "ag"
     fresh = Compressor(spec, params, ctx, network=(1.0, 1.0), exchange=ag_faster)
     assert fresh.load_state_dict(comp.state_dict())
     assert fresh.exchange == ar_faster and fresh.collective(0.01) == "ar"

@@ -536,7 +536,7 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
             "residual_norm": residual,
             "gns": job.gns,
             "records": records,
-            "exchange": None if comp is None or comp.exchange is None else comp.exchange.decided,
+            "exchange": None if comp is None or comp.exchange is None else comp.exchange.choice,
             "exchange_pairs": None if comp is None or comp.exchange is None else (
                 comp.exchange.ar_s, comp.exchange.ag_s, comp.exchange.ar_wins
             ),
