@@ -8,17 +8,20 @@ dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints pe
 
 - the measured per-step time (median of the steps after the first 3) and its ratio to dense;
 - the planner's prediction (planner/compression.py over perfmodel): the compute time (no
-  communication) and the option's codec seconds measured on both hosts at once right before
-  the option runs (the machine's load drifts over the minutes of the bench; the codec by
-  profiler/codec.py on the model's shapes), the link's alpha and bytes/s from a gloo
-  all-reduce probe on the bed at two sizes, the per-message latency from a 1-element
-  all-reduce, the wait at a barrier inside backward (``probe_barrier``: a 1-element
-  all-reduce right after a compute step on both hosts, less the same all-reduce alone: where
-  the emulated hosts share the cores, a worker waits there for the other; PowerSGD's P round
-  is such a barrier, once per DDP bucket; probed again, 20 times, right before PowerSGD runs,
-  and that wait used for its prediction) and the overlap exponent gamma and a fixed per-step
-  overhead fitted on the dense run (so dense is a fit, every other option a prediction; the
-  compressed options' step, a pipeline of DDP's buckets, uses the overhead, not gamma);
+  communication) and its backward part (the rest, with the optimizer and the fitted overhead, is
+  the forward share no round overlaps, as ``kplan profile`` measures it), the mean of every probe
+  of the run (the same for every option: a single probe reads one of two levels, 33-40 or 48-56
+  ms, while a run's steps average over them), and the option's codec seconds, the mean of the
+  probes right before each of its two timing windows (the codec by profiler/codec.py on the
+  model's shapes; each probe runs on both hosts at once), the link's alpha and bytes/s from a gloo
+  all-reduce probe on the bed at two sizes, the per-message latency from a 1-element all-reduce,
+  the wait at a barrier inside backward (``probe_barrier``: a 1-element all-reduce right after a
+  compute step on both hosts, less the same all-reduce alone: where the emulated hosts share the
+  cores, a worker waits there for the other; PowerSGD's P round is such a barrier, once per DDP
+  bucket; probed again, 20 times, right before each of PowerSGD's windows; the mean of every
+  probe's wait, which is the bed's, not an option's) and the overlap exponent gamma and a fixed
+  per-step overhead fitted on the dense run (so dense is a fit, every other option a prediction;
+  the compressed options' step, a pipeline of DDP's buckets, uses the overhead, not gamma);
 - the final held-out loss against dense, and the steps to dense's final training loss (the
   workers' mean, smoothed by an EMA of span 5);
 - the statistical cost on a held-out curve (EVAL_SAMPLES samples every --eval-every steps,
@@ -170,6 +173,7 @@ class Run:
     significance: list[float]
     timed: list[float]
     network: tuple[float, float] | None = None  # the runtime's start-up probe (bytes/s, s)
+    exchange: dict[str, Any] | None = None  # topk:auto's measured exchange (TopkExchange)
     curve: list[tuple[int, float]] | None = None  # (step, held-out loss) every --eval-every
     blocked_s: float | None = None  # rank 0's median wait in the hook's blocking rounds
 
@@ -189,16 +193,18 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [r for r in read_records(path) if r.get("rank") == 0 and "step" in r]
 
 
-def _network(path: Path) -> tuple[float, float] | None:
-    """The (bandwidth, latency) rank 0's runtime probed at start (its compression event)."""
+def _network(path: Path) -> tuple[tuple[float, float] | None, dict[str, Any] | None]:
+    """What rank 0's runtime probed at start (its compression event): the link's (bandwidth,
+    latency) and, for ``topk:auto``, the measured exchange (``TopkExchange`` as a dict)."""
     from kplan.runtime.metrics import read_records
 
     if not path.exists():
-        return None
+        return None, None
     for r in read_records(path):
         if r.get("event") == "compression" and r.get("bandwidth_Bps") is not None:
-            return float(r["bandwidth_Bps"]), float(r["latency_s"])
-    return None
+            link = float(r["bandwidth_Bps"]), float(r["latency_s"])
+            return link, r.get("topk_exchange")
+    return None, None
 
 
 def run_option(
@@ -274,14 +280,16 @@ def run_option(
         len(doc["times"]),
         sig,
         timed,
-        _network(metrics),
+        *_network(metrics),
         [(int(a), float(b)) for a, b in doc.get("curve", [])],
         statistics.median(blocked) if blocked else None,
     )
 
 
-def compute_seconds(steps: int, skip: int = 2) -> float:
-    """Forward + backward + SGD at the local batch, no communication (median after ``skip``)."""
+def compute_parts(steps: int, skip: int = 2) -> tuple[float, float]:
+    """Forward + backward + SGD at the local batch, no communication, and its backward alone
+    (each the median after ``skip``): the rest is what no round overlaps (the planner's
+    forward share, which ``kplan profile`` measures the same way)."""
     import torch
     import torch.nn.functional as F
 
@@ -289,14 +297,21 @@ def compute_seconds(steps: int, skip: int = 2) -> float:
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.03)
     x, y = make_data(GLOBAL_BATCH // 2, seed=3).tensors
-    times = []
+    times, backward = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
+        loss = F.mse_loss(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()  # type: ignore[no-untyped-call]
+        backward.append(time.perf_counter() - t1)
         opt.step()
         times.append(time.perf_counter() - t0)
-    return float(statistics.median(times[skip:]))
+    return float(statistics.median(times[skip:])), float(statistics.median(backward[skip:]))
+
+
+def compute_seconds(steps: int, skip: int = 2) -> float:
+    return compute_parts(steps, skip)[0]
 
 
 def profile_host(options: list[str], out: Path, ready: Path, hosts: int) -> None:
@@ -314,16 +329,21 @@ def profile_host(options: list[str], out: Path, ready: Path, hosts: int) -> None
     deadline = time.monotonic() + 120
     while len(list(ready.iterdir())) < hosts and time.monotonic() < deadline:
         time.sleep(0.005)
+    compute, backward = compute_parts(14)
     doc = {
-        "compute": compute_seconds(14),
+        "compute": compute,
+        "backward": backward,
         "codec": {o: codec_seconds(o, shapes, repeats=5) for o in options if o},
     }
     out.write_text(json.dumps(doc))
 
 
-def profile_on_bed(bed: Any, options: list[str], tmp: Path) -> tuple[float, dict[str, float]]:
+def profile_on_bed(
+    bed: Any, options: list[str], tmp: Path
+) -> tuple[float, dict[str, float], float]:
     """Profile on every host at once (the emulated hosts share this machine's cores, so a host
-    computes while the others do, as in a step); the slowest host's values. AR-Topk selects on
+    computes while the others do, as in a step); the slowest host's values: (compute, codec,
+    backward). AR-Topk selects on
     one worker per step (the others wait for its indices), so its codec is profiled on one
     host while the other idles, as it runs."""
     from tests import netbed
@@ -349,7 +369,16 @@ def profile_on_bed(bed: Any, options: list[str], tmp: Path) -> tuple[float, dict
     alone = [o for o in options if o.endswith(":ar")]
     if alone:
         codec.update(on([0], alone, "one")[0]["codec"])
-    return max(d["compute"] for d in docs), {o: codec[o] for o in options}
+    slowest = max(docs, key=lambda d: d["compute"])
+    return slowest["compute"], {o: codec[o] for o in options}, slowest["backward"]
+
+
+def mean_probe(
+    a: tuple[float, dict[str, float], float], b: tuple[float, dict[str, float], float]
+) -> tuple[float, dict[str, float], float]:
+    """The mean of two ``profile_on_bed`` probes: compute, each codec, backward."""
+    codec = {k: (a[1][k] + b[1][k]) / 2 for k in a[1]}
+    return (a[0] + b[0]) / 2, codec, (a[2] + b[2]) / 2
 
 
 def barrier_host(host: int, addr: str, port: int, reps: int, out: Path) -> None:
@@ -547,12 +576,14 @@ def main() -> int:
         f"({pbytes / 1e6:.0f} MB FP32 gradient), global batch {GLOBAL_BATCH} on 2 hosts "
         f"(1 worker each, 1 thread), plain SGD lr {args.lr:g}"
     )
-    tc, codec, skew = 0.0, dict[str, float](), 0.0
+    tc, codec, skew, backward = 0.0, dict[str, float](), 0.0, 0.0
     port = 29600
     runs: dict[tuple[str, float], Run] = {}
     links: dict[float, tuple[float, float, float]] = {}
-    near: dict[str, tuple[float, dict[str, float]]] = {}  # profiled right before each option
-    near_skew: dict[str, float] = {}  # the barrier wait, probed right before PowerSGD
+    # profiled right before each option: compute, codec, backward
+    near: dict[str, tuple[float, dict[str, float], float]] = {}
+    skews: list[tuple[float, int]] = []  # every barrier probe's (wait, repetitions)
+    computes: list[tuple[float, float]] = []  # every probe's (compute, backward) at 1 Gbit/s
     with tempfile.TemporaryDirectory(prefix="kplan-comm-bed-") as tmpdir:
         tmp = Path(tmpdir)
         warm = [f"{topk}:ag:w{args.topk_warmup}"] if args.topk_warmup else []
@@ -569,15 +600,18 @@ def main() -> int:
         for gbps, timed_opts, trained in plan:
             with netbed.netbed(2, gbps=gbps) as bed:
                 if gbps == 1.0:
-                    tc, codec = profile_on_bed(bed, options, tmp)
+                    tc, codec, backward = profile_on_bed(bed, options, tmp)
+                    computes.append((tc, backward))
                     print(
                         f"profiled on both hosts at once (slowest host): compute "
-                        f"{tc * 1e3:.0f} ms/step (median of 12); codec (profiler/codec.py, "
+                        f"{tc * 1e3:.0f} ms/step, of which backward {backward * 1e3:.0f} ms "
+                        "(medians of 12); codec (profiler/codec.py, "
                         "median of 5): "
                         + ", ".join(f"{o} {s * 1e3:.0f} ms" for o, s in codec.items() if s),
                         flush=True,
                     )
                     _alone, skew = probe_barrier(bed, port, tmp)
+                    skews.append((skew, 10))
                     port += 1
                     print(
                         f"barrier inside backward (probe_barrier): {skew * 1e3:.1f} ms of wait "
@@ -592,17 +626,20 @@ def main() -> int:
                 windows: dict[str, list[list[float]]] = {o: [] for o in timed_opts}
                 for o in timed_opts:
                     if gbps == 1.0 and _priced(o):
-                        # compute and codec again right before the option runs: the load of
+                        # codec (and compute) again right before the option runs: the load of
                         # the shared machine drifts over the minutes the bench takes
                         own = [o] if o != "none" and not o.endswith(":auto") else []
                         near[o] = profile_on_bed(bed, own, tmp)
+                        computes.append((near[o][0], near[o][2]))
                         waits = ""
                         if o.startswith("powersgd"):  # its P round is a barrier: the wait now
-                            near_skew[o] = probe_barrier(bed, port, tmp, reps=20)[1]
+                            wait = probe_barrier(bed, port, tmp, reps=20)[1]
+                            skews.append((wait, 20))
                             port += 1
-                            waits = f", barrier wait {near_skew[o] * 1e3:.1f} ms"
+                            waits = f", barrier wait {wait * 1e3:.1f} ms"
                         print(
-                            f"  profiled before {o}: compute {near[o][0] * 1e3:.0f} ms"
+                            f"  profiled before {o}: compute {near[o][0] * 1e3:.0f} ms "
+                            f"(backward {near[o][2] * 1e3:.0f} ms)"
                             + "".join(f", codec {v * 1e3:.0f} ms" for v in near[o][1].values())
                             + waits,
                             flush=True,
@@ -617,6 +654,26 @@ def main() -> int:
                     windows[o].append(runs[(o, gbps)].timed)
                     port += 1
                 for o in timed_opts[::-1]:
+                    if gbps == 1.0 and _priced(o):
+                        # and before its second window: the step is the mean of the two
+                        # windows' medians, its codec the mean of the two probes
+                        own = [o] if o != "none" and not o.endswith(":auto") else []
+                        again = profile_on_bed(bed, own, tmp)
+                        waits = ""
+                        if o.startswith("powersgd"):
+                            wait = probe_barrier(bed, port, tmp, reps=20)[1]
+                            skews.append((wait, 20))
+                            port += 1
+                            waits = f", barrier wait {wait * 1e3:.1f} ms"
+                        print(
+                            f"  profiled before {o}'s second window: compute "
+                            f"{again[0] * 1e3:.0f} ms (backward {again[2] * 1e3:.0f} ms)"
+                            + "".join(f", codec {v * 1e3:.0f} ms" for v in again[1].values())
+                            + waits,
+                            flush=True,
+                        )
+                        near[o] = mean_probe(near[o], again)
+                        computes.append((again[0], again[2]))
                     windows[o].append(
                         run_option(bed, o, TIMING_STEPS, args.lr, tmp, gbps, port, data_steps).timed
                     )
@@ -654,9 +711,24 @@ def main() -> int:
     dense = runs[("none", 1.0)]
     sync = float(perfmodel.sync_time(p, 2, 2))
     last = float(perfmodel.last_bucket_sync_time(p, 2, 2))
-    tc_dense = near.get("none", (tc, codec))[0]
-    gamma, fixed = fit_dense(tc_dense, sync, last, dense.step_s)
-    p = perfmodel.replace_fields(p, gamma=gamma, compute_a=tc_dense + fixed)
+    # The compute is the same for every option (the model, the batch): the mean of every probe
+    # of the run. One probe reads one of two levels (33-40 or 48-56 ms, within a run), and a
+    # run's steps average over them, so the option's own probes alone missed by up to 18%.
+    tc = statistics.fmean(c for c, _ in computes)
+    backward = statistics.fmean(b for _, b in computes)
+    # the barrier's wait is the bed's, not an option's: every probe's, weighted by repetitions
+    # (one probe of 10-20 read 6-16 ms within a run, PowerSGD's prediction +-15% with it)
+    skew = sum(w * n for w, n in skews) / sum(n for _, n in skews)
+    gamma, fixed = fit_dense(tc, sync, last, dense.step_s)
+    p = perfmodel.replace_fields(p, gamma=gamma, compute_a=tc + fixed)
+    print(
+        f"\ncompute for every prediction: the mean of {len(computes)} probes, "
+        f"{tc * 1e3:.0f} ms (they read {min(c for c, _ in computes) * 1e3:.0f}-"
+        f"{max(c for c, _ in computes) * 1e3:.0f} ms), backward {backward * 1e3:.0f} ms; "
+        f"barrier wait: the mean of {sum(n for _, n in skews)} in {len(skews)} probes, "
+        f"{skew * 1e3:.1f} ms (they read {min(w for w, _ in skews) * 1e3:.1f}-"
+        f"{max(w for w, _ in skews) * 1e3:.1f} ms)"
+    )
     print(
         f"\nlink at 1 Gbit/s (gloo all-reduce probe, 4 and 40 MB): alpha {alpha * 1e3:.1f} ms, "
         f"{8 / per_byte / 1e9:.3f} Gbit/s, latency {lat * 1e3:.2f} ms/message (1 element); "
@@ -674,23 +746,29 @@ def main() -> int:
         f"their steps; held-out loss after {args.steps} steps (top-k: after {topk_steps})"
         f"\n{head}"
     )
+    shares: dict[str, tuple[float, float, float]] = {}  # (measured share, with a third, step)
     for o in main_opts:
         r = runs[(o, 1.0)]
         if o.startswith("selective") or (o.startswith("topk") and cp.parse(o).warmup > 0):
             pred = None  # SelSync: no model; a warm-up: its first steps send more (not priced)
         else:
             # auto: the faster of AR's and AG's steps, each with its own codec, as the planner
-            # prices it (compression.variants); the compute probed before auto ran
-            tc_o = near.get(o, (tc, codec))[0]
-            po = perfmodel.replace_fields(p, compute_a=tc_o + fixed)
-            sk = near_skew.get(o, skew)
-            steps_o = []
+            # prices it (compression.variants)
+            po = p
+            # what no round overlaps: all but backward (forward, SGD, the runtime's overhead)
+            ahead = 1.0 - backward / (tc + fixed)
+            sk = skew
+            steps_o, thirds = [], []
             for v in cp.variants(cp.parse(o)):
-                own = near.get(v.spec(), (tc, codec))[1]
-                cs = own.get(v.spec(), codec.get(v.spec(), 0.0))
+                measured = near.get(v.spec(), (tc, codec, backward))[1]
+                cs = measured.get(v.spec(), codec.get(v.spec(), 0.0))
                 local = [GLOBAL_BATCH // 2]
-                steps_o.append(float(cp.step_time(po, v, shapes, [2], [2], local, 1, cs, sk)[0]))
+                step = cp.step_time(po, v, shapes, [2], [2], local, 1, cs, sk, forward_share=ahead)
+                steps_o.append(float(step[0]))
+                thirds.append(float(cp.step_time(po, v, shapes, [2], [2], local, 1, cs, sk)[0]))
             pred = min(steps_o)
+            if o != "none":  # dense is perfmodel's fit, no pipeline
+                shares[o] = (ahead, min(thirds), r.step_s)
         to = steps_to(r.losses, target)
         err = "" if pred is None else f"{pred / r.step_s - 1:+.0%}"
         loss = (
@@ -706,11 +784,16 @@ def main() -> int:
             f"{'' if pred is None else f'{pred:.3f}':>10}{err:>7}{loss}"
             f"{'' if r.synced is None else str(r.synced):>7}"
         )
+    print(
+        "  forward share (what no round overlaps: the probe's compute less its backward, over "
+        "compute + overhead), and the prediction with the planner's prior of a third instead: "
+        + "; ".join(f"{o} {f:.2f}, {t:.3f} s ({t / m - 1:+.0%})" for o, (f, t, m) in shares.items())
+    )
     for o in main_opts:
         r = runs[(o, 1.0)]
         if r.blocked_s and _priced(o) and not o.endswith(":auto"):
             c = cp.parse(o)
-            sk = near_skew.get(o, skew)  # the blocking term does not depend on the compute
+            sk = skew  # the blocking term does not depend on the compute
             exposed, hidden = cp.blocking_time(p, c, shapes, [2], [2], sk)
             print(
                 f"  {o}: the hook waited {r.blocked_s * 1e3:.0f} ms a step in its blocking rounds "
@@ -785,6 +868,16 @@ def main() -> int:
             f"-> the shared cost function says "
             f"{cp.traffic(auto_c, shapes, 2, net[0], net[1]).collective}"
         )  # fmt: skip
+        ex = auto.exchange
+        if ex:
+            from kplan.runtime.compressor import TopkExchange
+
+            got = TopkExchange(**ex)
+            rt += (
+                f"; its exchange probe: AR {got.ar_s * 1e3:.1f} ms, AG {got.ag_s * 1e3:.1f} ms "
+                f"(medians), AR faster in {got.ar_wins} of {got.pairs} pairs: "
+                + (f"decided {got.decided}" if got.decided else f"a tie, lower median {got.choice}")
+            )
         spread = max(ar.step_spread, ag.step_spread)
         verdict = "match" if picked == faster else "MISMATCH"
         if gap < spread:
