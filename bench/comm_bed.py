@@ -584,6 +584,28 @@ def main() -> int:
     near: dict[str, tuple[float, dict[str, float], float]] = {}
     skews: list[tuple[float, int]] = []  # every barrier probe's (wait, repetitions)
     computes: list[tuple[float, float]] = []  # every probe's (compute, backward) at 1 Gbit/s
+
+    def probe_before(bed: Any, o: str, when: str) -> tuple[float, dict[str, float], float]:
+        """Compute, backward and ``o``'s codec on the bed now (``profile_on_bed``), and before
+        PowerSGD the barrier wait; compute and wait also join the run's pools. Printed."""
+        nonlocal port
+        got = profile_on_bed(bed, [o] if o != "none" and not o.endswith(":auto") else [], tmp)
+        computes.append((got[0], got[2]))
+        waits = ""
+        if o.startswith("powersgd"):  # its P round is a barrier inside backward
+            wait = probe_barrier(bed, port, tmp, reps=20)[1]
+            skews.append((wait, 20))
+            port += 1
+            waits = f", barrier wait {wait * 1e3:.1f} ms"
+        print(
+            f"  profiled before {o}{when}: compute {got[0] * 1e3:.0f} ms (backward "
+            f"{got[2] * 1e3:.0f} ms)"
+            + "".join(f", codec {v * 1e3:.0f} ms" for v in got[1].values())
+            + waits,
+            flush=True,
+        )
+        return got
+
     with tempfile.TemporaryDirectory(prefix="kplan-comm-bed-") as tmpdir:
         tmp = Path(tmpdir)
         warm = [f"{topk}:ag:w{args.topk_warmup}"] if args.topk_warmup else []
@@ -628,22 +650,7 @@ def main() -> int:
                     if gbps == 1.0 and _priced(o):
                         # codec (and compute) again right before the option runs: the load of
                         # the shared machine drifts over the minutes the bench takes
-                        own = [o] if o != "none" and not o.endswith(":auto") else []
-                        near[o] = profile_on_bed(bed, own, tmp)
-                        computes.append((near[o][0], near[o][2]))
-                        waits = ""
-                        if o.startswith("powersgd"):  # its P round is a barrier: the wait now
-                            wait = probe_barrier(bed, port, tmp, reps=20)[1]
-                            skews.append((wait, 20))
-                            port += 1
-                            waits = f", barrier wait {wait * 1e3:.1f} ms"
-                        print(
-                            f"  profiled before {o}: compute {near[o][0] * 1e3:.0f} ms "
-                            f"(backward {near[o][2] * 1e3:.0f} ms)"
-                            + "".join(f", codec {v * 1e3:.0f} ms" for v in near[o][1].values())
-                            + waits,
-                            flush=True,
-                        )
+                        near[o] = probe_before(bed, o, "")
                     steps = TIMING_STEPS
                     if o in trained:
                         steps = topk_steps if o.startswith("topk") else args.steps
@@ -657,23 +664,7 @@ def main() -> int:
                     if gbps == 1.0 and _priced(o):
                         # and before its second window: the step is the mean of the two
                         # windows' medians, its codec the mean of the two probes
-                        own = [o] if o != "none" and not o.endswith(":auto") else []
-                        again = profile_on_bed(bed, own, tmp)
-                        waits = ""
-                        if o.startswith("powersgd"):
-                            wait = probe_barrier(bed, port, tmp, reps=20)[1]
-                            skews.append((wait, 20))
-                            port += 1
-                            waits = f", barrier wait {wait * 1e3:.1f} ms"
-                        print(
-                            f"  profiled before {o}'s second window: compute "
-                            f"{again[0] * 1e3:.0f} ms (backward {again[2] * 1e3:.0f} ms)"
-                            + "".join(f", codec {v * 1e3:.0f} ms" for v in again[1].values())
-                            + waits,
-                            flush=True,
-                        )
-                        near[o] = mean_probe(near[o], again)
-                        computes.append((again[0], again[2]))
+                        near[o] = mean_probe(near[o], probe_before(bed, o, "'s second window"))
                     windows[o].append(
                         run_option(bed, o, TIMING_STEPS, args.lr, tmp, gbps, port, data_steps).timed
                     )
