@@ -207,8 +207,11 @@ def test_fp16_resume_restores_the_loss_scale_exactly(tmp_path: Path) -> None:
     second = _job(kr.RuntimeConfig(**{**cfg.__dict__, "max_steps": 14}))
     assert second.step_count == 6 and second.amp.loss_scale() == 32768.0
     _train(second, 3)
-    # two fresh CPU runs differ by ~1e-6 here too (threaded float sums): not bitwise
-    assert torch.allclose(_params(ref), _params(second), atol=5e-6, rtol=1e-5)
+    # Not bitwise: two fresh fp16 runs of this job differ by up to 3e-5 (30 pairs, 1 or 2
+    # threads; fp32 runs by ~1e-6, which fp16's rounding of the gradients amplifies): 3 of the
+    # 30 exceeded the former 5e-6, which failed a CI run. One missed or repeated step moves the
+    # parameters by 1-2e-3, so 1e-4 still tells a wrong resume from that noise.
+    assert torch.allclose(_params(ref), _params(second), atol=1e-4, rtol=1e-5)
     assert second.progress == ref.progress == 13.0
 
 
