@@ -562,6 +562,7 @@ def main() -> int:
     from kplan.planner import compression as cp
     from kplan.planner import perfmodel
     from kplan.profiler.codec import model_shapes
+    from kplan.runtime import compress as rc
 
     torch.set_num_threads(1)
     t_start = time.perf_counter()
@@ -697,7 +698,7 @@ def main() -> int:
         two_node=0.0,
         log_sigma=0.0,
         gradient_bytes=pbytes,
-        bucket_bytes=perfmodel.DDP_BUCKET_BYTES,
+        bucket_bytes=rc.DDP_BUCKET_BYTES,
     )
     dense = runs[("none", 1.0)]
     sync = float(perfmodel.sync_time(p, 2, 2))

@@ -53,9 +53,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from kplan.errors import DataFileError
 from kplan.planner.profile import check_schema
+from kplan.runtime.compress import DDP_BUCKET_BYTES  # DDP's default, shared with the runtime
 
 MODEL_SCHEMA = "kplan.perfmodel/1.0"
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb=25
 _KIND = "kplan.perfmodel"
 
 Array = NDArray[np.float64]

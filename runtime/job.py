@@ -526,7 +526,7 @@ class Job:
         if last and not (self._overlap_now() and self._sync.hook_calls > 0):
             self._clock.mark_compute_end()
         self._backward_called = True
-        if last and not self._sweeping():  # the gradients are averaged when backward returns
+        if last and not sweep:  # the gradients are averaged when backward returns
             self._complete_sync()
 
     def set_global_batch(self, batch: int) -> None:

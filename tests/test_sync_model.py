@@ -10,7 +10,8 @@ import pytest
 
 from kplan.errors import InputError
 from kplan.planner import perfmodel
-from kplan.planner.perfmodel import DDP_BUCKET_BYTES, PerfParams
+from kplan.planner.perfmodel import PerfParams
+from kplan.runtime.compress import DDP_BUCKET_BYTES
 
 
 def _params(**kw: object) -> PerfParams:
