@@ -373,12 +373,9 @@ def profile_on_bed(
     return slowest["compute"], {o: codec[o] for o in options}, slowest["backward"]
 
 
-def mean_probe(
-    a: tuple[float, dict[str, float], float], b: tuple[float, dict[str, float], float]
-) -> tuple[float, dict[str, float], float]:
-    """The mean of two ``profile_on_bed`` probes: compute, each codec, backward."""
-    codec = {k: (a[1][k] + b[1][k]) / 2 for k in a[1]}
-    return (a[0] + b[0]) / 2, codec, (a[2] + b[2]) / 2
+def mean_codec(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Each option's mean codec seconds over two probes."""
+    return {k: (a[k] + b[k]) / 2 for k in a}
 
 
 def barrier_host(host: int, addr: str, port: int, reps: int, out: Path) -> None:
@@ -581,8 +578,8 @@ def main() -> int:
     port = 29600
     runs: dict[tuple[str, float], Run] = {}
     links: dict[float, tuple[float, float, float]] = {}
-    # profiled right before each option: compute, codec, backward
-    near: dict[str, tuple[float, dict[str, float], float]] = {}
+    # each option's codec, profiled right before its two windows (its compute joins computes)
+    near: dict[str, dict[str, float]] = {}
     skews: list[tuple[float, int]] = []  # every barrier probe's (wait, repetitions)
     computes: list[tuple[float, float]] = []  # every probe's (compute, backward) at 1 Gbit/s
 
@@ -651,7 +648,7 @@ def main() -> int:
                     if gbps == 1.0 and _priced(o):
                         # codec (and compute) again right before the option runs: the load of
                         # the shared machine drifts over the minutes the bench takes
-                        near[o] = probe_before(bed, o, "")
+                        near[o] = probe_before(bed, o, "")[1]
                     steps = TIMING_STEPS
                     if o in trained:
                         steps = topk_steps if o.startswith("topk") else args.steps
@@ -665,7 +662,8 @@ def main() -> int:
                     if gbps == 1.0 and _priced(o):
                         # and before its second window: the step is the mean of the two
                         # windows' medians, its codec the mean of the two probes
-                        near[o] = mean_probe(near[o], probe_before(bed, o, "'s second window"))
+                        again = probe_before(bed, o, "'s second window")[1]
+                        near[o] = mean_codec(near[o], again)
                     windows[o].append(
                         run_option(bed, o, TIMING_STEPS, args.lr, tmp, gbps, port, data_steps).timed
                     )
@@ -752,7 +750,7 @@ def main() -> int:
             sk = skew
             steps_o, thirds = [], []
             for v in cp.variants(cp.parse(o)):
-                measured = near.get(v.spec(), (tc, codec, backward))[1]
+                measured = near.get(v.spec(), codec)
                 cs = measured.get(v.spec(), codec.get(v.spec(), 0.0))
                 local = [GLOBAL_BATCH // 2]
                 step = cp.step_time(po, v, shapes, [2], [2], local, 1, cs, sk, forward_share=ahead)
