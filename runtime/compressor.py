@@ -98,25 +98,25 @@ class AdaptiveRatio:
         self.steps = 0
         self.last_gain: float | None = None
 
-    def observe(self, sq_in: float, sq_out: float) -> bool:
-        """Add one step's summed |a|² and |C(a)|²; True when the ratio changed."""
+    def observe(self, sq_in: float, sq_out: float) -> float | None:
+        """Add one step's summed |a|² and |C(a)|²; the window's gain G when this step closed a
+        window (the ratio is then already the next one), else None."""
         if not (math.isfinite(sq_in) and math.isfinite(sq_out)) or sq_in <= 0:
-            return False
+            return None
         self.sum_in += sq_in
         self.sum_out += sq_out
         self.steps += 1
         if self.steps < self.window:
-            return False
+            return None
         gain = self.sum_out / self.sum_in
         self.last_gain = gain
         self.sum_in = self.sum_out = 0.0
         self.steps = 0
-        old = self.ratio
         if gain >= self.high:
-            self.ratio = max(self.min_ratio, old / 2)
+            self.ratio = max(self.min_ratio, self.ratio / 2)
         elif gain < self.low:
-            self.ratio = min(self.max_ratio, old * 2)
-        return self.ratio != old
+            self.ratio = min(self.max_ratio, self.ratio * 2)
+        return gain
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -632,10 +632,11 @@ class Compressor:
 
     # --- after the step -----------------------------------------------------------------------
 
-    def observe_gain(self, sq_in: float, sq_out: float) -> bool:
-        """The all-gathered |a|² and |C(a)|² of a compressed step; True if the ratio changed."""
+    def observe_gain(self, sq_in: float, sq_out: float) -> float | None:
+        """The all-gathered |a|² and |C(a)|² of a compressed step; adaptive: the window's gain
+        when this step closed one (``AdaptiveRatio.observe``), else None."""
         if self.adaptive is None:
-            return False
+            return None
         return self.adaptive.observe(sq_in, sq_out)
 
     def state_dict(self) -> dict[str, Any]:

@@ -202,8 +202,9 @@ def after_sync(job: Job, rows: list[list[float]], sizes: tuple[int, ...]) -> dic
         return {}
     compressed = comp.active and job._step_synced
     ratio = comp.ratio  # the one this step used (adaptive may change it below)
+    gain = None
     if compressed and comp.spec.lossy:  # adaptive: the gain over all workers
-        comp.observe_gain(sum(r[_CIN] for r in rows), sum(r[_COUT] for r in rows))
+        gain = comp.observe_gain(sum(r[_CIN] for r in rows), sum(r[_COUT] for r in rows))
     out: dict[str, Any] = {}
     if sel.active:
         lr = job._lr_value or 0.0
@@ -232,6 +233,9 @@ def after_sync(job: Job, rows: list[list[float]], sizes: tuple[int, ...]) -> dic
     if spec.sparse:
         out["topk_ratio"] = ratio
         out["collective"] = sorted(comp.collectives) if compressed else None
+    if gain is not None:  # adaptive closed its window: the gain that set the next ratio
+        out["compress_gain"] = gain
+        out["next_topk_ratio"] = comp.ratio
     return out
 
 

@@ -202,8 +202,8 @@ def test_adaptive_ratio_rule() -> None:
     rule = AdaptiveRatio(0.01, 0.1, window=4)
     ratios = []
     for _ in range(5):  # compression loses little: halve per window down to MIN
-        for _ in range(4):
-            rule.observe(1.0, 0.9)
+        closed = [rule.observe(1.0, 0.9) for _ in range(4)]
+        assert closed[:3] == [None] * 3 and closed[3] == pytest.approx(0.9)  # the window's G
         ratios.append(rule.ratio)
     assert ratios == [0.05, 0.025, 0.0125, 0.01, 0.01]
     for _ in range(4):  # in the dead band: keep
@@ -300,6 +300,15 @@ def test_every_option_trains_like_dense_and_counts_its_bytes(tmp_path: Path) -> 
     ratios = [r["topk_ratio"] for r in res[0]["adaptive:0.01:1"]["records"]]
     seen = [r for i, r in enumerate(ratios) if i == 0 or r != ratios[i - 1]]
     assert seen[:3] == [1.0, 0.5, 0.25], seen
+    # each closed window is reported on its step: its gain and the ratio the next step uses
+    recs = res[0]["adaptive:0.01:1"]["records"]
+    closes = [i for i, r in enumerate(recs) if "compress_gain" in r]
+    assert len(closes) >= 3 and recs[closes[0]]["compress_gain"] == pytest.approx(1.0)
+    assert [recs[i]["next_topk_ratio"] for i in closes[:2]] == [0.5, 0.25]
+    assert all(recs[i + 1]["topk_ratio"] == recs[i]["next_topk_ratio"] for i in closes[:-1])
+    # a window is 20 compressed steps (every 10th step is a dense GNS sample)
+    compressed = [i for i, r in enumerate(recs) if r["compression"] != "none"]
+    assert closes[:2] == [compressed[19], compressed[39]]
 
 
 @pytest.mark.slow
