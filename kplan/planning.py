@@ -185,6 +185,8 @@ def assumptions(est: Estimate, options: SearchOptions, source: str) -> dict[str,
             "tie_tolerance": options.tie_tolerance,
             "budget_usd": options.budget_usd,
             "deadline_hours": options.deadline_hours,
+            "compression": options.compression,  # None: dense, and the defaults on multi-node
+            "compression_steps": [list(m) for m in options.compression_stats],
         },
     }
 

@@ -185,6 +185,32 @@ def stat_for(c: Compression, measured: Sequence[tuple[str, float, float]] = ()) 
     return stat
 
 
+MEASURED_SIGMA = 0.1
+"""Log-space uncertainty of a measured samples multiplier given without one (one A/B pair of
+runs: the emulated hosts' top-k at 0.01 read 1.33-1.50 over runs, about +-10% around the mean;
+docs/benchmarks.md)."""
+
+
+def parse_measured(text: str, where: str = "--compression-steps") -> tuple[str, float, float]:
+    """``SPEC=MULT[/SIGMA]``: an option's measured samples (steps) to the same loss as a
+    multiple of dense, and its log-space sigma (default ``MEASURED_SIGMA``)."""
+    hint = "e.g. topk:0.01=1.3 (1.3x dense's steps to the same loss) or powersgd:4=1.05/0.05"
+    spec, eq, value = text.partition("=")
+    mult, slash, sig = value.partition("/")
+    try:
+        multiplier = float(mult)
+        sigma = float(sig) if slash else MEASURED_SIGMA
+    except ValueError:
+        raise InputError(f"{where} {text[:60]!r} is not SPEC=MULT[/SIGMA]", hint=hint) from None
+    if not eq or not spec:
+        raise InputError(f"{where} {text[:60]!r} is not SPEC=MULT[/SIGMA]", hint=hint)
+    if not (math.isfinite(multiplier) and multiplier > 0):
+        raise InputError(f"{where} {text[:60]!r}: the multiplier must be a number > 0", hint=hint)
+    if not (math.isfinite(sigma) and 0 < sigma <= 5):
+        raise InputError(f"{where} {text[:60]!r}: SIGMA must be in (0, 5]", hint=hint)
+    return parse(spec, where).spec(), multiplier, sigma
+
+
 def parse(text: str, where: str = "--compression") -> Compression:
     """An option as the runtime parses it (adaptive has no fixed price: refused here)."""
     c = rc.parse_compression(text, where)
@@ -535,7 +561,11 @@ class Priced:
             f"{self.compression}{coll}: all-reduce {self.dense_sync_s:.3g} s -> "
             f"{self.sync_s:.3g} s per step, codec +{self.codec_s:.2g} s ({self.codec_basis}), "
             f"x{self.stat.multiplier:.3g} steps ({self.stat.source}): "
-            f"{1 - self.time_ratio:.0%} less time than dense"
+            + (
+                f"{1 - self.time_ratio:.0%} less time than dense"
+                if self.time_ratio <= 1
+                else f"{self.time_ratio - 1:.0%} more time than dense"
+            )
         )
 
 

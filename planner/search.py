@@ -137,9 +137,19 @@ class SearchOptions:
             )
         if self.compression is not None:
             compression.parse(self.compression)
+        priced = (
+            [compression.parse(self.compression).spec()]
+            if self.compression is not None
+            else [compression.parse(o).spec() for o in compression.DEFAULT_OPTIONS]
+        )
         for spec, multiplier, log_sigma in self.compression_stats:
             StatCost(1.0, 0.1, "check").updated(multiplier, log_sigma)  # validates them
-            compression.parse(spec)
+            if compression.parse(spec).spec() not in priced:  # it would be silently unused
+                raise InputError(
+                    f"a measured cost for {spec}, which this search does not price "
+                    f"(it prices {', '.join(priced)})",
+                    hint=f"pin the option to price it: --compression {spec}",
+                )
 
 
 def default_objective(budget: float | None, deadline: float | None) -> Objective:

@@ -227,6 +227,61 @@ def test_estimate_cli_compression_flag() -> None:
     assert doc["chosen"]["compression_why"].startswith("topk:0.01:ag (AG)")
 
 
+def test_estimate_cli_takes_a_measured_statistical_cost() -> None:
+    """--compression-steps SPEC=MULT[/SIGMA] updates the option's prior by inverse variance: the
+    samples, the time and the row's why carry it, and the assumptions say it was given."""
+    import json
+
+    runner = CliRunner()
+    base = ["estimate", "--example", "bert-squad", "--instance-type", "g4dn.12xlarge",
+            "--nodes", "4", "--global-batch", "256", "--no-mixed", "--json", "--top", "1",
+            "--compression", "topk:0.01:ag"]  # fmt: skip
+    docs = {}
+    for extra in ([], ["--compression-steps", "topk:0.01:ag=1.5/0.05"]):
+        out = runner.invoke(app, [*base, *extra])
+        assert out.exit_code == 0, out.output
+        docs[bool(extra)] = json.loads(out.output)
+    prior, measured = docs[False]["chosen"], docs[True]["chosen"]
+    wp, wm = 1 / 0.15**2, 1 / 0.05**2  # the prior's (1.06 +- 15%) and the measurement's weights
+    want = math.exp((wp * math.log(1.06) + wm * math.log(1.5)) / (wp + wm))
+    assert f"x{want:.3g} steps (measured (1.5) + prior)" in measured["compression_why"]
+    assert "x1.06 steps (prior (EF top-k))" in prior["compression_why"]
+    # the same configuration, so the samples (and the time) scale by the multipliers' ratio
+    where = ("instance_type", "market", "region", "global_batch", "accum_steps")
+    assert [measured[k] for k in where] == [prior[k] for k in where]
+    assert measured["samples"] / prior["samples"] == pytest.approx(want / 1.06, rel=1e-3)
+    assert measured["hours"] > prior["hours"] * 1.2
+    search = docs[True]["assumptions"]["search"]
+    assert search["compression"] == "topk:0.01:ag"
+    assert search["compression_steps"] == [["topk:0.01:ag", 1.5, 0.05]]
+    assert docs[False]["assumptions"]["search"]["compression_steps"] == []
+    # the default sigma, and a spec as written that parses to the priced one
+    assert cp.parse_measured("topk:0.01:ag=1.2") == ("topk:0.01:ag", 1.2, cp.MEASURED_SIGMA)
+    assert cp.parse_measured("FP16=1") == ("fp16", 1.0, cp.MEASURED_SIGMA)
+    # shown in the table view's "searched" line
+    text = runner.invoke(app, [a for a in base if a != "--json"]
+                         + ["--compression-steps", "topk:0.01:ag=1.5/0.05"])  # fmt: skip
+    assert text.exit_code == 0, text.output
+    assert "measured at x1.5 dense's" in " ".join(text.output.split())
+
+
+def test_a_measured_cost_for_an_option_not_priced_is_refused() -> None:
+    """It would be silently unused: the search prices only the pinned option or the defaults."""
+    with pytest.raises(InputError, match="does not price"):
+        SearchOptions(compression_stats=(("topk:0.05", 1.2, 0.1),))
+    with pytest.raises(InputError, match="does not price"):
+        SearchOptions(compression="fp16", compression_stats=(("powersgd:4", 1.1, 0.1),))
+    SearchOptions(compression="topk:0.05", compression_stats=(("topk:0.05:auto", 1.2, 0.1),))
+
+
+def test_why_says_more_time_when_an_option_loses() -> None:
+    stat = cp.StatCost(3.0, 0.1, "measured")
+    lose = cp.Priced("topk:0.01", 0.5, 1.0, 0.1, 0.5, 0.01, stat, "ag")  # 1.5x dense's time
+    assert lose.why().endswith("50% more time than dense")
+    win = cp.Priced("topk:0.01", 0.5, 1.0, 0.1, 0.5, 0.01, cp.StatCost(1.0, 0.1, "x"), "ag")
+    assert win.why().endswith("50% less time than dense")
+
+
 # --- the codec profiler (profiler/codec.py) ----------------------------------------------------
 
 

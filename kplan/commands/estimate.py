@@ -123,6 +123,14 @@ def estimate_command(
         "pins it on every plan (default: multi-node plans also consider fp16, powersgd:4 and "
         "topk:0.01 where one saves more than 5% of the time; the choice says why).",
     ),
+    compression_steps: list[str] = typer.Option(
+        [],
+        "--compression-steps",
+        metavar="SPEC=MULT[/SIGMA]",
+        help="A measured statistical cost: the steps an option took to dense's loss, as a "
+        "multiple of dense's (e.g. topk:0.01=1.3, from a run of each); it updates the option's "
+        "prior by inverse variance (SIGMA: its log-space uncertainty, default 0.1). Repeatable.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     from kplan import flags, pins, planning
@@ -150,6 +158,10 @@ def estimate_command(
     flags.texts("--gpu", gpu, hint="e.g. T4, A100")
     flags.text("--example", example, hint="see --list-examples")
     flags.text("--compression", compression, hint="e.g. powersgd:4 or topk:0.01")
+    flags.texts("--compression-steps", compression_steps, hint="e.g. topk:0.01=1.3")
+    from kplan.planner.compression import parse_measured
+
+    measured = tuple(parse_measured(t) for t in compression_steps)
     if out is not None:
         from kplan.io import check_writable
 
@@ -198,6 +210,7 @@ def estimate_command(
         allow_on_demand=allow_on_demand,
         capacity_wait_s=capacity_wait,
         compression=compression,
+        compression_stats=measured,
     )
     result = planning.estimate(prof, options, epochs=epochs, dataset_size=dataset_size, other=other)
     source = f"example {example}" if example else ", ".join(str(p) for p in profile)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kplan.planner import fmt
+from kplan.planner.compression import DEFAULT_OPTIONS
 from kplan.planner.plan import Plan, PlanRow
 from kplan.render.text import safe
 
@@ -167,6 +168,13 @@ def _assumptions(a: dict[str, Any]) -> Table:
     parts.append(f"accumulation {a_lo}-{a_hi}" if a_lo != a_hi else f"accumulation {a_lo}")
     if s["mixed"]:
         parts.append("two-type mixes")
+    comp = s.get("compression")
+    if comp is not None:
+        parts.append("dense" if comp == "none" else f"compression {comp}")
+    elif hi >= 2:
+        parts.append("multi-node also " + ", ".join(DEFAULT_OPTIONS))
+    for spec, mult, sigma in s.get("compression_steps", []):
+        parts.append(f"{spec} measured at x{mult:g} dense's steps (sigma {sigma:g})")
     parts.append(
         "opt-in zones included"
         if s["opt_in_zones"]
