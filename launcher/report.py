@@ -416,8 +416,9 @@ def _no_naive(job: JobRecord) -> Comparison:
     return Comparison(None, None, "n/a: the job's profile is not available (give --profile)")
 
 
-def read_metrics(storage: Storage, job_id: str) -> Metrics:
-    """Step records and events of every rank under ``<job>/metrics/``."""
+def read_records(storage: Storage, job_id: str) -> list[dict[str, Any]]:
+    """Every rank's step records and events under ``<job>/metrics/`` (unparsable lines, such
+    as one being written when the job stopped, are left out)."""
     records: list[dict[str, Any]] = []
     for key in sorted(storage.list_keys(f"{job_id}/metrics/")):
         if not key.endswith(".jsonl"):
@@ -427,9 +428,15 @@ def read_metrics(storage: Storage, job_id: str) -> Metrics:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                continue  # a line being written when the job stopped
+                continue
             if isinstance(rec, dict):
                 records.append(rec)
+    return records
+
+
+def read_metrics(storage: Storage, job_id: str) -> Metrics:
+    """Step records and events of every rank under ``<job>/metrics/``."""
+    records = read_records(storage, job_id)
     if not records:
         return Metrics(f"no metrics under {storage.uri}/{job_id}/metrics/")
     steps = [r for r in records if "event" not in r and isinstance(r.get("step"), int)]

@@ -477,6 +477,8 @@ def _enum_cases() -> list[Case]:
         ("status-unknown-job", ("status", "kp-nope"), 2, "no job", {}),
         ("report-unknown-job", ("report", "kp-nope"), 2, "no job", {}),
         ("report-neither", ("report",), 2, "--all", {}),
+        ("report-against-all", ("report", "--all", "--against", "kp-x"), 2, "not --all", {}),
+        ("report-against-unknown", ("report", "kp-nope", "--against", "kp-x"), 2, "no job", {}),
         ("down-neither", ("down",), 2, "--all", {}),
         ("down-bad-id", ("down", "Bad Id"), 2, "job id", {}),
         ("down-unknown-no-cloud", ("down", "kp-nope"), 2, "--cloud", {}),
@@ -795,6 +797,9 @@ def _job_id_cases() -> list[Case]:
         ("status-prefix-ok", ("status", "kp-corpus-do", "--json"), 0, "", "job"),
         ("status-last-ok", ("status", "last", "--json"), 0, "", "two-jobs"),
         ("report-last-ok", ("report", "last", "--json"), 0, "", "job"),
+        ("report-against-unknown", ("report", "last", "--against", "kp-zz"), 2, "no job", "job"),
+        ("report-against-no-steps", ("report", "last", "--against", "last"), 2,
+         "no step records", "job"),
         ("logs-last-ok", ("logs", "last"), 0, "", "job"),
     ]  # fmt: skip
     return [Case(f"jobid-{name}", argv, code, match, home=home)

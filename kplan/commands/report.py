@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,6 +14,7 @@ from kplan.errors import InputError, KplanError
 
 if TYPE_CHECKING:
     from kplan.launcher.report import JobReport
+    from kplan.launcher.statcost import StepsAgainst
     from kplan.launcher.state import JobRecord, StateDB
     from kplan.launcher.storage import Storage
 
@@ -56,12 +58,27 @@ def report_command(
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")
     ] = None,
+    against: Annotated[
+        str | None,
+        typer.Option(
+            "--against",
+            metavar="DENSE_JOB",
+            help="A dense job of the same training: measure this compressed job's statistical "
+            "cost, its samples to the dense job's final training loss / the dense job's, and "
+            "print the `kplan estimate --compression-steps` flag that plans with it.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     from kplan.commands.launch import _db, _job_or_fail
 
     if (job is None) == (not all_jobs):
         raise InputError("give a job id or --all", hint="kplan report kp-... or kplan report --all")
+    if against is not None and job is None:
+        raise InputError(
+            "--against compares one job with a dense one, not --all",
+            hint="kplan report COMPRESSED_JOB --against DENSE_JOB",
+        )
     if profile is not None:
         from kplan.planning import load_profile
 
@@ -74,6 +91,9 @@ def report_command(
         check_writable(html, "--html")
     with _db(readonly=True) as db:
         records = [_job_or_fail(db, job)] if job is not None else db.jobs()
+        measured = (
+            None if against is None else _steps_against(records[0], _job_or_fail(db, against))
+        )
         reports = [build(db, rec, profile) for rec in records]
     if html is not None:
         from kplan.io import write_atomic
@@ -82,14 +102,41 @@ def report_command(
         write_atomic(html, render_html(reports), "--html")
     if as_json:
         docs = [r.to_dict() for r in reports]
+        if measured is not None:
+            docs[0]["steps_against"] = {
+                **asdict(measured),
+                "estimate_flag": measured.estimate_flag(),
+            }
         typer.echo(json.dumps(docs[0] if job is not None else docs, indent=1))
     else:
         from kplan.render.report import render_report
 
         for r in reports:
             render_report(r)
+        if measured is not None:
+            typer.echo(f"statistical cost ({measured.compression}): {measured.note}")
+            flag = measured.estimate_flag()
+            typer.echo(
+                f"plan with it: kplan estimate ... {flag}"
+                if flag
+                else "nothing to plan with: the job stopped before the dense job's loss"
+            )
         if html is not None:
             typer.echo(f"wrote {html}")
+
+
+def _steps_against(rec: JobRecord, dense: JobRecord) -> StepsAgainst:
+    """``rec``'s statistical cost against ``dense`` from both jobs' step records."""
+    from kplan.launcher.report import read_records
+    from kplan.launcher.statcost import curve, steps_against
+
+    curves = []
+    for r in (rec, dense):
+        storage, note = _storage(r)
+        if storage is None:
+            raise InputError(f"job {r.id}: {note}", hint="check the job's storage (kplan logs)")
+        curves.append(curve(read_records(storage, r.id), r.id))
+    return steps_against(rec.id, curves[0], dense.id, curves[1])
 
 
 def register(app: typer.Typer) -> None:

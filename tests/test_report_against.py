@@ -1,0 +1,159 @@
+"""``kplan report JOB --against DENSE``: a compressed job's statistical cost (its samples to the
+dense job's final training loss / the dense job's), from the step records (launcher/statcost.py).
+The measure on constructed curves, then two real local 2-node jobs of the example MLP, dense and
+top-k, reported through the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kplan.cli import app
+from kplan.errors import InputError
+from kplan.launcher import statcost
+from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.lifecycle import run_job
+from kplan.launcher.providers import ProviderSettings, get_backend
+from kplan.launcher.report import read_records
+from kplan.launcher.state import StateDB
+from kplan.launching import free_port
+from kplan.planner.compression import parse_measured
+from tests.test_provider_local import kill_leftovers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _records(losses: list[float], batch: int = 10, spec: str = "none", **extra: object) -> list:
+    return [
+        {"step": i + 1, "rank": 0, "time": float(i), "loss": v, "global_batch": batch,
+         "compression": spec, **extra}
+        for i, v in enumerate(losses)
+    ]  # fmt: skip
+
+
+def test_the_multiplier_is_samples_to_the_dense_final_loss() -> None:
+    dense = statcost.curve(_records([10.0 - 0.1 * i for i in range(100)]), "d")
+    # twice the loss fall per step at twice the batch: the same fall per sample -> x1 (up to
+    # the smoothing's lag, the same in steps for both); the curve stretched 1.5x in steps -> x1.5
+    same = statcost.curve(_records([10.0 - 0.2 * i for i in range(60)], 20, "topk:0.01:ag"), "c")
+    slow = statcost.curve(_records([10.0 - 0.1 * i / 1.5 for i in range(150)], 10, "fp16"), "s")
+    r = statcost.steps_against("c", same, "d", dense)
+    assert r.span == 5 and r.multiplier == pytest.approx(1.0, rel=0.03)
+    assert r.estimate_flag() == f"--compression-steps topk:0.01:ag={r.multiplier:.3g}"
+    s = statcost.steps_against("s", slow, "d", dense)
+    assert s.multiplier == pytest.approx(1.5, rel=0.03)
+    # what the flag prints is what `kplan estimate --compression-steps` reads back
+    assert parse_measured(s.estimate_flag().split()[1])[:2] == (
+        "fp16",
+        float(f"{s.multiplier:.3g}"),
+    )
+    # a job that never reaches the target: no multiplier, and the note says how far it got
+    short = statcost.curve(_records([10.0 - 0.1 * i for i in range(50)], spec="powersgd:4"), "p")
+    p = statcost.steps_against("p", short, "d", dense)
+    assert p.multiplier is None and p.samples is None and p.estimate_flag() is None
+    assert "did not reach" in p.note and "0.50x" in p.note
+
+
+def test_redone_steps_count_once_and_other_ranks_and_events_are_left_out() -> None:
+    recs = _records([5.0, 4.0, 3.0, 2.0])
+    recs.append({"step": 3, "rank": 0, "time": 9.0, "loss": 2.5, "global_batch": 10})  # redone
+    recs.append({"step": 2, "rank": 1, "time": 1.0, "loss": 99.0, "global_batch": 10})
+    recs.append({"event": "checkpoint", "step": 2, "rank": 0, "time": 1.5})
+    recs.append({"step": 5, "rank": 0, "time": 5.0, "loss": float("nan"), "global_batch": 10})
+    c = statcost.curve(recs, "j")
+    assert c.steps == [1, 2, 3, 4] and c.loss == [5.0, 4.0, 2.5, 2.0]
+    assert c.samples == [10.0, 20.0, 30.0, 40.0] and c.compression == "none"
+
+
+@pytest.mark.parametrize(
+    ("job", "dense", "match"),
+    [
+        (_records([3.0, 2.0], spec="topk:0.01:ag"), [], "no step records with a loss"),
+        (_records([3.0, 2.0]), _records([3.0, 2.0]), "ran dense: there is no compression"),
+        (_records([3.0, 2.0], spec="fp16"), _records([3.0, 2.0], spec="fp16"), "not dense"),
+        (_records([3.0, 2.0], spec="adaptive:0.01:0.1:auto"), _records([3.0, 2.0]), "no fixed"),
+        (_records([3.0], spec="fp16") + _records([2.0], spec="bf16"), _records([1.0]), "more than"),
+    ],
+)
+def test_jobs_that_cannot_be_compared_are_refused(job: list, dense: list, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        statcost.steps_against("j", statcost.curve(job, "j"), "d", statcost.curve(dense, "d"))
+
+
+# --- two real local jobs ------------------------------------------------------------------------
+
+FAST = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
+ARGS = ("--samples", "4096", "--batch-size", "128", "--lr", "3e-3")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("kplan-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KPLAN_HOME", str(home))
+    mp.setenv("OMP_NUM_THREADS", "1")
+    backend = get_backend("local", ProviderSettings(home, None, None))
+    try:
+        mlp = str(ROOT / "examples" / "mlp_regression.py")
+        # the compressed job runs on past the dense job's 4 epochs, to reach its loss
+        jobs = (("kp-ag-dense", "none", 4), ("kp-ag-topk", "topk:0.05:ag", 8))
+        for job_id, comp, epochs in jobs:
+            spec = JobSpec.local(
+                mlp, (*ARGS, "--epochs", str(epochs)), nodes=2, job_id=job_id,
+                python=sys.executable, rdzv_port=free_port(), **FAST,
+            )  # fmt: skip
+            with StateDB.open(home / "kplan.db") as db:
+                run_job(replace(spec, compression=comp, budget_usd=1.0), backend, db)
+        yield home
+    finally:
+        mp.undo()
+        kill_leftovers(home)
+
+
+def _cli(home: Path, *args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args), env={"KPLAN_HOME": str(home), "COLUMNS": "200"})
+    return r.exit_code, r.output
+
+
+@pytest.mark.slow
+def test_report_against_measures_the_real_jobs(home: Path) -> None:
+    code, out = _cli(home, "report", "kp-ag-topk", "--against", "kp-ag-dense", "--json")
+    assert code == 0, out
+    got = json.loads(out)["steps_against"]
+    assert got["compression"] == "topk:0.05:ag" and got["against"] == "kp-ag-dense"
+    # recomputed from the jobs' own metrics files
+    from kplan.commands.report import _storage
+
+    with StateDB.open(home / "kplan.db") as db:
+        recs = {j: db.job(j) for j in ("kp-ag-dense", "kp-ag-topk")}
+    curves = {}
+    for j, rec in recs.items():
+        assert rec is not None and rec.status == "succeeded", rec
+        storage, why = _storage(rec)
+        assert storage is not None, why
+        curves[j] = statcost.curve(read_records(storage, j), j)
+    want = statcost.steps_against("kp-ag-topk", curves["kp-ag-topk"], "kp-ag-dense",
+                                  curves["kp-ag-dense"])  # fmt: skip
+    assert got["target_loss"] == want.target_loss and got["multiplier"] == want.multiplier
+    assert curves["kp-ag-dense"].samples[-1] == 4 * 4096 // 128 * 128  # every step recorded
+    assert want.multiplier is not None and 0.5 < want.multiplier < 2.0, want.note
+    assert got["estimate_flag"] == f"--compression-steps topk:0.05:ag={want.multiplier:.3g}"
+    code, text = _cli(home, "report", "kp-ag-topk", "--against", "kp-ag-dense")
+    assert code == 0 and "statistical cost (topk:0.05:ag)" in text
+    assert f"plan with it: kplan estimate ... {got['estimate_flag']}" in text
+    # the wrong way round, dense against dense, and --all: one-line errors, exit 2
+    for args, match in (
+        (("kp-ag-dense", "--against", "kp-ag-topk"), "not dense"),
+        (("kp-ag-dense", "--against", "kp-ag-dense"), "ran dense"),
+        (("kp-ag-topk", "--against", "kp-ag-topk"), "not dense"),
+        (("--all", "--against", "kp-ag-dense"), "not --all"),
+        (("kp-ag-topk", "--against", "kp-nope"), "no job 'kp-nope'"),
+    ):
+        code, out = _cli(home, "report", *args)
+        assert code == 2 and match in out and "hint:" in out, (args, out)
