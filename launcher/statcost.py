@@ -36,6 +36,7 @@ class Curve:
     loss: list[float]
     samples: list[float]  # cumulative global batches up to and including each step
     compression: str  # the spec its compressed steps ran ("none": a dense job)
+    selective: bool = False  # it ran SelSync (records with ``synced``): not a dense reference
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ def curve(records: list[dict[str, Any]], job: str) -> Curve:
     """Rank 0's step records as a :class:`Curve` (the last record of a redone step wins)."""
     by_step: dict[int, dict[str, Any]] = {}
     specs: set[str] = set()
+    selective = False
     for r in sorted(records, key=lambda r: r.get("time") or 0.0):
         if "event" in r or r.get("rank", 0) != 0 or not isinstance(r.get("step"), int):
             continue
@@ -71,6 +73,7 @@ def curve(records: list[dict[str, Any]], job: str) -> Curve:
         if not (_finite(loss) and _finite(batch)):
             continue
         by_step[r["step"]] = r
+        selective = selective or "synced" in r
         spec = r.get("compression")
         if isinstance(spec, str) and spec != "none":
             specs.add(spec)
@@ -94,6 +97,7 @@ def curve(records: list[dict[str, Any]], job: str) -> Curve:
         [float(by_step[s]["loss"]) for s in steps],
         cum,
         specs.pop() if specs else "none",
+        selective,
     )
 
 
@@ -121,6 +125,13 @@ def samples_to(c: Curve, target: float, tau: float) -> float | None:
 
 def steps_against(job: str, job_c: Curve, dense: str, dense_c: Curve) -> StepsAgainst:
     """``job``'s samples to ``dense``'s final smoothed loss, as a multiple of ``dense``'s."""
+    if dense_c.selective or job_c.selective:
+        which = dense if dense_c.selective else job
+        raise InputError(
+            f"job {which} ran SelSync (--sync-policy selective), which kplan estimate does not "
+            "price",
+            hint="compare a job with --compression (and --sync-policy every) against a dense one",
+        )
     if dense_c.compression != "none":
         raise InputError(
             f"--against {dense}: that job ran {dense_c.compression}, not dense",

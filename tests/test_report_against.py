@@ -79,6 +79,8 @@ def test_redone_steps_count_once_and_other_ranks_and_events_are_left_out() -> No
         (_records([3.0, 2.0], spec="fp16"), _records([3.0, 2.0], spec="fp16"), "not dense"),
         (_records([3.0, 2.0], spec="adaptive:0.01:0.1:auto"), _records([3.0, 2.0]), "no fixed"),
         (_records([3.0], spec="fp16") + _records([2.0], spec="bf16"), _records([1.0]), "more than"),
+        (_records([3.0, 2.0], spec="fp16"), _records([3.0, 2.0], synced=False), "SelSync"),
+        (_records([3.0, 2.0], synced=True), _records([3.0, 2.0]), "SelSync"),
     ],
 )
 def test_jobs_that_cannot_be_compared_are_refused(job: list, dense: list, match: str) -> None:
