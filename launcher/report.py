@@ -86,6 +86,99 @@ class StepStats:
 
 
 @dataclass(frozen=True)
+class Communication:
+    """The gradient exchange, from rank 0's step records (runtime/API.md's communication
+    fields; present where the job ran two or more workers). Bytes are counted from the tensor
+    sizes by the runtime, not measured on the wire."""
+
+    compression: str  # the spec its compressed steps ran ("none": dense all-reduce only)
+    compressed_steps: int
+    dense_steps: int  # steps that exchanged dense (GNS samples, a warm-up, a dense job)
+    bytes_sent: float  # rank 0's gradient bytes, summed over the steps
+    dense_bytes: float  # what dense would have sent over the same steps
+    collectives: list[str]  # top-k: the collectives it ran
+    topk_ratios: list[tuple[int, float]]  # top-k: (first step, ratio) at the start and each change
+    synced_steps: int | None = None  # SelSync: steps that synchronised
+    skipped_steps: int | None = None
+    averages: int | None = None  # SelSync: parameter averages
+
+    def summary(self) -> str:
+        """One line for the terminal and the page."""
+        parts = []
+        if self.compression == "none":
+            parts.append(f"dense exchange on {self.dense_steps} steps")
+        else:
+            parts.append(
+                f"{self.compression} on {self.compressed_steps} of "
+                f"{self.compressed_steps + self.dense_steps} steps"
+            )
+        sent = f"{self.bytes_sent / 1e6:,.4g} MB sent by rank 0 (counted)"
+        if self.bytes_sent > 0 and self.dense_bytes > self.bytes_sent:
+            sent += f", {self.dense_bytes / self.bytes_sent:.3g}x fewer than dense"
+        parts.append(sent)
+        if self.collectives:
+            parts.append("collectives " + ", ".join(c.upper() for c in self.collectives))
+        if len(self.topk_ratios) > 1:
+            parts.append(
+                "top-k ratio " + " -> ".join(f"{r:g} (step {s})" for s, r in self.topk_ratios)
+            )
+        if self.synced_steps is not None:
+            total = self.synced_steps + (self.skipped_steps or 0)
+            parts.append(
+                f"SelSync synced {self.synced_steps} of {total} steps, "
+                f"{self.averages or 0} parameter averages"
+            )
+        return "; ".join(parts)
+
+
+def communication(rank0: list[dict[str, Any]]) -> Communication | None:
+    """:class:`Communication` from rank 0's step records in time order (the last record of a
+    redone step wins); None where no record has the fields (one worker, or an older runtime)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in rank0:
+        if _num(r.get("bytes_sent")) is not None:
+            by_step[int(r["step"])] = r
+    if not by_step:
+        return None
+    recs = [by_step[s] for s in sorted(by_step)]
+    specs = {str(r.get("compression")) for r in recs} - {"none", "None"}
+    compressed = [r for r in recs if str(r.get("compression")) in specs]
+    # dense's bytes per step: sent x ratio; a step that sent nothing (SelSync skipped it) would
+    # have sent what the median step with a ratio did
+    known = [
+        float(r["bytes_sent"]) * ratio
+        for r in recs
+        if (ratio := _num(r.get("compress_ratio"))) is not None
+    ]
+    typical = statistics.median(known) if known else 0.0
+    dense = math.fsum(
+        float(r["bytes_sent"]) * ratio
+        if (ratio := _num(r.get("compress_ratio"))) is not None
+        else typical
+        for r in recs
+    )
+    ratios: list[tuple[int, float]] = []
+    for r in recs:
+        x = _num(r.get("topk_ratio"))
+        if x is not None and (not ratios or ratios[-1][1] != x):
+            ratios.append((int(r["step"]), x))
+    last = recs[-1]
+    selsync = "synced_steps" in last
+    return Communication(
+        compression=" + ".join(sorted(specs)) or "none",
+        compressed_steps=len(compressed),
+        dense_steps=len(recs) - len(compressed),
+        bytes_sent=math.fsum(float(r["bytes_sent"]) for r in recs),
+        dense_bytes=dense,
+        collectives=sorted({c for r in compressed for c in (r.get("collective") or [])}),
+        topk_ratios=ratios,
+        synced_steps=int(last["synced_steps"]) if selsync else None,
+        skipped_steps=int(last.get("skipped_steps") or 0) if selsync else None,
+        averages=sum(1 for r in recs if r.get("averaged")) if selsync else None,
+    )
+
+
+@dataclass(frozen=True)
 class Metrics:
     note: str  # where they came from, or why they are missing
     steps: int = 0  # optimizer steps recorded by rank 0
@@ -104,6 +197,7 @@ class Metrics:
     samples: float = 0.0  # samples trained (rank 0's global batches; redone steps count again)
     epochs: float | None = None  # the work the job set out to do (the runtime's "epochs" event)
     dataset_size: int | None = None
+    communication: Communication | None = None
 
 
 @dataclass(frozen=True)
@@ -484,6 +578,7 @@ def read_metrics(storage: Storage, job_id: str) -> Metrics:
         samples=math.fsum(float(r["global_batch"]) for r in rank0 if _num(r.get("global_batch"))),
         epochs=_num(work.get("total")),
         dataset_size=work["dataset_size"] if isinstance(work.get("dataset_size"), int) else None,
+        communication=communication(rank0),
     )
 
 

@@ -452,7 +452,13 @@ def section(r: JobReport) -> str:
         f"<p>against on-demand: {e(_cmp(r.on_demand))}</p>"
         f"<p>against the naive plan: {e(_cmp(r.naive))}</p>"
         f"<p class='muted'>metrics: {e(r.metrics.note)}; {r.metrics.steps} steps, "
-        f"{r.metrics.checkpoints} checkpoints, {r.metrics.resumes} resumes</p></section>"
+        f"{r.metrics.checkpoints} checkpoints, {r.metrics.resumes} resumes</p>"
+        + (
+            ""
+            if r.metrics.communication is None
+            else f"<p class='muted'>communication: {e(r.metrics.communication.summary())}</p>"
+        )
+        + "</section>"
     )
 
 

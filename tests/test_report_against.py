@@ -88,6 +88,43 @@ def test_jobs_that_cannot_be_compared_are_refused(job: list, dense: list, match:
         statcost.steps_against("j", statcost.curve(job, "j"), "d", statcost.curve(dense, "d"))
 
 
+def test_the_communication_summary_from_step_records() -> None:
+    from kplan.launcher.report import communication
+
+    def rec(step: int, spec: str, sent: float, ratio: float | None, **kw: object) -> dict:
+        return {"step": step, "rank": 0, "bytes_sent": sent, "compression": spec,
+                "compress_ratio": ratio, **kw}  # fmt: skip
+
+    assert communication([{"step": 0, "rank": 0, "loss": 1.0}]) is None  # one worker
+    a = "adaptive:0.01:0.1:ag"
+    recs = [
+        rec(0, a, 10.0, 40.0, topk_ratio=0.1, collective=["ag"]),
+        rec(1, a, 10.0, 40.0, topk_ratio=0.1, collective=["ag"], compress_gain=0.8,
+            next_topk_ratio=0.05),
+        rec(2, "none", 400.0, 1.0, topk_ratio=0.05, collective=None),  # a GNS sample
+        rec(3, a, 5.0, 80.0, topk_ratio=0.05, collective=["ag"]),
+        rec(3, a, 5.0, 80.0, topk_ratio=0.05, collective=["ag"]),  # redone after a resume
+    ]  # fmt: skip
+    c = communication(recs)
+    assert c is not None and (c.compression, c.compressed_steps, c.dense_steps) == (a, 3, 1)
+    assert c.bytes_sent == 425.0 and c.dense_bytes == 1600.0 and c.collectives == ["ag"]
+    assert c.topk_ratios == [(0, 0.1), (2, 0.05)] and c.synced_steps is None
+    line = c.summary()
+    assert f"{a} on 3 of 4 steps" in line and "3.76x fewer than dense" in line
+    assert "top-k ratio 0.1 (step 0) -> 0.05 (step 2)" in line
+    sel = [
+        rec(0, "none", 400.0, 1.0, synced=True, synced_steps=1, skipped_steps=0),
+        rec(1, "none", 0.0, None, synced=False, synced_steps=1, skipped_steps=1),
+        rec(2, "none", 800.0, 0.5, synced=True, averaged=True, synced_steps=2, skipped_steps=1),
+    ]
+    c = communication(sel)
+    assert c is not None and (c.synced_steps, c.skipped_steps, c.averages) == (2, 1, 1)
+    assert "SelSync synced 2 of 3 steps, 1 parameter averages" in c.summary()
+    assert "dense exchange on 3 steps" in c.summary()
+    # the skipped step counts as dense's typical 400 bytes; the average sent 800 for 400
+    assert c.bytes_sent == 1200.0 and c.dense_bytes == 1200.0
+
+
 # --- two real local jobs ------------------------------------------------------------------------
 
 FAST = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
@@ -149,6 +186,21 @@ def test_report_against_measures_the_real_jobs(home: Path) -> None:
     code, text = _cli(home, "report", "kp-ag-topk", "--against", "kp-ag-dense")
     assert code == 0 and "statistical cost (topk:0.05:ag)" in text
     assert f"plan with it: kplan estimate ... {got['estimate_flag']}" in text
+    # the report's communication line: what the runtime counted, rank 0's records
+    comm = json.loads(_cli(home, "report", "kp-ag-topk", "--json")[1])["metrics"]["communication"]
+    assert comm["compression"] == "topk:0.05:ag" and comm["collectives"] == ["ag"]
+    assert comm["compressed_steps"] + comm["dense_steps"] == 8 * 4096 // 128
+    assert comm["dense_steps"] == 8 * 4096 // 128 // 10  # steps 10, 20, ...: the GNS samples
+    assert comm["topk_ratios"] == [[0, 0.05]] and comm["synced_steps"] is None
+    assert comm["dense_bytes"] / comm["bytes_sent"] > 3
+    dense = json.loads(_cli(home, "report", "kp-ag-dense", "--json")[1])["metrics"]
+    d = dense["communication"]
+    assert d["compression"] == "none" and d["dense_steps"] == dense["steps"] == 4 * 4096 // 128
+    assert d["dense_bytes"] == d["bytes_sent"] > 0
+    # per step, the top-k job sent its dense steps' bytes and its compressed steps' fewer
+    per_dense = d["bytes_sent"] / d["dense_steps"]
+    assert comm["dense_bytes"] == pytest.approx(per_dense * 8 * 4096 // 128, rel=1e-9)
+    assert "communication: topk:0.05:ag on 231 of 256 steps" in " ".join(text.split())
     # the wrong way round, dense against dense, and --all: one-line errors, exit 2
     for args, match in (
         (("kp-ag-dense", "--against", "kp-ag-topk"), "not dense"),

@@ -69,3 +69,5 @@ def render_report(r: JobReport) -> None:
         f"{m.resumes} resumes" + (f", last GNS {m.gns[-1][1]:.1f}" if m.gns else ""),
         highlight=False,
     )
+    if m.communication is not None:
+        console.print(f"communication: {safe(m.communication.summary())}", highlight=False)
