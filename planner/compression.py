@@ -28,31 +28,36 @@ codec (``variants``; AG's decompression sums every worker's part, AR's scatters 
 job measures both exchanges at start and takes the faster (``compressor.probe_topk_exchange``),
 so where the collective library's costs differ from the bytes' the job may run the other one.
 Every option runs as a DDP communication hook per bucket (``nb = ceil(P / bucket)`` buckets), so
-each bucket pays its rounds' hops: the latency term is ``lat * hops * nb`` (dense keeps
-perfmodel's fit). A round the hook waits for before it can go on is not overlapped with
-anything: PowerSGD's P round (Q = M^T P needs the summed P) and AR-Topk's index broadcast (the
-values sent depend on the indices). PowerSGD's P all-reduce is also a barrier inside backward:
-every worker waits there for the slowest, ``skew`` seconds beyond the latency (0 on identical
-dedicated devices, the planner's default; measured on the emulated hosts, where the workers
-share cores, by bench/comm_bed.py). AR-Topk's broadcast is not: the others wait for the
-designated worker's selection (in its codec time) and it waits for no one. The designated
-worker sends a bucket's indices and goes on with the next bucket's backward and selection
-while they travel; the others, waiting for them, were waiting for its selection anyway. So of
-the broadcast only the last bucket's share of the bytes is exposed (with every bucket's
-latencies), and the earlier buckets' bytes share the link with the overlapped rounds
-(``blocking_time``; until 2026-11-27 the whole broadcast was exposed: 26 ms of top-k AR's
-0.16 s step at ratio 0.05 on the emulated hosts, 11 ms now; bench/comm_bed.py). The other
-rounds overlap backward. The codec compute (compress + decompress: casts, PowerSGD's matmuls
-and orthogonalisation, top-k selection and scatter) runs on the worker's own device between
-backward's kernels. Where DDP's buckets are known (``p.bucket_bytes``; their layout from the
-shapes, ``bucket_shares``), the step is a pipeline of them (``pipeline``): forward (its share
-of T_c measured by the profile, ``model.forward_share``, else a third) overlaps nothing; each
-bucket, in launch order, takes its share (by elements) of backward and of the codec on the
-worker, then its share of the asynchronous rounds on the link, which
-starts once the bucket is compressed and the link has sent the earlier buckets:
+each bucket pays its rounds' hops: the latency term is ``lat * hops * nb`` (dense keeps perfmodel's
+fit). A round the hook waits for before it can go on is not overlapped with anything: PowerSGD's P
+round (Q = M^T P needs the summed P) and AR-Topk's index broadcast (the values sent depend on the
+indices). PowerSGD's P all-reduce is also a barrier inside backward: every worker waits there for
+the slowest (0 on identical dedicated devices, the planner's default; on the emulated hosts, where
+the workers share cores, bench/comm_bed.py measures ``skew``, the wait at a barrier after one
+step's compute). The skew is paid once per step, not at every bucket: the workers drift apart over
+the compute, the first bucket's barrier realigns them, and each later barrier waits only for what
+they drifted in that bucket's share of backward, in sum a step's drift once. (Until 2026-11-27
+every bucket paid it: PowerSGD's blocking term was 20-50 ms where its hook waited 10-17 ms, and its
+step was predicted 7-19% too slow in four runs; once a step, the blocking term read 9 and 12 ms
+where the hook waited 10 and 17 ms, and the step was within 8%: bench/comm_bed.py.) AR-Topk's
+broadcast is not: the others wait for the designated worker's selection (in its codec time) and it
+waits for no one. The designated worker sends a bucket's indices and goes on with the next bucket's
+backward and selection while they travel; the others, waiting for them, were waiting for its
+selection anyway. So of the broadcast only the last bucket's share of the bytes is exposed (with
+every bucket's latencies), and the earlier buckets' bytes share the link with the overlapped rounds
+(``blocking_time``; until 2026-11-27 the whole broadcast was exposed: 26 ms of top-k AR's 0.16 s
+step at ratio 0.05 on the emulated hosts, 11 ms now; bench/comm_bed.py). The other rounds overlap
+backward. The codec compute (compress + decompress: casts, PowerSGD's matmuls and
+orthogonalisation, top-k selection and scatter) runs on the worker's own device between backward's
+kernels. Where DDP's buckets are known (``p.bucket_bytes``; their layout from the shapes,
+``bucket_shares``), the step is a pipeline of them (``pipeline``): forward (its share of T_c
+measured by the profile, ``model.forward_share``, else a third) overlaps nothing; each bucket, in
+launch order, takes its share (by elements) of backward and of the codec on the worker, then its
+share of the asynchronous rounds on the link, which starts once the bucket is compressed and the
+link has sent the earlier buckets:
 
     T_step(o) = (s-1) T_c + pipeline(T_c, T_codec(o), T_async(o)) + T_block(o)
-    T_block(o) = beta/P * blocking bytes + nb * (lat * blocking hops + skew [a barrier])
+    T_block(o) = beta/P * blocking bytes + nb * lat * blocking hops + skew [a barrier]
     (AR-Topk: T_block's bytes term x the last bucket's share f; the other 1 - f in T_async)
 
 No overlap exponent. Until 2026-11-27 this was perfmodel's power mean, overlap(T_c + T_codec,
@@ -321,7 +326,8 @@ def sync_time(
     the bytes (the last bucket's share) with alpha and latencies in full. Every bucket runs
     the option's rounds, so the per-hop latencies count once per bucket (``buckets``).
     ``part``: all of it, the rounds that overlap backward (``alpha`` with them), or the
-    rounds the hook waits for (module notes) plus ``skew_s`` at each of them (``step_time``)."""
+    rounds the hook waits for (module notes) plus ``skew_s`` once where one is a barrier
+    (``step_time``)."""
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
     pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
     alpha, per_byte, lat, two = _link(p, n, pbytes)
@@ -346,7 +352,7 @@ def sync_time(
             t_bytes[j], t_hops[j] = t.bytes, t.hops
         elif part == "blocking":
             t_bytes[j], t_hops[j] = t.blocking_bytes, t.blocking_hops
-            t_wait[j] = skew_s * nb if t.barrier else 0.0
+            t_wait[j] = skew_s if t.barrier else 0.0  # once a step (module notes)
         else:
             t_bytes[j], t_hops[j] = t.bytes - t.blocking_bytes, t.hops - t.blocking_hops
         names.append(t.collective)
@@ -450,8 +456,9 @@ def step_time(
     forward_share: float | None = None,
 ) -> Array:
     """Seconds per optimizer step with ``c`` (module notes); ``none`` is perfmodel's exactly.
-    ``skew_s``: a worker's mean wait at a barrier inside backward beyond the link's latency
-    (the others still computing), paid at each blocking round of each bucket.
+    ``skew_s``: a worker's mean wait at a barrier after a step's compute beyond the link's
+    latency (the others still computing), paid once a step where a blocking round is a barrier
+    (module notes).
     ``forward_share``: the part of the compute no round overlaps (the profile's measured
     ``model.forward_share``; None: ``FORWARD_SHARE``)."""
     if c.kind == "none":
