@@ -45,6 +45,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "report": (
         "kplan report kp-261123-101500-ab12 --html report.html",
         "kplan report --all --json",
+        "kplan report kp-261123-101500-topk --against kp-261123-091500-dense",
     ),
     "simulate": ("kplan simulate --plan plan.json --example-trace p3 --runs 500",),
     "model": ("kplan model fit --measurements m.csv --out model.json",),

@@ -190,10 +190,12 @@ def stat_for(c: Compression, measured: Sequence[tuple[str, float, float]] = ()) 
     return stat
 
 
-MEASURED_SIGMA = 0.1
-"""Log-space uncertainty of a measured samples multiplier given without one (one A/B pair of
-runs: the emulated hosts' top-k at 0.01 read 1.33-1.50 over runs, about +-10% around the mean;
-docs/benchmarks.md)."""
+MEASURED_SIGMA = 0.2
+"""Log-space uncertainty of a measured samples multiplier given without one: one pair of runs
+(``kplan report JOB --against DENSE``). Eight pairs of the example MLP on two local workers (data
+seeds 0-7; bench/statcost_pairs.py) spread by a log sd of 0.18 for topk:0.05:ag under Adam
+(x1.32-2.10) and 0.05 for powersgd:4 (x1.07-1.23); this is the larger, rounded up. Several
+pairs: give their geometric mean with sd / sqrt(pairs). docs/benchmarks.md."""
 
 
 def parse_measured(text: str, where: str = "--compression-steps") -> tuple[str, float, float]:

@@ -181,7 +181,8 @@ def test_report_against_measures_the_real_jobs(home: Path) -> None:
                                   curves["kp-ag-dense"])  # fmt: skip
     assert got["target_loss"] == want.target_loss and got["multiplier"] == want.multiplier
     assert curves["kp-ag-dense"].samples[-1] == 4 * 4096 // 128 * 128  # every step recorded
-    assert want.multiplier is not None and 0.5 < want.multiplier < 2.0, want.note
+    # eight pairs at other data seeds read x1.32-2.10 (docs/benchmarks.md): top-k costs steps
+    assert want.multiplier is not None and 1.0 <= want.multiplier < 4.0, want.note
     assert got["estimate_flag"] == f"--compression-steps topk:0.05:ag={want.multiplier:.3g}"
     code, text = _cli(home, "report", "kp-ag-topk", "--against", "kp-ag-dense")
     assert code == 0 and "statistical cost (topk:0.05:ag)" in text

@@ -1,0 +1,96 @@
+"""How much one pair of runs tells: the spread of ``kplan report JOB --against DENSE`` over
+repeated pairs.
+
+Each pair is two real local jobs of ``examples/mlp_regression.py`` on two workers (gloo), launched
+through the launcher's lifecycle like ``kplan launch``: a dense job for ``--dense-epochs`` and a
+compressed one (``--compression``) for ``--epochs`` (long enough to reach the dense job's loss), at
+data seed ``i`` (the model starts from the runtime's fixed seed, so the pairs differ by their data:
+how far one pair's figure carries to another job of the same kind). Every pair's multiplier comes
+from launcher/statcost.py as the report computes it; the script prints each and their geometric
+mean and log-space standard deviation: the uncertainty of one pair, which ``kplan estimate
+--compression-steps`` assumes (``planner.compression.MEASURED_SIGMA``).
+
+    .venv/bin/python bench/statcost_pairs.py --compression topk:0.05:ag --pairs 8   # ~2 minutes
+    .venv/bin/python bench/statcost_pairs.py --compression powersgd:4 --pairs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+FAST = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
+
+
+def one_pair(seed: int, compression: str, dense_epochs: int, epochs: int) -> float | None:
+    """The multiplier of one pair at data seed ``seed`` (None: the job never reached the loss)."""
+    from kplan.commands.report import _storage
+    from kplan.launcher import statcost
+    from kplan.launcher.jobspec import JobSpec
+    from kplan.launcher.lifecycle import run_job
+    from kplan.launcher.providers import ProviderSettings, get_backend
+    from kplan.launcher.report import read_records
+    from kplan.launcher.state import StateDB
+    from kplan.launching import free_port
+
+    home = Path(tempfile.mkdtemp(prefix="kplan-pairs-"))
+    os.environ["KPLAN_HOME"] = str(home)
+    backend = get_backend("local", ProviderSettings(home, None, None))
+    script = str(REPO / "examples" / "mlp_regression.py")
+    jobs = (("kp-dense", "none", dense_epochs), ("kp-comp", compression, epochs))
+    for job_id, comp, n in jobs:
+        args = ("--samples", "4096", "--batch-size", "128", "--lr", "3e-3", "--epochs", str(n),
+                "--seed", str(seed))  # fmt: skip
+        spec = JobSpec.local(
+            script, args, nodes=2, job_id=job_id, python=sys.executable, rdzv_port=free_port(),
+            **FAST,
+        )  # fmt: skip
+        with StateDB.open(home / "kplan.db") as db:
+            run_job(replace(spec, compression=comp, budget_usd=1.0), backend, db)
+    curves = {}
+    with StateDB.open(home / "kplan.db") as db:
+        for job_id, _, _ in jobs:
+            rec = db.job(job_id)
+            assert rec is not None and rec.status == "succeeded", rec
+            storage, why = _storage(rec)
+            assert storage is not None, why
+            curves[job_id] = statcost.curve(read_records(storage, job_id), job_id)
+    got = statcost.steps_against("kp-comp", curves["kp-comp"], "kp-dense", curves["kp-dense"])
+    return got.multiplier
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compression", default="topk:0.05:ag")
+    ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--dense-epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=12, help="the compressed job's epochs")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mults = []
+    for seed in range(args.pairs):
+        m = one_pair(seed, args.compression, args.dense_epochs, args.epochs)
+        print(f"seed {seed}: x{m:.3f}" if m else f"seed {seed}: did not reach", flush=True)
+        if m:
+            mults.append(m)
+    logs = [math.log(m) for m in mults]
+    sd = statistics.stdev(logs) if len(logs) > 1 else float("nan")
+    print(
+        f"{args.compression}: {len(mults)} of {args.pairs} pairs reached the dense loss; "
+        f"x{min(mults, default=float('nan')):.2f}-{max(mults, default=float('nan')):.2f}, "
+        f"geometric mean x{math.exp(statistics.fmean(logs)) if logs else float('nan'):.3f}, "
+        f"log sd {sd:.3f} (one pair's uncertainty)"
+    )
+
+
+if __name__ == "__main__":
+    main()
