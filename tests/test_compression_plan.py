@@ -242,7 +242,7 @@ def test_estimate_cli_takes_a_measured_statistical_cost() -> None:
         assert out.exit_code == 0, out.output
         docs[bool(extra)] = json.loads(out.output)
     prior, measured = docs[False]["chosen"], docs[True]["chosen"]
-    wp, wm = 1 / 0.15**2, 1 / 0.05**2  # the prior's (1.06 +- 15%) and the measurement's weights
+    wp, wm = 1 / cp.TOPK_PRIOR_SIGMA**2, 1 / 0.05**2  # the prior's (1.06) and the measurement's
     want = math.exp((wp * math.log(1.06) + wm * math.log(1.5)) / (wp + wm))
     assert f"x{want:.3g} steps (measured (1.5) + prior)" in measured["compression_why"]
     assert "x1.06 steps (prior (EF top-k))" in prior["compression_why"]
@@ -309,7 +309,7 @@ def test_measured_statistical_costs_update_the_prior_and_the_choice() -> None:
     assert chosen.compression == "fp16"
     assert "measured (1) + prior" in chosen.compression_why
     stat = cp.stat_for(cp.parse("topk:0.01"), measured)
-    wp, wm = 1 / 0.15**2, 1 / 0.01**2  # the prior's and the measurement's weights
+    wp, wm = 1 / cp.TOPK_PRIOR_SIGMA**2, 1 / 0.01**2  # the prior's and the measurement's weights
     want = math.exp((wp * math.log(1.06) + wm * math.log(20.0)) / (wp + wm))
     assert stat.multiplier == pytest.approx(want)
     assert cp.stat_for(cp.parse("topk:0.1"), measured) == cp.prior(cp.parse("topk:0.1"))
