@@ -131,32 +131,45 @@ class Communication:
         return "; ".join(parts)
 
 
+def rank0_steps(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0's step records (no events), in time order."""
+    steps = (
+        r
+        for r in records
+        if "event" not in r and isinstance(r.get("step"), int) and r.get("rank", 0) == 0
+    )
+    return sorted(steps, key=lambda r: r.get("time") or 0)
+
+
+def with_numbers(records: Sequence[dict[str, Any]], numbers: Sequence[str]) -> list[dict[str, Any]]:
+    """The records whose ``numbers`` fields are all finite numbers, in their order."""
+    return [r for r in records if all(_num(r.get(k)) is not None for k in numbers)]
+
+
+def latest_per_step(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of step records in time order, the last of each step, in step order: a step redone
+    after a resume counts once."""
+    by_step = {int(r["step"]): r for r in records}
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def communication(rank0: list[dict[str, Any]]) -> Communication | None:
     """:class:`Communication` from rank 0's step records in time order (the last record of a
     redone step wins); None where no record has the fields (one worker, or an older runtime)."""
-    by_step: dict[int, dict[str, Any]] = {}
-    for r in rank0:
-        if _num(r.get("bytes_sent")) is not None:
-            by_step[int(r["step"])] = r
-    if not by_step:
+    recs = latest_per_step(with_numbers(rank0, ("bytes_sent",)))
+    if not recs:
         return None
-    recs = [by_step[s] for s in sorted(by_step)]
     specs = {str(r.get("compression")) for r in recs} - {"none", "None"}
     compressed = [r for r in recs if str(r.get("compression")) in specs]
     # dense's bytes per step: sent x ratio; a step that sent nothing (SelSync skipped it) would
     # have sent what the median step with a ratio did
-    known = [
-        float(r["bytes_sent"]) * ratio
+    per_step = [
+        None if (ratio := _num(r.get("compress_ratio"))) is None else float(r["bytes_sent"]) * ratio
         for r in recs
-        if (ratio := _num(r.get("compress_ratio"))) is not None
     ]
+    known = [b for b in per_step if b is not None]
     typical = statistics.median(known) if known else 0.0
-    dense = math.fsum(
-        float(r["bytes_sent"]) * ratio
-        if (ratio := _num(r.get("compress_ratio"))) is not None
-        else typical
-        for r in recs
-    )
+    dense = math.fsum(typical if b is None else b for b in per_step)
     ratios: list[tuple[int, float]] = []
     for r in recs:
         x = _num(r.get("topk_ratio"))
@@ -534,7 +547,7 @@ def read_metrics(storage: Storage, job_id: str) -> Metrics:
     if not records:
         return Metrics(f"no metrics under {storage.uri}/{job_id}/metrics/")
     steps = [r for r in records if "event" not in r and isinstance(r.get("step"), int)]
-    rank0 = sorted((r for r in steps if r.get("rank", 0) == 0), key=lambda r: r.get("time") or 0)
+    rank0 = rank0_steps(records)
     times = [(int(r["step"]), float(r["step_time"])) for r in rank0 if _num(r.get("step_time"))]
     local: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for r in sorted(steps, key=lambda r: r.get("time") or 0):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kplan.errors import InputError
+from kplan.launcher.report import latest_per_step, rank0_steps, with_numbers
 
 MIN_SPAN = 5
 SPAN_FRACTION = 0.05
@@ -64,21 +65,10 @@ class StepsAgainst:
 
 def curve(records: list[dict[str, Any]], job: str) -> Curve:
     """Rank 0's step records as a :class:`Curve` (the last record of a redone step wins)."""
-    by_step: dict[int, dict[str, Any]] = {}
-    specs: set[str] = set()
-    selective = False
-    for r in sorted(records, key=lambda r: r.get("time") or 0.0):
-        if "event" in r or r.get("rank", 0) != 0 or not isinstance(r.get("step"), int):
-            continue
-        loss, batch = r.get("loss"), r.get("global_batch")
-        if not (_finite(loss) and _finite(batch)):
-            continue
-        by_step[r["step"]] = r
-        selective = selective or "synced" in r
-        spec = r.get("compression")
-        if isinstance(spec, str) and spec != "none":
-            specs.add(spec)
-    if not by_step:
+    kept = with_numbers(rank0_steps(records), ("loss", "global_batch"))
+    recs = latest_per_step(kept)
+    specs = {s for r in kept if isinstance(s := r.get("compression"), str) and s != "none"}
+    if not recs:
         raise InputError(
             f"job {job} has no step records with a loss",
             hint="compare jobs that ran steps under the kplan runtime (kplan logs JOB shows why)",
@@ -88,17 +78,16 @@ def curve(records: list[dict[str, Any]], job: str) -> Curve:
             f"job {job} ran more than one compression ({', '.join(sorted(specs))})",
             hint="compare a job that ran one fixed option",
         )
-    steps = sorted(by_step)
     total, cum = 0.0, []
-    for s in steps:
-        total += float(by_step[s]["global_batch"])
+    for r in recs:
+        total += float(r["global_batch"])
         cum.append(total)
     return Curve(
-        steps,
-        [float(by_step[s]["loss"]) for s in steps],
+        [int(r["step"]) for r in recs],
+        [float(r["loss"]) for r in recs],
         cum,
         specs.pop() if specs else "none",
-        selective,
+        any("synced" in r for r in kept),
     )
 
 
@@ -181,7 +170,3 @@ def steps_against(job: str, job_c: Curve, dense: str, dense_c: Curve) -> StepsAg
         mult,
         note,
     )
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
