@@ -212,15 +212,16 @@ def parse_measured(text: str, where: str = "--compression-steps") -> tuple[str, 
     """``SPEC=MULT[/SIGMA]``: an option's measured samples (steps) to the same loss as a
     multiple of dense, and its log-space sigma (default ``MEASURED_SIGMA``)."""
     hint = "e.g. topk:0.01=1.3 (1.3x dense's steps to the same loss) or powersgd:4=1.05/0.05"
+    malformed = InputError(f"{where} {text[:60]!r} is not SPEC=MULT[/SIGMA]", hint=hint)
     spec, eq, value = text.partition("=")
     mult, slash, sig = value.partition("/")
+    if not eq or not spec:
+        raise malformed
     try:
         multiplier = float(mult)
         sigma = float(sig) if slash else MEASURED_SIGMA
     except ValueError:
-        raise InputError(f"{where} {text[:60]!r} is not SPEC=MULT[/SIGMA]", hint=hint) from None
-    if not eq or not spec:
-        raise InputError(f"{where} {text[:60]!r} is not SPEC=MULT[/SIGMA]", hint=hint)
+        raise malformed from None
     if not (math.isfinite(multiplier) and multiplier > 0):
         raise InputError(f"{where} {text[:60]!r}: the multiplier must be a number > 0", hint=hint)
     if not (math.isfinite(sigma) and 0 < sigma <= 5):

@@ -137,14 +137,17 @@ class SearchOptions:
             )
         if self.compression is not None:
             compression.parse(self.compression)
-        priced = (
-            [compression.parse(self.compression).spec()]
-            if self.compression is not None
-            else [compression.parse(o).spec() for o in compression.DEFAULT_OPTIONS]
-        )
+        if self.compression_stats:
+            self._check_measured()
+
+    def _check_measured(self) -> None:
+        """Each measured cost is valid and of an option this search prices (else it would be
+        silently unused)."""
+        options = compression.DEFAULT_OPTIONS if self.compression is None else [self.compression]
+        priced = [compression.parse(o).spec() for o in options]
         for spec, multiplier, log_sigma in self.compression_stats:
             StatCost(1.0, 0.1, "check").updated(multiplier, log_sigma)  # validates them
-            if compression.parse(spec).spec() not in priced:  # it would be silently unused
+            if compression.parse(spec).spec() not in priced:
                 raise InputError(
                     f"a measured cost for {spec}, which this search does not price "
                     f"(it prices {', '.join(priced)})",

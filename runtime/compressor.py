@@ -96,7 +96,6 @@ class AdaptiveRatio:
         self.sum_in = 0.0
         self.sum_out = 0.0
         self.steps = 0
-        self.last_gain: float | None = None
 
     def observe(self, sq_in: float, sq_out: float) -> float | None:
         """Add one step's summed |a|² and |C(a)|²; the window's gain G when this step closed a
@@ -109,7 +108,6 @@ class AdaptiveRatio:
         if self.steps < self.window:
             return None
         gain = self.sum_out / self.sum_in
-        self.last_gain = gain
         self.sum_in = self.sum_out = 0.0
         self.steps = 0
         if gain >= self.high:

@@ -206,9 +206,8 @@ def test_adaptive_ratio_rule() -> None:
         assert closed[:3] == [None] * 3 and closed[3] == pytest.approx(0.9)  # the window's G
         ratios.append(rule.ratio)
     assert ratios == [0.05, 0.025, 0.0125, 0.01, 0.01]
-    for _ in range(4):  # in the dead band: keep
-        rule.observe(1.0, 0.5)
-    assert rule.ratio == 0.01 and rule.last_gain == pytest.approx(0.5)
+    closed = [rule.observe(1.0, 0.5) for _ in range(4)]  # in the dead band: keep
+    assert rule.ratio == 0.01 and closed[-1] == pytest.approx(0.5)
     for _ in range(3 * 4):  # compression loses much: double, up to MAX
         rule.observe(1.0, 0.1)
     assert rule.ratio == 0.08
