@@ -24,30 +24,36 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kplan.launcher.statcost import Curve
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-FAST = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
+FAST: dict[str, Any] = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
 
 
-def one_pair(seed: int, compression: str, dense_epochs: int, epochs: int) -> float | None:
-    """The multiplier of one pair at data seed ``seed`` (None: the job never reached the loss)."""
-    from kplan.commands.report import _storage
-    from kplan.launcher import statcost
+def run_pair(
+    home: Path,
+    seed: int,
+    compression: str,
+    dense_epochs: int,
+    epochs: int,
+    ids: tuple[str, str] = ("kp-dense", "kp-comp"),
+) -> None:
+    """Run the dense job ``ids[0]`` and the compressed one ``ids[1]`` in the kplan home ``home``
+    (its state database and storage; ``KPLAN_HOME`` must name it), at data seed ``seed``."""
     from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.lifecycle import run_job
     from kplan.launcher.providers import ProviderSettings, get_backend
-    from kplan.launcher.report import read_records
     from kplan.launcher.state import StateDB
     from kplan.launching import free_port
 
-    home = Path(tempfile.mkdtemp(prefix="kplan-pairs-"))
-    os.environ["KPLAN_HOME"] = str(home)
     backend = get_backend("local", ProviderSettings(home, None, None))
     script = str(REPO / "examples" / "mlp_regression.py")
-    jobs = (("kp-dense", "none", dense_epochs), ("kp-comp", compression, epochs))
-    for job_id, comp, n in jobs:
+    for job_id, comp, n in ((ids[0], "none", dense_epochs), (ids[1], compression, epochs)):
         args = ("--samples", "4096", "--batch-size", "128", "--lr", "3e-3", "--epochs", str(n),
                 "--seed", str(seed))  # fmt: skip
         spec = JobSpec.local(
@@ -56,16 +62,36 @@ def one_pair(seed: int, compression: str, dense_epochs: int, epochs: int) -> flo
         )  # fmt: skip
         with StateDB.open(home / "kplan.db") as db:
             run_job(replace(spec, compression=comp, budget_usd=1.0), backend, db)
-    curves = {}
+
+
+def pair_curves(home: Path, ids: tuple[str, str] = ("kp-dense", "kp-comp")) -> list[Curve]:
+    """The two succeeded jobs' loss curves from their own metrics files, as the report reads
+    them (launcher/statcost.py)."""
+    from kplan.commands.report import _storage
+    from kplan.launcher import statcost
+    from kplan.launcher.report import read_records
+    from kplan.launcher.state import StateDB
+
+    curves = []
     with StateDB.open(home / "kplan.db") as db:
-        for job_id, _, _ in jobs:
+        for job_id in ids:
             rec = db.job(job_id)
             assert rec is not None and rec.status == "succeeded", rec
             storage, why = _storage(rec)
             assert storage is not None, why
-            curves[job_id] = statcost.curve(read_records(storage, job_id), job_id)
-    got = statcost.steps_against("kp-comp", curves["kp-comp"], "kp-dense", curves["kp-dense"])
-    return got.multiplier
+            curves.append(statcost.curve(read_records(storage, job_id), job_id))
+    return curves
+
+
+def one_pair(seed: int, compression: str, dense_epochs: int, epochs: int) -> float | None:
+    """The multiplier of one pair at data seed ``seed`` (None: the job never reached the loss)."""
+    from kplan.launcher import statcost
+
+    home = Path(tempfile.mkdtemp(prefix="kplan-pairs-"))
+    os.environ["KPLAN_HOME"] = str(home)
+    run_pair(home, seed, compression, dense_epochs, epochs)
+    dense, comp = pair_curves(home)
+    return statcost.steps_against("kp-comp", comp, "kp-dense", dense).multiplier
 
 
 def main() -> None:

@@ -6,27 +6,18 @@ top-k, reported through the CLI."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from bench.statcost_pairs import pair_curves, run_pair
 from kplan.cli import app
 from kplan.errors import InputError
 from kplan.launcher import statcost
-from kplan.launcher.jobspec import JobSpec
-from kplan.launcher.lifecycle import run_job
-from kplan.launcher.providers import ProviderSettings, get_backend
-from kplan.launcher.report import read_records
-from kplan.launcher.state import StateDB
-from kplan.launching import free_port
 from kplan.planner.compression import parse_measured
 from tests.test_provider_local import kill_leftovers
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _records(losses: list[float], batch: int = 10, spec: str = "none", **extra: object) -> list:
@@ -127,28 +118,19 @@ def test_the_communication_summary_from_step_records() -> None:
 
 # --- two real local jobs ------------------------------------------------------------------------
 
-FAST = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
-ARGS = ("--samples", "4096", "--batch-size", "128", "--lr", "3e-3")
+IDS = ("kp-ag-dense", "kp-ag-topk")
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A dense job of the example MLP (4 epochs) and a top-k one that runs on past it (8), on two
+    local workers each: bench/statcost_pairs.py's pair at data seed 0."""
     home = tmp_path_factory.mktemp("kplan-home")
     mp = pytest.MonkeyPatch()
     mp.setenv("KPLAN_HOME", str(home))
     mp.setenv("OMP_NUM_THREADS", "1")
-    backend = get_backend("local", ProviderSettings(home, None, None))
     try:
-        mlp = str(ROOT / "examples" / "mlp_regression.py")
-        # the compressed job runs on past the dense job's 4 epochs, to reach its loss
-        jobs = (("kp-ag-dense", "none", 4), ("kp-ag-topk", "topk:0.05:ag", 8))
-        for job_id, comp, epochs in jobs:
-            spec = JobSpec.local(
-                mlp, (*ARGS, "--epochs", str(epochs)), nodes=2, job_id=job_id,
-                python=sys.executable, rdzv_port=free_port(), **FAST,
-            )  # fmt: skip
-            with StateDB.open(home / "kplan.db") as db:
-                run_job(replace(spec, compression=comp, budget_usd=1.0), backend, db)
+        run_pair(home, 0, "topk:0.05:ag", 4, 8, IDS)
         yield home
     finally:
         mp.undo()
@@ -167,16 +149,7 @@ def test_report_against_measures_the_real_jobs(home: Path) -> None:
     got = json.loads(out)["steps_against"]
     assert got["compression"] == "topk:0.05:ag" and got["against"] == "kp-ag-dense"
     # recomputed from the jobs' own metrics files
-    from kplan.commands.report import _storage
-
-    with StateDB.open(home / "kplan.db") as db:
-        recs = {j: db.job(j) for j in ("kp-ag-dense", "kp-ag-topk")}
-    curves = {}
-    for j, rec in recs.items():
-        assert rec is not None and rec.status == "succeeded", rec
-        storage, why = _storage(rec)
-        assert storage is not None, why
-        curves[j] = statcost.curve(read_records(storage, j), j)
+    curves = dict(zip(IDS, pair_curves(home, IDS), strict=True))
     want = statcost.steps_against("kp-ag-topk", curves["kp-ag-topk"], "kp-ag-dense",
                                   curves["kp-ag-dense"])  # fmt: skip
     assert got["target_loss"] == want.target_loss and got["multiplier"] == want.multiplier
