@@ -32,7 +32,12 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-FAST: dict[str, Any] = {"check_interval_s": 0.5, "grace_s": 2.0, "teardown_s": 10.0, "finish_grace_s": 10.0}
+FAST: dict[str, Any] = {
+    "check_interval_s": 0.5,
+    "grace_s": 2.0,
+    "teardown_s": 10.0,
+    "finish_grace_s": 10.0,
+}
 
 
 def run_pair(
