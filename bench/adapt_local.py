@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "mlp_regression.py"
+SCRIPT = ROOT / "kplan" / "examples" / "mlp_regression.py"
 KPLAN = Path(sys.executable).with_name("kplan")
 
 

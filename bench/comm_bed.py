@@ -7,12 +7,12 @@ batch of 32) through ``kplan.runtime`` for a fixed number of steps with each opt
 dense, fp16, powersgd:R, topk:X:ar, topk:X:ag and selective sync, then prints per option
 
 - the measured per-step time (median of the steps after the first 3) and its ratio to dense;
-- the planner's prediction (planner/compression.py over perfmodel): the compute time (no
+- the planner's prediction (kplan/planner/compression.py over perfmodel): the compute time (no
   communication) and its backward part (the rest, with the optimizer and the fitted overhead, is
   the forward share no round overlaps, as ``kplan profile`` measures it), the mean of every probe
   of the run (the same for every option: a single probe reads one of two levels, 33-40 or 48-56
   ms, while a run's steps average over them), and the option's codec seconds, the mean of the
-  probes right before each of its two timing windows (the codec by profiler/codec.py on the
+  probes right before each of its two timing windows (the codec by kplan/profiler/codec.py on the
   model's shapes; each probe runs on both hosts at once), the link's alpha and bytes/s from a gloo
   all-reduce probe on the bed at two sizes, the per-message latency from a 1-element all-reduce,
   the wait at a barrier inside backward (``probe_barrier``: a 1-element all-reduce right after a
@@ -185,7 +185,7 @@ def _median_spread(ts: list[float]) -> tuple[float, float]:
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    """Rank 0's step records of the runtime's metrics stream (runtime/metrics.py)."""
+    """Rank 0's step records of the runtime's metrics stream (kplan/runtime/metrics.py)."""
     from kplan.runtime.metrics import read_records
 
     if not path.exists():
@@ -625,7 +625,7 @@ def main() -> int:
                     print(
                         f"profiled on both hosts at once (slowest host): compute "
                         f"{tc * 1e3:.0f} ms/step, of which backward {backward * 1e3:.0f} ms "
-                        "(medians of 12); codec (profiler/codec.py, "
+                        "(medians of 12); codec (kplan/profiler/codec.py, "
                         "median of 5): "
                         + ", ".join(f"{o} {s * 1e3:.0f} ms" for o, s in codec.items() if s),
                         flush=True,

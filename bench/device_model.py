@@ -205,7 +205,7 @@ def main() -> None:
     keys = ("compute_weight", "cuda_core_weight", "memory_weight", "sigma")
     worst = _max_rel_diff({k: fresh[k] for k in keys}, {k: shipped[k] for k in keys})
     print(
-        "\nShipped catalogs/data/device_model.json against a fresh fit (weights and sigma): "
+        "\nShipped kplan/catalogs/data/device_model.json against a fresh fit (weights and sigma): "
         f"largest relative difference {worst:.1e} "
         f"({'matches' if worst <= 1e-2 else 'STALE: rerun scripts.fit_device_model'}; "
         "the optimiser's stopping tolerance moves the 3rd-4th digit)"

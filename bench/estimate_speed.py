@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from kplan import planning
+from kplan.app import planning
 from kplan.catalogs import load_catalog
 from kplan.planner.search import SearchOptions
 

@@ -60,7 +60,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from bench.traces import MODELS, data_root, load_placements, load_scalability
 from kplan.catalogs import load_catalog
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.planner import fit
 from kplan.planner.explore import Explorer
 from kplan.planner.fit import fit_perf_params

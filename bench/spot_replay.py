@@ -14,7 +14,7 @@ The plan's own p90 includes the step-time model's error, which a replay does not
 the expected step time), so the like-for-like figures are against the plan's "spot-only"
 prediction: the same Monte-Carlo with the step time held at its expected value. The old model
 (independent Poisson preemptions at the catalog's rate, a fixed restart, no outages; the
-closed form of planner/costs.py) is shown on the same replays for comparison.
+closed form of kplan/planner/costs.py) is shown on the same replays for comparison.
 
 Run: .venv/bin/python -m bench.spot_replay [--runs 200] [--seed 0]
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bench.traces import data_root
-from kplan import planning, simulating
-from kplan.errors import InputError
+from kplan.app import planning, simulating
+from kplan.core.errors import InputError
 from kplan.planner import costs
 from kplan.planner.search import SearchOptions
 from kplan.planner.spot import SpotModel

@@ -50,14 +50,14 @@ def run_pair(
 ) -> None:
     """Run the dense job ``ids[0]`` and the compressed one ``ids[1]`` in the kplan home ``home``
     (its state database and storage; ``KPLAN_HOME`` must name it), at data seed ``seed``."""
+    from kplan.app.launching import free_port
     from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.lifecycle import run_job
     from kplan.launcher.providers import ProviderSettings, get_backend
     from kplan.launcher.state import StateDB
-    from kplan.launching import free_port
 
     backend = get_backend("local", ProviderSettings(home, None, None))
-    script = str(REPO / "examples" / "mlp_regression.py")
+    script = str(REPO / "kplan" / "examples" / "mlp_regression.py")
     for job_id, comp, n in ((ids[0], "none", dense_epochs), (ids[1], compression, epochs)):
         args = ("--samples", "4096", "--batch-size", "128", "--lr", "3e-3", "--epochs", str(n),
                 "--seed", str(seed))  # fmt: skip
@@ -71,8 +71,8 @@ def run_pair(
 
 def pair_curves(home: Path, ids: tuple[str, str] = ("kp-dense", "kp-comp")) -> list[Curve]:
     """The two succeeded jobs' loss curves from their own metrics files, as the report reads
-    them (launcher/statcost.py)."""
-    from kplan.commands.report import _storage
+    them (kplan/launcher/statcost.py)."""
+    from kplan.cli.commands.report import _storage
     from kplan.launcher import statcost
     from kplan.launcher.report import read_records
     from kplan.launcher.state import StateDB

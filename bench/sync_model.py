@@ -30,7 +30,7 @@ from kplan.planner import fit, perfmodel
 from kplan.planner.perfmodel import PerfParams
 
 MB = 2**20
-# NVLink bandwidth per GPU and direction, Gbit/s, as in catalogs/data/instances.csv.
+# NVLink bandwidth per GPU and direction, Gbit/s, as in kplan/catalogs/data/instances.csv.
 NVLINK_GBPS = {"a100": 2400.0, "v100": 1200.0}  # p4d.24xlarge, p3.16xlarge
 SIZES_MB = (1, 4, 16, 64, 256, 1024)
 

@@ -2,7 +2,7 @@
 
 On a bed of 2 or 4 emulated hosts (tests/netbed.py) at 0.1, 1 and 10 Gbit/s, one process per
 host exchanges a top-k gradient of bench/comm_bed.py's MLP (15.7M parameters, in DDP's 25 MB
-buckets) with the collectives the runtime issues per bucket (runtime/compressor.py ``_topk``):
+buckets) with the collectives the runtime issues per bucket (kplan/runtime/compressor.py ``_topk``):
 
 - AR: the designated worker's int32 indices broadcast (waited for), then an all-reduce of the
   FP32 values at those indices (asynchronous);

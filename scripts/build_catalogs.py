@@ -1,9 +1,9 @@
-"""Build kplan's shipped catalog (``catalogs/data/``) from the shared reference data.
+"""Build kplan's shipped catalog (``kplan/catalogs/data/``) from the shared reference data.
 
 Run from the repository root::
 
-    .venv/bin/python -m scripts.build_catalogs            # rewrites catalogs/data/
-    .venv/bin/python -m scripts.build_catalogs --check    # exit 1 if catalogs/data/ is stale
+    .venv/bin/python -m scripts.build_catalogs            # rewrites kplan/catalogs/data/
+    .venv/bin/python -m scripts.build_catalogs --check    # exit 1 if kplan/catalogs/data/ is stale
     .venv/bin/python -m scripts.build_catalogs --out DIR  # writes the files to DIR instead
 
 Inputs: the shared data folder ($KPLAN_SHARED_DATA, else ../shared/data beside the repository):
@@ -40,7 +40,7 @@ from scripts.catalog_offers import AWS_LIST_REGIONS, Build, build_aws, build_gcp
 
 VERSION = "shipped-2026.11"
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED_DIR = REPO / "catalogs" / "data"
+SHIPPED_DIR = REPO / "kplan" / "catalogs" / "data"
 BAMBOO = Path("spot") / "bamboo-nsdi23-traces"
 NEUSIGHT = Path("gpu") / "neusight-asplos25"
 LICENSES = {  # shipped name -> source license file (data derived from it ships here)

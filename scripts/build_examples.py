@@ -1,4 +1,4 @@
-"""Build the built-in example profiles (planner/examples/*.json) from the Pollux T4 traces.
+"""Build the built-in example profiles (kplan/planner/examples/*.json) from the Pollux T4 traces.
 
 Re-runnable: ``python scripts/build_examples.py [--data ../shared/data]``.
 
@@ -124,7 +124,7 @@ def build(name: str, data: Path) -> Profile:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=data_root())
-    parser.add_argument("--out", type=Path, default=ROOT / "planner" / "examples")
+    parser.add_argument("--out", type=Path, default=ROOT / "kplan" / "planner" / "examples")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in EXAMPLES:

@@ -99,7 +99,9 @@ DIES = {
 # More than this times the one-GPU per-GPU throughput on more GPUs: the one-GPU figure is wrong.
 SUPERLINEAR_LIMIT = 1.5
 DLE_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp": "fp16", "bf16": "bf16"}
-SHIPPED_PATH = Path(__file__).resolve().parents[1] / "catalogs" / "data" / "device_model.json"
+SHIPPED_PATH = (
+    Path(__file__).resolve().parents[1] / "kplan" / "catalogs" / "data" / "device_model.json"
+)
 SOURCE = (
     "scripts/fit_device_model.py on the shared data: NeuSight (github.com/sitar-lab/NeuSight "
     "@6945927, MIT; FP32 single-GPU latencies, 8 NVIDIA GPUs) and NVIDIA DeepLearningExamples "

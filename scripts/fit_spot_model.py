@@ -6,7 +6,7 @@
 
 One ``SpotRisk`` per trace (AWS p3 and g4dn from the Bamboo autoscaling-group events, GCP a2
 and n1 from the running-VM counts) and one ``*`` row per cloud pooled from its traces; writes
-``catalogs/data/spot_model.json`` and prints a table. ``--check`` compares the fit with the
+``kplan/catalogs/data/spot_model.json`` and prints a table. ``--check`` compares the fit with the
 shipped file instead of writing it. The definitions (lifetime, loss event, wait, outage) are
 those of ``kplan.planner.spottrace``; the estimators are below:
 
@@ -55,7 +55,7 @@ from kplan.planner.spottrace import (
 Array = NDArray[np.float64]
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path(os.environ.get("KPLAN_SHARED_DATA") or ROOT.parent / "shared" / "data")
-DEFAULT_OUT = ROOT / "catalogs" / "data" / MODEL_FILE
+DEFAULT_OUT = ROOT / "kplan" / "catalogs" / "data" / MODEL_FILE
 TRACES = Path("spot") / "bamboo-nsdi23-traces" / "traces"
 CLUSTER_SIZES = tuple(range(2, 9))  # co_loss is fitted for clusters of 2 to 8 nodes
 RESTART_S = RecoveryPolicy().restart_s
@@ -579,7 +579,7 @@ def table(model: SpotModel, samples: dict[str, float]) -> str:
 def _naive_rates(root: Path) -> dict[str, float]:
     import csv
 
-    path = root / "catalogs" / "data" / "spot_rates.csv"
+    path = root / "kplan" / "catalogs" / "data" / "spot_rates.csv"
     with path.open(encoding="utf-8") as f:
         return {f"{r['cloud']}/{r['family']}": float(r["per_hour"]) for r in csv.DictReader(f)}
 
@@ -593,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = fit_all(args.data)
     print(table(model, _naive_rates(ROOT)))
     print(
-        "(mean_h, rate/h: of the fitted Weibull; naive/h: catalogs/data/spot_rates.csv; "
+        "(mean_h, rate/h: of the fitted Weibull; naive/h: kplan/catalogs/data/spot_rates.csv; "
         "med/p90_min: outage waits, minutes)"
     )
     if args.check:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kplan.errors import CapacityError, CloudError
+from kplan.core.errors import CapacityError, CloudError
 from kplan.launcher.clock import Clock
 from kplan.launcher.provider import ClusterSpec, Instance, InstanceSpec, InstanceState
 from kplan.launcher.providers import Backend, ProviderSettings

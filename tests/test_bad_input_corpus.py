@@ -26,11 +26,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from tests.bad_input_corpus import CASES, DEEP, DELETE, DIR, FIFO, HUGE, JOB, JOB2, Case, Mut
 
 TIMEOUT_S = 30.0
-_EXAMPLE = Path(__file__).resolve().parents[1] / "planner" / "examples" / "cifar10-resnet18.json"
+_EXAMPLE = (
+    Path(__file__).resolve().parents[1] / "kplan" / "planner" / "examples" / "cifar10-resnet18.json"
+)
 _COMMANDS = {"estimate", "profile", "model", "launch", "status", "logs", "down", "report",
              "catalog", "simulate"}  # fmt: skip
 
@@ -38,7 +40,7 @@ _COMMANDS = {"estimate", "profile", "model", "launch", "status", "logs", "down",
 @pytest.fixture(scope="session")
 def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Valid documents the cases mutate: a profile, a model and a plan (from kplan itself)."""
-    from kplan import planning
+    from kplan.app import planning
     from kplan.planner.profile import profile_from_dict
     from kplan.planner.search import SearchOptions
 
@@ -170,7 +172,7 @@ def _run(case: Case, argv: list[str], home: Path) -> tuple[int | None, str, str]
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             return 99, result.stdout, f"{type(result.exception).__name__}: {result.exception}"
         return result.exit_code, result.stdout, result.stderr
-    cmd = [sys.executable, "-c", "from kplan.cli import main; main()", *argv]
+    cmd = [sys.executable, "-c", "from kplan.cli.main import main; main()", *argv]
     if case.home == "readonly":
         mount = 'mount --bind "$H" "$H" && mount -o remount,ro,bind "$H" && exec "$@"'
         cmd = ["unshare", "-m", "sh", "-c", mount, "sh", *cmd]

@@ -1,4 +1,4 @@
-"""The planner's global-batch schedule (planner/batchsched.py; issue 13, item 3)."""
+"""The planner's global-batch schedule (kplan/planner/batchsched.py; issue 13, item 3)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kplan import planning
+from kplan.app import planning
 from kplan.catalogs import load_catalog
-from kplan.cli import app
-from kplan.errors import DataFileError
+from kplan.cli.main import app
+from kplan.core.errors import DataFileError
 from kplan.planner import batchsched, costs, efficiency
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint
@@ -159,8 +159,8 @@ def test_search_attaches_a_schedule_to_the_chosen_row() -> None:
 def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path: Path) -> None:
     """kplan launch with a planned schedule: the spec carries it, the workers get it as
     KPLAN_BATCH_SCHEDULE, and the prediction is the schedule's; kplan estimate shows it."""
+    from kplan.app.launching import LaunchRequest, build_spec, spec_from_plan
     from kplan.launcher.bootstrap import worker_env
-    from kplan.launching import LaunchRequest, build_spec, spec_from_plan
     from kplan.runtime import env
 
     script = tmp_path / "train.py"

@@ -30,8 +30,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kplan import __version__
-from kplan.cli import app
-from kplan.errors import CloudError, InputError
+from kplan.app.launching import free_port
+from kplan.cli.main import app
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.bootstrap import (
     CODE_KEY,
     cloud_user_data,
@@ -51,7 +52,6 @@ from kplan.launcher.wheel import (
     read_wheel,
     source_tree,
 )
-from kplan.launching import free_port
 from tests.bootstrap_shims import node_tools
 
 REPO = Path(__file__).resolve().parent.parent
@@ -460,7 +460,7 @@ def test_the_bootstrap_installs_the_shipped_kplan_on_a_clean_node_and_trains(
     assert got.returncode == 0 and (tmp_path / "dl" / decoy.name).is_file(), got.stderr
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(REPO / "examples" / "mlp_regression.py", code / "mlp_regression.py")
+    shutil.copy(REPO / "kplan" / "examples" / "mlp_regression.py", code / "mlp_regression.py")
     spec = _spec(
         code / "mlp_regression.py",
         wheel,
@@ -660,7 +660,7 @@ def test_a_kplan_installed_from_its_wheel_ships_itself_again(
     other = tmp_path / "other"
     python = _clean_venv(other, deps)
     subprocess.run([python, "-m", "pip", "install", "--quiet", str(again)], env=env, check=True)
-    probe = "import kplan.runtime, kplan.cli, kplan; print(kplan.__file__)"
+    probe = "import kplan.runtime, kplan.cli.main, kplan; print(kplan.__file__)"
     out = subprocess.run(
         [python, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
     )

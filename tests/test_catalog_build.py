@@ -14,7 +14,7 @@ from kplan.catalogs import load_catalog
 from scripts import build_catalogs as bc
 from scripts.catalog_offers import _aws_network
 
-SHIPPED = Path(bc.__file__).resolve().parents[1] / "catalogs" / "data"
+SHIPPED = Path(bc.__file__).resolve().parents[1] / "kplan" / "catalogs" / "data"
 
 
 def test_node_trace_rate_counts_removals_per_node_hour(tmp_path: Path) -> None:

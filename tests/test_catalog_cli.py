@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from tests.test_catalog_loader import FILES, write_catalog
 
 runner = CliRunner()

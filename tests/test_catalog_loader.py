@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kplan.catalogs import load_catalog, resolve_gpu
-from kplan.errors import CatalogError, InputError
+from kplan.core.errors import CatalogError, InputError
 
 FILES = {
     "gpus.csv": (

@@ -20,8 +20,8 @@ from kplan.catalogs.current import (
     user_catalogs,
 )
 from kplan.catalogs.update import Fetch, Refresh, publish, read_tables, update_catalog
-from kplan.cli import app
-from kplan.errors import CatalogError, InputError
+from kplan.cli.main import app
+from kplan.core.errors import CatalogError, InputError
 
 runner = CliRunner()
 SHIPPED = Path(str(resources.files("kplan.catalogs").joinpath("data")))

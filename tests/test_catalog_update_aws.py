@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from kplan.catalogs import update_aws
 from kplan.catalogs.current import current_catalog_dir, user_catalogs
-from kplan.cli import app
+from kplan.cli.main import app
 from tests.aws_server import MotoAws, fake_credentials
 
 runner = CliRunner()

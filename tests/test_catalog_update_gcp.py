@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kplan.catalogs.current import current_catalog_dir, user_catalogs
-from kplan.cli import app
+from kplan.cli.main import app
 from tests.gcp_billing_server import FakeBilling, sku
 from tests.gcp_http import ApiError
 from tests.gcp_server import FakeCompute

@@ -16,8 +16,8 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from kplan.cli import EXIT_BROKEN_PIPE, app
-from kplan.help_text import EXAMPLES, _move_default
+from kplan.cli.help_text import EXAMPLES, _move_default
+from kplan.cli.main import EXIT_BROKEN_PIPE, app
 
 runner = CliRunner()
 KPLAN = Path(sys.executable).with_name("kplan")  # the console script, as a user runs it

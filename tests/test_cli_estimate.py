@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 
 runner = CliRunner()
 
@@ -86,7 +86,7 @@ def test_budget_and_deadline_are_applied() -> None:
 
 
 def test_estimate_profile_without_fit_is_fitted(tmp_path: Path) -> None:
-    from kplan import planning
+    from kplan.app import planning
     from kplan.planner.profile import profile_to_dict
 
     doc = profile_to_dict(planning.load_example("deepspeech2"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.planner import compression as cp
 from kplan.runtime.compress import (
     WARMUP_START_RATIO,

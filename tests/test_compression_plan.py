@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import InputError
+from kplan.cli.main import app
+from kplan.core.errors import InputError
 from kplan.planner import compression as cp
 from kplan.planner import perfmodel
 from kplan.planner.search import SearchOptions, search

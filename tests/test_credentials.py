@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import InputError
+from kplan.cli.main import app
+from kplan.core.errors import InputError
 from kplan.launcher.providers.aws_common import AwsConfig, check_credentials
 from kplan.launcher.providers.gcp_auth import find_credentials
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "mlp_regression.py"
+SCRIPT = ROOT / "kplan" / "examples" / "mlp_regression.py"
 PLAN_ARGS = ["--example-profile", "cifar10-resnet18", "--budget", "50"]
 CREDENTIAL_VARS = ("AWS_", "GOOGLE_", "CLOUDSDK_", "GCE_", "KPLAN_AWS_", "KPLAN_GCP_", "KPLAN_GCS_")
 SDK_MODULES = (
@@ -70,7 +70,7 @@ if {refuse!r}:
         raise SystemExit("a dry run constructed a provider")
 
     providers.get_backend = refuse
-from kplan.cli import main
+from kplan.cli.main import main
 sys.argv = ["kplan", *{args!r}]
 main()
 """
@@ -277,9 +277,9 @@ def test_placement_flags_are_checked_with_one_line_and_exit_2(
 def test_the_gcp_placement_survives_the_jobs_round_trip_and_reaches_the_cluster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from kplan.app.launching import LaunchRequest, build_spec
     from kplan.launcher.bootstrap import cluster_spec
     from kplan.launcher.jobspec import JobSpec
-    from kplan.launching import LaunchRequest, build_spec
 
     monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "kplan"))
     req = LaunchRequest(

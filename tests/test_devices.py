@@ -14,7 +14,7 @@ import pytest
 
 from kplan.catalogs.device_model import load_device_model
 from kplan.catalogs.loader import load_catalog
-from kplan.errors import CatalogError, DataFileError, InputError, SchemaVersionError
+from kplan.core.errors import CatalogError, DataFileError, InputError, SchemaVersionError
 from kplan.planner import perfmodel
 from kplan.planner.catalog import GpuSpec, InstanceType
 from kplan.planner.devices import (
@@ -552,7 +552,7 @@ def _profiles() -> tuple[Any, Any]:
     """The imagenet example (T4, fp32) and the same job in fp16, 2.5x faster per sample."""
     import dataclasses
 
-    from kplan.planning import load_example
+    from kplan.app.planning import load_example
 
     fp32 = load_example("imagenet-resnet50")
     fp16 = dataclasses.replace(
@@ -631,7 +631,7 @@ def test_kplan_estimate_takes_two_profiles_of_one_job(tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from kplan.cli import app
+    from kplan.cli.main import app
     from kplan.planner.profile import profile_to_dict
 
     fp32, fp16 = _profiles()

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kplan import planning
-from kplan.cli import app
+from kplan.app import planning
+from kplan.cli.main import app
 from kplan.planner.catalog import Offer
 from kplan.planner.search import (
     TIE_TOLERANCE,
@@ -132,7 +132,7 @@ def test_knee_and_tie_helpers_on_a_frontier_like_the_report() -> None:
 
 
 def test_tie_tolerance_is_validated() -> None:
-    from kplan.errors import InputError
+    from kplan.core.errors import InputError
 
     with pytest.raises(InputError, match="tie tolerance"):
         SearchOptions(tie_tolerance=-0.1)
@@ -215,7 +215,7 @@ def test_spot_pricing_converges_in_few_rounds(monkeypatch: pytest.MonkeyPatch) -
 def test_the_launcher_replaces_nodes_only_in_zones_the_account_has() -> None:
     # Spot replacements go to the region's other zones; an opt-in zone (an AWS Local Zone) only
     # when the plan itself runs there (the account has opted in then).
-    from kplan.launching import _offers
+    from kplan.app.launching import _offers
 
     usual = {o.zone for o in _offers("aws", "us-west-2", {"g4dn.xlarge"})}
     assert usual and not any("-lax1-" in z for z in usual)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from kplan.planner import fmt
 from tests.test_estimate_choice import tiny_profile
 
@@ -109,7 +109,7 @@ def test_profile_made_from_an_example_script_names_it(tmp_path: Path) -> None:
     path = tmp_path / "mlp.json"
     path.write_text(json.dumps(doc))
     out = _run(["estimate", "--profile", str(path), "--on-demand"], columns=120)
-    assert "kplan launch examples/mlp_regression.py --plan plan.json" in out
+    assert "kplan launch kplan/examples/mlp_regression.py --plan plan.json" in out
     assert "train.py: your training script" not in out
     # a profile of a script (`kplan profile my_job.py`) names it in its provenance
     doc["name"] = "my_job"
@@ -120,7 +120,7 @@ def test_profile_made_from_an_example_script_names_it(tmp_path: Path) -> None:
     doc["provenance"] = "kplan 0.1.0 profile of mlp_regression.py on cpu, ..."
     path.write_text(json.dumps(doc))
     out = _run(["estimate", "--profile", str(path), "--on-demand"], columns=120)
-    assert "kplan launch examples/mlp_regression.py --plan plan.json" in out
+    assert "kplan launch kplan/examples/mlp_regression.py --plan plan.json" in out
 
 
 def test_short_jobs_read_in_minutes_and_ms_and_sub_cent_money(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Bayesian-optimisation trials seeded by the model (planner/explore.py)."""
+"""Bayesian-optimisation trials seeded by the model (kplan/planner/explore.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.planner import fit
 from kplan.planner.explore import Explorer, config_features
 from kplan.planner.online import Config, evaluate

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import InputError
-from kplan.extras import EXTRAS, TORCH_PIN, installed, require_extra
+from kplan.core.errors import InputError
+from kplan.core.extras import EXTRAS, TORCH_PIN, installed, require_extra
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "examples" / "mlp_regression.py"
+SCRIPT = REPO / "kplan" / "examples" / "mlp_regression.py"
 # Runs `kplan ARGS` with the named modules made unimportable.
 _CLI = (
     "import sys\n"
     "blocked, args = filter(None, sys.argv[1].split(',')), sys.argv[2:]\n"
     "for name in blocked:\n"
     "    sys.modules[name] = None\n"
-    "from kplan.cli import main\n"
+    "from kplan.cli.main import main\n"
     "sys.argv = ['kplan', *args]\n"
     "main()\n"
 )

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import KplanError
+from kplan.core.errors import KplanError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.down import down_job
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer
@@ -352,7 +352,7 @@ def test_down_finds_a_job_only_its_journal_knows(
     journal names the cloud and region, `kplan down --all` finds and ends it."""
     from typer.testing import CliRunner
 
-    from kplan.cli import app
+    from kplan.cli.main import app
     from kplan.launcher import providers
     from kplan.launcher.bootstrap import instance_spec, rendezvous
     from kplan.launcher.journal import instance_doc

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.planner import fit, perfmodel
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.profile import Measurement

@@ -1,4 +1,4 @@
-"""The GNS trajectory forecast and the steps to a target (planner/gnsforecast.py)."""
+"""The GNS trajectory forecast and the steps to a target (kplan/planner/gnsforecast.py)."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_a_plan_from_one_gns_point_carries_the_forecasts_spread_in_its_time_p90(
     # step time's p90 is the same, the time's p90 (from one point) also holds the forecast's.
     import dataclasses
 
-    from kplan import planning
+    from kplan.app import planning
     from kplan.planner.search import SearchOptions
 
     prof = planning.load_example("cifar10-resnet18")

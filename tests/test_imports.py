@@ -10,7 +10,7 @@ HEAVY = ("torch", "boto3", "botocore", "google.cloud", "sklearn", "matplotlib")
 
 _PROBE = """
 import sys, json
-from kplan.cli import app
+from kplan.cli.main import app
 from typer.testing import CliRunner
 res = CliRunner().invoke(app, {args!r})
 assert res.exit_code == 0, res.output

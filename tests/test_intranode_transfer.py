@@ -89,11 +89,11 @@ def test_kplan_estimate_plans_a_one_gpu_profile_with_the_targets_link_prior() ->
     instance's GPU link: PCIe (g4dn.12xlarge) slower and unoverlapped, NVLink as before."""
     from dataclasses import replace
 
+    from kplan.app.planning import estimate, load_example
     from kplan.catalogs import load_catalog
     from kplan.catalogs.device_model import load_device_model
     from kplan.planner.search import SearchOptions
     from kplan.planner.workload import for_instance
-    from kplan.planning import estimate, load_example
 
     est = estimate(load_example("imagenet-resnet50"), SearchOptions(clouds=("aws",)))
     w = replace(est.workload, params=perfmodel.replace_fields(

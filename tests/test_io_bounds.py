@@ -1,4 +1,4 @@
-"""kplan.io's bounded readers and kplan.flags' range checks, unit by unit."""
+"""kplan.core.files's bounded readers and kplan.core.flags' range checks, unit by unit."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kplan import flags
-from kplan.errors import DataFileError, InputError
-from kplan.io import (
+from kplan.core import flags
+from kplan.core.errors import DataFileError, InputError
+from kplan.core.files import (
     MAX_JSON_DEPTH,
     check_writable,
     json_depth,

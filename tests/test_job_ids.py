@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import InputError
+from kplan.cli.main import app
+from kplan.core.errors import InputError
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.state import JobRecord, StateDB
 

@@ -15,19 +15,19 @@ from typing import Any
 
 import pytest
 
+from kplan.app.launching import free_port
 from kplan.launcher.clock import SystemClock
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.lifecycle import run_job
 from kplan.launcher.providers import ProviderSettings
 from kplan.launcher.providers.local import create
 from kplan.launcher.state import StateDB
-from kplan.launching import free_port
 from tests.test_provider_local import kill_leftovers
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "mlp_regression.py"
+SCRIPT = ROOT / "kplan" / "examples" / "mlp_regression.py"
 BATCH = 256
 
 GROW = """
@@ -155,7 +155,7 @@ def test_docs_example_policy_runs_under_kplan_launch(tmp_path: Path) -> None:
     import subprocess
 
     kplan = Path(sys.executable).with_name("kplan")
-    policy = ROOT / "examples" / "policies" / "plateau.py"
+    policy = ROOT / "kplan" / "examples" / "policies" / "plateau.py"
     job = "kp-adapt-docs"
     argv = [str(kplan), "launch", "--cloud", "local", str(SCRIPT), "--budget", "0"]
     argv += ["--nodes", "1", "--check-interval", "0.5", "--job-id", job]

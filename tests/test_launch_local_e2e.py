@@ -33,7 +33,7 @@ from tests.test_provider_local import instance_pids, kill_leftovers
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "mlp_regression.py"
+SCRIPT = ROOT / "kplan" / "examples" / "mlp_regression.py"
 KPLAN = Path(sys.executable).with_name("kplan")
 CHECKPOINT_S = 0.5
 BATCH = 256  # the example's global batch

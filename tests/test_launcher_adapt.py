@@ -1,4 +1,4 @@
-"""The launcher's adaptation loop (launcher/adapt.py) on recorded metrics, without workers."""
+"""The launcher's adaptation loop (kplan/launcher/adapt.py) on recorded metrics, without workers."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from kplan.launcher import providers
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec
@@ -73,7 +73,7 @@ def test_dry_run_sends_nothing(
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     calls = [r["call"] for r in doc["requests"]]
-    # the code, then the wheel of this kplan that the nodes install (launcher/wheel.py)
+    # the code, then the wheel of this kplan that the nodes install (kplan/launcher/wheel.py)
     expected = ["storage.put_bytes"] * 2 + ["provider.prepare", "provider.run_instances"]
     assert calls[:4] == expected
     assert doc["requests"][1]["key"].endswith("/code/kplan-0.1.0-py3-none-any.whl")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from kplan.launcher.state import StateDB
 from tests.launcher_fakes import fast_dir
 
@@ -73,7 +73,7 @@ def test_kill_9_the_launcher_then_status_and_down(home: Path, tmp_path: Path) ->
     job = "kp-crash-1"
     launcher = subprocess.Popen(
         [
-            sys.executable, "-c", "from kplan.cli import main; main()",
+            sys.executable, "-c", "from kplan.cli.main import main; main()",
             "launch", marker, "--budget", "0", "--nodes", "2", "--job-id", job,
             "--check-interval", "0.5",
         ],
@@ -149,7 +149,7 @@ def test_sigterm_to_the_launcher_tears_the_job_down(home: Path, tmp_path: Path) 
     job = "kp-term-1"
     launcher = subprocess.Popen(
         [
-            sys.executable, "-c", "from kplan.cli import main; main()",
+            sys.executable, "-c", "from kplan.cli.main import main; main()",
             "launch", marker, "--budget", "0", "--nodes", "2", "--job-id", job,
             "--check-interval", "0.5",
         ],
@@ -299,7 +299,7 @@ def test_logs_follow_returns_when_the_launcher_is_gone(home: Path) -> None:
     log.write_text("epoch 1 loss 0.25\n")
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", "from kplan.cli import main; main()", "logs", job, "-f"],
+        [sys.executable, "-c", "from kplan.cli.main import main; main()", "logs", job, "-f"],
         env={**os.environ, "KPLAN_HOME": str(home)},
         capture_output=True,
         text=True,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from kplan.errors import CloudError
+from kplan.core.errors import CloudError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.guard import Guard, Running
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import CloudError, InputError
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer
 from kplan.launcher.lifecycle import JobOutcome, run_job

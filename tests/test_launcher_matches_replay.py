@@ -1,6 +1,6 @@
 """Acceptance (issue 11): the launcher and the simulator's trace replay tell the same story.
 
-One spot trace, replayed by ``planner/spotsim.replay`` with the job's own ``RecoveryPolicy``;
+One spot trace, replayed by ``kplan.planner.spotsim.replay`` with the job's own ``RecoveryPolicy``;
 the same event sequence is then scripted on the simulated cloud (``SimProvider`` on the
 ``FakeClock``) and run through the real launcher: the worker's spot node is reclaimed, its zone
 has no capacity so the replacement fails over to another zone of the region; that node is

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from kplan.errors import CloudError, QuotaError
+from kplan.core.errors import CloudError, QuotaError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer
 from kplan.launcher.lifecycle import JobOutcome, run_job

@@ -1,5 +1,5 @@
-"""The progress of a running job: the read side (launcher/progress.py), its views
-(kplan/render/live.py), ``kplan launch --json``'s event stream, and the live view of a real local
+"""The progress of a running job: the read side (kplan/launcher/progress.py), its views
+(cli/render/live.py), ``kplan launch --json``'s event stream, and the live view of a real local
 launch and of ``kplan status --watch`` in a terminal (tmux)."""
 
 from __future__ import annotations
@@ -21,21 +21,22 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.launcher.progress import LastEvent, NodeState, Progress, ProgressTracker
-from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
-from kplan.launcher.storage import LocalStorage
-from kplan.render.live import (
+from kplan.cli.main import app
+from kplan.cli.render.live import (
     JsonView,
     PlainView,
     progress_line,
     progress_panel,
     training_text,
 )
+from kplan.launcher.progress import LastEvent, NodeState, Progress, ProgressTracker
+from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
+from kplan.launcher.storage import LocalStorage
 from tests.launcher_fakes import fast_dir
 from tests.test_provider_local import kill_leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "kplan" / "examples" / "mlp_regression.py"
 KPLAN = Path(sys.executable).with_name("kplan")
 JOB = "kp-live-1"
 T0 = 1_800_000_000.0
@@ -286,7 +287,7 @@ class _Recorder:
 def test_watcher_feeds_snapshots_from_its_own_thread_and_a_last_one_at_the_end(
     tmp_path: Path,
 ) -> None:
-    from kplan.render.live import Watcher
+    from kplan.cli.render.live import Watcher
 
     storage = LocalStorage(tmp_path / "jobs")
     view = _Recorder()
@@ -323,7 +324,7 @@ def test_launch_json_streams_one_event_per_line(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    script = ROOT / "examples" / "mlp_regression.py"
+    script = ROOT / "kplan" / "examples" / "mlp_regression.py"
     res = CliRunner().invoke(
         app,
         ["launch", str(script), "--budget", "0", "--nodes", "2", "--check-interval", "0.5",
@@ -366,7 +367,7 @@ def test_launch_quiet_prints_only_the_summary_and_plain_prints_events(
 
 
 def test_choose_view() -> None:
-    from kplan.render.live import LiveView, QuietView, choose_view
+    from kplan.cli.render.live import LiveView, QuietView, choose_view
 
     assert isinstance(choose_view(as_json=True, quiet=True, tty=True), JsonView)
     assert isinstance(choose_view(as_json=False, quiet=True, tty=True), QuietView)
@@ -430,7 +431,7 @@ def test_live_view_and_status_watch_in_a_terminal(home: Path) -> None:
     env = f"KPLAN_HOME={home} OMP_NUM_THREADS=1"
     helps = subprocess.run([KPLAN, "launch", "--help"], check=True, capture_output=True, text=True)
     price = ["--price", "36"] if "--price" in helps.stdout else []  # $0.01 per second
-    launch = [str(KPLAN), "launch", str(ROOT / "examples" / "mlp_regression.py"), "--budget", "50",
+    launch = [str(KPLAN), "launch", str(SCRIPT), "--budget", "50",
               "--nodes", "2", "--check-interval", "0.5", "--job-id", job, *price,
               "--", "--epochs", "12", "--samples", "40000"]  # fmt: skip
     done = "; echo KPLAN-EXIT=$?; sleep 600"  # keep the pane to read the end
@@ -486,7 +487,7 @@ def test_closing_the_terminal_stops_the_job_with_its_teardown(home: Path) -> Non
     from tests.test_provider_local import instance_pids
 
     job = "kp-live-hup"
-    launch = [str(KPLAN), "launch", str(ROOT / "examples" / "mlp_regression.py"), "--budget", "0",
+    launch = [str(KPLAN), "launch", str(SCRIPT), "--budget", "0",
               "--nodes", "2", "--check-interval", "0.5", "--job-id", job,
               "--", "--epochs", "50", "--samples", "40000"]  # fmt: skip
     tmux = Tmux()

@@ -63,10 +63,10 @@ def test_measured_inter_node_terms_transfer_only_within_a_fabric() -> None:
     """The built-in examples measured multi-node rows over g4dn's TCP NIC: on another TCP type
     those terms are kept (scaled by the link), on an EFA type they give way to the RDMA prior,
     marked as a prior (its held-out sigma then joins the p90 in kplan estimate's rows)."""
+    from kplan.app.planning import estimate, load_example
     from kplan.catalogs.device_model import load_device_model
     from kplan.planner.search import SearchOptions
     from kplan.planner.workload import for_instance
-    from kplan.planning import estimate, load_example
 
     opts = SearchOptions(clouds=("aws",), instance_types=("p4d.24xlarge",))
     est = estimate(load_example("imagenet-resnet50"), opts)

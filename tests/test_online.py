@@ -1,4 +1,4 @@
-"""The online model, evaluation and re-planning (planner/online.py): tables of numbers."""
+"""The online model, evaluation and re-planning (kplan/planner/online.py): tables of numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.planner import perfmodel
 from kplan.planner.online import (
     Config,

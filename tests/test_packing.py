@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import InputError
+from kplan.cli.main import app
+from kplan.core.errors import InputError
 from kplan.launcher import providers
 from kplan.launcher.bootstrap import CODE_KEY, job_key
 from kplan.launcher.clock import FakeClock, SystemClock

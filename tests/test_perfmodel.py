@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from kplan.errors import DataFileError, SchemaVersionError
+from kplan.core.errors import DataFileError, SchemaVersionError
 from kplan.planner import perfmodel
 from kplan.planner.perfmodel import params_from_dict, params_to_dict
 from tests.planner_fixtures import params

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import DataFileError
+from kplan.cli.main import app
+from kplan.core.errors import DataFileError
 
 runner = CliRunner()
 EST = ["estimate", "--example", "imagenet-resnet50", "--json"]
@@ -126,7 +126,7 @@ def test_table_states_the_precision() -> None:
 @pytest.fixture
 def t4_model(tmp_path: Path) -> Path:
     root = Path(__file__).resolve().parents[1]
-    doc = json.loads((root / "planner" / "examples" / "imagenet-resnet50.json").read_text())
+    doc = json.loads((root / "kplan/planner/examples/imagenet-resnet50.json").read_text())
     assert doc["fit"]["gpu"] == "T4"
     path = tmp_path / "model.json"
     path.write_text(json.dumps(doc["fit"]))
@@ -143,9 +143,9 @@ def _predict(model: Path, tmp_path: Path, csv: str) -> list[dict[str, Any]]:
 
 
 def test_predict_transfers_rows_naming_another_gpu(t4_model: Path, tmp_path: Path) -> None:
+    from kplan.app.modelio import load_model
     from kplan.catalogs.current import load_current
     from kplan.catalogs.device_model import load_device_model
-    from kplan.modelio import load_model
     from kplan.planner import perfmodel
     from kplan.planner.devices import compute_scale
 
@@ -209,7 +209,7 @@ def test_predict_rejects_rows_it_cannot_transfer(
 def test_predict_rejects_another_gpu_when_the_model_names_none(tmp_path: Path) -> None:
     doc = json.loads(
         (
-            Path(__file__).resolve().parents[1] / "planner/examples/imagenet-resnet50.json"
+            Path(__file__).resolve().parents[1] / "kplan/planner/examples/imagenet-resnet50.json"
         ).read_text()
     )["fit"]
     doc.pop("gpu")
@@ -226,7 +226,7 @@ def test_predict_rejects_another_gpu_when_the_model_names_none(tmp_path: Path) -
 
 
 def test_launch_plans_now_with_the_pins(tmp_path: Path) -> None:
-    from kplan.launching import LaunchRequest, plan_now
+    from kplan.app.launching import LaunchRequest, plan_now
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -275,8 +275,8 @@ def test_launch_bad_pins(tmp_path: Path, args: list[str], message: str) -> None:
 def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
     """A plan made for fp16 launches workers that train in fp16 (KPLAN_PRECISION in the
     user-data's exports); a local job trains in --precision; an old plan without one in fp32."""
+    from kplan.app.launching import LaunchRequest, build_spec, spec_from_plan
     from kplan.launcher.bootstrap import worker_env
-    from kplan.launching import LaunchRequest, build_spec, spec_from_plan
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -310,8 +310,8 @@ def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
 def test_launch_compression_and_sync_policy_reach_the_workers(tmp_path: Path) -> None:
     """kplan launch --compression pins the plan it makes now (the chosen row runs it) and a local
     job's workers; --sync-policy reaches the workers on either (issue 14)."""
+    from kplan.app.launching import LaunchRequest, build_spec
     from kplan.launcher.bootstrap import worker_env
-    from kplan.launching import LaunchRequest, build_spec
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import DataFileError
+from kplan.app.launching import LaunchRequest, build_spec
+from kplan.cli.main import app
+from kplan.core.errors import DataFileError
 from kplan.launcher import providers
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec
@@ -23,7 +24,6 @@ from kplan.launcher.pricing import CatalogPrice, differs, reprice
 from kplan.launcher.providers import Backend
 from kplan.launcher.state import StateDB
 from kplan.launcher.storage import LocalStorage
-from kplan.launching import LaunchRequest, build_spec
 from kplan.planner.catalog import Billing
 from tests.launcher_fakes import SimProvider, fast_dir
 

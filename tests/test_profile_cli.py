@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from kplan.profiler.examples import EXAMPLES
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
-from kplan.errors import DataFileError
+from kplan.cli.main import app
+from kplan.core.errors import DataFileError
 from kplan.planner import compression as cp
 from kplan.planner.plan import Plan, PlanRow
 from kplan.planner.profile import CodecTimes, profile_from_dict, profile_to_dict

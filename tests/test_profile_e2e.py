@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from kplan.planner.profile import profile_from_dict
 from kplan.profiler.procs import ProcessTree, is_running
 from kplan.profiler.run import resolve, run_profile

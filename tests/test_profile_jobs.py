@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import JobError
+from kplan.core.errors import JobError
 from kplan.profiler.procs import ProcessTree, descendants, is_running
 from kplan.profiler.run import resolve, run_profile
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kplan.catalogs.loader import load_catalog
-from kplan.errors import DataFileError
+from kplan.core.errors import DataFileError
 from kplan.planner.profile import profile_from_dict, profile_to_dict
 from kplan.planner.workload import max_local_batch, workload_from_profile
 from kplan.profiler.analyze import (

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kplan import planning
-from kplan.errors import DataFileError, SchemaVersionError
+from kplan.app import planning
+from kplan.core.errors import DataFileError, SchemaVersionError
 from kplan.planner.profile import profile_from_dict, profile_to_dict
 
 

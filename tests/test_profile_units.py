@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import DataFileError, InputError, JobError
+from kplan.core.errors import DataFileError, InputError, JobError
 from kplan.planner.profile import profile_from_dict
 from kplan.profiler.analyze import analyze, fit_line, measurements
 from kplan.profiler.device import gpu_catalog_name

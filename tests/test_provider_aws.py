@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import CloudError, InputError
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.providers.aws import AwsProvider
 from kplan.launcher.providers.aws_common import AwsConfig

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from kplan.errors import CapacityError, CloudError, InputError, QuotaError
+from kplan.core.errors import CapacityError, CloudError, InputError, QuotaError
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.provider import ClusterSpec, InstanceSpec
 from kplan.launcher.providers.aws import AwsProvider, config_from_env

@@ -141,7 +141,7 @@ def test_spot_interruption_replacement_completion_and_teardown(
 
     rec = db.job(spec.job_id)
     assert rec is not None
-    example = Path(__file__).resolve().parents[1] / "planner" / "examples" / "yolov3.json"
+    example = Path(__file__).resolve().parents[1] / "kplan" / "planner" / "examples" / "yolov3.json"
     report = build_report(db, rec, rec.updated_at, storage=backend.storage,
                           on_demand_price=catalog_on_demand(),
                           naive=naive_planner(str(example)))  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import CloudError, InputError
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.providers import ProviderSettings, get_backend
 from kplan.launcher.providers.aws import AwsProvider
 from kplan.launcher.providers.aws_common import AwsConfig

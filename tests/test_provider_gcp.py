@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import CloudError, InputError
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.providers import gcp_errors
 from kplan.launcher.providers.gcp import GcpProvider

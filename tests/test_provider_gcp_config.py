@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import CloudError, InputError
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.provider import InstanceSpec
 from kplan.launcher.providers import ProviderSettings, get_backend
 from kplan.launcher.providers.gcp_build import refuse_credentials, split_instance_type

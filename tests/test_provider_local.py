@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import CloudError, InputError
+from kplan.core.errors import CloudError, InputError
 from kplan.launcher.provider import ClusterSpec, Instance, InstanceSpec
 from kplan.launcher.providers import ProviderSettings, get_backend
 from kplan.launcher.providers import local_procs as procs

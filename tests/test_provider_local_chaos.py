@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.launcher.providers.local_chaos import (
     ChaosConfig,
     claim,

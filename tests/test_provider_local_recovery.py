@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import CapacityError, InputError
+from kplan.core.errors import CapacityError, InputError
 from kplan.launcher.bootstrap import cluster_spec, instance_spec, rendezvous
 from kplan.launcher.clock import SystemClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan import planning
-from kplan.cli import app
+from kplan.app import planning
+from kplan.cli.main import app
+from kplan.cli.render.text import clean, safe
 from kplan.launcher import providers
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec
@@ -23,14 +24,13 @@ from kplan.launcher.lifecycle import run_job
 from kplan.launcher.providers import Backend
 from kplan.launcher.state import StateDB
 from kplan.launcher.storage import LocalStorage
-from kplan.render.text import clean, safe
 from tests import launcher_fakes
 from tests.launcher_fakes import SimProvider, fast_dir
 
 NASTY = "[/bold] \x1b[31mred [link=x]"
 SHOWN = "[/bold] red [link=x]"  # what must be visible
 JOB = "kp-esc-1"
-EXAMPLES = Path(planning.__file__).parent / "planner" / "examples"
+EXAMPLES = Path(planning.__file__).parents[1] / "planner" / "examples"
 
 
 def test_clean_strips_controls_and_escape_sequences_but_keeps_text() -> None:

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.app.launching import free_port
+from kplan.cli.main import app
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.lifecycle import run_job
 from kplan.launcher.providers import ProviderSettings, get_backend
 from kplan.launcher.report_html import money
 from kplan.launcher.state import StateDB
-from kplan.launching import free_port
 from tests.test_provider_local import kill_leftovers
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     sleeper.write_text("import time\ntime.sleep(120)\n")
     failer.write_text("raise SystemExit(3)\n")
     try:
-        mlp = ROOT / "examples" / "mlp_regression.py"
+        mlp = ROOT / "kplan" / "examples" / "mlp_regression.py"
         _run(home, _spec(mlp, "kp-rep-ok", ("--epochs", "2", "--samples", "6000"), [1.8, 0.9]))
         _run(
             home,

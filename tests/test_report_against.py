@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.statcost_pairs import pair_curves, run_pair
-from kplan.cli import app
-from kplan.errors import InputError
+from kplan.cli.main import app
+from kplan.core.errors import InputError
 from kplan.launcher import statcost
 from kplan.planner.compression import parse_measured
 from tests.test_provider_local import kill_leftovers

@@ -1,10 +1,10 @@
 """Predicted vs actual for local runs, and the HTML report in a real browser (issue 12).
 
-Fast tests: the local plan (``kplan/local_plan.py``) of a profile measured on a CPU
+Fast tests: the local plan (``kplan/app/local_plan.py``) of a profile measured on a CPU
 (``tests/data/mlp-regression.cpu.profile.json``, written by ``kplan profile --example
 mlp-regression``), the launch request it becomes, and the HTML page of reports built here.
 Slow tests: the README's local demo end to end, through the ``kplan`` command in subprocesses
-(``kplan profile --example mlp-regression``, then ``kplan launch examples/mlp_regression.py
+(``kplan profile --example mlp-regression``, then ``kplan launch kplan/examples/mlp_regression.py
 --nodes 2 --budget 1 --profile p.json``), whose ``kplan report --json`` must have a predicted
 time and cost and their actuals, and whose HTML page headless Chromium must show with no
 console error and every plot drawn (tests/chromium_cdp.py).
@@ -24,8 +24,11 @@ from typing import Any
 
 import pytest
 
-from kplan import local_plan as local_plan_module
-from kplan.errors import InputError
+from kplan.app import local_plan as local_plan_module
+from kplan.app.launching import LaunchRequest, build_spec
+from kplan.app.local_plan import local_plan
+from kplan.app.planning import load_example, load_profile
+from kplan.core.errors import InputError
 from kplan.launcher.report import (
     Comparison,
     InstanceSpend,
@@ -36,14 +39,11 @@ from kplan.launcher.report import (
     plan_info,
 )
 from kplan.launcher.report_html import money, render_html
-from kplan.launching import LaunchRequest, build_spec
-from kplan.local_plan import local_plan
-from kplan.planning import load_example, load_profile
 from tests import chromium_cdp
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "tests" / "data" / "mlp-regression.cpu.profile.json"
-SCRIPT = ROOT / "examples" / "mlp_regression.py"
+SCRIPT = ROOT / "kplan" / "examples" / "mlp_regression.py"
 KPLAN = Path(sys.executable).with_name("kplan")
 CPU = {"cpu": "test CPU", "cores": 2, "gpus": []}
 
@@ -344,7 +344,7 @@ def test_a_local_launch_says_its_prediction_first(
 ) -> None:
     from typer.testing import CliRunner
 
-    from kplan.cli import app
+    from kplan.cli.main import app
 
     monkeypatch.setenv("KPLAN_HOME", str(tmp_path))
     argv = ["launch", str(SCRIPT), "--nodes", "2", "--budget", "1", "--profile", str(PROFILE),

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import kplan.runtime as kr
 from bench.runtime_common import clean_env, torchrun
 from bench.runtime_worker import make_data, make_model
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.runtime import batch_schedule, env
 from kplan.runtime.metrics import read_records
 from kplan.runtime.momentum import MomentumCompensator, compensated, lr_correction

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.compress import (
     Compression,

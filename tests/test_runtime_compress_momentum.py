@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 
 
 def _run(tmp: Path, options: list[str], phases: list[str], timeout: float = 170) -> Any:
@@ -71,7 +71,7 @@ def _folded_step(fold: Any, p: Any, d: Any, step: Any) -> Any:
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_fold_under_momentum_compensation_applies_the_exchanged_update(nesterov: bool) -> None:
     """After a batch change (k = 4), the compensator runs the optimizer step at m^k and
-    lr (1 - m^k)/(1 - m) (runtime/momentum.py): the fold inverts with m^k, so the step still
+    lr (1 - m^k)/(1 - m) (kplan/runtime/momentum.py): the fold inverts with m^k, so the step still
     applies exactly lr' D, and a gradient enters the residual at 1/(1 - m^k), so that each
     gradient moves the weights by lr'/(1 - m^k) = lr/(1 - m) in all, as compensated dense SGD."""
     import torch

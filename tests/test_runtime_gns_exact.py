@@ -9,7 +9,7 @@ N/5 = 410, where batches drawn without replacement bias the uncorrected estimate
 over the whole set (``bench/runtime_worker.py:exact_noise_scale``).
 
 The global batch is 256 (8 steps an epoch) and the smoothing 0.999 over 2,048 steps (n_eff
-~1,500): at B = 64 one step's |G|² sample has a relative sd of ~4 (runtime/gns.py,
+~1,500): at B = 64 one step's |G|² sample has a relative sd of ~4 (kplan/runtime/gns.py,
 "Precision"), and no average of a test's length is within 10% reliably; at 256 it is ~1, and
 the average's standard error ~3% (the ratio over data-order seeds 0-5: 0.96-1.03).
 The worker also keeps an estimator fed without the finite-set correction (the estimator before

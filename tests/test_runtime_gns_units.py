@@ -71,7 +71,7 @@ def test_rel_error_is_none_until_meaningful_and_survives_a_checkpoint() -> None:
 
 
 def test_consecutive_steps_pair_reads_low_by_the_derived_training_bias() -> None:
-    """runtime/local_gns.py: one worker without micro-batches pairs the previous step's
+    """kplan/runtime/local_gns.py: one worker without micro-batches pairs the previous step's
     gradient with this one; after an SGD step of η in between, the |G|² sample (with the
     finite-set correction) is low by η (GᵀHG + tr(HΣ)/b (N - b)/(N - 1)), not zero. A linear
     regression with exact per-sample gradients, pairs of steps from one fixed point."""

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import kplan.runtime as kr
 from bench.runtime_worker import exact_noise_scale, make_data, make_model
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.metrics import STEP_KEYS, read_records
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import kplan.runtime as kr
 from bench.runtime_common import clean_env, run, torchrun
 from bench.runtime_worker import make_data, make_model
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.builtin_policies import GoodputBatch, StragglerReplace
 from kplan.runtime.metrics import read_records
@@ -94,7 +94,7 @@ def test_load_policies_from_names_files_and_modules(tmp_path: Path) -> None:
     assert isinstance(load_policy("straggler"), StragglerReplace)
     example = load_policy("kplan.examples.policies.plateau:BatchOnPlateau")
     assert type(example).__name__ == "BatchOnPlateau"
-    path = REPO / "examples" / "policies" / "budget.py"
+    path = REPO / "kplan" / "examples" / "policies" / "budget.py"
     assert type(load_policy(f"{path}:BudgetGuard")).__name__ == "BudgetGuard"
     (tmp_path / "mine.py").write_text(
         "from kplan.runtime import Policy\nclass Mine(Policy):\n    pass\nclass NotOne:\n    pass\n"

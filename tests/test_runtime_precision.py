@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 import kplan.runtime as kr
 from bench.runtime_worker import make_data, make_model
-from kplan.cli import app
-from kplan.errors import InputError
+from kplan.cli.main import app
+from kplan.core.errors import InputError
 from kplan.planner.profile import profile_from_dict
 from kplan.runtime import env
 from kplan.runtime.amp import set_tf32
@@ -232,7 +232,7 @@ def _example(
         )
     )
     return subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "mlp_regression.py"), "--epochs", "1"],
+        [sys.executable, str(ROOT / "kplan" / "examples" / "mlp_regression.py"), "--epochs", "1"],
         env=environ,
         capture_output=True,
         text=True,
@@ -313,7 +313,7 @@ def test_two_precisions_on_a_cpu_write_two_profiles(tmp_path: Path) -> None:
 
 
 def test_several_precisions_get_one_file_each() -> None:
-    from kplan.commands.profile import _per_precision
+    from kplan.cli.commands.profile import _per_precision
 
     assert _per_precision(Path("d/x.profile.json"), "bf16") == Path("d/x.bf16.profile.json")
     assert _per_precision(Path("x.json"), "fp16") == Path("x.fp16.json")

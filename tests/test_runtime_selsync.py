@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.selsync import SelSync, SyncPolicy, parse_sync_policy
 from tests.test_runtime_compress import run_phases, run_scenario

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator, GnsSample, adascale_gain, estimate

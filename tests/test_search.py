@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kplan.errors import InfeasibleError, InputError
+from kplan.core.errors import InfeasibleError, InputError
 from kplan.planner.search import SearchOptions, batch_grid, knee_index, pareto_front, search
 from tests.planner_fixtures import catalog, device_model, workload
 

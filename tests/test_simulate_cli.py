@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kplan.cli import app
+from kplan.cli.main import app
 from kplan.planner.spottrace import synthetic_trace, write_trace
 
 runner = CliRunner()
@@ -52,7 +52,7 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
     replays start at random times of one long trace, on nodes of random ages: the p3 row's
     shape 1.09 is close enough to memoryless for that not to matter at 3% over a job of hours
     (over 20 minutes, a node of random age is ~25% likelier to go than a fresh one)."""
-    from kplan import simulating
+    from kplan.app import simulating
 
     plan = _plan(tmp_path, nodes, epochs=800)  # hours: a random start's node age washes out
     doc = json.loads(plan.read_text())
@@ -103,7 +103,7 @@ def test_the_shipped_traces_replay_a_plan(tmp_path: Path) -> None:
 def test_replays_of_one_plan_are_seeded(tmp_path: Path) -> None:
     plan = _plan(tmp_path, 1)
     doc = json.loads(plan.read_text())
-    from kplan import simulating
+    from kplan.app import simulating
 
     trace = synthetic_trace(simulating.plan_risk(doc, None), pool=16, hours=200.0, seed=1)
     job = simulating.job_from_plan(doc)

@@ -1,5 +1,5 @@
 """The fitted spot model: the estimators recover the parameters of traces drawn from the model,
-and the shipped catalogs/data/spot_model.json is what scripts/fit_spot_model.py computes."""
+and the shipped kplan/catalogs/data/spot_model.json is what scripts/fit_spot_model.py computes."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kplan import planning
+from kplan.app import planning
 from kplan.planner import costs, spotplan, spotsim
 from kplan.planner.search import SearchOptions
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotModel, SpotRisk, Weibull
@@ -156,7 +156,7 @@ def test_a_short_capacity_wait_fails_runs_and_the_plan_says_so() -> None:
 
 
 def test_the_launch_spec_carries_the_plans_recovery_rules(tmp_path: Path) -> None:
-    from kplan.launching import LaunchRequest, build_spec
+    from kplan.app.launching import LaunchRequest, build_spec
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -201,7 +201,7 @@ def test_pruning_keeps_every_rows_own_frontier() -> None:
 def test_estimate_prints_the_recovery_rules_of_a_spot_plan() -> None:
     from typer.testing import CliRunner
 
-    from kplan.cli import app
+    from kplan.cli.main import app
 
     args = ["estimate", "-e", "yolov3", "--spot", "-t", "p3.2xlarge", "--nodes", "2"]
     res = CliRunner().invoke(app, [*args, "--capacity-wait", "7200"])

@@ -1,5 +1,5 @@
 """Spot traces: the CSV format, its bad files, the converters of the shared traces, loss events
-and the trace drawn from the model (planner/spottrace.py)."""
+and the trace drawn from the model (kplan/planner/spottrace.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kplan.errors import DataFileError
+from kplan.core.errors import DataFileError
 from kplan.planner.spot import Outage, SpotRisk, Weibull
 from kplan.planner.spottrace import (
     ADD,
@@ -146,7 +146,7 @@ def test_converters_refuse_files_of_the_wrong_kind(tmp_path: Path) -> None:
         from_bamboo_csv(f)
 
 
-# --- converters on the shared traces (the numbers of catalogs/data/spot_rates.csv) ----------
+# --- converters on the shared traces (the numbers of kplan/catalogs/data/spot_rates.csv) ----------
 
 
 @needs_data

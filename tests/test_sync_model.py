@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kplan.errors import InputError
+from kplan.core.errors import InputError
 from kplan.planner import perfmodel
 from kplan.planner.perfmodel import PerfParams
 from kplan.runtime.compress import DDP_BUCKET_BYTES
@@ -169,7 +169,7 @@ def test_plan_rows_say_which_terms_were_measured() -> None:
 
     from typer.testing import CliRunner
 
-    from kplan.cli import app
+    from kplan.cli.main import app
 
     # The example was profiled on T4 (g4dn, up to four nodes): on 4 x p3.16xlarge the compute
     # is transferred from the T4 and the links are scaled; on its own instance it is measured.

@@ -1,0 +1,1 @@
+"""Application functions: one per CLI command, between the CLI and the layers below."""

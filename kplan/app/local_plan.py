@@ -1,0 +1,259 @@
+"""The plan of a local job: this machine as an instance type of its own ("local").
+
+``kplan launch SCRIPT --profile p.json`` (local) predicts, before anything starts, the step
+time, time to train and cost of the job on this machine with the planner's own model: the
+profile's fitted compute and all-reduce terms (``workload_from_profile``), the statistical
+efficiency of its GNS at the batch the job runs, and ``planner.costs`` for the time and dollars
+(no preemptions; priced at ``--price`` USD/h for the whole machine, default 0). Every worker
+group of a local job runs on this one machine, so a job of ``n`` groups of ``w`` workers is
+predicted as ``n * w`` workers on one node (the profiler's own workers talk the same way: gloo
+over the loopback). The result is a plan document (``kplan.plan/1.0``, chosen row
+``cloud: local``), stored with the job so ``kplan report`` compares it with what happened.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from kplan.core.errors import InputError
+from kplan.planner.profile import Profile
+
+# Start of a local job before its first step: the launcher, torchrun, the workers' Python and
+# torch imports (NOTES.md: a whole 2-process gloo run takes ~5 s, mostly imports) and the
+# elastic rendezvous's last call (JobSpec.local: rdzv_last_call_s 5 s). An assumption, as the
+# cloud's provisioning_s is; the report shows the actual start.
+LOCAL_START_S = 10.0
+# Uncertainty added per doubling of the worker count past the profile's (the CPU cores and
+# memory bandwidth are shared by every worker of a local job: contention the fit never saw).
+WORKER_EXTRAPOLATION_LOG_SIGMA = 0.15
+
+
+def machine_facts() -> dict[str, Any]:
+    """This machine: CPU model, logical cores, NVIDIA GPUs (names; empty when none)."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    gpus: list[str] = []
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+            if out.returncode == 0:
+                gpus = [g.strip() for g in out.stdout.splitlines() if g.strip()]
+        except (OSError, subprocess.SubprocessError):
+            gpus = []
+    return {"cpu": cpu or "unknown CPU", "cores": os.cpu_count() or 1, "gpus": gpus}
+
+
+def _fold(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def _check_device(profile: Profile, facts: dict[str, Any]) -> list[str]:
+    """The profile's device must be this machine's kind (the runtime trains on CUDA when a GPU
+    is present, else on the CPU); notes for what cannot be checked."""
+    on_gpu = bool(facts["gpus"])
+    measured_cpu = profile.gpu.lower() == "cpu"
+    hint = "profile on this machine: kplan profile SCRIPT (or --example NAME) --out p.json"
+    if measured_cpu and on_gpu:
+        raise InputError(
+            f"profile {profile.name!r} was measured on a CPU; a local job trains on this "
+            f"machine's {facts['gpus'][0]}",
+            hint=hint,
+        )
+    if not measured_cpu and not on_gpu:
+        raise InputError(
+            f"profile {profile.name!r} was measured on {profile.gpu}; a local job trains on "
+            "this machine, which has no GPU",
+            hint=hint,
+        )
+    if not measured_cpu and _fold(profile.gpu) not in _fold(facts["gpus"][0]):
+        return [
+            f"the profile was measured on {profile.gpu}, this machine has {facts['gpus'][0]}: "
+            "the prediction assumes the profile's device"
+        ]
+    return []
+
+
+def local_plan(
+    profile: Profile,
+    *,
+    nodes: int,
+    workers_per_node: int,
+    usd_per_hour: float = 0.0,
+    epochs: float | None = None,
+    dataset_size: int | None = None,
+    precision: str | None = None,
+    facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plan document of a local job of ``nodes`` groups of ``workers_per_node`` workers at
+    ``usd_per_hour`` for the machine, trained at the profile's base global batch."""
+    import numpy as np
+
+    from kplan.planner import costs, efficiency, perfmodel
+    from kplan.planner.plan import PLAN_SCHEMA, Group, PlanRow
+    from kplan.planner.workload import workload_from_profile
+
+    facts = machine_facts() if facts is None else facts
+    notes = _check_device(profile, facts)
+    if precision is not None and precision != profile.precision:
+        raise InputError(
+            f"--precision {precision}: the profile was measured in {profile.precision}",
+            hint=f"profile in {precision} (kplan profile --precision {precision}) or drop it",
+        )
+    gpus: dict[str, Any] = {}
+    if profile.gpu.lower() != "cpu":
+        from kplan.catalogs.current import load_current
+
+        gpus = dict(load_current().gpus)
+    params = None
+    if profile.fit is not None:
+        from kplan.app.modelio import model_from_dict
+
+        params = model_from_dict(profile.fit, f"profile {profile.name} (fit)")
+    w = workload_from_profile(
+        profile, gpus, params=params, epochs=epochs, dataset_size=dataset_size
+    )
+    p = w.params
+    workers = nodes * workers_per_node
+    batch = w.base_batch
+    local = math.ceil(batch / workers)
+    if local > w.max_local_batch_ref:
+        notes.append(
+            f"{local} samples per worker is past the profile's largest measured batch "
+            f"({w.max_local_batch_ref}): extrapolated"
+        )
+    # T_step = (T_c^g + T_sync^g)^(1/g) on one node of ``workers`` workers (perfmodel)
+    step = float(perfmodel.step_time(p, 1, workers, local, 1))
+    doublings = math.log2(max(workers / max(p.max_workers_measured, 1), 1.0))
+    sigma = math.hypot(p.log_sigma, WORKER_EXTRAPOLATION_LOG_SIGMA * doublings)
+    factor = float(efficiency.sample_factor(w.gns, batch, np.array([batch]))[0])
+    samples = w.samples_at_base * factor
+    steps = math.ceil(samples / batch)
+    overheads = costs.Overheads(provisioning_s=LOCAL_START_S)
+    tc = costs.time_and_cost(
+        train_seconds=steps * step,
+        instances=nodes,
+        usd_per_hour=usd_per_hour / nodes,
+        preempt_per_hour=0.0,
+        log_sigma=sigma,
+        checkpoint_s=costs.checkpoint_seconds(3.0 * w.gradient_bytes, overheads),
+        billing_min_s=0.0,
+        billing_increment_s=1.0,
+        overheads=overheads,
+    )
+    device = w.ref_gpu.name
+    row = PlanRow(
+        cloud="local",
+        region="local",
+        zone="local",
+        instance_type="local",
+        market="on-demand",
+        nodes=nodes,
+        workers=workers,
+        local_batch=local,
+        accum_steps=1,
+        global_batch=batch,
+        step_time_s=step,
+        step_time_p90_s=step * math.exp(costs.Z90 * sigma),
+        steps=steps,
+        samples=samples,
+        statistical_efficiency=min(1.0, w.samples_at_base / samples),
+        throughput_samples_s=batch / step,
+        hours=float(tc.hours),
+        hours_p90=float(tc.hours_p90),
+        cost_usd=float(tc.cost_usd),
+        cost_p90_usd=float(tc.cost_p90_usd),
+        usd_per_hour=usd_per_hour,
+        expected_preemptions=0.0,
+        checkpoint_interval_s=float(tc.checkpoint_interval_s),
+        groups=(
+            Group(
+                "local",
+                "on-demand",
+                "local",
+                nodes,
+                workers_per_node,
+                device,
+                local,
+                usd_per_hour / nodes,
+            ),
+        ),
+        gpu=device,
+        precision=w.precision,
+        terms=perfmodel.term_sources(p, gpu=p.gpu, nodes=1, workers=workers),
+        time_cost_basis="closed form; local: no preemptions",
+    )
+    n_epochs = epochs or profile.epochs
+    work = (
+        f"{w.samples_at_base:,.0f} samples at batch {batch} "
+        f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
+        + ("epoch" if n_epochs == 1 else "epochs")
+        + (", as given" if epochs or dataset_size else ", the profile's")
+        + ")"
+    )
+    return {
+        "schema": PLAN_SCHEMA,
+        "objective": "local",
+        "reason": (
+            f"local: {nodes} worker group(s) x {workers_per_node} worker(s) on this machine "
+            f"({facts['cpu']}, {facts['cores']} cores"
+            + (f", {', '.join(facts['gpus'])}" if facts["gpus"] else "")
+            + f"), {'free' if usd_per_hour == 0 else f'${usd_per_hour:,.2f}/h'}"
+        ),
+        "uncertainty": (
+            f"step time p90 is +{math.exp(costs.Z90 * sigma) - 1:.0%} over the expected value "
+            f"(fit residuals{'; more workers than the profile measured' if doublings else ''}); "
+            f"the start ({LOCAL_START_S:g} s: torchrun, imports, rendezvous) is assumed"
+        ),
+        "precision": w.precision,
+        "precision_basis": "measured",
+        "considered": 1,
+        "feasible": 1,
+        "notes": notes,
+        "chosen": row.to_dict(),
+        "plans": [],
+        "frontier": [],
+        "profile": profile.name,
+        "catalog": "local",
+        "local": {**facts, "work": work, "start_s": LOCAL_START_S, "log_sigma": sigma},
+    }
+
+
+def prediction_line(plan: dict[str, Any]) -> str:
+    """The local plan in one line, printed when the launch starts."""
+    from kplan.launcher.report_html import money
+
+    row, local = plan["chosen"], plan.get("local") or {}
+
+    def secs(h: float) -> str:
+        s = h * 3600
+        return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{h:.2f} h"
+
+    price = (
+        "free"
+        if not row["usd_per_hour"]
+        else f"{money(row['cost_usd'])} (p90 {money(row['cost_p90_usd'])})"
+    )
+    return (
+        f"predicted on this machine: {secs(row['hours'])} (p90 {secs(row['hours_p90'])}), "
+        f"{price}; step {row['step_time_s'] * 1000:.1f} ms (p90 "
+        f"{row['step_time_p90_s'] * 1000:.1f} ms) x {row['steps']:,} steps; "
+        f"work: {local.get('work', '?')}; `kplan report` compares it with the run"
+    )

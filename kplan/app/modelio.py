@@ -1,0 +1,323 @@
+"""``kplan model fit|predict`` as library calls over the measurements/configurations CSVs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kplan.core.errors import DataFileError, InputError
+from kplan.core.files import cell_number, read_csv_rows, read_json
+from kplan.planner import perfmodel
+from kplan.planner.fit import fit_perf_params
+from kplan.planner.perfmodel import PerfParams, params_from_dict
+from kplan.planner.profile import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_NODES,
+    MAX_SECONDS,
+    MAX_WORKERS,
+    Measurement,
+)
+
+MEASUREMENT_REQUIRED = ("nodes", "workers", "local_batch", "step_time")
+MEASUREMENT_OPTIONAL = ("sync_time", "accum_steps", "instance_type", "gpu")
+CONFIG_REQUIRED = ("nodes", "workers", "local_batch")
+CONFIG_OPTIONAL = ("accum_steps", "instance_type", "gpu")
+
+
+def read_measurements(path: Path) -> list[Measurement]:
+    rows = read_csv_rows(path, MEASUREMENT_REQUIRED, MEASUREMENT_OPTIONAL, "measurements")
+    out = []
+    for line, r in enumerate(rows, start=2):
+        sync = r.get("sync_time", "")
+        try:
+            out.append(
+                Measurement(
+                    nodes=_count(r, "nodes", path, line, MAX_NODES),
+                    workers=_count(r, "workers", path, line, MAX_WORKERS),
+                    local_batch=_count(r, "local_batch", path, line, MAX_BATCH),
+                    step_time=cell_number(r, "step_time", path, line, upper=MAX_SECONDS),
+                    sync_time=cell_number(
+                        r, "sync_time", path, line, positive=False, upper=MAX_SECONDS
+                    )
+                    if sync
+                    else None,
+                    accum_steps=_count(r, "accum_steps", path, line, MAX_BATCH)
+                    if r.get("accum_steps")
+                    else 1,
+                    instance_type=_name(r, "instance_type", path, line),
+                    gpu=_name(r, "gpu", path, line),
+                )
+            )
+        except ValueError as err:
+            raise DataFileError(f"{path}, line {line}: {err}", hint="fix the row") from None
+    return out
+
+
+def _count(r: dict[str, str], col: str, path: Path, line: int, upper: int) -> int:
+    return int(cell_number(r, col, path, line, integer=True, upper=upper))
+
+
+def _name(r: dict[str, str], col: str, path: Path, line: int) -> str | None:
+    value = r.get(col) or None
+    if value is not None and (len(value) > 128 or not value.isprintable()):
+        raise DataFileError(
+            f"{path}, line {line}: {col} is not a plain name ({value[:40]!r})", hint="fix the row"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class FitReport:
+    params: PerfParams
+    rows: int
+    mape_percent: float
+
+
+def fit_file(
+    measurements: Path,
+    *,
+    gradient_bytes: float | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+) -> FitReport:
+    for name, value in (
+        ("--gradient-bytes", gradient_bytes),
+        ("--intra-gbps", intra_gbps),
+        ("--inter-gbps", inter_gbps),
+    ):
+        upper = MAX_BYTES if name == "--gradient-bytes" else 1e7
+        if value is not None and not (value > 0 and math.isfinite(value) and value <= upper):
+            raise InputError(
+                f"{name} {value} must be a finite number > 0 and <= {upper:g}",
+                hint="or leave it out",
+            )
+    rows = read_measurements(measurements)
+    gpus = {m.gpu for m in rows if m.gpu}
+    if len(gpus) > 1:
+        raise DataFileError(
+            f"{measurements}: rows from several GPU types ({', '.join(sorted(gpus))})",
+            hint="fit one model per GPU type; other types are predicted from it",
+        )
+    gpn = max((m.workers // m.nodes for m in rows), default=1)
+    params = fit_perf_params(
+        rows,
+        gradient_bytes=gradient_bytes,
+        intra_gbps=intra_gbps,
+        inter_gbps=inter_gbps,
+        gpu=gpus.pop() if gpus else None,
+        gpus_per_node=gpn,
+    )
+    pred = perfmodel.step_time(
+        params,
+        [m.nodes for m in rows],
+        [m.workers for m in rows],
+        [m.local_batch for m in rows],
+        [m.accum_steps for m in rows],
+    )
+    true = np.array([m.step_time for m in rows])
+    mape = float(np.mean(np.abs(pred - true) / true) * 100)
+    return FitReport(params, len(rows), mape)
+
+
+_MODEL_FLOATS = (*perfmodel.FITTED, "log_sigma", "gradient_bytes", "intra_gbps", "inter_gbps")
+_MODEL_REQUIRED = (*perfmodel.FITTED, "log_sigma")
+_MODEL_INTS = ("gpus_per_node", "max_nodes_measured", "max_workers_measured")
+
+
+def model_from_dict(doc: Any, source: str) -> PerfParams:
+    """A model document with its field types checked (numbers are not booleans or strings,
+    counts are bounded integers) before ``params_from_dict`` checks the values."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if value is None and key not in _MODEL_REQUIRED:
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key in _MODEL_FLOATS and not number:
+                bad = "a number"
+            elif key in _MODEL_INTS and not (
+                number and isinstance(value, int) and 1 <= value <= MAX_WORKERS
+            ):
+                bad = f"an integer in [1, {MAX_WORKERS}]"
+            elif key == "inter_measured" and not isinstance(value, bool):
+                bad = "true or false"
+            elif key == "nodes_measured" and not (
+                isinstance(value, list)
+                and value
+                and all(
+                    isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WORKERS
+                    for n in value
+                )
+            ):
+                bad = f"a list of node counts in [1, {MAX_WORKERS}]"
+            elif key == "gpu" and not (isinstance(value, str) and len(value) <= 64):
+                bad = "a GPU name"
+            else:
+                continue
+            shown = repr(value)
+            raise DataFileError(
+                f"{source}: '{key}' must be {bad}, got {shown[:40]}",
+                hint="create one with `kplan model fit --measurements m.csv --out model.json`",
+            )
+    return params_from_dict(doc, source)
+
+
+def load_model(path: Path) -> PerfParams:
+    return model_from_dict(read_json(path, "model"), str(path))
+
+
+def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
+    """Each configuration's step time on the row's device: the model's own GPU (its fitted
+    sigma), or another GPU named by the row's ``gpu`` or ``instance_type`` column, predicted by
+    transferring the model through the device model (with that transfer's wider sigma)."""
+    rows = read_csv_rows(configs, CONFIG_REQUIRED, CONFIG_OPTIONAL, "configurations")
+    nodes, workers, local, accum = [], [], [], []
+    targets: list[tuple[str | None, str | None]] = []
+    for line, r in enumerate(rows, start=2):
+        n = _count(r, "nodes", configs, line, MAX_NODES)
+        k = _count(r, "workers", configs, line, MAX_WORKERS)
+        if k < n:
+            raise DataFileError(
+                f"{configs}, line {line}: workers={k} < nodes={n}",
+                hint="workers counts every GPU of every node",
+            )
+        nodes.append(n)
+        workers.append(k)
+        local.append(_count(r, "local_batch", configs, line, MAX_BATCH))
+        accum.append(
+            _count(r, "accum_steps", configs, line, MAX_BATCH) if r.get("accum_steps") else 1
+        )
+        targets.append((_name(r, "gpu", configs, line), _name(r, "instance_type", configs, line)))
+    resolver = _Transfer(model, configs)
+    per_row = [resolver.params(line, g, t) for line, (g, t) in enumerate(targets, start=2)]
+    out = []
+    for i, r in enumerate(rows):
+        p, source = per_row[i]
+        step = float(perfmodel.step_time(p, [nodes[i]], [workers[i]], [local[i]], [accum[i]])[0])
+        out.append(
+            {
+                **r,
+                "step_time": step,
+                "step_time_p90": step * math.exp(_Z90 * p.log_sigma),
+                "step_time_log_sigma": float(p.log_sigma),
+                "compute_time": float(perfmodel.compute_time(p, [local[i]])[0]),
+                "sync_time": float(perfmodel.sync_time(p, [nodes[i]], [workers[i]])[0]),
+                "transferred_from": source,
+            }
+        )
+    return out
+
+
+_Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+
+
+class _Transfer:
+    """The model's parameters on each row's device; the catalog and device model are loaded
+    only when some row names another device than the model's."""
+
+    def __init__(self, model: PerfParams, source: Path) -> None:
+        self.model = model
+        self.source = source
+        self._cache: dict[tuple[str, str | None], PerfParams] = {}
+        self._catalog: Any = None
+
+    def params(self, line: int, gpu: str | None, itype: str | None) -> tuple[PerfParams, str]:
+        if gpu is None and itype is None:
+            return self.model, ""
+        own = (self.model.gpu or "").lower()
+        if itype is None and gpu is not None and gpu.lower() == own:
+            return self.model, ""
+        cat = self._load()
+        inst = None
+        if itype is not None:
+            found = [i for (_c, t), i in sorted(cat.instances.items()) if t == itype]
+            if not found:
+                import difflib
+
+                names = sorted({t for (_c, t) in cat.instances})
+                close = difflib.get_close_matches(itype, names, n=3, cutoff=0.5)
+                raise DataFileError(
+                    f"{self.source}, line {line}: unknown instance type {itype!r}",
+                    hint=f"did you mean {', '.join(close)}?"
+                    if close
+                    else "see `kplan catalog list`",
+                )
+            inst = found[0]
+            if gpu is not None and gpu.lower() != inst.gpu.lower():
+                raise DataFileError(
+                    f"{self.source}, line {line}: {itype} has {inst.gpu} GPUs, not {gpu}",
+                    hint="leave one of the gpu and instance_type cells empty, or make them agree",
+                )
+            gpu = inst.gpu
+        known = {g.lower(): g for g in cat.gpus}
+        assert gpu is not None
+        if gpu.lower() not in known:
+            raise DataFileError(
+                f"{self.source}, line {line}: unknown GPU {gpu!r}",
+                hint=f"known GPUs: {', '.join(sorted(cat.gpus))}",
+            )
+        dst = cat.gpus[known[gpu.lower()]]
+        if dst.name.lower() == own and inst is None:
+            return self.model, ""
+        if not own or own not in known:
+            raise DataFileError(
+                f"{self.source}, line {line}: names {dst.name}, but the model does not say "
+                f"which GPU it was fitted on"
+                + (f" ({self.model.gpu!r} is not in the catalog)" if own else ""),
+                hint="fit it from measurements with a gpu column (`kplan model fit`), or leave "
+                "the row's gpu and instance_type empty",
+            )
+        key = (dst.name, inst.name if inst is not None else None)
+        if key not in self._cache:
+            self._cache[key] = self._transfer(cat, cat.gpus[known[own]], dst, inst)
+        return self._cache[key], cat.gpus[known[own]].name
+
+    def _load(self) -> Any:
+        if self._catalog is None:
+            from kplan.catalogs.current import load_current
+
+            self._catalog = load_current()
+        return self._catalog
+
+    def _transfer(self, cat: Any, ref: Any, dst: Any, inst: Any) -> PerfParams:
+        """``workload.for_instance`` on a workload that is just this model."""
+        from kplan.catalogs.device_model import load_device_model
+        from kplan.planner.catalog import InstanceType
+        from kplan.planner.workload import Workload, for_instance
+
+        if inst is None or not self.model.gradient_bytes:
+            # A GPU alone, or a model without gradient bytes (its links cannot be rebuilt from
+            # the instance's): keep the model's links, transfer the compute.
+            inst = InstanceType(
+                "aws", dst.name, dst.name, self.model.gpus_per_node or 1, 0, 0.0, 0.0, "none",
+                0.0, "model predict",
+            )  # fmt: skip
+        w = Workload(
+            name="model",
+            params=self.model,
+            ref_gpu=ref,
+            base_batch=1,
+            samples_at_base=1.0,
+            gns=(),
+            gradient_bytes=self.model.gradient_bytes or 0.0,
+            max_local_batch_ref=1,
+            static_memory_gb=None,
+            per_sample_memory_gb=None,
+            ref_is_cpu=False,
+        )
+        return for_instance(w, inst, dst, load_device_model()).params
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return buf.getvalue()

@@ -1,0 +1,324 @@
+"""``kplan simulate`` as a library call: replay a plan against a spot trace.
+
+The plan's chosen row (or ``--row N`` of its plans) gives the job: nodes, training seconds
+(steps x step time), prices and the recovery rules it was priced with. The trace gives when the
+cloud granted and preempted spot nodes. Each replay starts at a random time of the trace and
+follows the launcher's rules (``spotsim.replay``; a start in a capacity outage moves to when
+the pool has the plan's nodes again); the distribution of time and cost is set
+against the plan's own prediction, both with and without the step-time error (a replay runs
+the expected step time, so its fair comparison is the plan's spot-only prediction, made by the
+same Monte-Carlo with the step time held at its expected value).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kplan.core.errors import DataFileError, InputError
+from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
+from kplan.planner.spottrace import SpotTrace
+
+FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
+EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: kplan/planner/traces/<name>.csv (Bamboo, MIT)
+
+
+def example_trace(name: str) -> SpotTrace:
+    """A shipped trace: the Bamboo EC2 p3 or g4dn spot autoscaling group (11 h each)."""
+    from importlib import resources
+
+    from kplan.planner.spottrace import read_trace
+
+    if name not in EXAMPLE_TRACES:
+        raise InputError(
+            f"unknown example trace {name!r}", hint=f"use one of {', '.join(EXAMPLE_TRACES)}"
+        )
+    ref = resources.files("kplan.planner").joinpath("traces", f"{name}.csv")
+    with resources.as_file(ref) as path:
+        return read_trace(path)
+
+
+MAX_RUNS = 100_000
+
+
+def load_trace(path: Path, fmt: str = "auto") -> SpotTrace:
+    """A trace in kplan's format, a Bamboo autoscaling-group CSV or GCP running-VM counts."""
+    from kplan.planner import spottrace
+
+    if fmt not in FORMATS:
+        raise InputError(f"unknown trace format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+    if fmt == "auto":
+        fmt = _sniff(path)
+    if fmt == "bamboo":
+        return spottrace.from_bamboo_csv(path)
+    if fmt == "gcp-counts":
+        return spottrace.from_gcp_counts(path)
+    return spottrace.read_trace(path)
+
+
+def _sniff(path: Path) -> str:
+    from kplan.core.files import read_user_text
+
+    head = read_user_text(path, "spot trace")[:4096]
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip() and not ln.startswith("#")]
+    first = lines[0] if lines else ""
+    if first.replace(" ", "").startswith("time_s,"):
+        return "kplan"
+    parts = [p.strip() for p in first.split(",")]
+    if len(parts) == 3 and parts[1] in ("add", "remove"):
+        return "bamboo"
+    if len(parts) == 3 and "-" in parts[0] and ":" in parts[1]:
+        return "gcp-counts"
+    raise DataFileError(
+        f"{path}: not a spot trace kplan knows (first line {first[:60]!r})",
+        hint="see docs/spot_traces.md for the format, or give --format",
+    )
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the replay needs of a plan row."""
+
+    label: str
+    nodes: int
+    work_s: float
+    usd_per_hour: float  # per node (the mean over a mix's groups)
+    usd_per_hour_on_demand: float
+    policy: RecoveryPolicy
+    hours: float
+    hours_p90: float
+    cost_usd: float
+    cost_p90_usd: float
+    log_sigma: float
+    billing_min_s: float
+    billing_increment_s: float
+    notes: tuple[str, ...]
+
+
+def job_from_plan(doc: dict[str, Any], row: int | None = None) -> Job:
+    """The chosen row (or ``plans[row]``) as a job to replay."""
+    try:
+        r = doc["chosen"] if row is None else doc["plans"][row]
+    except (KeyError, IndexError, TypeError):
+        n = len(doc.get("plans", [])) if isinstance(doc, dict) else 0
+        raise InputError(
+            f"the plan has no row {row}" if row is not None else "the plan has no chosen row",
+            hint=f"--row takes 0..{max(n - 1, 0)}; re-create the plan with kplan estimate --out",
+        ) from None
+    try:
+        return _job(r)
+    except (KeyError, TypeError, ValueError) as err:
+        raise DataFileError(
+            f"the plan row is malformed ({type(err).__name__}: {err})",
+            hint="re-create it with kplan estimate --out",
+        ) from None
+
+
+def _job(r: dict[str, Any]) -> Job:
+    from kplan.catalogs import load_catalog
+    from kplan.planner.costs import Z90
+
+    if r["market"] == "on-demand":
+        raise InputError(
+            "the plan runs on demand: there are no preemptions to replay",
+            hint="plan with --spot (kplan estimate --spot --out plan.json)",
+        )
+    nodes = int(r["nodes"])
+    notes: list[str] = []
+    rec = dict(r.get("recovery") or {})
+    if not rec:
+        rec = {"checkpoint_interval_s": float(r["checkpoint_interval_s"])}
+        notes.append(
+            "the plan predates recovery rules: replayed with the launcher's defaults "
+            f"(checkpoint every {rec['checkpoint_interval_s']:.0f} s)"
+        )
+    policy = RecoveryPolicy(**rec)
+    step, step90 = float(r["step_time_s"]), float(r["step_time_p90_s"])
+    sigma = math.log(step90 / step) / Z90 if step > 0 and step90 > step else 0.0
+    # the work's spread: the step time's and the GNS forecast's, as the search priced it
+    sigma = math.hypot(sigma, float(r.get("forecast_log_sigma") or 0.0))
+    price = float(r["usd_per_hour"]) / nodes
+    od_price = price
+    catalog = load_catalog()
+    groups = r.get("groups") or []
+    if groups:
+        total = 0.0
+        for g in groups:
+            offers = [
+                o.usd_per_hour
+                for o in catalog.offers
+                if o.cloud == r["cloud"]
+                and o.region == r["region"]
+                and o.instance_type == g["instance_type"]
+                and o.market == "on-demand"
+            ]
+            total += (min(offers) if offers else float(g["usd_per_hour"])) * int(g["nodes"])
+        od_price = total / nodes
+    bill = catalog.billing.get(str(r["cloud"]))
+    return Job(
+        label=f"{nodes} x {r['instance_type']} ({r['market']}, {r['region']})",
+        nodes=nodes,
+        work_s=float(r["steps"]) * step,
+        usd_per_hour=price,
+        usd_per_hour_on_demand=od_price,
+        policy=policy,
+        hours=float(r["hours"]),
+        hours_p90=float(r["hours_p90"]),
+        cost_usd=float(r["cost_usd"]),
+        cost_p90_usd=float(r["cost_p90_usd"]),
+        log_sigma=sigma,
+        billing_min_s=bill.minimum_s if bill else 60.0,
+        billing_increment_s=bill.increment_s if bill else 1.0,
+        notes=tuple(notes),
+    )
+
+
+def spot_only_prediction(job: Job, risk: SpotRisk, *, runs: int, seed: int) -> dict[str, float]:
+    """The plan's Monte-Carlo with the step time held at its expected value."""
+    from kplan.planner import spotsim
+
+    res = spotsim.simulate(
+        work_s=job.work_s,
+        nodes=job.nodes,
+        risks=[risk],
+        policies=[job.policy],
+        usd_per_hour=job.usd_per_hour,
+        usd_per_hour_on_demand=job.usd_per_hour_on_demand,
+        log_sigma=0.0,
+        runs=runs,
+        seed=seed,
+        billing_min_s=job.billing_min_s,
+        billing_increment_s=job.billing_increment_s,
+    )
+    return {
+        "hours": float(res.hours_mean[0]),
+        "hours_p90": float(res.hours_p90[0]),
+        "cost_usd": float(res.cost_mean[0]),
+        "cost_p90_usd": float(res.cost_p90[0]),
+        "losses": float(res.losses_mean[0]),
+        "fail_prob": float(res.fail_prob[0]),
+    }
+
+
+def replay_plan(
+    job: Job,
+    trace: SpotTrace,
+    *,
+    runs: int,
+    seed: int,
+    risk: SpotRisk | None = None,
+    samples: bool = False,
+) -> dict[str, Any]:
+    """Replay ``job`` from ``runs`` random starts of ``trace``; the distribution against the
+    plan (and, given the plan's ``risk``, against its spot-only prediction)."""
+    from kplan.planner import spotsim
+
+    if not 1 <= runs <= MAX_RUNS:
+        raise InputError(f"--runs {runs} must be in 1..{MAX_RUNS}", hint="e.g. --runs 500")
+    horizon = job.hours_p90 * 3600.0 * 1.5
+    if trace.end_s <= 0 or horizon >= trace.end_s:
+        raise InputError(
+            f"the trace spans {trace.end_s / 3600:.1f} h; the plan takes up to "
+            f"{job.hours_p90:.1f} h (p90)",
+            hint="replay a longer trace, or a shorter job (kplan estimate --epochs)",
+        )
+    rng = np.random.default_rng(seed)
+    starts = [
+        _with_capacity(trace, float(t), job.nodes)
+        for t in rng.uniform(0.0, trace.end_s - horizon, size=runs)
+    ]
+    outs = spotsim.replay_many(
+        trace,
+        starts,
+        nodes=job.nodes,
+        work_s=job.work_s,
+        policy=job.policy,
+        usd_per_hour=job.usd_per_hour,
+        usd_per_hour_on_demand=job.usd_per_hour_on_demand,
+        billing_min_s=job.billing_min_s,
+        billing_increment_s=job.billing_increment_s,
+        seed=seed,
+    )
+    kept = [o for o in outs if not o.truncated]
+    hours = np.array([o.hours for o in kept])
+    cost = np.array([o.cost_usd for o in kept])
+    losses = np.array([o.losses for o in kept], dtype=float)
+    out: dict[str, Any] = {
+        "job": job.label,
+        "trace": trace.name,
+        "trace_source": trace.source,
+        "trace_hours": trace.end_s / 3600.0,
+        "runs": len(outs),
+        "truncated": len(outs) - len(kept),
+        "failed": int(sum(o.failed for o in kept)),
+        "notes": list(job.notes),
+        "plan": {
+            "hours": job.hours,
+            "hours_p90": job.hours_p90,
+            "cost_usd": job.cost_usd,
+            "cost_p90_usd": job.cost_p90_usd,
+        },
+    }
+    if kept:
+        out["replayed"] = {
+            "hours": float(hours.mean()),
+            "hours_p50": float(np.median(hours)),
+            "hours_p90": float(np.quantile(hours, 0.9)),
+            "cost_usd": float(cost.mean()),
+            "cost_p90_usd": float(np.quantile(cost, 0.9)),
+            "losses": float(losses.mean()),
+            "above_plan_hours_p90": float(np.mean(hours > job.hours_p90)),
+            "above_plan_cost_p90": float(np.mean(cost > job.cost_p90_usd)),
+        }
+    if samples:
+        out["samples"] = {"hours": hours.tolist(), "cost_usd": cost.tolist()}
+    if risk is not None:
+        pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
+        out["spot_only"] = pred
+        if kept:
+            out["replayed"]["above_spot_only_hours_p90"] = float(np.mean(hours > pred["hours_p90"]))
+            out["replayed"]["above_spot_only_cost_p90"] = float(
+                np.mean(cost > pred["cost_p90_usd"])
+            )
+    return out
+
+
+def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:
+    """The first event time at or after ``t`` with ``nodes`` nodes alive in the pool (or ``t``
+    when the pool never has them): a replay starts when its nodes can be had, as the plan's
+    prediction does (the first boot is its provisioning, not a capacity wait)."""
+    if trace.alive_at(t) >= nodes:
+        return t
+    later = trace.times_s[trace.times_s > t]
+    for u in later.tolist():
+        if trace.alive_at(u) >= nodes:
+            return float(u)
+    return t
+
+
+def plan_risk(doc: dict[str, Any], row: int | None, model: SpotModel | None = None) -> SpotRisk:
+    """The spot model row the plan was priced with: as the search takes it (the catalog's spot
+    rate where it is more specific than the model's row), and for a mix its riskier group's."""
+    from kplan.catalogs import load_catalog
+    from kplan.planner.spot import load_spot_model
+    from kplan.planner.spotplan import risk_for
+
+    r = doc["chosen"] if row is None else doc["plans"][row]
+    m = model or load_spot_model()
+    catalog = load_catalog()
+    cloud, region = str(r["cloud"]), str(r["region"])
+    risks = []
+    for itype in str(r["instance_type"]).split("+"):
+        try:
+            sr = catalog.spot_rate(cloud, itype)
+        except KeyError:
+            raise DataFileError(
+                f"the plan's cloud {cloud!r} has no spot rate in the catalog",
+                hint="re-create the plan with kplan estimate --out",
+            ) from None
+        risks.append(risk_for(m, cloud, itype, region, sr.per_hour, sr.family))
+    return max(risks, key=lambda x: x.rate_per_hour)

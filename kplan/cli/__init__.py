@@ -1,0 +1,1 @@
+"""The command line: parse flags, call one application function, render."""

@@ -1,0 +1,228 @@
+"""Terminal rendering for ``kplan launch``, ``status``, ``logs`` and ``down`` (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from kplan.cli.render.text import clean, safe
+from kplan.launcher.jobspec import place
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+
+def _money(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.2f}" if x >= 1 or x == 0 else f"${x:,.4f}"
+
+
+def _hours(h: float | None) -> str:
+    return "-" if h is None else (f"{h:,.1f} h" if h >= 10 else f"{h:.2f} h")
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def render_dry_run(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    console = Console()
+    console.print(
+        f"[bold]dry run[/bold] of job {safe(doc['job'])} on "
+        f"{safe(place(doc['cloud'], doc['region']))}: "
+        f"{len(doc['requests'])} request(s), none sent"
+    )
+    for i, req in enumerate(doc["requests"], 1):
+        call = req["call"]
+        if call == "storage.put_bytes":
+            size = "?" if req.get("bytes") is None else f"{req['bytes']:,}"
+            console.print(f"{i}. {call} {safe(req['key'])} ({size} bytes)")
+            if req.get("sha256"):  # kplan's wheel for the nodes (kplan.launcher.wheel)
+                index = req.get("pip_index_url") or "the node's default index"
+                console.print(
+                    f"   kplan for the nodes, sha256 {safe(req['sha256'])}; pip installs it with "
+                    f"{safe(' '.join(req['installs_with']) or 'nothing')} from {safe(index)}",
+                    highlight=False,
+                )
+            elif doc.get("code"):  # what that upload holds (kplan.launcher.packing)
+                from kplan.cli.render.code_upload import code_lines
+
+                for line in code_lines(doc["code"]):
+                    console.print(line, highlight=False, soft_wrap=True)
+        elif call == "provider.prepare":
+            c = req["cluster"]
+            console.print(
+                f"{i}. {call} job={safe(c['job_id'])} region={safe(c['region'])} "
+                f"ports={safe(c['ports'])} placement_group={safe(c['placement_group'])}"
+            )
+        else:
+            console.print(f"{i}. {call}:")
+            for inst in req["instances"]:
+                console.print(
+                    f"   {safe(inst['name'])}: node {inst['node_rank']} "
+                    f"{safe(inst['instance_type'])} {safe(inst['market'])} {safe(inst['zone'])} "
+                    f"tags={safe(inst['tags'])}"
+                )
+                console.print(f"   env: {safe(', '.join(sorted(inst['env'])))}")
+                lang = "bash" if inst["user_data"].startswith("#!") else "sh"
+                console.print(Syntax(clean(inst["user_data"]), lang, word_wrap=True))
+    hours = doc["budget_hours"]
+    console.print(
+        f"cost {_money(doc['usd_per_hour'])}/h; budget {_money(doc['budget_usd'])}"
+        + ("" if hours is None else f" = {_hours(hours)} of this cluster")
+        + f"; guard: {safe(doc['guard'])}"
+    )
+    for note in doc.get("price_notes", ()):
+        console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
+
+
+def render_outcome(outcome: dict[str, Any]) -> None:
+    typer.echo(
+        f"job {clean(outcome['job_id'])}: {clean(outcome['status'])} "
+        f"({clean(outcome['reason'])}); "
+        f"spent {_money(outcome['spend_usd'])} in {_hours(outcome['seconds'] / 3600)}, "
+        f"{outcome['preemptions']} preemption(s)"
+    )
+
+
+def render_jobs(jobs: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+
+    if not jobs:
+        typer.echo("no jobs")
+        return
+    Console().print(jobs_view(jobs))
+
+
+def jobs_view(jobs: list[dict[str, Any]]) -> RenderableType:
+    """The table of ``kplan status`` (every job)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if not jobs:
+        return Text("no jobs")
+    table = Table(title="kplan jobs", title_justify="left", pad_edge=False)
+    for col in ("job", "status", "cloud", "nodes", "elapsed", "spent", "budget", "predicted"):
+        table.add_column(
+            col,
+            justify="right" if col in ("nodes", "spent", "budget") else "left",
+            no_wrap=col in ("job", "status"),
+        )
+    for j in jobs:
+        status = safe(j["status"]) + (" (launcher gone)" if j["launcher"] == "gone" else "")
+        table.add_row(
+            safe(j["id"]),
+            status,
+            safe(place(j["cloud"], j["region"])),
+            str(j["nodes"]),
+            _hours(j["elapsed_h"]),
+            _money(j["spend_usd"]),
+            _money(j["budget_usd"]),
+            f"{_hours(j['predicted_hours'])} / {_money(j['predicted_cost_usd'])}",
+        )
+    return table
+
+
+def render_job(j: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    Console().print(job_view(j))
+
+
+def job_view(j: dict[str, Any]) -> RenderableType:
+    """One job (``kplan status JOB``): its line, spend, prediction, instances and events."""
+    from rich.console import Group
+    from rich.table import Table
+
+    console = _Lines()
+    gone = " [red](launcher gone: run kplan down " + safe(j["id"]) + ")[/red]"
+    console.print(
+        f"[bold]{safe(j['id'])}[/bold] {safe(j['status'])}"
+        + (f" ({safe(j['reason'])})" if j["reason"] else "")
+        + (gone if j["launcher"] == "gone" else "")
+    )
+    console.print(
+        f"{safe(place(j['cloud'], j['region']))}, {j['nodes']} node(s), {j['workers']} "
+        "worker(s); "
+        f"elapsed {_hours(j['elapsed_h'])}; spent {_money(j['spend_usd'])} of "
+        f"{_money(j['budget_usd'])}"
+        + ("" if j["deadline_h"] is None else f"; deadline {_hours(j['deadline_h'])}")
+        + f"; {j['preemptions']} preemption(s)"
+    )
+    if j["predicted_hours"] is not None:
+        console.print(
+            f"predicted {_hours(j['predicted_hours'])}, {_money(j['predicted_cost_usd'])} "
+            f"(p90 {_money(j['predicted_cost_p90_usd'])})"
+        )
+    model = j.get("model")
+    if model:
+        mape = model["mape"]
+        console.print(
+            f"online model: {model['configs_measured']} configuration(s) measured; "
+            + (
+                "error not yet known (one configuration)"
+                if mape is None
+                else f"prediction error {mape:.1%} MAPE (predicted before measuring)"
+            ),
+            highlight=False,
+        )
+    for change in j.get("changes", [])[-5:]:
+        console.print(
+            f"{_clock(change['time'])} {safe(change['kind']):<12} {safe(change['message'])}",
+            highlight=False,
+        )
+    table = Table(title="instances", title_justify="left", pad_edge=False)
+    for col in ("id", "node", "type", "market", "zone", "state", "$/h", "billed", "reason"):
+        table.add_column(col, no_wrap=col == "id")
+    billed = {r["instance"]: r for r in j["ledger"]}
+    for i in j["instances"]:
+        row = billed.get(i["id"])
+        table.add_row(
+            safe(i["id"]),
+            str(i["node_rank"]),
+            safe(i["type"]),
+            safe(i["market"]),
+            safe(i["zone"]),
+            safe(i["state"]),
+            f"{i['price']:.4f}",
+            "-" if row is None else f"{row['billed_seconds']:.0f} s {_money(row['usd'])}",
+            safe(i["reason"] or ""),
+        )
+    console.print(table)
+    for e in j["events"]:
+        console.print(
+            f"{_clock(e['time'])} {safe(e['kind']):<12} {safe(e['message'])}", highlight=False
+        )
+    return Group(*console.parts)
+
+
+class _Lines:
+    """Collects what would be printed, as renderables (so that a live view can redraw it)."""
+
+    def __init__(self) -> None:
+        self.parts: list[RenderableType] = []
+
+    def print(self, item: RenderableType, highlight: bool = True) -> None:
+        from rich.highlighter import ReprHighlighter
+        from rich.text import Text
+
+        if isinstance(item, str):
+            text = Text.from_markup(item)
+            self.parts.append(ReprHighlighter()(text) if highlight else text)
+        else:
+            self.parts.append(item)
+
+
+def render_down(results: list[dict[str, Any]]) -> None:
+    if not results:
+        typer.echo("nothing to take down")
+    for r in results:
+        what = f"terminated {', '.join(r['terminated'])}" if r["terminated"] else "nothing running"
+        status = f" (job {r['status']})" if r["status"] else ""
+        typer.echo(clean(f"{r['job_id']}: {what}{status}"))

@@ -1,0 +1,1 @@
+"""The bottom layer: vocabulary every other layer may import (errors, files, checks, precision)."""

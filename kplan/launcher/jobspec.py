@@ -1,0 +1,360 @@
+"""What to launch: the job's nodes, its money and time limits, and the monitor's settings.
+
+A :class:`JobSpec` is built from a Plan (``from_plan``) or for the local provider (``local``),
+validated at construction (bad values are echoed in an ``InputError``), and stored as JSON in
+the state database.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from kplan.core.errors import InputError
+from kplan.core.precision import check_precision
+from kplan.launcher.provider import Market
+from kplan.launcher.wheel import check_index_url, check_node_install
+
+if TYPE_CHECKING:
+    from kplan.planner.spot import RecoveryPolicy
+
+_JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
+CLOUDS = ("local", "aws", "gcp")
+
+
+def new_job_id(now: float | None = None) -> str:
+    """``kp-<yymmdd>-<hhmmss>-<4 hex>`` in UTC: sortable, unique, a valid tag and label."""
+    stamp = time.strftime("%y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"kp-{stamp}-{secrets.token_hex(2)}"
+
+
+def place(cloud: str, region: str) -> str:
+    """Where a job runs, in words: "this machine (local)" or "aws us-east-1"."""
+    return "this machine (local)" if cloud == "local" else f"{cloud} {region}"
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.match(job_id):
+        raise InputError(
+            f"job id {job_id!r} is not valid",
+            hint="3-41 characters: lowercase letters, digits and '-', starting with a letter",
+        )
+    return job_id
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One worker group (one instance) of the job."""
+
+    node_rank: int
+    instance_type: str
+    market: Market
+    zone: str
+    gpus: int  # workers on this node (torchrun --nproc-per-node)
+    usd_per_hour: float
+
+    def __post_init__(self) -> None:
+        if self.node_rank < 0:
+            raise InputError(f"node rank {self.node_rank} is negative", hint="ranks start at 0")
+        if self.market not in ("spot", "on-demand"):
+            raise InputError(f"market {self.market!r} is not spot or on-demand", hint="fix it")
+        if self.gpus < 1:
+            raise InputError(f"node {self.node_rank}: {self.gpus} workers", hint="use >= 1")
+        if not (math.isfinite(self.usd_per_hour) and self.usd_per_hour >= 0):
+            raise InputError(
+                f"node {self.node_rank}: price {self.usd_per_hour!r} USD/h is not >= 0",
+                hint="use the catalog price",
+            )
+
+
+@dataclass(frozen=True)
+class ZoneOffer:
+    """A price of an instance type in one zone and market of the job's region."""
+
+    instance_type: str
+    zone: str
+    market: Market
+    usd_per_hour: float
+
+
+def _positive(name: str, value: float, hint: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{name} {value!r} must be > 0", hint=hint)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    cloud: str
+    region: str
+    script: str  # path of the training script (local: run in place; clouds: packed)
+    nodes: tuple[NodeSpec, ...]
+    budget_usd: float
+    args: tuple[str, ...] = ()
+    deadline_h: float | None = None
+    allow_on_demand: bool = False
+    offers: tuple[ZoneOffer, ...] = ()  # where replacements may go (the region's zones)
+    check_interval_s: float = 30.0  # monitor tick
+    grace_s: float = 120.0  # SIGTERM to workers -> checkpoint -> exit
+    teardown_s: float = 120.0  # terminate request -> instance seen terminated
+    provision_timeout_s: float = 900.0  # one pending instance: not running after this -> lost
+    # With no capacity for a lost node anywhere in the region (every zone, and on demand when
+    # allowed), the job waits this long for capacity to return before it fails
+    # (kplan/planner/spot.py RecoveryPolicy.capacity_wait_s).
+    capacity_wait_s: float = 900.0
+    # A node that fell back to on demand goes back to spot when spot capacity returns: a spot
+    # launch is tried every this many seconds (None: at every monitor tick).
+    spot_probe_interval_s: float | None = None
+    finish_grace_s: float = 120.0  # after the first node finished, wait this long for the rest
+    max_restarts: int = 10  # torchrun --max-restarts (worker failures; joins do not count)
+    max_replacements: int = 20  # lost nodes replaced before the job fails (not returns to spot)
+    rdzv_port: int = 29400
+    rdzv_last_call_s: float = 30.0  # torchrun waits this long for more nodes after the minimum
+    global_batch: int | None = None
+    accum_steps: int | None = None
+    max_local_batch: int | None = None
+    # The plan's global-batch schedule, as KPLAN_BATCH_SCHEDULE's JSON (runtime/batch_schedule.py)
+    batch_schedule: str | None = None
+    checkpoint_interval_s: float | None = None
+    image: str | None = None
+    # How nodes get kplan (kplan/launcher/wheel.py): the wheel of the launcher's own kplan, shipped
+    # through the bucket; its dependencies from the node's index, pinned, or from the image.
+    kplan_wheel: str | None = None  # the wheel file on the launcher's machine
+    kplan_wheel_sha256: str | None = None
+    node_requirements: tuple[str, ...] = ()  # pip requirements installed with it (pinned)
+    pip_index_url: str | None = None  # pip --index-url on the nodes (None: the node's default)
+    install_deps: bool = True  # False: the image has the dependencies (pip install --no-deps)
+    storage_uri: str | None = None  # where code, status and logs go (None: the cloud's default)
+    # GCP placement and identity (ClusterSpec): None/True keep the provider's configuration.
+    network: str | None = None
+    subnet: str | None = None
+    service_account: str | None = None
+    external_ip: bool = True
+    python: str = "python3"  # interpreter on the node (local: the launcher's own)
+    # Online adaptation (kplan/launcher/adapt.py)
+    adapt: bool = False  # re-plan from the refitted model and resize (--adapt)
+    explore: bool = False  # short trials chosen by Bayesian optimisation first (--explore)
+    max_nodes: int | None = None  # largest node count a resize may reach (None: the plan's)
+    replan_interval_s: float = 60.0
+    replan_margin: float = 0.1  # hysteresis: switch only when better by more than this
+    restart_s: float | None = None  # a restart's cost in seconds (None: a default, then measured)
+    explore_trials: int = 6
+    explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
+    policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
+    precision: str = "fp32"  # what the workers train in (KPLAN_PRECISION; the plan's precision)
+    # Communication-efficient training (runtime/compress.py, runtime/selsync.py): the plan's
+    # choice, as KPLAN_COMPRESSION / KPLAN_SYNC_POLICY; the defaults leave the script's own.
+    compression: str = "none"
+    sync_policy: str = "every"
+    price_notes: tuple[str, ...] = ()  # where the plan's prices differ from the catalog's
+    predicted_hours: float | None = None
+    predicted_cost_usd: float | None = None
+    predicted_cost_p90_usd: float | None = None
+    plan: dict[str, Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        check_job_id(self.job_id)
+        check_precision(self.precision, "precision")
+        from kplan.runtime.compress import parse_compression
+        from kplan.runtime.selsync import parse_sync_policy
+
+        parse_compression(self.compression, "the plan's compression")
+        parse_sync_policy(self.sync_policy, "the plan's sync_policy")
+        if self.cloud not in CLOUDS:
+            raise InputError(f"unknown cloud {self.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
+        if not self.nodes:
+            raise InputError("the job has no nodes", hint="a plan needs at least one node")
+        ranks = [n.node_rank for n in self.nodes]
+        if ranks != list(range(len(ranks))):
+            raise InputError(f"node ranks {ranks} are not 0..{len(ranks) - 1}", hint="fix the plan")
+        if not (math.isfinite(self.budget_usd) and self.budget_usd >= 0):
+            raise InputError(f"--budget {self.budget_usd!r} must be >= 0", hint="USD, e.g. 20")
+        if self.deadline_h is not None:
+            _positive("--deadline", self.deadline_h, "hours, e.g. 12")
+        for name in ("check_interval_s", "provision_timeout_s", "rdzv_last_call_s"):
+            _positive(name, getattr(self, name), "seconds")
+        for name in ("grace_s", "teardown_s", "finish_grace_s", "capacity_wait_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InputError(f"{name} {value!r} must be >= 0", hint="seconds")
+        if self.max_restarts < 0 or self.max_replacements < 0:
+            raise InputError(
+                f"max_restarts {self.max_restarts} / max_replacements {self.max_replacements} "
+                "must be >= 0",
+                hint="use 0 to disable",
+            )
+        if not 1 <= self.rdzv_port <= 65535:
+            raise InputError(f"rendezvous port {self.rdzv_port} out of range", hint="1-65535")
+        for name in ("global_batch", "accum_steps", "max_local_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"{name} {value} must be >= 1", hint="or leave it unset")
+        if self.checkpoint_interval_s is not None:
+            _positive("checkpoint interval", self.checkpoint_interval_s, "seconds")
+        if self.batch_schedule is not None:
+            from kplan.runtime.batch_schedule import parse
+
+            parse(self.batch_schedule, "the plan's batch schedule")
+        if self.spot_probe_interval_s is not None:
+            _positive("spot probe interval", self.spot_probe_interval_s, "seconds")
+        if self.max_nodes is not None and self.max_nodes < len(self.nodes):
+            raise InputError(
+                f"--max-nodes {self.max_nodes} is below the job's {len(self.nodes)} node(s)",
+                hint="give at least the number of nodes the job starts with",
+            )
+        _positive("replan interval", self.replan_interval_s, "seconds")
+        if not (0.0 <= self.replan_margin < 10.0):
+            raise InputError(f"replan margin {self.replan_margin!r} must be in [0, 10)", "e.g. 0.1")
+        if self.restart_s is not None and not (
+            math.isfinite(self.restart_s) and self.restart_s >= 0
+        ):
+            raise InputError(f"restart cost {self.restart_s!r} must be >= 0", hint="seconds")
+        check_node_install(self.kplan_wheel, self.kplan_wheel_sha256, self.node_requirements)
+        if self.pip_index_url is not None:
+            check_index_url(self.pip_index_url)
+        if self.explore_trials < 1:
+            raise InputError(f"--explore-trials {self.explore_trials} must be >= 1", hint="e.g. 6")
+        if not (0.0 < self.explore_overhead <= 1.0):
+            raise InputError(
+                f"--explore-overhead {self.explore_overhead!r} must be in (0, 1]",
+                hint="a fraction of the predicted time left, e.g. 0.1",
+            )
+
+    @property
+    def horizon_s(self) -> float:
+        """From one guard check to the instances being gone if the next check stops the job."""
+        return self.check_interval_s + self.grace_s + self.teardown_s
+
+    @property
+    def restart_estimate_s(self) -> float:
+        """What a checkpointed restart costs before one was measured: local processes start in
+        seconds, cloud instances boot and install in minutes."""
+        if self.restart_s is not None:
+            return self.restart_s
+        return 15.0 if self.cloud == "local" else 300.0
+
+    @property
+    def workers(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def usd_per_hour(self) -> float:
+        return sum(n.usd_per_hour for n in self.nodes)
+
+    def recovery_policy(self) -> RecoveryPolicy:
+        """The recovery rules this job runs with, as the planner's simulator takes them
+        (``kplan/planner/spot.py``); ``checkpoint_interval_s`` unset: the policy's default."""
+        from kplan.planner.spot import RecoveryPolicy
+
+        policy = RecoveryPolicy()
+        zones = {o.zone for o in self.offers if o.market == "spot"}
+        return RecoveryPolicy(
+            restart_s=self.restart_estimate_s,
+            provisioning_s=policy.provisioning_s,
+            checkpoint_interval_s=self.checkpoint_interval_s or policy.checkpoint_interval_s,
+            checkpoint_s=policy.checkpoint_s,
+            max_replacements=self.max_replacements,
+            capacity_wait_s=self.capacity_wait_s,
+            allow_on_demand=self.allow_on_demand,
+            zone_failover=len(zones) > 1,
+        )
+
+    def candidates(self, node: NodeSpec) -> list[NodeSpec]:
+        """Where to put a replacement for ``node``: its own zone and market first, then the
+        region's other zones (cheapest first), then on-demand if ``allow_on_demand``."""
+        out = [node]
+        offers = [o for o in self.offers if o.instance_type == node.instance_type]
+        markets: list[Market] = [node.market]
+        if self.allow_on_demand and node.market == "spot":
+            markets.append("on-demand")
+        for market in markets:
+            for o in sorted(offers, key=lambda o: (o.zone != node.zone, o.usd_per_hour, o.zone)):
+                cand = replace(node, zone=o.zone, market=market, usd_per_hour=o.usd_per_hour)
+                if o.market == market and cand not in out:
+                    out.append(cand)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc.pop("plan")
+        doc["nodes"] = [asdict(n) for n in self.nodes]
+        doc["args"] = list(self.args)
+        doc["policies"] = list(self.policies)
+        doc["node_requirements"] = list(self.node_requirements)
+        doc["price_notes"] = list(self.price_notes)
+        doc["offers"] = [asdict(o) for o in self.offers]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], plan: dict[str, Any] | None = None) -> JobSpec:
+        known = {f.name for f in fields(cls)} - {"plan"}
+        values = {k: v for k, v in doc.items() if k in known}
+        values["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
+        values["args"] = tuple(doc.get("args", ()))
+        values["policies"] = tuple(doc.get("policies", ()))
+        values["node_requirements"] = tuple(doc.get("node_requirements", ()))
+        values["price_notes"] = tuple(doc.get("price_notes", ()))
+        values["offers"] = tuple(ZoneOffer(**o) for o in doc.get("offers", ()))
+        return cls(**values, plan=plan)
+
+    @classmethod
+    def local(
+        cls,
+        script: str,
+        args: tuple[str, ...] = (),
+        *,
+        nodes: int = 1,
+        workers_per_node: int = 1,
+        budget_usd: float = 0.0,
+        job_id: str | None = None,
+        **options: Any,
+    ) -> JobSpec:
+        """A job on the local provider: ``nodes`` worker groups on this machine, free."""
+        if nodes < 1 or workers_per_node < 1:
+            raise InputError(
+                f"--nodes {nodes} / --workers-per-node {workers_per_node} must be >= 1",
+                hint="e.g. --nodes 2 --workers-per-node 1",
+            )
+        options.setdefault("check_interval_s", 2.0)
+        options.setdefault("grace_s", 30.0)
+        options.setdefault("teardown_s", 40.0)
+        options.setdefault("finish_grace_s", 30.0)
+        options.setdefault("rdzv_last_call_s", 5.0)
+        specs = tuple(
+            NodeSpec(r, "local", "on-demand", "local", workers_per_node, 0.0) for r in range(nodes)
+        )
+        return cls(
+            job_id=job_id or new_job_id(),
+            cloud="local",
+            region="local",
+            script=script,
+            args=tuple(args),
+            nodes=specs,
+            budget_usd=budget_usd,
+            **options,
+        )
+
+
+def nodes_from_plan_row(row: dict[str, Any]) -> tuple[NodeSpec, ...]:
+    """The nodes of a Plan row (``PlanRow.to_dict()``): its groups in order, ranks 0..n-1."""
+    groups = row.get("groups") or []
+    if not groups:
+        raise InputError("the plan's chosen row has no groups", hint="re-run kplan estimate --out")
+    nodes: list[NodeSpec] = []
+    for g in groups:
+        for _ in range(int(g["nodes"])):
+            nodes.append(
+                NodeSpec(
+                    node_rank=len(nodes),
+                    instance_type=str(g["instance_type"]),
+                    market="spot" if g["market"] == "spot" else "on-demand",
+                    zone=str(g["zone"]),
+                    gpus=int(g["gpus_per_node"]),
+                    usd_per_hour=float(g["usd_per_hour"]),
+                )
+            )
+    return tuple(nodes)

@@ -1,0 +1,159 @@
+"""The launch journal: an append-only file per job that records instances before SQLite does.
+
+``<KPLAN_HOME>/journal/<job>.jsonl``, one JSON object per line, each line written with one
+``write`` and ``fsync``'d before the call returns. The launcher writes ``intent`` (the names it
+is about to ask for) *before* ``run_instances`` and ``created`` (their ids) right after, then
+``gone`` when teardown sees an instance end. It does not depend on the state database, so
+``kplan down`` finds every instance a launcher created even when the database write that should
+have recorded it failed (disk full, a lock held for minutes), and closes its ledger row with the
+time the journal says it ended.
+
+Lines: ``{"t": epoch_s, "kind": "job"|"intent"|"created"|"gone"|"note"|"forgotten", ...}``. A torn
+last line (a crash mid-write) is skipped on reading. Files are created ``0600`` in a ``0700``
+folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kplan.core.errors import KplanError
+
+if TYPE_CHECKING:
+    from kplan.launcher.state import InstanceRecord
+
+FOLDER = "journal"
+
+
+class JournalError(KplanError):
+    """The journal could not be written (disk full, permissions)."""
+
+
+def journal_path(home: Path, job_id: str) -> Path:
+    """The job's journal beside the state database in ``home``."""
+    return home / FOLDER / f"{job_id}.jsonl"
+
+
+class Journal:
+    """Appends to one job's journal. Every method may raise ``OSError`` (disk full): callers
+    before an instance exists let it stop the launch; callers in teardown ignore it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def for_job(cls, home: Path, job_id: str) -> Journal:
+        return cls(journal_path(home, job_id))
+
+    def write(self, kind: str, time: float, **data: Any) -> None:
+        line = json.dumps({"t": time, "kind": kind, **data}, sort_keys=True) + "\n"
+        try:
+            self._append(line.encode())
+        except OSError as err:
+            raise JournalError(
+                f"cannot write the launch journal {self.path}: {err.strerror or err}",
+                hint="free disk space in KPLAN_HOME; `kplan down JOB` ends a job's instances",
+            ) from None
+
+    def _append(self, data: bytes) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def entries(self) -> list[dict[str, Any]]:
+        return read_journal(self.path)
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a journal ([] when there is none)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in raw.splitlines():
+        try:
+            doc = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # a torn last line
+        if isinstance(doc, dict) and isinstance(doc.get("kind"), str):
+            out.append(doc)
+    return out
+
+
+@dataclass(frozen=True)
+class JournalInstance:
+    """An instance as the journal knows it: created at ``launched_at``, gone at ``gone_at``."""
+
+    id: str
+    name: str
+    node_rank: int
+    zone: str
+    type: str
+    market: str
+    price: float
+    launched_at: float
+    gone_at: float | None
+    state: str | None  # the state seen at ``gone_at`` (terminated / preempted)
+
+
+def instance_doc(rec: InstanceRecord) -> dict[str, Any]:
+    """What a ``created`` line holds about one instance."""
+    return {
+        "id": rec.id,
+        "name": rec.name,
+        "node_rank": rec.node_rank,
+        "zone": rec.zone,
+        "type": rec.type,
+        "market": rec.market,
+        "price": rec.price,
+        "launched_at": rec.launched_at,
+    }
+
+
+def journal_instances(entries: list[dict[str, Any]]) -> dict[str, JournalInstance]:
+    """Instances by id from ``created`` and ``gone`` lines (malformed ones skipped)."""
+    found: dict[str, JournalInstance] = {}
+    for e in entries:
+        try:
+            if e["kind"] == "created":
+                for d in e["instances"]:
+                    iid = str(d["id"])
+                    found[iid] = JournalInstance(
+                        id=iid,
+                        name=str(d["name"]),
+                        node_rank=int(d["node_rank"]),
+                        zone=str(d["zone"]),
+                        type=str(d["type"]),
+                        market=str(d["market"]),
+                        price=float(d["price"]),
+                        launched_at=float(d["launched_at"]),
+                        gone_at=None,
+                        state=None,
+                    )
+            elif e["kind"] == "gone" and str(e["id"]) in found:
+                iid = str(e["id"])
+                prev = found[iid]
+                if prev.gone_at is None:
+                    found[iid] = JournalInstance(
+                        **{**prev.__dict__, "gone_at": float(e["t"]), "state": str(e["state"])}
+                    )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found
+
+
+def journal_job(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``job`` line (cloud, region, storage) of a journal, if any."""
+    return next((e for e in entries if e.get("kind") == "job"), None)

@@ -1,0 +1,668 @@
+"""``kplan report``: what a job was predicted to cost and take, and what it really did.
+
+Built from the state database (job row, instances, events, ledger) and the runtime's metrics
+(``<job>/metrics/*.jsonl`` in the job's storage). Every dollar comes from the ledger: the total
+is the database's own sum (``StateDB.spend``, the number ``kplan status`` and the guard use), the
+breakdowns are the ledger rows grouped by instance, market and zone. Predictions come from the
+plan the job was launched from: a cloud plan (``kplan estimate``, or a search at launch) or a
+local plan (``kplan launch --profile`` on this machine, ``kplan/app/local_plan.py``); ``None`` when
+the job had none.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
+from kplan.launcher.storage import Storage
+
+T = TypeVar("T")
+MAX_POINTS = 400  # trajectory points kept per series (evenly thinned, last point kept)
+
+
+@dataclass(frozen=True)
+class InstanceSpend:
+    instance: str
+    node_rank: int
+    type: str
+    market: str
+    zone: str
+    usd_per_hour: float
+    state: str
+    reason: str | None
+    start: float
+    end: float
+    billed_seconds: float
+    usd: float
+    closed: bool
+    on_demand_usd_per_hour: float | None  # the catalog's on-demand price (None: not found)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A lost instance and what it cost: lost time (work redone plus the wait for the
+    replacement) at the cluster's price, and the replacement's billed boot."""
+
+    time: float
+    kind: str  # "preempted" or "lost"
+    node_rank: int | None
+    instance: str | None
+    reason: str | None
+    work_lost_s: float | None  # since the last checkpoint (launcher's estimate from metrics)
+    downtime_s: float | None  # loss seen -> replacement running
+    cluster_usd_per_hour: float  # instances billed just before the loss
+    lost_usd: float | None  # (work_lost_s + downtime_s) * cluster price
+    replacement: str | None
+    replacement_boot_s: float | None  # replacement requested -> job recovered
+    replacement_boot_usd: float | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A counterfactual cost; ``usd`` None with ``note`` saying why."""
+
+    usd: float | None
+    savings_usd: float | None  # usd - actual spend (positive: the job was cheaper)
+    note: str
+    hours: float | None = None
+    usd_p90: float | None = None
+    config: str | None = None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    records: int
+    median_s: float
+    mean_s: float
+    p90_s: float
+
+
+@dataclass(frozen=True)
+class Communication:
+    """The gradient exchange, from rank 0's step records (kplan/runtime/API.md's communication
+    fields; present where the job ran two or more workers). Bytes are counted from the tensor
+    sizes by the runtime, not measured on the wire."""
+
+    compression: str  # the spec its compressed steps ran ("none": dense all-reduce only)
+    compressed_steps: int
+    dense_steps: int  # steps that exchanged dense (GNS samples, a warm-up, a dense job)
+    bytes_sent: float  # rank 0's gradient bytes, summed over the steps
+    dense_bytes: float  # what dense would have sent over the same steps
+    collectives: list[str]  # top-k: the collectives it ran
+    topk_ratios: list[tuple[int, float]]  # top-k: (first step, ratio) at the start and each change
+    synced_steps: int | None = None  # SelSync: steps that synchronised
+    skipped_steps: int | None = None
+    averages: int | None = None  # SelSync: parameter averages
+
+    def summary(self) -> str:
+        """One line for the terminal and the page."""
+        parts = []
+        if self.compression == "none":
+            parts.append(f"dense exchange on {self.dense_steps} steps")
+        else:
+            parts.append(
+                f"{self.compression} on {self.compressed_steps} of "
+                f"{self.compressed_steps + self.dense_steps} steps"
+            )
+        sent = f"{self.bytes_sent / 1e6:,.4g} MB sent by rank 0 (counted)"
+        if self.bytes_sent > 0 and self.dense_bytes > self.bytes_sent:
+            sent += f", {self.dense_bytes / self.bytes_sent:.3g}x fewer than dense"
+        parts.append(sent)
+        if self.collectives:
+            parts.append("collectives " + ", ".join(c.upper() for c in self.collectives))
+        if len(self.topk_ratios) > 1:
+            parts.append(
+                "top-k ratio " + " -> ".join(f"{r:g} (step {s})" for s, r in self.topk_ratios)
+            )
+        if self.synced_steps is not None:
+            total = self.synced_steps + (self.skipped_steps or 0)
+            parts.append(
+                f"SelSync synced {self.synced_steps} of {total} steps, "
+                f"{self.averages or 0} parameter averages"
+            )
+        return "; ".join(parts)
+
+
+def rank0_steps(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0's step records (no events), in time order."""
+    steps = (
+        r
+        for r in records
+        if "event" not in r and isinstance(r.get("step"), int) and r.get("rank", 0) == 0
+    )
+    return sorted(steps, key=lambda r: r.get("time") or 0)
+
+
+def with_numbers(records: Sequence[dict[str, Any]], numbers: Sequence[str]) -> list[dict[str, Any]]:
+    """The records whose ``numbers`` fields are all finite numbers, in their order."""
+    return [r for r in records if all(_num(r.get(k)) is not None for k in numbers)]
+
+
+def latest_per_step(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of step records in time order, the last of each step, in step order: a step redone
+    after a resume counts once."""
+    by_step = {int(r["step"]): r for r in records}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def communication(rank0: list[dict[str, Any]]) -> Communication | None:
+    """:class:`Communication` from rank 0's step records in time order (the last record of a
+    redone step wins); None where no record has the fields (one worker, or an older runtime)."""
+    recs = latest_per_step(with_numbers(rank0, ("bytes_sent",)))
+    if not recs:
+        return None
+    specs = {str(r.get("compression")) for r in recs} - {"none", "None"}
+    compressed = [r for r in recs if str(r.get("compression")) in specs]
+    # dense's bytes per step: sent x ratio; a step that sent nothing (SelSync skipped it) would
+    # have sent what the median step with a ratio did
+    per_step = [
+        None if (ratio := _num(r.get("compress_ratio"))) is None else float(r["bytes_sent"]) * ratio
+        for r in recs
+    ]
+    known = [b for b in per_step if b is not None]
+    typical = statistics.median(known) if known else 0.0
+    dense = math.fsum(typical if b is None else b for b in per_step)
+    ratios: list[tuple[int, float]] = []
+    for r in recs:
+        x = _num(r.get("topk_ratio"))
+        if x is not None and (not ratios or ratios[-1][1] != x):
+            ratios.append((int(r["step"]), x))
+    last = recs[-1]
+    selsync = "synced_steps" in last
+    return Communication(
+        compression=" + ".join(sorted(specs)) or "none",
+        compressed_steps=len(compressed),
+        dense_steps=len(recs) - len(compressed),
+        bytes_sent=math.fsum(float(r["bytes_sent"]) for r in recs),
+        dense_bytes=dense,
+        collectives=sorted({c for r in compressed for c in (r.get("collective") or [])}),
+        topk_ratios=ratios,
+        synced_steps=int(last["synced_steps"]) if selsync else None,
+        skipped_steps=int(last.get("skipped_steps") or 0) if selsync else None,
+        averages=sum(1 for r in recs if r.get("averaged")) if selsync else None,
+    )
+
+
+@dataclass(frozen=True)
+class Metrics:
+    note: str  # where they came from, or why they are missing
+    steps: int = 0  # optimizer steps recorded by rank 0
+    step_time: StepStats | None = None
+    step_times: list[tuple[int, float]] = field(default_factory=list)  # rank 0 (step, s)
+    global_batch: list[tuple[int, int]] = field(default_factory=list)
+    local_batch: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # by rank
+    gns: list[tuple[int, float]] = field(default_factory=list)
+    checkpoints: int = 0
+    resumes: int = 0
+    loss: list[tuple[int, float]] = field(default_factory=list)  # rank 0 (step, global loss)
+    throughput: list[tuple[int, float]] = field(default_factory=list)  # (step, samples/s)
+    step_clock: list[tuple[int, float]] = field(default_factory=list)  # (step, unix time)
+    first_step_time: float | None = None  # unix time of rank 0's first step record
+    last_step_time: float | None = None
+    samples: float = 0.0  # samples trained (rank 0's global batches; redone steps count again)
+    epochs: float | None = None  # the work the job set out to do (the runtime's "epochs" event)
+    dataset_size: int | None = None
+    communication: Communication | None = None
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What the job was planned as, in words."""
+
+    config: str  # e.g. "2 x g4dn.xlarge (spot, us-east-1a), global batch 256 (128 per worker)"
+    profile: str | None
+    work: str | None  # the work predicted for
+    reason: str
+    uncertainty: str
+    notes: list[str]
+    precision: str | None
+
+
+@dataclass(frozen=True)
+class JobReport:
+    id: str
+    status: str
+    reason: str | None
+    cloud: str
+    region: str
+    script: str | None
+    command: str  # the training script and its arguments
+    workers: int  # in all, at launch
+    plan: PlanInfo | None
+    created_at: float
+    ended_at: float  # last status change (terminal jobs) or now
+    budget_usd: float
+    deadline_h: float | None
+    actual_hours: float  # wall clock, created_at -> ended_at
+    total_usd: float  # the ledger's sum (StateDB.spend)
+    billed_seconds: float
+    predicted_hours: float | None
+    predicted_hours_p90: float | None
+    predicted_cost_usd: float | None
+    predicted_cost_p90_usd: float | None
+    predicted_step_s: float | None
+    predicted_step_p90_s: float | None
+    predicted_steps: int | None
+    predicted_train_s: float | None  # steps x step time
+    predicted_train_p90_s: float | None
+    predicted_start_s: float | None  # local plans: the assumed start (clouds: in the hours)
+    actual_start_s: float | None  # job created -> rank 0's first step
+    actual_train_s: float | None  # rank 0's first step -> its last
+    instances: list[InstanceSpend]
+    by_instance: dict[str, float]
+    by_market: dict[str, float]
+    by_zone: dict[str, float]
+    cost_curve: list[tuple[float, float]]  # (unix time, cumulative USD), ends at total_usd
+    preemptions: list[Preemption]
+    on_demand: Comparison
+    naive: Comparison
+    metrics: Metrics
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["metrics"]["local_batch"] = {
+            str(k): v for k, v in doc["metrics"]["local_batch"].items()
+        }
+        return doc
+
+
+NaivePlanner = Callable[[JobRecord], Comparison]
+
+
+def build_report(
+    db: StateDB,
+    job: JobRecord,
+    now: float,
+    *,
+    storage: Storage | None = None,
+    storage_note: str = "",
+    on_demand_price: Callable[[InstanceRecord], float | None] | None = None,
+    naive: NaivePlanner | None = None,
+) -> JobReport:
+    """The report of ``job``. ``storage`` holds its metrics (None: ``storage_note`` says why);
+    ``on_demand_price`` looks up an instance's catalog on-demand price; ``naive`` plans the
+    naive alternative (None: not available)."""
+    instances = db.instances(job.id)
+    ledger = db.ledger(job.id)
+    events = db.events(job.id)
+    total = db.spend(job.id)
+    by_id = {i.id: i for i in instances}
+    lookup = on_demand_price or (lambda _inst: None)
+    spends = [_instance_spend(row, by_id.get(row.instance), lookup) for row in ledger]
+    chosen = (job.plan or {}).get("chosen") or {}
+    metrics = read_metrics(storage, job.id) if storage is not None else Metrics(storage_note)
+    end = job.updated_at if job.terminal else now
+    step, step_p90 = _num(chosen.get("step_time_s")), _num(chosen.get("step_time_p90_s"))
+    steps = chosen.get("steps") if isinstance(chosen.get("steps"), int) else None
+    first, last = metrics.first_step_time, metrics.last_step_time
+    local = (job.plan or {}).get("local") or {}
+    return JobReport(
+        id=job.id,
+        status=job.status,
+        reason=job.reason,
+        cloud=job.cloud,
+        region=job.region,
+        script=job.spec.get("script"),
+        command=_command(job.spec),
+        workers=sum(int(n.get("gpus", 1)) for n in job.spec.get("nodes") or ()),
+        plan=plan_info(job.plan),
+        created_at=job.created_at,
+        ended_at=end,
+        budget_usd=job.budget_usd,
+        deadline_h=job.deadline_h,
+        actual_hours=max(end - job.created_at, 0.0) / 3600.0,
+        total_usd=total,
+        billed_seconds=math.fsum(r.billed_seconds for r in ledger),
+        predicted_hours=job.predicted_hours,
+        predicted_hours_p90=_num(chosen.get("hours_p90")),
+        predicted_cost_usd=job.predicted_cost_usd,
+        predicted_cost_p90_usd=job.predicted_cost_p90_usd,
+        predicted_step_s=step,
+        predicted_step_p90_s=step_p90,
+        predicted_steps=steps,
+        predicted_train_s=None if step is None or steps is None else step * steps,
+        predicted_train_p90_s=None if step_p90 is None or steps is None else step_p90 * steps,
+        predicted_start_s=_num(local.get("start_s")),
+        actual_start_s=None if first is None else max(first - job.created_at, 0.0),
+        actual_train_s=None if first is None or last is None else last - first,
+        instances=spends,
+        by_instance=_group(spends, lambda s: s.instance),
+        by_market=_group(spends, lambda s: s.market),
+        by_zone=_group(spends, lambda s: s.zone),
+        cost_curve=cost_curve(ledger),
+        preemptions=preemptions(events, instances),
+        on_demand=on_demand_comparison(job, spends, total),
+        naive=_naive_savings(job, naive(job) if naive is not None else _no_naive(job), total),
+        metrics=metrics,
+    )
+
+
+def _num(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _command(spec: dict[str, Any]) -> str:
+    script = spec.get("script")
+    if not isinstance(script, str):
+        return "?"
+    args = [str(a) for a in spec.get("args") or ()]
+    return shlex.join(["python", script, *args])
+
+
+def plan_info(plan: dict[str, Any] | None) -> PlanInfo | None:
+    """The plan stored with a job, in words (None: no plan, or one without a chosen row)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("chosen"), dict):
+        return None
+    row = plan["chosen"]
+    groups = [g for g in row.get("groups") or () if isinstance(g, dict)]
+    parts = [
+        f"{g.get('nodes')} x {g.get('instance_type')} ({g.get('market')}, {g.get('zone')}, "
+        f"{g.get('gpus_per_node')} x {g.get('gpu')})"
+        for g in groups
+    ]
+    batch = f"global batch {row.get('global_batch')}, {row.get('local_batch')} per worker"
+    if isinstance(row.get("accum_steps"), int) and row["accum_steps"] > 1:
+        batch += f" x {row['accum_steps']} accumulation steps"
+    local = plan.get("local")
+    work = local.get("work") if isinstance(local, dict) else None
+    if work is None and _num(row.get("samples")) is not None:
+        work = f"{row['samples']:,.0f} samples at batch {row.get('global_batch')}"
+    notes = plan.get("notes")
+    return PlanInfo(
+        config=" + ".join(parts) + f"; {batch}",
+        profile=plan.get("profile") if isinstance(plan.get("profile"), str) else None,
+        work=str(work) if work is not None else None,
+        reason=str(plan.get("reason") or ""),
+        uncertainty=str(plan.get("uncertainty") or ""),
+        notes=[str(n) for n in notes] if isinstance(notes, list) else [],
+        precision=str(row["precision"]) if isinstance(row.get("precision"), str) else None,
+    )
+
+
+def _instance_spend(
+    row: LedgerRow, inst: InstanceRecord | None, price: Callable[[InstanceRecord], float | None]
+) -> InstanceSpend:
+    return InstanceSpend(
+        instance=row.instance,
+        node_rank=inst.node_rank if inst else -1,
+        type=inst.type if inst else "?",
+        market=inst.market if inst else "?",
+        zone=inst.zone if inst else "?",
+        usd_per_hour=inst.price if inst else 0.0,
+        state=inst.state if inst else "?",
+        reason=inst.reason if inst else None,
+        start=row.start,
+        end=row.end,
+        billed_seconds=row.billed_seconds,
+        usd=row.usd,
+        closed=row.closed,
+        on_demand_usd_per_hour=price(inst) if inst else None,
+    )
+
+
+def _group(
+    spends: Sequence[InstanceSpend], key: Callable[[InstanceSpend], str]
+) -> dict[str, float]:
+    parts: dict[str, list[float]] = defaultdict(list)
+    for s in spends:
+        parts[key(s)].append(s.usd)
+    return {k: math.fsum(v) for k, v in sorted(parts.items())}
+
+
+def cost_curve(ledger: Sequence[LedgerRow]) -> list[tuple[float, float]]:
+    """Cumulative USD at every row boundary, each row's dollars spread evenly over
+    [start, end]; the last point is the ledger's total."""
+    if not ledger:
+        return []
+    times = sorted({r.start for r in ledger} | {r.end for r in ledger})
+
+    def at(t: float) -> float:
+        parts = []
+        for r in ledger:
+            span = r.end - r.start
+            share = 1.0 if span <= 0 or t >= r.end else max(t - r.start, 0.0) / span
+            parts.append(r.usd * share)
+        return math.fsum(parts)
+
+    return [(t, at(t)) for t in times]
+
+
+def preemptions(
+    events: Sequence[EventRecord], instances: Sequence[InstanceRecord]
+) -> list[Preemption]:
+    """Each ``preempted``/``lost`` event, matched with the node's next ``recovered`` event and
+    the replacement instance (the node's next launch)."""
+    out = []
+    for i, ev in enumerate(events):
+        if ev.kind not in ("preempted", "lost"):
+            continue
+        data = ev.data or {}
+        rank = data.get("node_rank")
+        rec = next(
+            (
+                e
+                for e in events[i + 1 :]
+                if e.kind == "recovered" and (e.data or {}).get("node_rank") == rank
+            ),
+            None,
+        )
+        rdata = rec.data or {} if rec else {}
+        work = _num(rdata.get("work_lost_s"))
+        down = _num(rdata.get("downtime_s"))
+        cluster = math.fsum(
+            x.price
+            for x in instances
+            if x.launched_at <= ev.time and (x.ended_at is None or x.ended_at >= ev.time)
+        )
+        lost_s = None if work is None and down is None else (work or 0.0) + (down or 0.0)
+        repl = next(
+            (x for x in instances if x.node_rank == rank and x.launched_at >= ev.time - 1e-9
+             and x.id != data.get("instance")),
+            None,
+        )  # fmt: skip
+        boot_s = max(rec.time - repl.launched_at, 0.0) if rec and repl else None
+        out.append(
+            Preemption(
+                time=ev.time,
+                kind=ev.kind,
+                node_rank=rank if isinstance(rank, int) else None,
+                instance=data.get("instance"),
+                reason=data.get("reason"),
+                work_lost_s=work,
+                downtime_s=down,
+                cluster_usd_per_hour=cluster,
+                lost_usd=None if lost_s is None else lost_s * cluster / 3600.0,
+                replacement=repl.id if repl else None,
+                replacement_boot_s=boot_s,
+                replacement_boot_usd=(
+                    boot_s * repl.price / 3600.0 if boot_s is not None and repl else None
+                ),
+            )
+        )
+    return out
+
+
+def on_demand_comparison(
+    job: JobRecord, spends: Sequence[InstanceSpend], total: float
+) -> Comparison:
+    """The same instances for the same billed seconds at the catalog's on-demand price."""
+    if job.cloud == "local":
+        return Comparison(None, None, "n/a: local instances have no on-demand price")
+    missing = sorted({s.type for s in spends if s.on_demand_usd_per_hour is None})
+    if missing:
+        return Comparison(
+            None, None, f"n/a: no on-demand price in the catalog for {', '.join(missing)}"
+        )
+    usd = math.fsum(s.billed_seconds * (s.on_demand_usd_per_hour or 0.0) / 3600.0 for s in spends)
+    return Comparison(
+        usd, usd - total, "same instances, same billed seconds, at the catalog's on-demand price"
+    )
+
+
+def _naive_savings(job: JobRecord, naive: Comparison, total: float) -> Comparison:
+    if naive.usd is None:
+        return naive
+    if job.status != "succeeded":
+        note = f"{naive.note}; no savings: the job {job.status} before the end of training"
+        return replace(naive, note=note)
+    return replace(naive, savings_usd=naive.usd - total)
+
+
+def _no_naive(job: JobRecord) -> Comparison:
+    if job.plan is None:
+        return Comparison(None, None, "n/a: the job had no plan (no profile to plan from)")
+    return Comparison(None, None, "n/a: the job's profile is not available (give --profile)")
+
+
+def read_records(storage: Storage, job_id: str) -> list[dict[str, Any]]:
+    """Every rank's step records and events under ``<job>/metrics/`` (unparsable lines, such
+    as one being written when the job stopped, are left out)."""
+    records: list[dict[str, Any]] = []
+    for key in sorted(storage.list_keys(f"{job_id}/metrics/")):
+        if not key.endswith(".jsonl"):
+            continue
+        data = storage.get_bytes(key) or b""
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+    return records
+
+
+def read_metrics(storage: Storage, job_id: str) -> Metrics:
+    """Step records and events of every rank under ``<job>/metrics/``."""
+    records = read_records(storage, job_id)
+    if not records:
+        return Metrics(f"no metrics under {storage.uri}/{job_id}/metrics/")
+    steps = [r for r in records if "event" not in r and isinstance(r.get("step"), int)]
+    rank0 = rank0_steps(records)
+    times = [(int(r["step"]), float(r["step_time"])) for r in rank0 if _num(r.get("step_time"))]
+    local: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for r in sorted(steps, key=lambda r: r.get("time") or 0):
+        if isinstance(r.get("local_batch"), int):
+            local[int(r.get("rank", 0))].append((int(r["step"]), int(r["local_batch"])))
+    values = [t for _, t in times]
+    work = next((r for r in records if r.get("event") == "epochs" and r.get("rank", 0) == 0), {})
+    clock = [(int(r["step"]), float(r["time"])) for r in rank0 if _num(r.get("time"))]
+    stats = None
+    if values:
+        ordered = sorted(values)
+        stats = StepStats(
+            records=len(values),
+            median_s=statistics.median(values),
+            mean_s=math.fsum(values) / len(values),
+            p90_s=ordered[min(math.ceil(0.9 * len(ordered)) - 1, len(ordered) - 1)],
+        )
+    return Metrics(
+        note=f"{len(records)} records from {storage.uri}/{job_id}/metrics/",
+        steps=len({s for s, _ in times}),
+        step_time=stats,
+        step_times=_thin(times),
+        global_batch=_thin(
+            [(int(r["step"]), int(r["global_batch"])) for r in rank0 if "global_batch" in r]
+        ),
+        local_batch={k: _thin(v) for k, v in sorted(local.items())},
+        gns=_thin([(int(r["step"]), float(r["gns"])) for r in rank0 if _num(r.get("gns"))]),
+        checkpoints=sum(1 for r in records if r.get("event") == "checkpoint"),
+        resumes=sum(1 for r in records if r.get("event") == "resume" and r.get("rank", 0) == 0),
+        loss=_thin([(int(r["step"]), float(r["loss"])) for r in rank0 if _num(r.get("loss"))]),
+        throughput=_thin(
+            [
+                (int(r["step"]), float(r["global_batch"]) / float(r["step_time"]))
+                for r in rank0
+                if _num(r.get("global_batch")) and (_num(r.get("step_time")) or 0.0) > 0
+            ]
+        ),
+        step_clock=_thin(clock),
+        first_step_time=clock[0][1] if clock else None,
+        last_step_time=clock[-1][1] if clock else None,
+        samples=math.fsum(float(r["global_batch"]) for r in rank0 if _num(r.get("global_batch"))),
+        epochs=_num(work.get("total")),
+        dataset_size=work["dataset_size"] if isinstance(work.get("dataset_size"), int) else None,
+        communication=communication(rank0),
+    )
+
+
+def _thin(points: list[T]) -> list[T]:
+    if len(points) <= MAX_POINTS:
+        return points
+    stride = math.ceil(len(points) / MAX_POINTS)
+    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+
+
+def catalog_on_demand() -> Callable[[InstanceRecord], float | None]:
+    """An instance's on-demand price in the shipped catalog: its zone, else the cheapest zone
+    of its region (None when the catalog has neither)."""
+    from kplan.catalogs import load_catalog
+
+    prices: dict[tuple[str, str, str, str], float] = {}
+    for o in load_catalog().offers:
+        if o.market == "on-demand":
+            prices[(o.cloud, o.region, o.instance_type, o.zone)] = o.usd_per_hour
+            key = (o.cloud, o.region, o.instance_type, "*")
+            prices[key] = min(prices.get(key, math.inf), o.usd_per_hour)
+
+    def price(inst: InstanceRecord) -> float | None:
+        exact = prices.get((inst.cloud, inst.region, inst.type, inst.zone))
+        return exact if exact is not None else prices.get((inst.cloud, inst.region, inst.type, "*"))
+
+    return price
+
+
+def naive_planner(profile_path: str | None = None) -> NaivePlanner:
+    """The naive plan: the profile's base global batch on the cheapest single on-demand instance
+    of the job's cloud that fits (``kplan estimate`` with a fixed batch, one node)."""
+
+    def plan(job: JobRecord) -> Comparison:
+        from kplan.app import planning
+        from kplan.core.errors import KplanError
+        from kplan.planner.search import SearchOptions
+
+        if job.cloud == "local":
+            return Comparison(None, None, "n/a: a local job has no cloud to plan on")
+        name = (job.plan or {}).get("profile")
+        try:
+            if profile_path is not None:
+                prof = planning.load_profile(Path(profile_path))
+            elif isinstance(name, str) and name in planning.example_names():
+                prof = planning.load_example(name)
+            else:
+                return _no_naive(job)
+            options = SearchOptions(
+                clouds=(job.cloud,),
+                markets=("on-demand",),
+                max_nodes=1,
+                fixed_global_batch=True,
+                mixed=False,
+                objective="cost",
+            )
+            row = planning.estimate(prof, options).plan.chosen
+        except KplanError as err:
+            return Comparison(None, None, f"n/a: {err.message}")
+        total = None if job.predicted_cost_usd is None else job.predicted_cost_usd
+        return Comparison(
+            usd=row.cost_usd,
+            savings_usd=None,
+            note=(
+                f"predicted for profile {prof.name}: global batch {row.global_batch} on one "
+                f"on-demand {row.instance_type} in {row.region}"
+                + ("" if total is None else f"; the job's own plan predicted ${total:,.2f}")
+            ),
+            hours=row.hours,
+            usd_p90=row.cost_p90_usd,
+            config=f"1x {row.instance_type} on-demand, batch {row.global_batch}",
+        )
+
+    return plan

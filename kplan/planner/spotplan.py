@@ -1,0 +1,142 @@
+"""Spot plans priced with the trace-fitted model: risks per candidate, recovery rules, Monte-Carlo.
+
+The search ranks every configuration with the closed form of ``costs`` (fed with the model's
+rate, co-loss and expected capacity wait); the rows kplan shows (the frontier and the best by
+each objective) are then priced by ``spotsim.simulate`` with the rules the launcher runs
+(kplan/planner/spot.py), and those values replace the closed form's. Each spot row carries its
+recovery rules (replacement limit, capacity wait, checkpoint interval) so that the launcher can
+carry the plan out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, Weibull
+
+Array = NDArray[np.float64]
+MIN_REPLACEMENTS = 20  # the launcher's floor: a crash loop still stops
+REPLACEMENT_MARGIN = 1.5  # over the simulated p99 of lost nodes
+MIN_CAPACITY_WAIT_S = 3600.0
+CAPACITY_WAIT_MARGIN = 2.0  # over the longest outage the model draws
+
+
+def risk_for(
+    model: SpotModel,
+    cloud: str,
+    instance_type: str,
+    region: str,
+    rate: float = 0.0,
+    rate_family: str = "*",
+) -> SpotRisk:
+    """The model's row for this type and region. When the catalog's spot rate
+    (``spot_rates.csv``) names a more specific family than the model's row (a user's catalog,
+    or a rate ``kplan catalog update`` learnt), the row's mean life is set to that rate and the
+    shape, co-loss and outages are kept."""
+    row = model.lookup(cloud, instance_type, region)
+    model_len = 0 if row.family == "*" else len(row.family)
+    catalog_len = 0 if rate_family == "*" else len(rate_family)
+    if not rate > 0 or catalog_len <= model_len:
+        return row
+    k = row.lifetime.shape
+    scale = 1.0 / rate / math.gamma(1.0 + 1.0 / k)
+    source = f"{row.source}; mean life set to the catalog's {rate:.3g}/h"
+    return replace(row, lifetime=Weibull(k, scale), source=source)
+
+
+def expected_wait_s(risk: SpotRisk, allow_on_demand: bool, capacity_wait_s: float) -> float:
+    """Expected capacity wait per loss event (the closed form's D)."""
+    if allow_on_demand or not risk.outage.durations_h:
+        return 0.0
+    d = np.minimum(np.asarray(risk.outage.durations_h) * 3600.0, capacity_wait_s)
+    return float(risk.outage.prob * risk.outage.region_prob * d.mean())
+
+
+def default_capacity_wait_s(risk: SpotRisk) -> float:
+    """Twice the longest outage the model draws (its fitted tail), and at least an hour: the
+    traces are hours long and the next outage may be longer than any they saw; a job that gives
+    up loses the time it waited (it resumes from its checkpoint when relaunched), and the
+    plan's p90 already holds the waits the model expects."""
+    longest = max(risk.outage.durations_h, default=0.0) * 3600.0
+    return max(MIN_CAPACITY_WAIT_S, CAPACITY_WAIT_MARGIN * longest)
+
+
+def replacement_limit(lost_nodes_p99: float) -> int:
+    """The launcher's replacement limit for a plan: well above its simulated p99."""
+    return max(MIN_REPLACEMENTS, math.ceil(REPLACEMENT_MARGIN * lost_nodes_p99) + 2)
+
+
+@dataclass(frozen=True)
+class SpotPricing:
+    """What the Monte-Carlo says about one spot configuration."""
+
+    hours: float
+    hours_p90: float
+    cost_usd: float
+    cost_p90_usd: float
+    losses: float  # expected loss events
+    lost_nodes_p99: float
+    fail_prob: float
+    policy: RecoveryPolicy
+    source: str  # the spot model row used
+    runs: int
+    on_demand_hours: float | None = None  # the same configuration on demand (closed form)
+    on_demand_cost_usd: float | None = None
+
+
+def simulate_rows(
+    *,
+    work_s: Array,
+    nodes: Array,
+    risks: list[SpotRisk],
+    policies: list[RecoveryPolicy],
+    usd_per_hour: Array,
+    usd_per_hour_on_demand: Array,
+    log_sigma: Array,
+    billing_min_s: Array,
+    billing_increment_s: Array,
+    runs: int,
+    seed: int,
+) -> list[SpotPricing]:
+    """Monte-Carlo each row; the replacement limit is set from the simulated p99 of lost nodes
+    (simulated without a limit, so the limit does not truncate what it is set from)."""
+    from kplan.planner import spotsim
+
+    if len(risks) == 0:
+        return []
+    unlimited = [replace(p, max_replacements=10**9) for p in policies]
+    res = spotsim.simulate(
+        work_s=work_s,
+        nodes=nodes,
+        risks=risks,
+        policies=unlimited,
+        usd_per_hour=usd_per_hour,
+        usd_per_hour_on_demand=usd_per_hour_on_demand,
+        log_sigma=log_sigma,
+        runs=runs,
+        seed=seed,
+        billing_min_s=billing_min_s,
+        billing_increment_s=billing_increment_s,
+    )
+    out = []
+    for j, (risk, pol) in enumerate(zip(risks, policies, strict=True)):
+        p99 = float(res.lost_nodes_p99[j])
+        out.append(
+            SpotPricing(
+                hours=float(res.hours_mean[j]),
+                hours_p90=float(res.hours_p90[j]),
+                cost_usd=float(res.cost_mean[j]),
+                cost_p90_usd=float(res.cost_p90[j]),
+                losses=float(res.losses_mean[j]),
+                lost_nodes_p99=p99,
+                fail_prob=float(res.fail_prob[j]),
+                policy=replace(pol, max_replacements=replacement_limit(p99)),
+                source=risk.source,
+                runs=runs,
+            )
+        )
+    return out
