@@ -14,9 +14,9 @@ import pytest
 from botocore.stub import ANY, Stubber
 from typer.testing import CliRunner
 
-from kplan.catalogs import update_aws
 from kplan.catalogs.current import current_catalog_dir, user_catalogs
 from kplan.cli.main import app
+from kplan.launcher.providers import aws_catalog
 from tests.aws_server import MotoAws, fake_credentials
 
 runner = CliRunner()
@@ -120,7 +120,7 @@ def test_update_aws_writes_catalog_that_estimate_uses(
     items = [price_item(n, usd) for n, usd in PRICES.items()]
     items.append(price_item("g4dn.xlarge", 9.99, tenancy="Dedicated"))  # filtered out
     client = stubbed_pricing([items[:2], items[2:]])  # two pages: NextToken is followed
-    monkeypatch.setattr(update_aws, "pricing_client", lambda: client)
+    monkeypatch.setattr(aws_catalog, "pricing_client", lambda: client)
     result = runner.invoke(
         app, ["catalog", "update", "--cloud", "aws", "--region", "us-east-1", "--json"]
     )
@@ -161,13 +161,13 @@ def test_failed_aws_update_leaves_previous_catalog_current(
     aws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client = stubbed_pricing([[price_item("g4dn.xlarge", 0.5)]])
-    monkeypatch.setattr(update_aws, "pricing_client", lambda: client)
+    monkeypatch.setattr(aws_catalog, "pricing_client", lambda: client)
     ok = runner.invoke(app, ["catalog", "update", "--cloud", "aws", "--region", "us-east-1"])
     assert ok.exit_code == 0, ok.output
     assert "now current" in ok.output
     first = current_catalog_dir(aws)
     denied = stubbed_pricing(error="AccessDeniedException")
-    monkeypatch.setattr(update_aws, "pricing_client", lambda: denied)
+    monkeypatch.setattr(aws_catalog, "pricing_client", lambda: denied)
     bad = runner.invoke(app, ["catalog", "update", "--cloud", "aws", "--region", "us-east-1"])
     assert bad.exit_code == 1, bad.output
     assert bad.output.startswith("error: AWS could not get on-demand prices for us-east-1: ")
@@ -178,12 +178,12 @@ def test_failed_aws_update_leaves_previous_catalog_current(
 
 
 def test_network_rules_match_the_shipped_catalog() -> None:
-    assert update_aws.network_gbps("4x 100 Gigabit", None)[0] == 400
-    assert update_aws.network_gbps("50 Gigabit", None)[0] == 50
-    assert update_aws.network_gbps("Up to 25 Gigabit", 5.0) == (
+    assert aws_catalog.network_gbps("4x 100 Gigabit", None)[0] == 400
+    assert aws_catalog.network_gbps("50 Gigabit", None)[0] == 50
+    assert aws_catalog.network_gbps("Up to 25 Gigabit", 5.0) == (
         5.0,
         "NetworkPerformance 'Up to 25 Gigabit', its published baseline 5 Gbit/s",
     )
-    assert update_aws.network_gbps("Up to 10 Gigabit", None)[0] == 2.5
+    assert aws_catalog.network_gbps("Up to 10 Gigabit", None)[0] == 2.5
     with pytest.raises(ValueError):
-        update_aws.network_gbps("Moderate", None)
+        aws_catalog.network_gbps("Moderate", None)

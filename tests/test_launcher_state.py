@@ -16,9 +16,9 @@ from kplan.launcher.state import (
     JobRecord,
     LedgerRow,
     StateDB,
-    StateError,
     default_db_path,
 )
+from kplan.launcher.statecheck import StateError
 
 
 def _job(job_id: str = "kp-state-1", t: float = 100.0) -> JobRecord:

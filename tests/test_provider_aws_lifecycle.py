@@ -136,7 +136,8 @@ def test_spot_interruption_replacement_completion_and_teardown(
     # The report of this moto-backed job: its total is the ledger's sum exactly (terminal, JSON
     # and HTML carry the same number), the preemption is itemised, and the on-demand comparison
     # prices the same billed seconds at the shipped catalog's g5.xlarge on-demand rate.
-    from kplan.launcher.report import build_report, catalog_on_demand, naive_planner
+    from kplan.app.naive_plan import naive_planner
+    from kplan.launcher.report import build_report, catalog_on_demand
     from kplan.launcher.report_html import render_html
 
     rec = db.job(spec.job_id)

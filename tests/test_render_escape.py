@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from kplan.app import planning
 from kplan.cli.main import app
-from kplan.cli.render.text import clean, safe
+from kplan.cli.render.text import safe
+from kplan.core.text import clean
 from kplan.launcher import providers
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec

@@ -12,6 +12,7 @@ import datetime as dt
 import re
 from pathlib import Path
 
+from kplan.core.paths import kplan_home
 from kplan.planner.catalog import Catalog
 
 STALE_DAYS = 30
@@ -22,8 +23,6 @@ _SHIPPED_VERSION_RE = re.compile(r"shipped-(\d{4})\.(\d{2})")
 
 def user_catalogs_root() -> Path:
     """``$KPLAN_HOME/catalogs`` (``~/.kplan/catalogs``)."""
-    from kplan.launcher.state import kplan_home
-
     return kplan_home() / "catalogs"
 
 

@@ -1,5 +1,9 @@
 """``kplan catalog update``: refresh one cloud's instance types and prices from its APIs.
 
+This module owns the catalog side (merge, write, validate, publish); what the clouds say comes
+from a ``Fetch`` function passed in, ``kplan.launcher.providers.aws_catalog.fetch_aws`` or
+``gcp_catalog.fetch_gcp`` (the launcher layer owns every cloud API call).
+
 The update starts from the current catalog (the newest user catalog, else the shipped one),
 replaces the refreshed cloud's rows (instance types the API describes; their offers in the
 regions asked for) and carries every other row over unchanged (GPUs, spot rates, billing, the

@@ -99,7 +99,7 @@ def _state_db_error(err: Exception) -> KplanError:
 
 
 def _print_error(err: KplanError) -> None:
-    from kplan.cli.render.text import clean  # a path or a reason may hold escape sequences
+    from kplan.core.text import clean  # a path or a reason may hold escape sequences
 
     # One line each, whatever the message holds (a multi-line SQLite or OS error text).
     typer.echo(f"error: {' '.join(clean(err.message).splitlines())}", err=True)

@@ -18,7 +18,6 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, TypeVar
 
 from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
@@ -340,7 +339,7 @@ def build_report(
         cost_curve=cost_curve(ledger),
         preemptions=preemptions(events, instances),
         on_demand=on_demand_comparison(job, spends, total),
-        naive=_naive_savings(job, naive(job) if naive is not None else _no_naive(job), total),
+        naive=_naive_savings(job, naive(job) if naive is not None else no_naive(job), total),
         metrics=metrics,
     )
 
@@ -517,7 +516,8 @@ def _naive_savings(job: JobRecord, naive: Comparison, total: float) -> Compariso
     return replace(naive, savings_usd=naive.usd - total)
 
 
-def _no_naive(job: JobRecord) -> Comparison:
+def no_naive(job: JobRecord) -> Comparison:
+    """Why the naive plan of ``job`` cannot be priced (no plan, or no profile to plan from)."""
     if job.plan is None:
         return Comparison(None, None, "n/a: the job had no plan (no profile to plan from)")
     return Comparison(None, None, "n/a: the job's profile is not available (give --profile)")
@@ -619,50 +619,3 @@ def catalog_on_demand() -> Callable[[InstanceRecord], float | None]:
         return exact if exact is not None else prices.get((inst.cloud, inst.region, inst.type, "*"))
 
     return price
-
-
-def naive_planner(profile_path: str | None = None) -> NaivePlanner:
-    """The naive plan: the profile's base global batch on the cheapest single on-demand instance
-    of the job's cloud that fits (``kplan estimate`` with a fixed batch, one node)."""
-
-    def plan(job: JobRecord) -> Comparison:
-        from kplan.app import planning
-        from kplan.core.errors import KplanError
-        from kplan.planner.search import SearchOptions
-
-        if job.cloud == "local":
-            return Comparison(None, None, "n/a: a local job has no cloud to plan on")
-        name = (job.plan or {}).get("profile")
-        try:
-            if profile_path is not None:
-                prof = planning.load_profile(Path(profile_path))
-            elif isinstance(name, str) and name in planning.example_names():
-                prof = planning.load_example(name)
-            else:
-                return _no_naive(job)
-            options = SearchOptions(
-                clouds=(job.cloud,),
-                markets=("on-demand",),
-                max_nodes=1,
-                fixed_global_batch=True,
-                mixed=False,
-                objective="cost",
-            )
-            row = planning.estimate(prof, options).plan.chosen
-        except KplanError as err:
-            return Comparison(None, None, f"n/a: {err.message}")
-        total = None if job.predicted_cost_usd is None else job.predicted_cost_usd
-        return Comparison(
-            usd=row.cost_usd,
-            savings_usd=None,
-            note=(
-                f"predicted for profile {prof.name}: global batch {row.global_batch} on one "
-                f"on-demand {row.instance_type} in {row.region}"
-                + ("" if total is None else f"; the job's own plan predicted ${total:,.2f}")
-            ),
-            hours=row.hours,
-            usd_p90=row.cost_p90_usd,
-            config=f"1x {row.instance_type} on-demand, batch {row.global_batch}",
-        )
-
-    return plan

@@ -18,8 +18,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kplan.cli.render.text import clean
 from kplan.core.errors import KplanError
+from kplan.core.text import clean
 from kplan.launcher.jobspec import place
 from kplan.launcher.report import Comparison, JobReport
 

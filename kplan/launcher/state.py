@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kplan.core.errors import InputError, KplanError
+from kplan.core.errors import InputError
+from kplan.core.paths import kplan_home
 from kplan.launcher.clock import Clock, SystemClock
+from kplan.launcher.statecheck import StateError, check_state_file, open_readonly
 
 SCHEMA_VERSION = 1
 LAST_JOB = "last"  # names the most recently created job wherever a job id is taken
@@ -95,12 +97,6 @@ CREATE TABLE ledger (
 );
 """
 _MIGRATIONS = {1: _SCHEMA_V1}  # version -> script that brings version-1 to version
-
-
-def kplan_home() -> Path:
-    """``$KPLAN_HOME`` or ``~/.kplan``."""
-    raw = os.environ.get("KPLAN_HOME", "").strip()
-    return Path(raw).expanduser() if raw else Path.home() / ".kplan"
 
 
 def default_db_path() -> Path:
@@ -210,10 +206,6 @@ class LedgerRow:
     closed: bool
 
 
-class StateError(KplanError):
-    """The state database cannot be opened or is from a newer kplan."""
-
-
 class StateWriteError(StateError):
     """A write to the state database failed (disk full, I/O error, a lock held too long)."""
 
@@ -249,8 +241,6 @@ class StateDB:
     ) -> StateDB:
         path = default_db_path() if path is None else path
         # Refuse a foreign or damaged file before anything writes to it (launcher/statecheck.py).
-        from kplan.launcher.statecheck import check_state_file, open_readonly
-
         check_state_file(path)
         if readonly:  # status, logs, report: no write, so a read-only KPLAN_HOME works
             return cls(open_readonly(path, _SCHEMA_V1), path, clock, lock_wait_s)

@@ -4,6 +4,8 @@
 SQLite recognises, hold kplan's tables (or none: a new database) and pass ``PRAGMA
 quick_check``. The check uses a read-only connection, so a foreign or damaged file is refused
 exactly as it was found (no switch to WAL, no schema written, no mode changed).
+This module imports nothing from ``state.py``, which imports it: :class:`StateError`, the base
+of every state-database failure, is defined here.
 :func:`connect_readonly` serves the commands that only read (status, logs, report): they work in
 a read-only KPLAN_HOME and never offer to move a healthy database away.
 """
@@ -16,11 +18,14 @@ import stat
 import urllib.parse
 from pathlib import Path
 
-from kplan.core.errors import InputError
-from kplan.launcher.state import StateError
+from kplan.core.errors import InputError, KplanError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 KPLAN_TABLES = frozenset({"jobs", "instances", "events", "ledger"})
+
+
+class StateError(KplanError):
+    """The state database cannot be opened or is from a newer kplan."""
 
 
 class StateFileError(StateError, InputError):

@@ -105,7 +105,7 @@ def build_wheel(
     if source is None:
         source = source_tree()
     if home is None:
-        from kplan.launcher.state import kplan_home
+        from kplan.core.paths import kplan_home
 
         home = kplan_home()
     with tempfile.TemporaryDirectory(prefix="kplan-wheel-") as tmp:

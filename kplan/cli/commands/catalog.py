@@ -103,11 +103,11 @@ def update(
     name = cloud.strip().lower()
     fetch: Fetch
     if name == "aws":
-        from kplan.catalogs.update_aws import fetch_aws
+        from kplan.launcher.providers.aws_catalog import fetch_aws
 
         fetch = fetch_aws
     elif name == "gcp":
-        from kplan.catalogs.update_gcp import fetch_gcp
+        from kplan.launcher.providers.gcp_catalog import fetch_gcp
 
         fetch = fetch_gcp
     else:

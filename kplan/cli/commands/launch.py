@@ -34,7 +34,7 @@ _LAUNCH_HELP = (
 
 
 def _home() -> Path:
-    from kplan.launcher.state import kplan_home
+    from kplan.core.paths import kplan_home
 
     return kplan_home()
 

@@ -32,7 +32,8 @@ def _storage(rec: JobRecord) -> tuple[Storage | None, str]:
 
 
 def build(db: StateDB, rec: JobRecord, profile: Path | None) -> JobReport:
-    from kplan.launcher.report import build_report, catalog_on_demand, naive_planner
+    from kplan.app.naive_plan import naive_planner
+    from kplan.launcher.report import build_report, catalog_on_demand
 
     storage, note = _storage(rec)
     return build_report(

@@ -71,7 +71,7 @@ def simulate_command(
 
 
 def _render(r: dict[str, Any]) -> None:
-    from kplan.cli.render.text import clean
+    from kplan.core.text import clean
 
     p, rep = r["plan"], r.get("replayed")
     typer.echo(f"plan: {clean(r['job'])}")

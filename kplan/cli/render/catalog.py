@@ -12,7 +12,8 @@ from typing import Any
 
 from kplan.catalogs.listing import Listing
 from kplan.catalogs.update import UpdateResult
-from kplan.cli.render.text import clean, safe
+from kplan.cli.render.text import safe
+from kplan.core.text import clean
 from kplan.planner.catalog import GpuSpec
 
 NON_TTY_WIDTH = 160  # piped output: wide enough that rows do not wrap

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from kplan.cli.render.text import clean, safe
+from kplan.cli.render.text import safe
+from kplan.core.text import clean
 from kplan.launcher.jobspec import place
 
 if TYPE_CHECKING:

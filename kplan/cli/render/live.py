@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from kplan.cli.render.text import clean, safe
+from kplan.cli.render.text import safe
+from kplan.core.text import clean
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kplan.cli.render.text import clean, safe
+from kplan.cli.render.text import safe
+from kplan.core.text import clean
 from kplan.profiler.job import Progress
 
 _PHASES = {

@@ -1,5 +1,8 @@
 """Fetch AWS instance types and prices for ``kplan catalog update --cloud aws``.
 
+The cloud half of the update: :func:`fetch_aws` is the ``Fetch`` that ``kplan.catalogs.update``
+calls; that module merges the rows, writes and validates the new catalog.
+
 - Instance types: EC2 ``DescribeInstanceTypes`` for the catalog's AWS types (GPU count, vCPUs,
   memory, ``NetworkPerformance``). Network Gbit/s follows the shipped catalog's rules: "N
   Gigabit" is N, "Kx N Gigabit" is K*N, "Up to N Gigabit" is the published baseline

@@ -1,5 +1,8 @@
 """Fetch GCP machine types and prices for ``kplan catalog update --cloud gcp``.
 
+The cloud half of the update: :func:`fetch_gcp` is the ``Fetch`` that ``kplan.catalogs.update``
+calls; that module merges the rows, writes and validates the new catalog.
+
 - Machine and accelerator types: the Compute Engine API (``machineTypes`` and
   ``acceleratorTypes`` aggregated lists), which say which zone has which. A catalog type is
   either a machine type with bundled GPUs (``a2-highgpu-1g``, ``g2-standard-8``) or an N1 host
