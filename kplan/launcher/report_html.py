@@ -298,11 +298,6 @@ def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def measured_step(r: JobReport) -> str:
-    st = r.metrics.step_time
-    return "n/a" if st is None else f"{st.median_s:.4f} median, {st.p90_s:.4f} p90 (rank 0)"
-
-
 def _cmp(c: Comparison) -> str:
     head = "" if c.usd is None else f"{money(c.usd)} (savings {money(c.savings_usd)}): "
     return head + c.note

@@ -112,14 +112,6 @@ def segment_inverse_draws(
     return out
 
 
-def segment_inverse(
-    gns: Sequence[GnsPoint], base_batch: float, edges: Sequence[float] = EDGES
-) -> Array:
-    """``E[mean over segment j of 1/(Bn + B0)]`` for each segment between ``edges``."""
-    out: Array = segment_inverse_draws(gns, base_batch, edges).mean(axis=0)
-    return out
-
-
 def forecast_log_sigma(train_s: Array) -> float:
     """The log-space one-sigma spread of a training time over the forecast's trajectories
     (``efficiency.spread_log_sigma``, as a plan row's; 0 for one trajectory)."""

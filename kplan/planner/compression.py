@@ -636,12 +636,3 @@ def price(
         colls[0],
         basis,
     )
-
-
-def link_params(
-    p: PerfParams, *, inter_alpha: float, inter_beta: float, inter_lat: float = 0.0
-) -> PerfParams:
-    """``p`` with measured inter-node terms (e.g. from the bed's all-reduce probe)."""
-    return replace(
-        p, inter_alpha=inter_alpha, inter_beta=inter_beta, inter_lat=inter_lat, inter_measured=True
-    )

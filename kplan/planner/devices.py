@@ -141,10 +141,6 @@ class SpeedEstimate:
         if not (self.log_sigma >= 0 and math.isfinite(self.log_sigma)):
             raise ValueError(f"log_sigma={self.log_sigma!r} must be >= 0")
 
-    def factor_at(self, z: float) -> float:
-        """The factor ``z`` standard deviations out, e.g. ``z=1.2816`` for a p90 compute time."""
-        return self.factor * math.exp(z * self.log_sigma)
-
 
 def _default_sigma() -> dict[str, Any]:
     return {"cross_gpu": {}, "cross_precision": {}}

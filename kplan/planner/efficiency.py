@@ -26,18 +26,7 @@ from numpy.typing import ArrayLike, NDArray
 from kplan.planner import gnsforecast
 from kplan.planner.profile import GnsPoint
 
-_GRID = np.linspace(0.0, 1.0, 33)  # progress points for the integral (trapezoid rule)
 _Z90 = 1.2815515655446004  # standard normal 90th percentile
-
-
-def noise_scale_grid(gns: Sequence[GnsPoint]) -> NDArray[np.float64]:
-    """Bn on a fixed progress grid: linear between points, constant beyond the ends."""
-    if not gns:
-        raise ValueError("empty GNS trajectory")
-    progress = np.array([g.progress for g in gns])
-    scale = np.array([g.noise_scale for g in gns])
-    out: NDArray[np.float64] = np.interp(_GRID, progress, scale)
-    return out
 
 
 def sample_factor(

@@ -112,10 +112,6 @@ class GnsForecast:
     noise_sd: float
 
     @property
-    def level_sd(self) -> float:
-        return math.sqrt(self.cov[0][0])
-
-    @property
     def slope_sd(self) -> float:
         return math.sqrt(self.cov[1][1])
 

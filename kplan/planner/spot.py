@@ -74,11 +74,6 @@ class Weibull:
         """Long-run preemptions per node-hour (renewal rate: one over the mean life)."""
         return 1.0 / self.mean_h
 
-    def survival(self, t_h: ArrayLike) -> Array:
-        t = np.maximum(np.asarray(t_h, dtype=float), 0.0)
-        out: Array = np.exp(-((t / self.scale_h) ** self.shape))
-        return out
-
     def residual(self, rng: np.random.Generator, age_h: ArrayLike) -> Array:
         """Remaining life (hours) of nodes that have already lived ``age_h``."""
         age = np.maximum(np.asarray(age_h, dtype=float), 0.0)
@@ -148,13 +143,6 @@ class SpotRisk:
     @property
     def rate_per_hour(self) -> float:
         return self.lifetime.rate_per_hour
-
-    def cluster_events_per_hour(self, nodes: int) -> float:
-        """Loss events per hour for a cluster of fresh-renewed nodes: each node's own losses,
-        less those it shares with another (a rough closed form; ``spotsim`` is the exact one)."""
-        n = max(int(nodes), 1)
-        shared = 1.0 + self.co_loss * (n - 1)
-        return n * self.rate_per_hour / shared
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -172,16 +172,6 @@ def node_rank(environ: Mapping[str, str] | None = None) -> int:
     return _int(GROUP_RANK, environ, 0) or 0
 
 
-def master_addr(environ: Mapping[str, str] | None = None) -> str | None:
-    """Rendezvous host of the process group (``MASTER_ADDR``); None without torchrun."""
-    return _raw(MASTER_ADDR, environ)
-
-
-def master_port(environ: Mapping[str, str] | None = None) -> int | None:
-    """Rendezvous port (``MASTER_PORT``); None without torchrun."""
-    return _int(MASTER_PORT, environ, 1)
-
-
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
     """How many times torchrun restarted the workers (``TORCHELASTIC_RESTART_COUNT``)."""
     return _int(RESTART_COUNT, environ, 0) or 0
