@@ -29,14 +29,15 @@ from typing import Any, Protocol
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 from torch.utils.data import DataLoader, Dataset  # noqa: TID253
 
+from kplan.core.compression_spec import DDP_BUCKET_BYTES, exchange_buckets
 from kplan.core.errors import InputError
 from kplan.runtime import distributed as rdist
 from kplan.runtime import env, local_gns, profile_steps, step_end
 from kplan.runtime.amp import Amp
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.checkpoint import CheckpointStore, SigtermFlag, capture_rng
-from kplan.runtime.compress import DDP_BUCKET_BYTES, exchange_buckets
-from kplan.runtime.compressor import Compressor, probe_network, probe_topk_exchange
+from kplan.runtime.compression.compressor import Compressor
+from kplan.runtime.compression.probe import probe_network, probe_topk_exchange
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator
 from kplan.runtime.lr_scaling import LrScaler
@@ -172,7 +173,7 @@ class Job:
         self._gns_on = gns_mode != "off"
         self._precond = Preconditioner(optimizer) if gns_mode == "adam" else None
         self._clock = StepClock(ctx.device)
-        # Compression (compress.py, compressor.py) and selective sync (selsync.py): with two
+        # Compression (compression/) and selective sync (selsync.py): with two
         # or more workers; the compressor also counts the bytes of a dense run.
         comp = cfg.compression
         assert not isinstance(comp, str)  # parsed by RuntimeConfig

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # Slots of the per-step statistics vector, per rank.
 _B, _SQR, _LOSS, _PREV_B, _PREV_T, _TERM, _CKPT, _CIN, _COUT, _G2, _W2 = range(11)
 _WIDTH = 11
-# _CIN, _COUT: this rank's |a|² and |C(a)|² of the compressed step (compressor.py's gain);
+# _CIN, _COUT: this rank's |a|² and |C(a)|² of the compressed step (compression/'s gain);
 # _G2, _W2: |g_i|² of the local unweighted gradient and |w|², SelSync's significance.
 # Then one tail that only rank 0 fills (zeros elsewhere, so the SUM keeps its values exact):
 # its pending policy requests (global batch, 0 = none; stop flag), its wall time of the previous
