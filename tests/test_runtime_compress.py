@@ -530,7 +530,7 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
                     job.backward(F.mse_loss(job.model(x), y))
         with torch.no_grad():
             final = float(F.mse_loss(job.module(x_all), y_all))
-        comp = job._compressor
+        comp = job._state.compressor
         residual = 0.0
         if comp is not None:
             residual = sum(float(t.norm()) for t in [*comp.residual.values(), *comp.error.values()])

@@ -308,7 +308,7 @@ def _train(folder: Path, tag: str, steps: int, options: list[str], ckpt_root: st
                 curve.append(float(loss))
         with torch.no_grad():
             final = float(F.mse_loss(job.module(x_all), y_all))
-        comp = job._compressor
+        comp = job._state.compressor
         state = {} if comp is None else comp.state_dict()
         result[name] = {
             "params": torch.cat([p.detach().reshape(-1) for p in job.module.parameters()]),

@@ -286,7 +286,8 @@ def policies(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None
     """Adaptation policies to add to the script's (``KPLAN_POLICIES``, comma list); None: none.
 
     Each item is a built-in name (``goodput``, ``straggler``), ``path/to/file.py:ClassName`` or
-    ``package.module:ClassName``. Only the syntax is checked here; runtime/policy.py loads them.
+    ``package.module:ClassName``. Only the syntax is checked here; runtime/policy_registry.py
+    loads them.
     """
     raw = _raw(POLICIES, environ)
     if raw is None:
