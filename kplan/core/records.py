@@ -5,7 +5,8 @@ and the launcher (report, adaptation, statistical cost, the live view) and the p
 them; this module is the contract between the two sides. ``from_dict`` validates what a record
 holds (integers, finite numbers, strings and flags where the field says so, batches of at least
 one) and raises :class:`RecordError` (one line and a hint) otherwise; keys it does not know are
-ignored, so a newer runtime's records still read, and fields added over time are optional, so an
+ignored, so a newer runtime's records still read, a non-finite number reads as null (the
+writer writes it so), and fields added over time are optional, so an
 older runtime's records still read. ``to_dict`` is what the writer puts on the line.
 """
 
@@ -86,6 +87,8 @@ def _typed(value: Any, tp: Any) -> Any:
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
+        if inner is float and isinstance(value, float) and not math.isfinite(value):
+            return None  # the writer's convention: a non-finite number is written as null
         return _typed(value, inner)
     if origin is tuple:
         if not isinstance(value, list | tuple):
