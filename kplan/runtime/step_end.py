@@ -100,6 +100,7 @@ def rank0_tail(st: JobState) -> list[float]:
 
 
 def finish_step(st: JobState) -> None:
+    """The optimizer step and everything after it (job.py's docstring lists the order)."""
     ctx, s = st.ctx, st.accum_steps
     sizes = st.step_sizes
     local_batch = sizes[ctx.rank] * s
@@ -150,7 +151,16 @@ def finish_step(st: JobState) -> None:
     loss = sum(b * row[_LOSS] for b, row in zip(batches, rows, strict=True)) / total
     step_time = end - (st.last_end if st.last_end is not None else end)
     record = step_record(st, local_batch, int(total), compute_time, step_time, loss)
-    extra: dict[str, Any] = dict(comm)
+    st.metrics.step(dataclasses.replace(record, **comm, **_step_extras(st, taken)))
+    st.step_count += 1
+    _after_record(st, rows, tail, loss)
+    st.prev_wall = step_time
+    st.last_end = time.perf_counter()
+
+
+def _step_extras(st: JobState, taken: bool) -> dict[str, Any]:
+    """The step record's fp16 and profile-mode fields, where they apply."""
+    extra: dict[str, Any] = {}
     if st.amp.scaler is not None:
         extra.update(loss_scale=st.amp.loss_scale(), skipped=not taken)
     if st.profile is not None:
@@ -160,21 +170,21 @@ def finish_step(st: JobState) -> None:
             warmup=st.profile.warmup,
             backward_time=st.clock.backward_time(),
         )
-    st.metrics.step(dataclasses.replace(record, **extra))
-    st.step_count += 1
+    return extra
 
+
+def _after_record(st: JobState, rows: list[list[float]], tail: list[float], loss: float) -> None:
+    """Profile-mode bookkeeping, or the stop conditions, adaptation and the checkpoint."""
     if st.profile is not None:
         profile_steps.profile_step_done(st)
-    else:
-        if st.config.max_steps is not None and st.step_count >= st.config.max_steps:
-            st.stopped = True
-        target = st.progress_target
-        if target is not None and st.progress >= target - 1e-9:
-            st.stopped = True
-        adapt(st, rows, tail, loss)
-        maybe_checkpoint(st, rows)
-    st.prev_wall = step_time
-    st.last_end = time.perf_counter()
+        return
+    if st.config.max_steps is not None and st.step_count >= st.config.max_steps:
+        st.stopped = True
+    target = st.progress_target
+    if target is not None and st.progress >= target - 1e-9:
+        st.stopped = True
+    adapt(st, rows, tail, loss)
+    maybe_checkpoint(st, rows)
 
 
 def step_record(
