@@ -97,3 +97,21 @@ def test_what_the_metrics_writer_writes_parses(tmp_path: Path) -> None:
     step, done = (parse(r) for r in raws)
     assert isinstance(step, StepRecord) and step.job == "j" and step.time is not None
     assert done == records.DoneEvent(step=1, rank=0, time=raws[1]["time"], job="j")
+
+
+def test_the_work_lost_is_read_from_typed_checkpoint_events(tmp_path: Path) -> None:
+    from kplan.launcher.recovery import last_checkpoint_time
+    from kplan.launcher.storage import LocalStorage
+
+    lines = [
+        {"event": "start", "rank": 0, "time": 1.0},
+        {"step": 0, "rank": 0, "global_batch": 8, "time": 2.0},
+        {"event": "checkpoint", "rank": 0, "step": 1, "time": 3.0},
+        {"event": "checkpoint", "rank": 0, "step": "two", "time": 4.0},  # not a record: left out
+        {"event": "checkpoint", "rank": 0, "step": 3, "time": 9.0},  # after the loss
+    ]
+    storage = LocalStorage(tmp_path)
+    text = "".join(json.dumps(r) + "\n" for r in lines) + '{"event": "chec'
+    storage.put_bytes("j/metrics/rank-0.jsonl", text.encode())
+    assert last_checkpoint_time(storage, "j", before=5.0) == 3.0
+    assert last_checkpoint_time(storage, "j", before=2.5) == 1.0  # no checkpoint yet: the first
