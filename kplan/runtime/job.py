@@ -224,7 +224,10 @@ class Job:
         """
         st = self._state
         if total < 0:
-            raise InputError(f"epochs({total}): the number of epochs is negative", "")
+            raise InputError(
+                f"epochs({total}): the number of epochs is negative",
+                "iterate `for epoch in job.epochs(E):` with E >= 0",
+            )
         by_progress = st.config.epochs_by == "progress" and not st.profiling
         # N x E samples at B0, as the planner counts them (ceil(N/B0) per epoch read up to
         # a step per epoch high: 2.4% at N = 10,000, B0 = 256)
@@ -328,9 +331,15 @@ class Job:
         """Backward pass of the micro-batch's mean loss (scaled for accumulation)."""
         st = self._state
         if not st.in_step:
-            raise InputError("job.backward(loss) was called outside `with job.step():`", "")
+            raise InputError(
+                "job.backward(loss) was called outside `with job.step():`",
+                "call it inside the `with job.step():` block of each batch",
+            )
         if st.backward_called:
-            raise InputError("job.backward(loss) was called twice in one micro-step", "")
+            raise InputError(
+                "job.backward(loss) was called twice in one micro-step",
+                "sum the losses and call job.backward once per batch",
+            )
         if loss.dim() != 0:
             raise InputError(
                 f"the loss has shape {tuple(loss.shape)}, expected a scalar",
@@ -367,10 +376,14 @@ class Job:
         """Run global batch ``batch`` from the next step the data loader has not fetched yet."""
         st = self._state
         if st.profiling:
-            raise InputError("set_global_batch() is not available in profile mode", "")
+            raise InputError(
+                "set_global_batch() is not available in profile mode",
+                "the profiler sets the batch sizes it measures; skip the call when job.profiling",
+            )
         if batch < 1 or batch % st.accum_steps:
             raise InputError(
-                f"global batch {batch} is not a positive multiple of {st.accum_steps}", ""
+                f"global batch {batch} is not a positive multiple of {st.accum_steps}",
+                "pick a multiple of the accumulation steps (KPLAN_ACCUM_STEPS)",
             )
         st.set_global_batch(batch)
 
@@ -440,7 +453,8 @@ class Job:
         st = self._state
         if not st.expect_step or st.in_step:
             raise InputError(
-                "`with job.step():` must wrap exactly one batch from job.batches()", ""
+                "`with job.step():` must wrap exactly one batch from job.batches()",
+                "write `for batch in job.batches():` then `with job.step():` inside it",
             )
         st.expect_step = False
         st.in_step = True
@@ -460,7 +474,10 @@ class Job:
             st.metrics.event("oom", local_batch=st.local_batch, step=st.step_count)
             return False
         if not st.backward_called:
-            raise InputError("the `with job.step():` block did not call job.backward(loss)", "")
+            raise InputError(
+                "the `with job.step():` block did not call job.backward(loss)",
+                "call job.backward(loss) once in each step block",
+            )
         if sweep and profile_steps.sweep_vote(st, failed=False):
             profile_steps.profile_oom(st)
             return False
