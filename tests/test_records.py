@@ -115,3 +115,10 @@ def test_the_work_lost_is_read_from_typed_checkpoint_events(tmp_path: Path) -> N
     storage.put_bytes("j/metrics/rank-0.jsonl", text.encode())
     assert last_checkpoint_time(storage, "j", before=5.0) == 3.0
     assert last_checkpoint_time(storage, "j", before=2.5) == 1.0  # no checkpoint yet: the first
+
+
+def test_a_group_s_null_fields_are_written_where_the_step_has_the_group() -> None:
+    dense_topk = StepRecord(step=1, bytes_sent=0.0, topk_ratio=0.05).to_dict()
+    assert dense_topk["collective"] is None and dense_topk["compress_ratio"] is None
+    assert "collective" not in StepRecord(step=1, bytes_sent=8.0).to_dict()  # not top-k
+    assert "significance" not in StepRecord(step=1).to_dict()

@@ -189,8 +189,20 @@ class StepRecord(_Record):
     skipped_steps: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields every step record has (``STEP_KEYS``), and the others where they apply."""
-        return {k: v for k, v in super().to_dict().items() if v is not None or k in STEP_KEYS}
+        """The fields every step record has (``STEP_KEYS``), and the others where they apply:
+        a field of a group the step has (``_NULL_WITH``) is written even when null."""
+        doc = super().to_dict()
+        return {
+            k: v
+            for k, v in doc.items()
+            if v is not None or k in STEP_KEYS or doc.get(_NULL_WITH.get(k, "")) is not None
+        }
+
+
+_NULL_WITH = {"collective": "topk_ratio", "compress_ratio": "bytes_sent", "significance": "synced"}
+"""Fields written as null where the step has their group's anchor: the collective of a top-k
+step that ran dense, the ratio of a step that sent nothing, SelSync's significance of a step
+without one."""
 
 
 STEP_KEYS = (
