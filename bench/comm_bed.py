@@ -427,7 +427,7 @@ def probe_link(bed: Any, port: int) -> tuple[float, float, float]:
     """(alpha s, seconds per byte sent, latency s per message) of a 2-host gloo all-reduce:
     the byte term from 4 MB and 40 MB, the latency from 1 element as the runtime reads its
     own probe (``compress.link_from_probe``: t / 2(k-1))."""
-    from kplan.runtime.compress import link_from_probe
+    from kplan.core.compression_spec import link_from_probe
     from tests import netbed
 
     small, big = 4_000_000, 40_000_000
@@ -444,7 +444,7 @@ def _priced(option: str) -> bool:
     """Whether the planner predicts the option's step (not SelSync, not a top-k warm-up)."""
     if option.startswith("selective"):
         return False
-    from kplan.runtime.compress import parse_compression
+    from kplan.core.compression_spec import parse_compression
 
     return parse_compression(option).warmup == 0
 
@@ -556,10 +556,10 @@ def main() -> int:
         return 0
     import torch
 
+    from kplan.core import compression_spec as rc
     from kplan.planner import compression as cp
     from kplan.planner import perfmodel
     from kplan.profiler.codec import model_shapes
-    from kplan.runtime import compress as rc
 
     torch.set_num_threads(1)
     t_start = time.perf_counter()
@@ -860,7 +860,7 @@ def main() -> int:
         )  # fmt: skip
         ex = auto.exchange
         if ex:
-            from kplan.runtime.compressor import TopkExchange
+            from kplan.runtime.compression.probe import TopkExchange
 
             got = TopkExchange(**ex)
             rt += (

@@ -37,7 +37,7 @@ MODES = ("caller", "callback")
 def worker(mode: str, steps: int, out: Path) -> None:
     """comm_bed's worker with the decode forced to ``mode``."""
     from bench import comm_bed
-    from kplan.runtime import compressor
+    from kplan.runtime.compression import compressor
 
     on = mode == "caller"
     compressor.Compressor.decodes_on_caller = property(  # type: ignore[method-assign]

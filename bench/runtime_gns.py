@@ -220,7 +220,7 @@ def worker(argv: list[str]) -> None:
             with job.step():
                 job.backward(F.mse_loss(job.model(xb), yb))
     if ctx.rank == 0:
-        gns = job._gns
+        gns = job._state.gns
         found = {"gns": gns.gns, "rel_error": gns.rel_error, "steps": gns.count}
         result: dict[str, Any] = {"estimate": found, "uncorrected": {"gns": plain.gns}}
         result["exact"] = exact_noise_scale(job.module, data)

@@ -96,7 +96,7 @@ def worker(args: argparse.Namespace) -> None:
             dist.all_reduce(used)  # CPU seconds of both workers: a split moves work, not cost
             cpu_times[name].append(float(used))
     if ctx.rank == 0:
-        sizes = {k: list(job._step_sizes) for k, job in splits.items()}
+        sizes = {k: list(job._state.step_sizes) for k, job in splits.items()}
         Path(args.out).write_text(json.dumps({"wall": times, "cpu": cpu_times, "split": sizes}))
 
 

@@ -192,7 +192,11 @@ def run_kplan(args: argparse.Namespace) -> None:
             pre = Preconditioner(opt)
             denom = [d for p in model.parameters() if (d := pre.denom(p)) is not None]
         exact = exact_noise_scale(job.module, data, denom)
-        found = {"gns": job.gns, "grad_sqr": job._gns.grad_sqr, "grad_var": job._gns.grad_var}
+        found = {
+            "gns": job.gns,
+            "grad_sqr": job._state.gns.grad_sqr,
+            "grad_var": job._state.gns.grad_var,
+        }
         args.gns_out.write_text(json.dumps({"estimate": found, "exact": exact}))
     if ctx.rank == 0 and args.dump is not None and not job.profiling:
         state = {k: v.detach().cpu() for k, v in job.module.state_dict().items()}

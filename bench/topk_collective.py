@@ -2,14 +2,14 @@
 
 On a bed of 2 or 4 emulated hosts (tests/netbed.py) at 0.1, 1 and 10 Gbit/s, one process per
 host exchanges a top-k gradient of bench/comm_bed.py's MLP (15.7M parameters, in DDP's 25 MB
-buckets) with the collectives the runtime issues per bucket (kplan/runtime/compressor.py ``_topk``):
+buckets) with the collectives the runtime issues per bucket (runtime/compression/compressor.py):
 
 - AR: the designated worker's int32 indices broadcast (waited for), then an all-reduce of the
   FP32 values at those indices (asynchronous);
 - AG: an all-gather of each worker's FP32 values and one of its int32 indices (asynchronous);
 
 and waits for all of them and decodes each bucket (AR: the scatter of the reduced values; AG:
-the sum of the gathered parts), as the step does: ``runtime.compressor.probe_topk_exchange``,
+the sum of the gathered parts), as the step does: ``runtime.compression.probe.probe_topk_exchange``,
 the runtime's own start-up probe, run for ``--reps`` pairs. Its indices are random, so the
 selection is left out: it is the same on either collective's critical path on real hosts,
 while on this bed the hosts share 2 cores and AG's concurrent selections would compete for
@@ -21,7 +21,7 @@ slower in fewer pairs, by a two-sided sign test at 5% over the pairs; otherwise 
 probe with its own stopping rule (6 to 16 pairs, stopped where the sign test decides; the
 faster so decided, else, "?", the one of the lower median, ``TopkExchange.choice``).
 Beside it, the cost model's choice (``compress.topk_collective`` on the link probed by
-``runtime.compressor.probe_network``, timed 1-element and 4 MB all-reduces read by
+``runtime.compression.probe.probe_network``, timed 1-element and 4 MB all-reduces read by
 ``compress.link_from_probe``), which the runtime falls back on at other ratios. Each row uses
 a new bed.
 
@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
 def buckets() -> list[int]:
     """Elements per DDP bucket of the MLP's FP32 gradient (DDP's default 25 MiB buckets)."""
     from bench.comm_bed import make_model
-    from kplan.runtime.compress import exchange_buckets
+    from kplan.core.compression_spec import exchange_buckets
 
     return exchange_buckets([p.numel() for p in make_model().parameters()])
 
@@ -57,8 +57,8 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
     import torch
     import torch.distributed as dist
 
-    from kplan.runtime.compress import topk_collective
-    from kplan.runtime.compressor import probe_network, probe_topk_exchange
+    from kplan.core.compression_spec import topk_collective
+    from kplan.runtime.compression.probe import probe_network, probe_topk_exchange
     from kplan.runtime.distributed import Context
 
     torch.set_num_threads(1)
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    from kplan.runtime.compressor import TopkExchange, sign_test
+    from kplan.runtime.compression.probe import TopkExchange, sign_test
 
     sizes = buckets()
     print(
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 doc = measure(hosts, gbps, ratio, args.reps, port)
                 port += 1
                 ar, ag, wins, n = doc["ar"], doc["ag"], doc["ar_wins"], doc["pairs"]
-                p = sign_test(wins, n)  # the runtime's (compressor.py)
+                p = sign_test(wins, n)  # the runtime's (compression/probe.py)
                 faster = TopkExchange(ratio, ar, ag, wins, n).decided or "tie"  # the same rule
                 verdict = "-"
                 if faster != "tie":

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from kplan.runtime.compressor import fast_topk_select
+from kplan.runtime.compression.kernels import fast_topk_select
 
 
 def _time(fn: Callable[[], torch.Tensor], repeats: int) -> list[float]:

@@ -7,7 +7,8 @@ or a special: ``FIFO``, ``DIR``, ``HUGE`` (a 65 MiB sparse file), ``DEEP`` (200,
 JSON). ``home`` sets up ``$KPLAN_HOME``: ``job`` (a database with one finished local job),
 ``corrupt`` (that database with garbage over a page mid-file), ``foreign`` (someone else's
 SQLite file), ``text`` (not SQLite), ``magic`` (SQLite's header, then garbage), ``dir`` and
-``fifo`` (kplan.db is a folder or a FIFO), ``readonly`` (``job`` on a read-only mount).
+``fifo`` (kplan.db is a folder or a FIFO), ``readonly`` (``job`` on a read-only mount),
+``batch0`` (``job`` whose step records hold a global batch of 0).
 ``sub`` runs the case in a subprocess with a timeout (a device, a FIFO that SQLite would open,
 a read-only mount); the others run in-process under a SIGALRM timeout.
 
@@ -800,6 +801,8 @@ def _job_id_cases() -> list[Case]:
         ("report-against-unknown", ("report", "last", "--against", "kp-zz"), 2, "no job", "job"),
         ("report-against-no-steps", ("report", "last", "--against", "last"), 2,
          "no step records", "job"),
+        ("report-against-batch-0", ("report", "last", "--against", "last"), 2,
+         "'global_batch' is 0", "batch0"),
         ("logs-last-ok", ("logs", "last"), 0, "", "job"),
     ]  # fmt: skip
     return [Case(f"jobid-{name}", argv, code, match, home=home)

@@ -115,8 +115,14 @@ def _make_files(case: Case, d: Path, bases: dict[str, Any]) -> None:
 def _make_home(kind: str | None, home: Path, job_db: Path) -> None:
     home.mkdir()
     db = home / "kplan.db"
-    if kind in ("job", "corrupt", "readonly", "two-jobs"):
+    if kind in ("job", "corrupt", "readonly", "two-jobs", "batch0"):
         shutil.copy(job_db, db)
+    if kind == "batch0":  # step records of a batch of 0 (report --against divided by it)
+        metrics = home / "jobs" / JOB / "metrics"
+        metrics.mkdir(parents=True)
+        steps = [{"step": s, "rank": 0, "loss": 1.0 / (s + 1), "global_batch": 0,
+                  "step_time": 0.1, "time": 1.0 + s} for s in range(10)]  # fmt: skip
+        (metrics / "rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     if kind == "two-jobs":  # JOB and JOB2: a prefix of both names neither
         from kplan.launcher.state import StateDB
 

@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from kplan.planner import compression as cp
-from kplan.runtime.compress import (
+from kplan.core.compression_spec import (
     exchange_buckets,
     link_from_probe,
     parse_compression,
     topk_collective,
 )
-from kplan.runtime.compressor import Compressor, TopkExchange
+from kplan.planner import compression as cp
+from kplan.runtime.compression.compressor import Compressor
+from kplan.runtime.compression.probe import TopkExchange
 from kplan.runtime.distributed import Context
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def test_exchange_buckets_follow_ddp_fill_order() -> None:
 
 _PROBE = """
 import json, sys, torch, torch.distributed as dist
-from kplan.runtime.compressor import probe_topk_exchange
+from kplan.runtime.compression.probe import probe_topk_exchange
 from kplan.runtime.distributed import Context
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)

@@ -12,16 +12,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kplan.core.errors import InputError
-from kplan.planner import compression as cp
-from kplan.runtime.compress import (
+from kplan.core.compression_spec import (
     WARMUP_START_RATIO,
     Compression,
     parse_compression,
     topk_count,
     warmup_ratio,
 )
-from kplan.runtime.compressor import Compressor
+from kplan.core.errors import InputError
+from kplan.planner import compression as cp
+from kplan.runtime.compression.compressor import Compressor
 from kplan.runtime.distributed import Context
 
 

@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kplan.cli.main import app
+from kplan.core import compression_spec as rc
 from kplan.core.errors import InputError
 from kplan.planner import compression as cp
 from kplan.planner import perfmodel
 from kplan.planner.search import SearchOptions, search
-from kplan.runtime import compress as rc
 from tests import planner_fixtures as fx
 
 P = 1e8  # fixture gradient bytes

@@ -9,20 +9,22 @@ from typing import Any
 import pytest
 
 from kplan.launcher.adapt import (
-    GNS_HISTORY,
     Action,
     Adapter,
-    JobView,
-    MetricsFeed,
-    Observer,
-    PolicyRequest,
-    _remember,
     batch_grid,
     candidates,
     finish_value,
     gns_view,
 )
 from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.measure import (
+    GNS_HISTORY,
+    JobView,
+    MetricsFeed,
+    Observer,
+    PolicyRequest,
+    _remember,
+)
 from kplan.launcher.storage import LocalStorage
 from kplan.planner.online import Config
 from kplan.planner.profile import GnsPoint

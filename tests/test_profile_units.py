@@ -229,10 +229,11 @@ def test_forward_share_is_what_the_backward_passes_left_of_the_compute() -> None
     assert a.sizes[0].backward_time is None and a.forward_share == pytest.approx(1 / 3)
     assert analyze(model + _steps(2, 0, 0, 3, 0.1), 0, 3).forward_share is None
     assert analyze(model + sweep(2, 0.1, [0.1] * 3), 0, 3).forward_share == 0.02
-    # the runtime's record carries it; a non-number is no measurement
+    # the runtime's record carries it; a non-number is a bad record (kplan/core/records.py)
     raw = {"step": 1, "local_batch": 2, "step_time": 0.2, "compute_time": 0.1}
     assert parse_record({**raw, "backward_time": 0.06}).backward_time == 0.06  # type: ignore[union-attr]
-    assert parse_record({**raw, "backward_time": "x"}).backward_time is None  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="'backward_time' is 'x'"):
+        parse_record({**raw, "backward_time": "x"})
 
 
 def test_analyze_without_steps_or_model_is_a_job_error() -> None:

@@ -62,6 +62,16 @@ def test_redone_steps_count_once_and_other_ranks_and_events_are_left_out() -> No
     assert c.samples == [10.0, 20.0, 30.0, 40.0] and c.compression == "none"
 
 
+def test_a_job_whose_records_hold_a_batch_of_zero_is_refused() -> None:
+    recs = _records([3.0, 2.0, 1.0], spec="fp16")
+    recs[1]["global_batch"] = 0  # divided by zero in the smoothing before the records were typed
+    with pytest.raises(
+        InputError, match=r"job j: StepRecord \(step \d+\): 'global_batch' is 0"
+    ) as e:
+        statcost.curve(recs, "j")
+    assert e.value.hint
+
+
 @pytest.mark.parametrize(
     ("job", "dense", "match"),
     [
@@ -80,13 +90,15 @@ def test_jobs_that_cannot_be_compared_are_refused(job: list, dense: list, match:
 
 
 def test_the_communication_summary_from_step_records() -> None:
+    from kplan.core.records import StepRecord
     from kplan.launcher.report import communication
 
-    def rec(step: int, spec: str, sent: float, ratio: float | None, **kw: object) -> dict:
-        return {"step": step, "rank": 0, "bytes_sent": sent, "compression": spec,
-                "compress_ratio": ratio, **kw}  # fmt: skip
+    def rec(step: int, spec: str, sent: float, ratio: float | None, **kw: object) -> StepRecord:
+        raw = {"step": step, "rank": 0, "bytes_sent": sent, "compression": spec,
+               "compress_ratio": ratio, **kw}  # fmt: skip
+        return StepRecord.from_dict(raw)
 
-    assert communication([{"step": 0, "rank": 0, "loss": 1.0}]) is None  # one worker
+    assert communication([StepRecord(step=0, loss=1.0)]) is None  # one worker
     a = "adaptive:0.01:0.1:ag"
     recs = [
         rec(0, a, 10.0, 40.0, topk_ratio=0.1, collective=["ag"]),

@@ -1,4 +1,4 @@
-"""Gradient compression (runtime/compress.py, runtime/compressor.py): parsing, the cost model,
+"""Gradient compression (core/compression_spec.py, runtime/compression/): parsing, the cost model,
 top-k with error feedback, and real 2-worker gloo runs of every option (training, bytes,
 exact resume). The torchrun scenario is this file's ``__main__`` (also used by
 tests/test_runtime_selsync.py).
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from kplan.core.errors import InputError
-from kplan.runtime import env
-from kplan.runtime.compress import (
+from kplan.core.compression_spec import (
     Compression,
     parse_compression,
     topk_collective,
     topk_count,
     wire_bytes,
 )
+from kplan.core.errors import InputError
+from kplan.runtime import env
 
 # --- parsing -----------------------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ def test_wire_bytes_per_option() -> None:
 def test_topk_error_feedback_bookkeeping_is_exact() -> None:
     import torch
 
-    from kplan.runtime.compressor import split_sent, topk_select
+    from kplan.runtime.compression.kernels import split_sent, topk_select
 
     gen = torch.Generator().manual_seed(1)
     residual = torch.zeros(1000)
@@ -169,7 +169,7 @@ def test_topk_error_feedback_bookkeeping_is_exact() -> None:
 def test_ar_and_ag_agree_when_workers_share_the_index_set() -> None:
     import torch
 
-    from kplan.runtime.compressor import combine_gathered, split_sent, topk_select
+    from kplan.runtime.compression.kernels import combine_gathered, split_sent, topk_select
 
     gen = torch.Generator().manual_seed(2)
     support = torch.randperm(500, generator=gen)[:25]
@@ -197,7 +197,7 @@ def test_ar_and_ag_agree_when_workers_share_the_index_set() -> None:
 
 
 def test_adaptive_ratio_rule() -> None:
-    from kplan.runtime.compressor import AdaptiveRatio
+    from kplan.runtime.compression.adaptive import AdaptiveRatio
 
     rule = AdaptiveRatio(0.01, 0.1, window=4)
     ratios = []
@@ -363,7 +363,7 @@ def test_a_failed_round_fails_its_own_future_and_a_new_step_drops_leftovers(
     import torch
     import torch.distributed as dist
 
-    from kplan.runtime.compressor import Compressor
+    from kplan.runtime.compression.compressor import Compressor
     from kplan.runtime.distributed import Context
 
     dist.init_process_group(
@@ -433,7 +433,7 @@ def _decode(folder: Path, options: list[str]) -> None:
 
     import kplan.runtime as kr
     from bench.runtime_worker import make_data, make_model
-    from kplan.runtime import compressor as rc
+    from kplan.runtime.compression import compressor as rc
 
     ctx = kr.init()
     data = make_data(512, 16, 0, 0.5)
@@ -530,7 +530,7 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
                     job.backward(F.mse_loss(job.model(x), y))
         with torch.no_grad():
             final = float(F.mse_loss(job.module(x_all), y_all))
-        comp = job._compressor
+        comp = job._state.compressor
         residual = 0.0
         if comp is not None:
             residual = sum(float(t.norm()) for t in [*comp.residual.values(), *comp.error.values()])

@@ -1,5 +1,5 @@
 """Top-k compression with momentum SGD (issue 14): DGC's momentum correction and masking
-(runtime/compressor.py, ``MomentumCorrection``). Real 2-worker gloo runs; the torchrun scenario
+(runtime/compression/, ``MomentumCorrection``). Real 2-worker gloo runs; the torchrun scenario
 is this file's ``__main__``.
 """
 
@@ -144,8 +144,8 @@ def test_fold_feeds_error_feedback_the_sgd_equivalent_step() -> None:
 def _compressor(spec: str, optimizer: Any, precision: str = "fp32") -> Any:
     import torch
 
-    from kplan.runtime.compress import parse_compression
-    from kplan.runtime.compressor import Compressor
+    from kplan.core.compression_spec import parse_compression
+    from kplan.runtime.compression.compressor import Compressor
     from kplan.runtime.distributed import Context
 
     ctx = Context(1, 2, 0, torch.device("cpu"), "gloo")  # rank 1: prints nothing
@@ -308,7 +308,7 @@ def _train(folder: Path, tag: str, steps: int, options: list[str], ckpt_root: st
                 curve.append(float(loss))
         with torch.no_grad():
             final = float(F.mse_loss(job.module(x_all), y_all))
-        comp = job._compressor
+        comp = job._state.compressor
         state = {} if comp is None else comp.state_dict()
         result[name] = {
             "params": torch.cat([p.detach().reshape(-1) for p in job.module.parameters()]),

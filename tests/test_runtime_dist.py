@@ -157,7 +157,7 @@ def _weighted_scenario(out: Path) -> None:
                     job.backward(F.mse_loss(job.model(x), y))
                     if job.is_last_micro_step:
                         grads = [p.grad.detach().clone() for p in job.module.parameters()]
-                        sizes = list(job._step_sizes)
+                        sizes = list(job._state.step_sizes)
                 if job.step_count == 1:
                     break
             break

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 import kplan.runtime as kr
 from bench.runtime_worker import exact_noise_scale, make_data, make_model
 from kplan.core.errors import InputError
+from kplan.core.records import STEP_KEYS
 from kplan.runtime import env
-from kplan.runtime.metrics import STEP_KEYS, read_records
+from kplan.runtime.metrics import read_records
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,8 @@ from kplan.core.errors import InputError
 from kplan.runtime import env
 from kplan.runtime.builtin_policies import GoodputBatch, StragglerReplace
 from kplan.runtime.metrics import read_records
-from kplan.runtime.policy import Actions, Monitor, Policy, PolicyRunner, Requests, load_policy
+from kplan.runtime.policy import Actions, Monitor, Policy, PolicyRunner, Requests
+from kplan.runtime.policy_registry import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -439,7 +440,7 @@ def test_control_file_sets_batch_stops_and_feeds_the_monitor(tmp_path: Path) -> 
     resumed = _job(
         tmp_path, batch=16, samples=4096, control_path=control, checkpoint_dir=tmp_path / "ckpt"
     )
-    assert resumed._runner.control_seq == 3 and resumed.global_batch == 48
+    assert resumed._state.runner.control_seq == 3 and resumed.global_batch == 48
 
 
 # --- real torchrun jobs -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The sampled-threshold top-k selection (runtime/compressor.py fast_topk_select, issue 14)."""
+"""The sampled-threshold top-k selection (compression/kernels.py fast_topk_select, issue 14)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kplan.runtime.compressor import (
+from kplan.runtime.compression.kernels import (
     FAST_SELECT_MIN,
     fast_topk_select,
     split_sent,

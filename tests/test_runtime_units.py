@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kplan.core.errors import InputError
+from kplan.core.records import STEP_KEYS
 from kplan.runtime import env
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator, GnsSample, adascale_gain, estimate
 from kplan.runtime.lr_scaling import LrScaler, rule_factor
-from kplan.runtime.metrics import STEP_KEYS, MetricsWriter, read_records
+from kplan.runtime.metrics import MetricsWriter, read_records
 from kplan.runtime.pid import BatchController, PidConfig, split
 from kplan.runtime.profile_mode import ProfileRun, is_oom
 from kplan.runtime.sampler import GlobalBatchSampler, Position

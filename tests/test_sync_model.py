@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from kplan.core.compression_spec import DDP_BUCKET_BYTES
 from kplan.core.errors import InputError
 from kplan.planner import perfmodel
 from kplan.planner.perfmodel import PerfParams
-from kplan.runtime.compress import DDP_BUCKET_BYTES
 
 
 def _params(**kw: object) -> PerfParams:

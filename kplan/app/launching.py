@@ -77,7 +77,7 @@ class LaunchRequest:
     max_global_batch: int | None = None
     fixed_batch: bool = False
     precision: str | None = None
-    # Gradient compression (runtime/compress.py) and SelSync (runtime/selsync.py): what the
+    # Gradient compression (core/compression_spec.py) and SelSync (runtime/selsync.py): what the
     # workers run; a plan made now is searched with the compression pinned
     compression: str | None = None
     sync_policy: str | None = None
@@ -493,7 +493,7 @@ def check_plan_row(row: dict[str, Any], source: str) -> None:
 def _check_comm_options(req: LaunchRequest) -> None:
     """``--compression`` and ``--sync-policy`` are parsed as the workers will parse them; a
     saved plan keeps the compression it was priced with."""
-    from kplan.runtime.compress import parse_compression
+    from kplan.core.compression_spec import parse_compression
     from kplan.runtime.selsync import parse_sync_policy
 
     if req.compression is not None:

@@ -146,7 +146,7 @@ class JobSpec:
     explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
     policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
     precision: str = "fp32"  # what the workers train in (KPLAN_PRECISION; the plan's precision)
-    # Communication-efficient training (runtime/compress.py, runtime/selsync.py): the plan's
+    # Communication-efficient training (core/compression_spec.py, runtime/selsync.py): the plan's
     # choice, as KPLAN_COMPRESSION / KPLAN_SYNC_POLICY; the defaults leave the script's own.
     compression: str = "none"
     sync_policy: str = "every"
@@ -159,7 +159,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
         check_precision(self.precision, "precision")
-        from kplan.runtime.compress import parse_compression
+        from kplan.core.compression_spec import parse_compression
         from kplan.runtime.selsync import parse_sync_policy
 
         parse_compression(self.compression, "the plan's compression")

@@ -25,9 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kplan.core.records import STEP_TIME_KEY
+
 EARLY_RESTARTS = 1
 SAME_LIMIT = 3
-_STEP = b'"step_time"'  # a key only step records of the metrics stream have (kplan/runtime/API.md)
+_STEP = f'"{STEP_TIME_KEY}"'.encode()  # a key only step records have (kplan/core/records.py)
 _CHUNK = 1 << 20
 
 

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kplan.core.errors import KplanError
-from kplan.launcher.adapt import MetricsFeed
+from kplan.core.records import EpochsEvent, ResumeEvent, StepRecord, parse_lenient
 from kplan.launcher.ledger import BillingRule, billing_for
+from kplan.launcher.measure import MetricsFeed
 from kplan.launcher.state import EventRecord, InstanceRecord, StateDB
 from kplan.launcher.storage import Storage
 
@@ -99,28 +100,26 @@ class _Training:
     )
 
     def feed(self, records: list[dict[str, Any]]) -> None:
-        for rec in records:
-            if rec.get("rank", 0) != 0:
+        """Take new raw records (typed by kplan/core/records.py; those that do not validate are
+        left out)."""
+        for rec in parse_lenient(records):
+            if rec.rank != 0:
                 continue
-            if rec.get("event") == "epochs":
-                self.epochs = _int(rec.get("total"), self.epochs)
-                self.target_progress = _num(rec.get("target_progress"), self.target_progress)
-            elif rec.get("event") == "resume":
+            if isinstance(rec, EpochsEvent):
+                self.epochs = rec.total if rec.total is not None else self.epochs
+                if rec.target_progress is not None:
+                    self.target_progress = rec.target_progress
+            elif isinstance(rec, ResumeEvent):
                 self.window.clear()  # the steps before the restart would bend the rate
-            elif "event" not in rec and isinstance(rec.get("step"), int):
-                if rec.get("phase") is not None:
-                    continue  # profile mode
-                step = int(rec["step"])
-                if self.step is not None and step < self.step:
+            elif isinstance(rec, StepRecord) and rec.phase is None:  # not profile mode
+                if self.step is not None and rec.step < self.step:
                     self.window.clear()  # resumed from an earlier checkpoint
-                self.step = step
-                self.epoch = _int(rec.get("epoch"), self.epoch)
-                self.loss = _num(rec.get("loss"), self.loss)
-                self.progress = _num(rec.get("progress"), self.progress)
-                t = _num(rec.get("time"))
-                if t is not None:
-                    batch = _int(rec.get("global_batch")) or 0
-                    self.window.append((t, batch, _num(rec.get("progress"))))
+                self.step = rec.step
+                self.epoch = rec.epoch if rec.epoch is not None else self.epoch
+                self.loss = rec.loss if rec.loss is not None else self.loss
+                self.progress = rec.progress if rec.progress is not None else self.progress
+                if rec.time is not None:
+                    self.window.append((rec.time, rec.global_batch or 0, rec.progress))
 
     def rates(self) -> tuple[float | None, float | None]:
         """Samples per second and base-batch steps per second over the window."""
@@ -238,15 +237,3 @@ def _spend_now(
         else:
             total += max(r.usd, billing.billed_seconds(now - r.start) * price[r.instance] / 3600)
     return total
-
-
-def _num(value: Any, default: float | None = None) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
-
-
-def _int(value: Any, default: int | None = None) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return int(value)

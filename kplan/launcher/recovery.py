@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from kplan.core.records import CheckpointEvent, parse_lenient
 from kplan.launcher.storage import Storage
 
 
@@ -23,17 +24,19 @@ def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float 
         data = storage.get_bytes(key)
         if not data:
             continue
+        raws = []
         for line in data.decode("utf-8", "replace").splitlines():
             try:
-                rec = json.loads(line)
+                raws.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a line being written
-            t = rec.get("time") if isinstance(rec, dict) else None
-            if not isinstance(t, int | float) or t > before:
+        for rec in parse_lenient(raws):  # typed: kplan/core/records.py
+            t = rec.time
+            if t is None or t > before:
                 continue
             first = t if first is None else min(first, t)
-            if rec.get("event") == "checkpoint" and (newest is None or t > newest):
-                newest = float(t)
+            if isinstance(rec, CheckpointEvent) and (newest is None or t > newest):
+                newest = t
     return newest if newest is not None else first
 
 

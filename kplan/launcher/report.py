@@ -20,6 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
+from kplan.core import records as records_mod
+from kplan.core.records import (
+    CheckpointEvent,
+    EpochsEvent,
+    Event,
+    RecordError,
+    ResumeEvent,
+    StepRecord,
+)
 from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
 from kplan.launcher.storage import Storage
 
@@ -130,63 +139,67 @@ class Communication:
         return "; ".join(parts)
 
 
-def rank0_steps(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rank 0's step records (no events), in time order."""
-    steps = (
-        r
-        for r in records
-        if "event" not in r and isinstance(r.get("step"), int) and r.get("rank", 0) == 0
-    )
-    return sorted(steps, key=lambda r: r.get("time") or 0)
+def rank0_steps(records: Sequence[dict[str, Any]], strict: bool = False) -> list[StepRecord]:
+    """Rank 0's step records (no events), in time order. A record that does not validate
+    (kplan/core/records.py) is left out, or with ``strict`` refused (:class:`RecordError`)."""
+    steps = []
+    for raw in records:
+        if "event" in raw or raw.get("rank", 0) != 0:
+            continue
+        try:
+            steps.append(StepRecord.from_dict(raw))
+        except RecordError:
+            if strict:
+                raise
+    return sorted(steps, key=lambda r: r.time or 0)
 
 
-def with_numbers(records: Sequence[dict[str, Any]], numbers: Sequence[str]) -> list[dict[str, Any]]:
-    """The records whose ``numbers`` fields are all finite numbers, in their order."""
-    return [r for r in records if all(_num(r.get(k)) is not None for k in numbers)]
+def with_numbers(records: Sequence[StepRecord], numbers: Sequence[str]) -> list[StepRecord]:
+    """The records whose ``numbers`` fields are all set, in their order."""
+    return [r for r in records if all(getattr(r, k) is not None for k in numbers)]
 
 
-def latest_per_step(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_per_step(records: Sequence[StepRecord]) -> list[StepRecord]:
     """Of step records in time order, the last of each step, in step order: a step redone
     after a resume counts once."""
-    by_step = {int(r["step"]): r for r in records}
+    by_step = {r.step: r for r in records}
     return [by_step[s] for s in sorted(by_step)]
 
 
-def communication(rank0: list[dict[str, Any]]) -> Communication | None:
+def communication(rank0: list[StepRecord]) -> Communication | None:
     """:class:`Communication` from rank 0's step records in time order (the last record of a
     redone step wins); None where no record has the fields (one worker, or an older runtime)."""
     recs = latest_per_step(with_numbers(rank0, ("bytes_sent",)))
     if not recs:
         return None
-    specs = {str(r.get("compression")) for r in recs} - {"none", "None"}
-    compressed = [r for r in recs if str(r.get("compression")) in specs]
+    specs = {str(r.compression) for r in recs} - {"none", "None"}
+    compressed = [r for r in recs if str(r.compression) in specs]
     # dense's bytes per step: sent x ratio; a step that sent nothing (SelSync skipped it) would
     # have sent what the median step with a ratio did
     per_step = [
-        None if (ratio := _num(r.get("compress_ratio"))) is None else float(r["bytes_sent"]) * ratio
-        for r in recs
+        None if r.compress_ratio is None else (r.bytes_sent or 0.0) * r.compress_ratio for r in recs
     ]
     known = [b for b in per_step if b is not None]
     typical = statistics.median(known) if known else 0.0
     dense = math.fsum(typical if b is None else b for b in per_step)
     ratios: list[tuple[int, float]] = []
     for r in recs:
-        x = _num(r.get("topk_ratio"))
+        x = r.topk_ratio
         if x is not None and (not ratios or ratios[-1][1] != x):
-            ratios.append((int(r["step"]), x))
+            ratios.append((r.step, x))
     last = recs[-1]
-    selsync = "synced_steps" in last
+    selsync = last.synced_steps is not None
     return Communication(
         compression=" + ".join(sorted(specs)) or "none",
         compressed_steps=len(compressed),
         dense_steps=len(recs) - len(compressed),
-        bytes_sent=math.fsum(float(r["bytes_sent"]) for r in recs),
+        bytes_sent=math.fsum(r.bytes_sent or 0.0 for r in recs),
         dense_bytes=dense,
-        collectives=sorted({c for r in compressed for c in (r.get("collective") or [])}),
+        collectives=sorted({c for r in compressed for c in (r.collective or ())}),
         topk_ratios=ratios,
-        synced_steps=int(last["synced_steps"]) if selsync else None,
-        skipped_steps=int(last.get("skipped_steps") or 0) if selsync else None,
-        averages=sum(1 for r in recs if r.get("averaged")) if selsync else None,
+        synced_steps=last.synced_steps,
+        skipped_steps=(last.skipped_steps or 0) if selsync else None,
+        averages=sum(1 for r in recs if r.averaged) if selsync else None,
     )
 
 
@@ -542,56 +555,60 @@ def read_records(storage: Storage, job_id: str) -> list[dict[str, Any]]:
 
 
 def read_metrics(storage: Storage, job_id: str) -> Metrics:
-    """Step records and events of every rank under ``<job>/metrics/``."""
-    records = read_records(storage, job_id)
-    if not records:
+    """Step records and events of every rank under ``<job>/metrics/`` (typed:
+    kplan/core/records.py; a record that does not validate is left out)."""
+    raws = read_records(storage, job_id)
+    if not raws:
         return Metrics(f"no metrics under {storage.uri}/{job_id}/metrics/")
-    steps = [r for r in records if "event" not in r and isinstance(r.get("step"), int)]
-    rank0 = rank0_steps(records)
-    times = [(int(r["step"]), float(r["step_time"])) for r in rank0 if _num(r.get("step_time"))]
+    records = records_mod.parse_lenient(raws)
+    steps = [r for r in records if isinstance(r, StepRecord)]
+    events = [r for r in records if isinstance(r, Event)]
+    rank0 = rank0_steps(raws)
+    times = [(r.step, r.step_time) for r in rank0 if r.step_time]
     local: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for r in sorted(steps, key=lambda r: r.get("time") or 0):
-        if isinstance(r.get("local_batch"), int):
-            local[int(r.get("rank", 0))].append((int(r["step"]), int(r["local_batch"])))
+    for r in sorted(steps, key=lambda r: r.time or 0):
+        if r.local_batch is not None:
+            local[r.rank].append((r.step, r.local_batch))
     values = [t for _, t in times]
-    work = next((r for r in records if r.get("event") == "epochs" and r.get("rank", 0) == 0), {})
-    clock = [(int(r["step"]), float(r["time"])) for r in rank0 if _num(r.get("time"))]
-    stats = None
-    if values:
-        ordered = sorted(values)
-        stats = StepStats(
-            records=len(values),
-            median_s=statistics.median(values),
-            mean_s=math.fsum(values) / len(values),
-            p90_s=ordered[min(math.ceil(0.9 * len(ordered)) - 1, len(ordered) - 1)],
-        )
+    work = next((e for e in events if isinstance(e, EpochsEvent) and e.rank == 0), None)
+    clock = [(r.step, r.time) for r in rank0 if r.time is not None]
     return Metrics(
-        note=f"{len(records)} records from {storage.uri}/{job_id}/metrics/",
+        note=f"{len(raws)} records from {storage.uri}/{job_id}/metrics/",
         steps=len({s for s, _ in times}),
-        step_time=stats,
+        step_time=_step_stats(values),
         step_times=_thin(times),
-        global_batch=_thin(
-            [(int(r["step"]), int(r["global_batch"])) for r in rank0 if "global_batch" in r]
-        ),
+        global_batch=_thin([(r.step, r.global_batch) for r in rank0 if r.global_batch]),
         local_batch={k: _thin(v) for k, v in sorted(local.items())},
-        gns=_thin([(int(r["step"]), float(r["gns"])) for r in rank0 if _num(r.get("gns"))]),
-        checkpoints=sum(1 for r in records if r.get("event") == "checkpoint"),
-        resumes=sum(1 for r in records if r.get("event") == "resume" and r.get("rank", 0) == 0),
-        loss=_thin([(int(r["step"]), float(r["loss"])) for r in rank0 if _num(r.get("loss"))]),
+        gns=_thin([(r.step, r.gns) for r in rank0 if r.gns is not None]),
+        checkpoints=sum(1 for e in events if isinstance(e, CheckpointEvent)),
+        resumes=sum(1 for e in events if isinstance(e, ResumeEvent) and e.rank == 0),
+        loss=_thin([(r.step, r.loss) for r in rank0 if r.loss is not None]),
         throughput=_thin(
             [
-                (int(r["step"]), float(r["global_batch"]) / float(r["step_time"]))
+                (r.step, r.global_batch / r.step_time)
                 for r in rank0
-                if _num(r.get("global_batch")) and (_num(r.get("step_time")) or 0.0) > 0
+                if r.global_batch and r.step_time
             ]
         ),
         step_clock=_thin(clock),
         first_step_time=clock[0][1] if clock else None,
         last_step_time=clock[-1][1] if clock else None,
-        samples=math.fsum(float(r["global_batch"]) for r in rank0 if _num(r.get("global_batch"))),
-        epochs=_num(work.get("total")),
-        dataset_size=work["dataset_size"] if isinstance(work.get("dataset_size"), int) else None,
+        samples=math.fsum(float(r.global_batch) for r in rank0 if r.global_batch),
+        epochs=None if work is None or work.total is None else float(work.total),
+        dataset_size=None if work is None else work.dataset_size,
         communication=communication(rank0),
+    )
+
+
+def _step_stats(values: list[float]) -> StepStats | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return StepStats(
+        records=len(values),
+        median_s=statistics.median(values),
+        mean_s=math.fsum(values) / len(values),
+        p90_s=ordered[min(math.ceil(0.9 * len(ordered)) - 1, len(ordered) - 1)],
     )
 
 

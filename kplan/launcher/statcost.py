@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kplan.core.errors import InputError
+from kplan.core.records import RecordError
 from kplan.launcher.report import latest_per_step, rank0_steps, with_numbers
 
 MIN_SPAN = 5
@@ -64,10 +65,21 @@ class StepsAgainst:
 
 
 def curve(records: list[dict[str, Any]], job: str) -> Curve:
-    """Rank 0's step records as a :class:`Curve` (the last record of a redone step wins)."""
-    kept = with_numbers(rank0_steps(records), ("loss", "global_batch"))
+    """Rank 0's step records as a :class:`Curve` (the last record of a redone step wins).
+
+    Every rank 0 step record must validate (kplan/core/records.py: a batch of at least one, a
+    finite loss): a curve with a step of no samples has no cost in samples to measure."""
+    try:
+        rank0 = rank0_steps(records, strict=True)
+    except RecordError as err:
+        raise InputError(
+            f"job {job}: {err.message}",
+            hint="compare jobs whose metrics the kplan runtime wrote, unedited "
+            "(kplan logs JOB shows the run)",
+        ) from None
+    kept = with_numbers(rank0, ("loss", "global_batch"))
     recs = latest_per_step(kept)
-    specs = {s for r in kept if isinstance(s := r.get("compression"), str) and s != "none"}
+    specs = {s for r in kept if (s := r.compression) is not None and s != "none"}
     if not recs:
         raise InputError(
             f"job {job} has no step records with a loss",
@@ -80,14 +92,14 @@ def curve(records: list[dict[str, Any]], job: str) -> Curve:
         )
     total, cum = 0.0, []
     for r in recs:
-        total += float(r["global_batch"])
+        total += float(r.global_batch or 0)
         cum.append(total)
     return Curve(
-        [int(r["step"]) for r in recs],
-        [float(r["loss"]) for r in recs],
+        [r.step for r in recs],
+        [float(r.loss or 0.0) for r in recs],
         cum,
         specs.pop() if specs else "none",
-        any("synced" in r for r in kept),
+        any(r.synced is not None for r in kept),
     )
 
 

@@ -1,7 +1,7 @@
 """Gradient compression priced as a plan dimension (issue 14): wire bytes, latency, codec
 compute and the statistical cost of each option, over the fitted step-time model (pure).
 
-The options and their byte counting are the runtime's (``kplan.runtime.compress``, torch-free):
+The options and their byte counting are shared (``kplan.core.compression_spec``, torch-free):
 ``none``, ``fp16``, ``bf16``, ``powersgd:RANK``, ``topk:RATIO[:ar|ag|auto]``. The sync model is
 ``perfmodel.sync_time`` with the option's bytes in place of the dense ring's, per collective:
 
@@ -100,11 +100,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kplan.core import compression_spec as rc
+from kplan.core.compression_spec import Compression
 from kplan.core.errors import InputError
 from kplan.planner import perfmodel
 from kplan.planner.perfmodel import PerfParams
-from kplan.runtime import compress as rc
-from kplan.runtime.compress import Compression
 
 if TYPE_CHECKING:
     from kplan.planner.workload import Workload

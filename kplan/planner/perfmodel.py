@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kplan.core.compression_spec import DDP_BUCKET_BYTES  # DDP's default, shared with the runtime
 from kplan.core.errors import DataFileError
 from kplan.planner.profile import check_schema
-from kplan.runtime.compress import DDP_BUCKET_BYTES  # DDP's default, shared with the runtime
 
 MODEL_SCHEMA = "kplan.perfmodel/1.0"
 _KIND = "kplan.perfmodel"

@@ -53,9 +53,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kplan.core.compression_spec import parse_compression
 from kplan.core.errors import DataFileError, InputError, SchemaVersionError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
-from kplan.runtime.compress import parse_compression
 
 # 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds";
 # 1.3: optional "model.forward_share"

@@ -2,7 +2,7 @@
 
 The planner (kplan/planner/compression.py) adds this codec time to the step of each option. It is
 measured here on tensors of the model's own parameter shapes, with the runtime's own pieces
-(``kplan.runtime.compressor``: top-k selection, the sent/residual split, the sparse sum,
+(``kplan.runtime.compression``: top-k selection, the sent/residual split, the sparse sum,
 PowerSGD's orthonormalisation) and without the collectives, on the device given:
 
 - fp16/bf16: cast to 16 bits and back.
@@ -41,9 +41,9 @@ def codec_seconds(
     """Median seconds of one step's compress + decompress of ``spec`` on ``shapes``."""
     import torch
 
+    from kplan.core.compression_spec import powersgd_matrix, topk_count
     from kplan.planner.compression import parse
-    from kplan.runtime import compressor as rcomp
-    from kplan.runtime.compress import powersgd_matrix, topk_count
+    from kplan.runtime.compression import kernels as rcomp
 
     c = parse(spec)
     if c.kind == "none":
@@ -59,7 +59,7 @@ def codec_seconds(
             torch.cuda.synchronize()
 
     def once() -> None:
-        # The runtime's compressor.py work per parameter, in its order, without the collectives
+        # The runtime compressor's work per parameter, in its order, without the collectives
         # (a gathered or reduced tensor is this worker's own, ``workers`` times for AG).
         for j, g in enumerate(grads):
             flat = g.reshape(-1)

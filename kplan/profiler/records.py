@@ -1,4 +1,5 @@
-"""The runtime's metrics stream (JSON lines), parsed into typed records as it grows.
+"""The runtime's metrics stream (JSON lines) as the profiler reads it, as it grows: the
+stream's typed records (kplan/core/records.py, which validates them) in the profiler's terms.
 
 Per-step records carry ``step, rank, world_size, local_batch, global_batch, compute_time,
 sync_time, step_time, loss, gns, grad_sqr, grad_var, phase`` (and, in the sweep,
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kplan.core import records
 from kplan.core.errors import JobError
 
 
@@ -85,85 +87,87 @@ class DoneEvent:
 Record = StepRecord | ModelEvent | OomEvent | MemoryEvent | AllReduceEvent | CodecEvent | DoneEvent
 
 
-def _float(raw: dict[str, Any], key: str) -> float | None:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
+def _need(value: float | int | None, what: str, key: str) -> float:
+    if value is None:
+        raise ValueError(f"'{key}' of a {what} is missing or not a finite number")
     return float(value)
 
 
-def _req_float(raw: dict[str, Any], key: str) -> float:
-    value = _float(raw, key)
-    if value is None:
-        raise ValueError(f"'{key}' is missing or not a finite number")
-    return value
-
-
-def _req_int(raw: dict[str, Any], key: str) -> int:
-    return int(_req_float(raw, key))
-
-
 def parse_record(raw: Any) -> Record | None:
-    """One JSON object from the stream as a record; None for records the profiler ignores."""
-    if not isinstance(raw, dict):
-        raise ValueError("a record must be a JSON object")
-    event = raw.get("event")
-    if event is None:
-        if "step_time" not in raw:
-            return None
-        return StepRecord(
-            step=_req_int(raw, "step"),
-            rank=int(raw.get("rank", 0)),
-            world_size=int(raw.get("world_size", 1)),
-            local_batch=_req_int(raw, "local_batch"),
-            compute_time=_req_float(raw, "compute_time"),
-            sync_time=_float(raw, "sync_time") or 0.0,
-            step_time=_req_float(raw, "step_time"),
-            loss=_float(raw, "loss"),
-            phase=str(raw.get("phase", "")),
-            warmup=raw["warmup"] if isinstance(raw.get("warmup"), bool) else None,
-            gns=_float(raw, "gns"),
-            grad_sqr=_float(raw, "grad_sqr"),
-            grad_var=_float(raw, "grad_var"),
-            backward_time=_float(raw, "backward_time"),
-        )
-    if event == "model":
+    """One JSON object from the stream as a record; None for records the profiler ignores
+    (events of other kinds, also kinds newer than this kplan, and step records without a step
+    time). Raises ValueError for a record that does not validate (kplan/core/records.py)."""
+    kind = raw.get("event") if isinstance(raw, dict) else None
+    if isinstance(kind, str) and kind not in records.EVENTS:
+        return None
+    try:
+        rec = records.parse(raw)
+    except records.RecordError as err:
+        raise ValueError(err.message) from None
+    if isinstance(rec, records.StepRecord):
+        return _step(rec)
+    if isinstance(rec, records.ModelEvent):
         return ModelEvent(
-            _req_int(raw, "gradient_bytes"),
-            int(raw.get("parameters", 0)),
-            _shape_counts(raw.get("gradient_shapes")),
+            int(_need(rec.gradient_bytes, "model record", "gradient_bytes")),
+            rec.parameters or 0,
+            _shape_counts(rec.gradient_shapes),
         )
-    if event == "oom":
-        return OomEvent(_req_int(raw, "local_batch"))
-    if event == "memory":
-        lb = raw.get("local_batch")
-        total = raw.get("device_total_bytes")
+    if isinstance(rec, records.OomEvent):
+        return OomEvent(int(_need(rec.local_batch, "oom record", "local_batch")))
+    if isinstance(rec, records.MemoryEvent):
         return MemoryEvent(
-            local_batch=None if lb is None else int(lb),
-            peak_bytes=_req_int(raw, "peak_bytes"),
-            total_bytes=None if total is None else int(total),
-            rank=int(raw.get("rank", 0)),
+            local_batch=rec.local_batch,
+            peak_bytes=int(_need(rec.peak_bytes, "memory record", "peak_bytes")),
+            total_bytes=rec.device_total_bytes,
+            rank=rec.rank,
         )
-    if event == "allreduce":
+    if isinstance(rec, records.AllReduceEvent):
         return AllReduceEvent(
-            nbytes=_req_int(raw, "nbytes"),
-            seconds=_req_float(raw, "seconds"),
-            world_size=_req_int(raw, "world_size"),
-            backend=str(raw.get("backend", "")),
+            nbytes=int(_need(rec.nbytes, "allreduce record", "nbytes")),
+            seconds=_need(rec.seconds, "allreduce record", "seconds"),
+            world_size=int(_need(rec.world_size, "allreduce record", "world_size")),
+            backend=rec.backend or "",
         )
-    if event == "codec":
-        seconds = raw.get("seconds")
-        if not isinstance(seconds, dict):
-            raise ValueError("'seconds' of a codec record must be an object")
-        return CodecEvent(
-            seconds=tuple((str(k), _req_float(seconds, k)) for k in seconds),
-            device=str(raw.get("device", "")),
-            how=str(raw.get("how", "")),
-            skipped=str(raw.get("skipped", "")),
-        )
-    if event == "done":
-        return DoneEvent(int(raw.get("rank", 0)))
+    if isinstance(rec, records.CodecEvent):
+        return _codec(rec)
+    if isinstance(rec, records.DoneEvent):
+        return DoneEvent(rec.rank)
     return None
+
+
+def _step(rec: records.StepRecord) -> StepRecord | None:
+    if rec.step_time is None:
+        return None
+    what = "step record"
+    return StepRecord(
+        step=rec.step,
+        rank=rec.rank,
+        world_size=rec.world_size or 1,
+        local_batch=int(_need(rec.local_batch, what, "local_batch")),
+        compute_time=_need(rec.compute_time, what, "compute_time"),
+        sync_time=rec.sync_time or 0.0,
+        step_time=rec.step_time,
+        loss=rec.loss,
+        phase=rec.phase or "",
+        warmup=rec.warmup,
+        gns=rec.gns,
+        grad_sqr=rec.grad_sqr,
+        grad_var=rec.grad_var,
+        backward_time=rec.backward_time,
+    )
+
+
+def _codec(rec: records.CodecEvent) -> CodecEvent:
+    seconds = rec.seconds
+    if not isinstance(seconds, dict):
+        raise ValueError("'seconds' of a codec record must be an object")
+    timed = []
+    for k, v in seconds.items():
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        timed.append((str(k), _need(float(v) if ok else None, "codec record", str(k))))
+    return CodecEvent(
+        seconds=tuple(timed), device=rec.device or "", how=rec.how or "", skipped=rec.skipped or ""
+    )
 
 
 def _shape_counts(value: Any) -> tuple[tuple[tuple[int, ...], int], ...] | None:

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kplan.core.compression_spec import Compression, parse_compression
 from kplan.core.errors import InputError
 from kplan.core.precision import PRECISIONS, Precision
 from kplan.runtime import env
 from kplan.runtime.batch_schedule import BatchSchedule, from_list
-from kplan.runtime.compress import Compression, parse_compression
 from kplan.runtime.momentum import MOMENTUM_MODES, MomentumMode
 from kplan.runtime.pid import PidConfig
 from kplan.runtime.selsync import SyncPolicy, parse_sync_policy
@@ -60,7 +60,7 @@ class RuntimeConfig:
     momentum: MomentumMode = "horizon"
     """Momentum compensation when the batch changes (``KPLAN_MOMENTUM``; runtime/momentum.py)."""
     compression: Compression | str = field(default_factory=Compression)
-    """Gradient compression (``KPLAN_COMPRESSION``; kplan/runtime/compress.py): a spec such as
+    """Gradient compression (``KPLAN_COMPRESSION``; kplan/core/compression_spec.py): a spec such as
     ``"topk:0.01:auto"`` is parsed. Applies with two or more workers."""
     sync_policy: SyncPolicy | str = field(default_factory=SyncPolicy)
     """``every`` or ``selective:DELTA[:AVG_EVERY]`` (``KPLAN_SYNC_POLICY``; runtime/selsync.py).

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from kplan.core.compression_spec import Compression, parse_compression
 from kplan.core.errors import InputError
 from kplan.core.precision import Precision, check_precision
 from kplan.runtime.batch_schedule import BatchSchedule
 from kplan.runtime.batch_schedule import parse as parse_batch_schedule
-from kplan.runtime.compress import Compression, parse_compression
 from kplan.runtime.momentum import MOMENTUM_MODES, MomentumMode
 from kplan.runtime.selsync import SyncPolicy, parse_sync_policy
 
@@ -276,7 +276,8 @@ def policies(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None
     """Adaptation policies to add to the script's (``KPLAN_POLICIES``, comma list); None: none.
 
     Each item is a built-in name (``goodput``, ``straggler``), ``path/to/file.py:ClassName`` or
-    ``package.module:ClassName``. Only the syntax is checked here; runtime/policy.py loads them.
+    ``package.module:ClassName``. Only the syntax is checked here; runtime/policy_registry.py
+    loads them.
     """
     raw = _raw(POLICIES, environ)
     if raw is None:
@@ -460,7 +461,7 @@ def momentum_compensation(environ: Mapping[str, str] | None = None) -> MomentumM
 
 def compression(environ: Mapping[str, str] | None = None) -> Compression | None:
     """Gradient compression (``KPLAN_COMPRESSION``: none, fp16, bf16, powersgd:RANK,
-    topk:RATIO[:ar|ag|auto], adaptive[:MIN:MAX][:ar|ag|auto]; kplan/runtime/compress.py)."""
+    topk:RATIO[:ar|ag|auto], adaptive[:MIN:MAX][:ar|ag|auto]; kplan/core/compression_spec.py)."""
     raw = _raw(COMPRESSION, environ)
     return None if raw is None else parse_compression(raw, COMPRESSION)
 

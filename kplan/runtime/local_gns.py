@@ -19,47 +19,43 @@ B_noise 580) |G|² reads 38% low, the noise scale ~1.6x high. Micro-batches (``a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 
+from kplan.runtime.state import JobState
 from kplan.runtime.sync import squared_norm
 
-if TYPE_CHECKING:
-    from kplan.runtime.job import Job
 
-
-def stash_micro_grad(job: Job, last: bool) -> None:
+def stash_micro_grad(st: JobState, last: bool) -> None:
     """One worker with accumulation: keep each micro-batch's gradient norm apart."""
-    params, grads = job._sync.grads()
+    params, grads = st.sync.grads()
     # The grads are of loss/s, times the fp16 loss scale S (unscaled only at the step's end).
-    scale = float(job.accum_steps) ** 2 / job.amp.scale_sq()
-    job._micro_sqr.append(squared_norm(params, grads, job._precond) * scale)
-    for p in job._params:
-        acc = job._acc.get(id(p))
+    scale = float(st.accum_steps) ** 2 / st.amp.scale_sq()
+    st.micro_sqr.append(squared_norm(params, grads, st.precond) * scale)
+    for p in st.params:
+        acc = st.acc.get(id(p))
         if not last:
             if p.grad is not None:
-                job._acc[id(p)] = p.grad if acc is None else acc.add_(p.grad)
+                st.acc[id(p)] = p.grad if acc is None else acc.add_(p.grad)
                 p.grad = None
         elif acc is not None:
             p.grad = acc if p.grad is None else p.grad.add_(acc)
     if last:
-        job._acc = {}
+        st.acc = {}
 
 
-def single_worker_terms(job: Job) -> tuple[list[torch.Tensor], list[int], torch.Tensor] | None:
+def single_worker_terms(st: JobState) -> tuple[list[torch.Tensor], list[int], torch.Tensor] | None:
     """(small norms, their batches, big norm) for one worker, before the optimizer step."""
-    params, grads = job._sync.grads()
-    big = squared_norm(params, grads, job._precond)
-    b = job._step_sizes[0]
-    if job.accum_steps > 1:
-        return job._micro_sqr, [b] * job.accum_steps, big
-    prev, prev_b = job._prev_grads, job._prev_batch
-    job._prev_grads = [g.detach().clone() for g in grads]
-    job._prev_batch = b
+    params, grads = st.sync.grads()
+    big = squared_norm(params, grads, st.precond)
+    b = st.step_sizes[0]
+    if st.accum_steps > 1:
+        return st.micro_sqr, [b] * st.accum_steps, big
+    prev, prev_b = st.prev_grads, st.prev_batch
+    st.prev_grads = [g.detach().clone() for g in grads]
+    st.prev_batch = b
     if prev is None or len(prev) != len(grads):
         return None
     total = prev_b + b
     combined = [(pg * prev_b + g * b) / total for pg, g in zip(prev, grads, strict=True)]
-    small = [squared_norm(params, prev, job._precond), big]
-    return small, [prev_b, b], squared_norm(params, combined, job._precond)
+    small = [squared_norm(params, prev, st.precond), big]
+    return small, [prev_b, b], squared_norm(params, combined, st.precond)

@@ -1,4 +1,5 @@
-"""The JSON-lines metrics stream (records and events are listed in kplan/runtime/API.md).
+"""The JSON-lines metrics stream (records and events are listed in kplan/runtime/API.md; their
+types, shared with every reader, are kplan/core/records.py).
 
 A path ending in ``.jsonl`` is one file that every rank appends to; each record is one
 ``os.write`` on an ``O_APPEND`` descriptor, so lines from different processes never interleave
@@ -17,27 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kplan.core import records
 from kplan.core.errors import InputError
+from kplan.core.records import StepRecord
 from kplan.runtime.private import make_dirs, open_private
-
-STEP_KEYS = (
-    "step",
-    "rank",
-    "world_size",
-    "local_batch",
-    "global_batch",
-    "compute_time",
-    "sync_time",
-    "step_time",
-    "loss",
-    "gns",
-    "grad_sqr",
-    "grad_var",
-    "gns_rel_error",
-    "lr",
-    "time",
-)
-"""The keys every step record has (values may be null)."""
 
 
 def rank_path(path: Path, rank: int) -> Path:
@@ -79,11 +63,16 @@ class MetricsWriter:
                     "set KPLAN_METRICS_PATH to a writable directory or .jsonl file",
                 ) from err
 
+    def step(self, record: StepRecord) -> None:
+        """One step record (flushed within ``flush_interval``)."""
+        self.write(record.to_dict())
+
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
         if self._fd is None:
             return
         full = {**record, "rank": self.rank, "job": self.job_id}
-        full.setdefault("time", time.time())
+        if full.get("time") is None:
+            full["time"] = time.time()
         self._pending.append(json.dumps(_clean(full), separators=(",", ":")) + "\n")
         if flush or time.monotonic() - self._last_flush >= self.flush_interval:
             self.flush()
@@ -96,7 +85,8 @@ class MetricsWriter:
         self._last_flush = time.monotonic()
 
     def event(self, name: str, **fields: Any) -> None:
-        self.write({"event": name, **fields}, flush=True)
+        """One event of kind ``name`` (records.EVENTS: its fields are checked), written at once."""
+        self.write(records.event(name, **fields).to_dict(), flush=True)
 
     def close(self) -> None:
         self.flush()

@@ -1,6 +1,6 @@
 """Top-k compression with momentum SGD: the momentum folded into the step size (issue 14).
 
-Used by compressor.py for ``topk`` and ``adaptive`` when the optimizer is ``torch.optim.SGD``
+Used by compression/ for ``topk`` and ``adaptive`` when the optimizer is ``torch.optim.SGD``
 with momentum; docs/runtime.md has the measurements behind the choice.
 """
 

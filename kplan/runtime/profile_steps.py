@@ -4,58 +4,56 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 
 from kplan.runtime import distributed as rdist
-
-if TYPE_CHECKING:
-    from kplan.runtime.job import Job
+from kplan.runtime.state import JobState
 
 
-def sweep_vote(job: Job, failed: bool) -> bool:
+def sweep_vote(st: JobState, failed: bool) -> bool:
     """All workers agree whether anyone ran out of memory in this sweep step."""
-    rows = rdist.gather_floats([1.0 if failed else 0.0], job.ctx)
+    rows = rdist.gather_floats([1.0 if failed else 0.0], st.ctx)
     return any(row[0] > 0 for row in rows)
 
 
-def profile_oom(job: Job) -> None:
-    assert job._profile is not None
-    batch = job._profile.phase.local_batch
-    job.optimizer.zero_grad(set_to_none=True)
-    job._micro_in_step = 0
-    job._loss_sum = torch.zeros((), dtype=torch.float64, device=job.ctx.device)
+def profile_oom(st: JobState) -> None:
+    assert st.profile is not None
+    batch = st.profile.phase.local_batch
+    st.optimizer.zero_grad(set_to_none=True)
+    st.micro_in_step = 0
+    st.loss_sum = torch.zeros((), dtype=torch.float64, device=st.ctx.device)
     gc.collect()
-    if job.ctx.is_cuda:
+    if st.ctx.is_cuda:
         torch.cuda.empty_cache()
-    job.metrics.event("oom", local_batch=batch, step=job.step_count)
-    job._profile.out_of_memory()
-    enter_profile_phase(job)
+    st.metrics.event("oom", local_batch=batch, step=st.step_count)
+    st.profile.out_of_memory()
+    enter_profile_phase(st)
 
 
-def profile_step_done(job: Job) -> None:
-    assert job._profile is not None
-    phase = job._profile.phase
-    if job._profile.step_done():
-        if phase.name == "sweep" and job.ctx.is_cuda:
-            job.metrics.event(
+def profile_step_done(st: JobState) -> None:
+    assert st.profile is not None
+    phase = st.profile.phase
+    if st.profile.step_done():
+        if phase.name == "sweep" and st.ctx.is_cuda:
+            st.metrics.event(
                 "memory",
                 local_batch=phase.local_batch,
-                peak_bytes=torch.cuda.max_memory_allocated(job.ctx.device),
-                device_total_bytes=torch.cuda.get_device_properties(job.ctx.device).total_memory,
+                peak_bytes=torch.cuda.max_memory_allocated(st.ctx.device),
+                device_total_bytes=torch.cuda.get_device_properties(st.ctx.device).total_memory,
             )
-        elif phase.name == "sweep" and job._saved_bytes is not None:
+        elif phase.name == "sweep" and st.saved_bytes is not None:
             # No allocator peak on a CPU: the model state plus what autograd held for
             # backward in the phase's first step (see SavedBytes).
-            job.metrics.event(
+            st.metrics.event(
                 "memory",
                 local_batch=phase.local_batch,
-                peak_bytes=model_state_bytes(job) + job._saved_bytes.total,
+                peak_bytes=model_state_bytes(st) + st.saved_bytes.total,
                 estimated=True,
             )
-        job._saved_bytes = None
-        enter_profile_phase(job)
+        st.saved_bytes = None
+        enter_profile_phase(st)
 
 
 class SavedBytes:
@@ -84,41 +82,41 @@ class SavedBytes:
         return t
 
 
-def activation_probe(job: Job) -> contextlib.AbstractContextManager[Any]:
+def activation_probe(st: JobState) -> contextlib.AbstractContextManager[Any]:
     """Saved-tensor hooks on the first step of each sweep size on a CPU (one step: the hooks
     cost time, and the timed steps come after the warm-up); a no-op context otherwise."""
-    profile = job._profile
-    if profile is None or job.ctx.is_cuda or profile.done or profile.phase.name != "sweep":
+    profile = st.profile
+    if profile is None or st.ctx.is_cuda or profile.done or profile.phase.name != "sweep":
         return contextlib.nullcontext()
-    if profile.steps_in_phase != 0 or job._micro_in_step != 0:
+    if profile.steps_in_phase != 0 or st.micro_in_step != 0:
         return contextlib.nullcontext()
-    job._saved_bytes = SavedBytes({p.untyped_storage().data_ptr() for p in job._params})
-    return torch.autograd.graph.saved_tensors_hooks(job._saved_bytes.pack, job._saved_bytes.unpack)
+    st.saved_bytes = SavedBytes({p.untyped_storage().data_ptr() for p in st.params})
+    return torch.autograd.graph.saved_tensors_hooks(st.saved_bytes.pack, st.saved_bytes.unpack)
 
 
-def model_state_bytes(job: Job) -> int:
+def model_state_bytes(st: JobState) -> int:
     """Parameters, their gradients and the optimizer's state tensors, in bytes."""
     total = 0
-    for p in job._params:
+    for p in st.params:
         total += 2 * p.numel() * p.element_size()  # the parameter and its gradient
-    for state in job.optimizer.state.values():
+    for state in st.optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
                 total += value.numel() * value.element_size()
     return total
 
 
-def enter_profile_phase(job: Job) -> None:
-    assert job._profile is not None
-    job._saved_bytes = None  # a size that ran out of memory leaves no estimate behind
-    if job._profile.done:
-        job._stopped = True
+def enter_profile_phase(st: JobState) -> None:
+    assert st.profile is not None
+    st.saved_bytes = None  # a size that ran out of memory leaves no estimate behind
+    if st.profile.done:
+        st.stopped = True
         return
-    batch = job._profile.phase.local_batch
-    job._restart_sizes = (batch,) * job.ctx.world_size
-    reset_peak_memory(job)
+    batch = st.profile.phase.local_batch
+    st.restart_sizes = (batch,) * st.ctx.world_size
+    reset_peak_memory(st)
 
 
-def reset_peak_memory(job: Job) -> None:
-    if job.ctx.is_cuda:
-        torch.cuda.reset_peak_memory_stats(job.ctx.device)
+def reset_peak_memory(st: JobState) -> None:
+    if st.ctx.is_cuda:
+        torch.cuda.reset_peak_memory_stats(st.ctx.device)

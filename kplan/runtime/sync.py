@@ -30,7 +30,7 @@ from typing import Any
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 import torch.distributed as dist  # noqa: TID253
 
-from kplan.runtime.compressor import Compressor
+from kplan.runtime.compression.compressor import Compressor
 from kplan.runtime.distributed import Context
 from kplan.runtime.timing import StepClock
 
@@ -106,7 +106,7 @@ class GradSync:
         self.ddp = ddp
         self.params = list(params)
         self.compressor = compressor
-        """Gradient compression (compressor.py); None: dense all-reduce."""
+        """Gradient compression (compression/compressor.py); None: dense all-reduce."""
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.track_plain = False
         """Also sum |g_i|² of the unweighted local gradient (SelSync's significance)."""
@@ -275,7 +275,7 @@ def _weighted_hook(state: GradSync, bucket: Any) -> torch.futures.Future[torch.T
     buffer.mul_(state.weight)
     n = buffer.numel()
     comp = state.compressor
-    if comp is not None and comp.active:  # compressed (compressor.py); stats go alongside
+    if comp is not None and comp.active:  # compressed (compression/); stats go alongside
         last = bucket.is_last() and state.stats_source is not None
         ids = [state._index[id(p)] for p in bucket.parameters()]
         # DDP launches the buckets in index order: the last one is the step's final round
@@ -292,7 +292,7 @@ def _weighted_hook(state: GradSync, bucket: Any) -> torch.futures.Future[torch.T
     post = None
     if comp is not None:
         comp.count_dense(n, buffer.element_size())
-        # top-k with momentum SGD: the rest of the folded gradient stays local (compressor.py)
+        # top-k with momentum SGD: the rest of the folded gradient stays local (compression/)
         post = comp.dense_momentum(buffer, [state._index[id(p)] for p in bucket.parameters()])
     # The last bucket is reduced after all others were launched: the local norm is complete.
     stats = state._stats(buffer.dtype) if bucket.is_last() else None

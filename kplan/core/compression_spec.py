@@ -1,5 +1,6 @@
-"""Gradient compression settings and the wire-cost model of each option (no torch: the planner
-imports this module).
+"""Gradient compression options (the spec) and the wire-cost model of each option: shared
+vocabulary of the planner, which prices them, and the runtime, which runs them
+(kplan/runtime/compression/); no torch.
 
 ``KPLAN_COMPRESSION`` / ``RuntimeConfig(compression=...)``:
 
@@ -21,7 +22,7 @@ imports this module).
   The first steps, where the loss falls fastest and the error-feedback residual has not built
   up, send far more of the gradient; the planner prices the steady RATIO.
 - ``adaptive[:MIN:MAX][:ar|ag|auto]``: top-k whose ratio changes online (GraVAC-style) from the
-  measured compression gain (``compressor.py``, ``AdaptiveRatio``), within [MIN, MAX]
+  measured compression gain (kplan/runtime/compression/adaptive.py), within [MIN, MAX]
   (default [0.001, 0.1]), starting at MAX.
 
 Cost model (seconds for one worker's part of one collective; ``n`` workers, ``BW`` bytes/s of

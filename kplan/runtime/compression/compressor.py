@@ -1,4 +1,4 @@
-"""Gradient compression inside the DDP communication hook (the options are in compress.py).
+"""Gradient compression inside the DDP communication hook (options: core/compression_spec.py).
 
 Each worker's bucket arrives here already weighted by its batch share (w_i g_i, sync.py), so
 every option reduces with SUM and the weighting for unequal batches composes with it (the
@@ -28,9 +28,9 @@ survive a restart; per-parameter state does, which is what makes resume exact.
   first is waited for inside the hook.
 
 ``bytes_sent`` counts, from the tensor sizes, what this worker sends under the ring
-(all-reduce, all-gather) and tree (broadcast) algorithms (compress.py); it is not measured on
-the wire. The compression gain |C(a)|² / |a|² (sent over error-compensated, this worker's
-local values) drives the adaptive ratio.
+(all-reduce, all-gather) and tree (broadcast) algorithms (kplan/core/compression_spec.py); it
+is not measured on the wire. The compression gain |C(a)|² / |a|² (sent over error-compensated,
+this worker's local values) drives the adaptive ratio (adaptive.py).
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
-import math
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,179 +46,33 @@ from typing import Any
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 import torch.distributed as dist  # noqa: TID253
 
-from kplan.core.errors import InputError
-from kplan.runtime.compress import (
+from kplan.core.compression_spec import (
     INDEX_BYTES,
     VALUE_BYTES,
     Compression,
     allgather_bytes,
     broadcast_bytes,
-    link_from_probe,
     powersgd_matrix,
     ring_allreduce_bytes,
     topk_collective,
     topk_count,
     warmup_ratio,
 )
+from kplan.core.errors import InputError
+from kplan.runtime.compression.adaptive import AdaptiveRatio
+from kplan.runtime.compression.kernels import (
+    all_gather_topk,
+    combine_gathered,
+    orthonormalise,
+    scatter_reduced,
+    split_sent,
+    topk_select,
+)
+from kplan.runtime.compression.probe import TopkExchange
 from kplan.runtime.distributed import Context
 from kplan.runtime.momentum_fold import MomentumFold, unfolded_warning
 
 Future = torch.futures.Future
-
-
-class AdaptiveRatio:
-    """GraVAC-style ratio control from the measured compression gain.
-
-    Over a window of ``window`` compressed steps the gain is G = Σ|C(a)|² / Σ|a|² (sums over
-    the window and all workers, from the all-gathered step statistics, so every rank gets the
-    same G). At the window's end: G >= ``high`` (compression loses little) -> halve the ratio
-    (compress more); G < ``low`` -> double it; in between keep it; always within
-    [min_ratio, max_ratio]. It starts at max_ratio (the least compression).
-    """
-
-    def __init__(
-        self,
-        min_ratio: float,
-        max_ratio: float,
-        window: int = 20,
-        high: float = 0.7,
-        low: float = 0.4,
-    ) -> None:
-        self.min_ratio = min_ratio
-        self.max_ratio = max_ratio
-        self.window = window
-        self.high = high
-        self.low = low
-        self.ratio = max_ratio
-        self.sum_in = 0.0
-        self.sum_out = 0.0
-        self.steps = 0
-
-    def observe(self, sq_in: float, sq_out: float) -> float | None:
-        """Add one step's summed |a|² and |C(a)|²; the window's gain G when this step closed a
-        window (the ratio is then already the next one), else None."""
-        if not (math.isfinite(sq_in) and math.isfinite(sq_out)) or sq_in <= 0:
-            return None
-        self.sum_in += sq_in
-        self.sum_out += sq_out
-        self.steps += 1
-        if self.steps < self.window:
-            return None
-        gain = self.sum_out / self.sum_in
-        self.sum_in = self.sum_out = 0.0
-        self.steps = 0
-        if gain >= self.high:
-            self.ratio = max(self.min_ratio, self.ratio / 2)
-        elif gain < self.low:
-            self.ratio = min(self.max_ratio, self.ratio * 2)
-        return gain
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "ratio": self.ratio,
-            "sum_in": self.sum_in,
-            "sum_out": self.sum_out,
-            "steps": self.steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ratio = float(state["ratio"])
-        self.sum_in = float(state["sum_in"])
-        self.sum_out = float(state["sum_out"])
-        self.steps = int(state["steps"])
-
-
-# --- pure pieces (unit-tested without a process group) ----------------------------------------
-
-
-FAST_SELECT_MIN = 1 << 16
-"""Parameters with at least this many elements use the sampled-threshold selection."""
-SELECT_SAMPLE = 16384
-"""Sample size of the sampled-threshold selection."""
-
-
-def topk_select(a: torch.Tensor, k: int, seed: int | None = None) -> torch.Tensor:
-    """Indices of the ``k`` largest |a| entries (int64, ascending: a fixed order on all ranks).
-
-    With ``seed`` and at least FAST_SELECT_MIN elements, the sampled-threshold selection
-    (fast_topk_select); else torch.topk over all of ``a``.
-    """
-    if k >= a.numel():
-        return torch.arange(a.numel(), device=a.device)
-    if seed is not None and a.numel() >= FAST_SELECT_MIN and k > 0:
-        return fast_topk_select(a, k, seed)
-    idx = torch.topk(a.abs(), k, sorted=False).indices
-    return torch.sort(idx).values
-
-
-def fast_topk_select(
-    a: torch.Tensor, k: int, seed: int, sample: int = SELECT_SAMPLE
-) -> torch.Tensor:
-    """The ``k`` largest |a| entries (ascending int64 indices), from a sampled threshold.
-
-    A sample of ``sample`` positions (drawn from a generator seeded by ``seed``: the same on
-    every run) estimates a threshold t that about 1.5 k entries (plus four binomial standard
-    deviations) reach; the candidates |a| >= t are found with one pass, and torch.topk among
-    them picks exactly k. When at least k entries pass, the set is torch.topk's over all of
-    ``a`` (up to the choice among equal values), whatever the sample; when fewer pass (a
-    sample that missed the large values), the threshold is lowered once to about 4 k, then
-    torch.topk over all of ``a`` is the fallback. Exactly k indices either way.
-    """
-    n = a.numel()
-    if k >= n:
-        return torch.arange(n, device=a.device)
-    mag = a.abs()
-    if sample >= n // 4:
-        return torch.sort(torch.topk(mag, k, sorted=False).indices).values
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
-    pos = torch.randint(n, (sample,), generator=gen).to(a.device)
-    ranked = torch.sort(mag[pos], descending=True).values
-    expect = sample * k / n
-    for factor in (1.5, 4.0):
-        m = math.ceil(factor * expect + 4.0 * math.sqrt(expect) + 1.0)
-        if m >= sample:
-            break
-        cand = torch.nonzero(mag >= ranked[m - 1]).squeeze(1)
-        if cand.numel() >= k:
-            best = torch.topk(mag[cand], k, sorted=False).indices
-            return torch.sort(cand[best]).values
-    return torch.sort(torch.topk(mag, k, sorted=False).indices).values
-
-
-def split_sent(a: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values sent, new residual): a at ``idx``, and a with those entries zeroed (exact)."""
-    values = a[idx]
-    residual = a.clone()
-    residual[idx] = 0
-    return values, residual
-
-
-def scatter_reduced(numel: int, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """AR-Topk's decode: the all-reduced ``values`` at ``idx`` in a dense bucket of ``numel``
-    zeros (every worker sent the same indices)."""
-    out = torch.zeros(numel, dtype=values.dtype, device=values.device)
-    out[idx.long()] = values
-    return out
-
-
-def combine_gathered(
-    numel: int, parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor
-) -> torch.Tensor:
-    """Σ over workers (in rank order) of each worker's sparse (indices, values), dense."""
-    out = torch.zeros(numel, dtype=like.dtype, device=like.device)
-    for idx, values in parts:
-        # One worker's indices are distinct: gather, add, scatter is exact and deterministic
-        # (index_add_ uses atomics on CUDA, whose order could differ between ranks).
-        where = idx.long()
-        out[where] = out[where] + values
-    return out
-
-
-def orthonormalise(p: torch.Tensor) -> torch.Tensor:
-    """Orthonormal columns spanning ``p`` (reduced QR; float32 or float64 in, same out)."""
-    q: torch.Tensor = torch.linalg.qr(p, mode="reduced").Q
-    return q
 
 
 # --- the compressor ---------------------------------------------------------------------------
@@ -526,7 +377,7 @@ class Compressor:
         numel = flat.numel()
         works: list[Any] = []
         if collective == "ag" and world > 1:
-            vals, ids = _all_gather_topk(works, values, idx.to(torch.int32), world)
+            vals, ids = all_gather_topk(works, values, idx.to(torch.int32), world)
             self.bytes_sent += allgather_bytes((VALUE_BYTES + INDEX_BYTES) * total_k, world)
 
             def gathered(_: Any) -> torch.Tensor:
@@ -678,172 +529,3 @@ class _Round:
     futures: list[Future[Any]]
     decode: Callable[[Any], torch.Tensor]
     result: Future[torch.Tensor]
-
-
-def _all_gather_topk(
-    works: list[Any], values: torch.Tensor, idx32: torch.Tensor, world: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """AG-Topk's two asynchronous all-gathers (values, int32 indices), appended to ``works``."""
-    vals = [torch.empty_like(values) for _ in range(world)]
-    ids = [torch.empty_like(idx32) for _ in range(world)]
-    works.append(dist.all_gather(vals, values, async_op=True))
-    works.append(dist.all_gather(ids, idx32, async_op=True))
-    return vals, ids
-
-
-@dataclasses.dataclass(frozen=True)
-class TopkExchange:
-    """AR-Topk against AG-Topk timed on the job's own buckets (``probe_topk_exchange``)."""
-
-    ratio: float
-    ar_s: float  # median seconds of the AR exchange
-    ag_s: float  # median seconds of the AG exchange
-    ar_wins: int  # pairs in which AR was the faster
-    pairs: int
-
-    @property
-    def decided(self) -> str | None:
-        """The faster collective where a sign test over the pairs says so at 5% (two-sided:
-        6 of 6, 12 of 15, 13 of 16), else None (too close to tell apart: ``choice`` takes the
-        lower median)."""
-        if not self.pairs or sign_test(self.ar_wins, self.pairs) >= 0.05:
-            return None
-        return "ar" if 2 * self.ar_wins > self.pairs else "ag"
-
-    @property
-    def choice(self) -> str | None:
-        """What ``auto`` runs: ``decided``, else the one of the lower median (None: nothing was
-        timed). Too close to tell apart, either costs about the same, and the probe's medians,
-        which hold the decode and the collective library's own costs, are the better guess: the
-        wire cost model says AG at two workers on latency alone, where AR's full steps were
-        faster in all 6 of the last two bench runs' settings (bench/comm_bed.py)."""
-        if not self.pairs:
-            return None
-        return self.decided or ("ar" if self.ar_s <= self.ag_s else "ag")
-
-
-def sign_test(wins: int, n: int) -> float:
-    """Two-sided p-value of ``wins`` of ``n`` pairs under a fair coin."""
-    tail = min(wins, n - wins)
-    return min(1.0, 2.0 * sum(math.comb(n, i) for i in range(tail + 1)) / float(2**n))
-
-
-PROBE_PAIRS = 6  # the start-up probe's AR/AG pairs before it may stop (6 of 6 decide at 5%)
-PROBE_MAX_PAIRS = 16  # ... and at most, while the sign test cannot tell the two apart
-PROBE_BUDGET_S = 10.0  # measured seconds after which no further pair starts
-
-
-def probe_topk_exchange(
-    ctx: Context,
-    buckets: Sequence[int],
-    ratio: float,
-    pairs: int = PROBE_PAIRS,
-    max_pairs: int = PROBE_MAX_PAIRS,
-    budget_s: float = PROBE_BUDGET_S,
-) -> TopkExchange:
-    """AR-Topk against AG-Topk: the measured exchange of a top-k gradient at ``ratio`` over DDP
-    buckets of ``buckets`` elements, with the collectives ``_topk`` issues per bucket (AR: the
-    index broadcast waited for, then the values' all-reduce; AG: the two all-gathers), all
-    waited for as a step does, and each bucket's decode as ``_topk`` does it (AR: the reduced
-    values scattered into the dense bucket; AG: every worker's part summed into it,
-    ``combine_gathered``), which costs AG more as workers grow (on 2 emulated hosts it made
-    AR's full step 6-11% the faster where the exchanges alone tied).
-
-    Random indices and values of each bucket's k: the selection is left out, as either puts
-    one on the step's critical path (AG: every worker's at once; AR: the designated worker's,
-    the others waiting for its indices). One warm-up of each, then AR/AG pairs in alternating
-    order, each from a barrier to the slowest rank's end (MAX: every rank gets the same times,
-    so the same choice and the same number of pairs): ``pairs`` of them, then more, up to
-    ``max_pairs``, until the sign test tells the two apart (``TopkExchange.decided``) or the
-    pairs took ``budget_s``. The medians, and in how many pairs AR was the faster.
-    """
-    world = ctx.world_size
-    if not ctx.distributed or world == 1:
-        return TopkExchange(ratio, 0.0, 0.0, 0, 0)
-    device = ctx.device
-    gen = torch.Generator().manual_seed(ctx.rank)
-    data = []
-    for n in buckets:
-        k = topk_count(n, ratio)
-        idx = torch.randint(0, n, (k,), generator=gen, dtype=torch.int32).to(device)
-        data.append((torch.randn(k, generator=gen).to(device), idx))
-
-    def once(collective: str, step: int) -> float:
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        works: list[Any] = []
-        decodes: list[Callable[[], torch.Tensor]] = []
-        for n, (values, idx) in zip(buckets, data, strict=True):
-            if collective == "ar":
-                sent = idx.clone() if ctx.rank == step % world else torch.empty_like(idx)
-                dist.broadcast(sent, src=step % world)
-                reduced = values.clone()
-                works.append(dist.all_reduce(reduced, async_op=True))
-                decodes.append(functools.partial(scatter_reduced, n, sent, reduced))
-            else:
-                vals, ids = _all_gather_topk(works, values, idx, world)
-                parts = list(zip(ids, vals, strict=True))
-                decodes.append(functools.partial(combine_gathered, n, parts, values))
-        for work in works:
-            work.wait()
-        for decode in decodes:
-            decode()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        return float(took[0])
-
-    for collective in ("ar", "ag"):  # warm-up: connections and buffers of every collective
-        once(collective, 0)
-    times: dict[str, list[float]] = {"ar": [], "ag": []}
-    done = 0
-    while done < max(pairs, max_pairs):
-        for collective in ("ar", "ag") if done % 2 == 0 else ("ag", "ar"):
-            times[collective].append(once(collective, done))
-        done += 1
-        wins = sum(a < b for a, b in zip(times["ar"], times["ag"], strict=True))
-        got = TopkExchange(
-            ratio, statistics.median(times["ar"]), statistics.median(times["ag"]), wins, done
-        )
-        spent = sum(times["ar"]) + sum(times["ag"])  # the same on every rank (MAX)
-        if done >= pairs and (got.decided is not None or spent >= budget_s):
-            break
-    return got
-
-
-def probe_network(ctx: Context, nbytes: int = 4 << 20, repeats: int = 5) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency s) of this group, from timed all-reduces (every rank agrees).
-
-    ``compress.link_from_probe`` of the median time of a 1-element and of an ``nbytes``
-    all-reduce (each rank's medians combined with MAX: the slowest link decides). Each timed
-    all-reduce starts after a barrier, so a rank that arrives first does not count its wait for
-    the others as link latency (at two workers AR and AG move the same bytes and ``auto``
-    decides on latency alone).
-    """
-    n = ctx.world_size
-    if not ctx.distributed or n == 1:
-        return (math.inf, 0.0)
-    device = ctx.device
-
-    def timed(numel: int) -> float:
-        buf = torch.zeros(numel, dtype=torch.float32, device=device)
-        dist.all_reduce(buf)  # warm-up
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    small, big = timed(1), timed(nbytes // VALUE_BYTES)
-    both = torch.tensor([small, big], dtype=torch.float64, device=device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    return link_from_probe(float(both[0]), float(both[1]), nbytes, n)
