@@ -32,6 +32,7 @@ from bench.traces import data_root
 from kplan.app import planning, simulating
 from kplan.core.errors import InputError
 from kplan.planner import costs
+from kplan.planner.plan import Plan
 from kplan.planner.search import SearchOptions
 from kplan.planner.spot import SpotModel
 from kplan.planner.spottrace import SpotTrace
@@ -65,7 +66,7 @@ def _trace(case: Case) -> SpotTrace:
 
 def _plan(
     example: str, case: Case, itype: str, nodes: int, model: SpotModel, target_h: float
-) -> dict[str, object] | None:
+) -> Plan | None:
     prof = planning.load_example(example)
     opts = SearchOptions(
         clouds=(case.cloud,),
@@ -87,7 +88,7 @@ def _plan(
     except Exception as err:  # a type the job does not fit on: skip, say why
         print(f"  skip {example} on {nodes} x {itype}: {err}")
         return None
-    return plan.to_dict()
+    return plan
 
 
 def _old_model(job: simulating.Job, rate: float) -> tuple[float, float, float, float]:

@@ -35,13 +35,17 @@ JOB2 = "kp-corpus-dead"  # the second job of the ``two-jobs`` home
 
 @dataclass(frozen=True)
 class Mut:
-    """A valid base document (``profile``, ``model`` or ``plan``) with one field set to ``value``
-    (``DELETE`` removes it); ``raw`` is spliced in as JSON text (for 400-digit integers, NaN)."""
+    """A valid base document (``profile``, ``model``, ``plan``; ``plan_v1`` and ``local_plan_v1``:
+    plans saved by the release before the plan schema 2.0, tests/fixtures/) with one field set to
+    ``value`` (``DELETE`` removes it); ``raw`` is spliced in as JSON text (for 400-digit
+    integers, NaN)."""
 
     base: str
     path: tuple[str | int, ...] = ()
     value: Any = None
     raw: str | None = None
+    # further fields set alike, (path, value) each: a case that must keep the rest consistent
+    more: tuple[tuple[tuple[str | int, ...], Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -503,12 +507,14 @@ def _enum_cases() -> list[Case]:
         ("simulate-trace-short", SIM, 2, "the trace spans",
          {"p.json": SPOT_PLAN, "t.csv": "# end_s=600\ntime_s,event,node\n0,add,a\n"}),
         ("simulate-plan-on-demand", SIM, 2, "on demand",
-         {"p.json": Mut("plan", ("chosen", "market"), "on-demand"), "t.csv": TRACE}),
+         {"p.json": Mut("plan", ("chosen", "market"), "on-demand",
+                        more=((("chosen", "groups", 0, "market"), "on-demand"),)),
+          "t.csv": TRACE}),
         ("simulate-plan-no-row", (*SIM, "--row", "9999"), 2, "no row",
          {"p.json": SPOT_PLAN, "t.csv": TRACE}),
         ("simulate-plan-cloud-bad", SIM, 2, "azure",
          {"p.json": Mut("plan", ("chosen", "cloud"), "azure"), "t.csv": TRACE}),
-        ("simulate-plan-bad-row", SIM, 2, "malformed",
+        ("simulate-plan-bad-row", SIM, 2, "chosen.nodes 'four'",
          {"p.json": Mut("plan", ("chosen", "nodes"), "four"), "t.csv": TRACE}),
         ("simulate-bamboo-bad", (*SIM, "--format", "bamboo"), 2, "",
          {"p.json": SPOT_PLAN, "t.csv": "0,add\n"}),
@@ -809,6 +815,74 @@ def _job_id_cases() -> list[Case]:
             for name, argv, code, match, home in rows]  # fmt: skip
 
 
+def _plan_cases() -> list[Case]:
+    """Issue 24: every reader of a plan checks it with the plan's one schema
+    (kplan/planner/plan_schema.py): simulate as launch, every field typed and bounded, the
+    counts consistent, the types the catalog's, a plan of the previous schema migrated."""
+    s = {"train.py": SCRIPT}
+    launch = ("launch", "{d}/train.py", "--budget", "5", "--plan", "{d}/p.json", "--dry-run")
+    local = ("launch", "{d}/train.py", "--budget", "1", "--plan", "{d}/p.json", "--dry-run")
+
+    def sim(path: tuple[str | int, ...], value: Any, **kw: Any) -> dict[str, Any]:
+        return {"p.json": Mut("plan", path, value, **kw), "t.csv": TRACE}
+
+    def plan(path: tuple[str | int, ...], value: Any, base: str = "plan", **kw: Any) -> Any:
+        return {**s, "p.json": Mut(base, path, value, **kw)}
+
+    four = ((("chosen", "workers"), 4),)
+    sched = {"phases": [{"progress": 0, "global_batch": 10**15}], "hours": 1.0,
+             "cost_usd": 1.0, "hours_p90": 1.0, "cost_p90_usd": 1.0}  # fmt: skip
+    rows: list[tuple[str, tuple[str, ...], int, str, dict[str, Any]]] = [
+        ("simulate-nodes-0", SIM, 2, "chosen.nodes 0", sim(("chosen", "nodes"), 0)),
+        ("simulate-step-nan", SIM, 2, "chosen.step_time_s 'nan'",
+         sim(("chosen", "step_time_s"), "nan")),
+        ("simulate-steps-neg", SIM, 2, "chosen.steps -100", sim(("chosen", "steps"), -100)),
+        ("simulate-hours-p90-neg", SIM, 2, "chosen.hours_p90 -5",
+         sim(("chosen", "hours_p90"), -5)),
+        ("simulate-market-bogus", SIM, 2, "chosen.market 'bogus'",
+         sim(("chosen", "market"), "bogus")),
+        ("simulate-type-unknown", SIM, 2, "'p9.mega' is not a type of aws",
+         sim(("chosen", "groups", 0, "instance_type"), "p9.mega")),
+        ("simulate-region-mars", SIM, 2, "'mars-1' is not a region of aws",
+         sim(("chosen", "region"), "mars-1")),
+        ("simulate-nodes-2.7", SIM, 2, "chosen.nodes 2.7", sim(("chosen", "nodes"), 2.7)),
+        ("simulate-no-schema", SIM, 2, "not a kplan plan", sim(("schema",), DELETE)),
+        ("simulate-schema-3", SIM, 2, "kplan.plan/3.0 is not supported",
+         sim(("schema",), "kplan.plan/3.0")),
+        ("simulate-nodes-1M", SIM, 2, "chosen.nodes 1000000", sim(("chosen", "nodes"), 10**6)),
+        ("simulate-group-nodes-1M", SIM, 2, "chosen.groups[0].nodes 1000000",
+         sim(("chosen", "groups", 0, "nodes"), 10**6, more=((("chosen", "nodes"), 10**6),))),
+        ("simulate-plans-row-bad", (*SIM, "--row", "0"), 2, "plans[0].hours",
+         sim(("plans", 0, "hours"), "soon")),
+        ("launch-plan-allow-od-str", launch, 2, "allow_on_demand 'false'",
+         plan(("chosen", "spot", "recovery", "allow_on_demand"), "false")),
+        ("launch-plan-v1-allow-od-str", launch, 2, "chosen.allow_on_demand 'false'",
+         plan(("chosen", "allow_on_demand"), "false", "plan_v1")),
+        ("launch-plan-group-market-Spot", launch, 2, "chosen.groups[0].market 'Spot'",
+         plan(("chosen", "groups", 0, "market"), "Spot")),
+        ("launch-plan-gpus-over-type", launch, 2, "gpus_per_node 8 is more than g4dn.xlarge's",
+         plan(("chosen", "groups", 0, "gpus_per_node"), 8, more=((("chosen", "workers"), 8),))),
+        ("launch-plan-batch-below-workers", launch, 2, "global_batch 1 is below its 4 workers",
+         plan(("chosen", "groups", 0, "gpus_per_node"), 4,
+              more=(*four, (("chosen", "global_batch"), 1)))),
+        ("launch-plan-schedule-batch-huge", launch, 2, "phases[0].global_batch 1000000000000000",
+         plan(("chosen", "batch_schedule"), sched)),
+        ("launch-plan-no-cloud", launch, 2, "chosen.cloud is missing",
+         plan(("chosen", "cloud"), DELETE)),
+        ("launch-plan-local-no-hours", local, 2, "chosen.hours is missing",
+         plan(("chosen", "hours"), DELETE, "local_plan_v1")),
+        ("launch-plan-p90-below", launch, 2, "step_time_p90_s 0.001 is below",
+         plan(("chosen", "step_time_p90_s"), 0.001)),
+        ("launch-plan-workers-disagree", launch, 2, "chosen.workers 3 is not",
+         plan(("chosen", "workers"), 3)),
+        ("launch-plan-v1-valid", launch, 0, "", plan((), None, "plan_v1")),
+        ("launch-plan-v1-local-valid", local, 0, "", plan((), None, "local_plan_v1")),
+        ("launch-plan-valid", launch, 0, "", plan((), None)),
+    ]  # fmt: skip
+    return [Case(f"plan24-{name}", argv, code, match, files=files)
+            for name, argv, code, match, files in rows]  # fmt: skip
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -818,4 +892,5 @@ CASES: list[Case] = [
     *_out_cases(),
     *_db_cases(),
     *_catalog_cases(),
+    *_plan_cases(),
 ]

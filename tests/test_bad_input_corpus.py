@@ -50,7 +50,14 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     result = planning.estimate(prof, SearchOptions(clouds=("aws",), mixed=False, top=1))
     plan = result.plan.to_dict()
     plan["profile"], plan["catalog"] = prof.name, result.catalog.version
-    return {"profile": profile, "model": model, "plan": plan}
+    fixtures = Path(__file__).parent / "fixtures"
+    return {
+        "profile": profile,
+        "model": model,
+        "plan": plan,
+        "plan_v1": json.loads((fixtures / "plan_v1_yolov3_spot.json").read_text()),
+        "local_plan_v1": json.loads((fixtures / "plan_v1_local.json").read_text()),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +95,11 @@ def _doc(m: Mut, bases: dict[str, Any]) -> str:
             del parent[last]
         else:
             parent[last] = marker if m.raw is not None else m.value
+    for path, value in m.more:
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = value
     text = json.dumps(doc)
     return text.replace(f'"{marker}"', m.raw) if m.raw is not None else text
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from kplan.cli.main import app
 from kplan.core.errors import DataFileError
 from kplan.planner import batchsched, costs, efficiency
 from kplan.planner.perfmodel import PerfParams
+from kplan.planner.plan import Plan
 from kplan.planner.profile import GnsPoint
 from kplan.planner.search import SearchOptions
 
@@ -142,18 +144,15 @@ def test_search_attaches_a_schedule_to_the_chosen_row() -> None:
     profile = planning.load_example("deepspeech2")
     plan = planning.estimate(profile, SearchOptions(), catalog=load_catalog()).plan
     row = plan.chosen
-    assert row.batch_schedule is not None and plan.plans[0] is row
-    batches = [int(e["global_batch"]) for e in row.batch_schedule]
+    sched = row.schedule
+    assert sched is not None and plan.plans[0] is row
+    batches = [p.global_batch for p in sched.phases]
     assert batches == sorted(batches) and len(set(batches)) == len(batches) >= 2
-    assert row.batch_schedule_saving is not None and row.batch_schedule_saving > 0.05
-    assert row.batch_schedule_hours is not None and row.batch_schedule_hours < row.hours
-    assert row.batch_schedule_hours_p90 is not None and row.batch_schedule_cost_p90_usd is not None
-    assert row.batch_schedule_cost_usd is not None
-    assert row.batch_schedule_hours_p90 > row.batch_schedule_hours
-    assert row.batch_schedule_cost_p90_usd > row.batch_schedule_cost_usd
+    assert sched.saving > 0.05 and sched.hours < row.hours
+    assert sched.hours_p90 > sched.hours and sched.cost_p90_usd > sched.cost_usd
     assert all(b % row.accum_steps == 0 for b in batches)
     pinned = planning.estimate(profile, SearchOptions(fixed_global_batch=True), catalog=None)
-    assert pinned.plan.chosen.batch_schedule is None  # one batch: nothing to schedule
+    assert pinned.plan.chosen.schedule is None  # one batch: nothing to schedule
 
 
 def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path: Path) -> None:
@@ -174,27 +173,26 @@ def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path
     )
     spec = build_spec(req)
     assert spec.plan is not None
-    row = spec.plan["chosen"]
-    assert row["batch_schedule"] and spec.batch_schedule is not None
+    row = spec.plan.chosen
+    assert row.schedule is not None and spec.batch_schedule is not None
     workers = worker_env(spec, "/opt/kplan")
     assert env.epochs_by(workers) == "progress"  # the schedule's phases are of this target
     sched = env.batch_schedule(workers)
     assert sched is not None and sched.trigger == "progress"
-    assert [p.global_batch for p in sched.phases] == [
-        e["global_batch"] for e in row["batch_schedule"]
-    ]
-    assert spec.predicted_hours == row["batch_schedule_hours"] < row["hours"]
-    assert spec.predicted_cost_p90_usd == row["batch_schedule_cost_p90_usd"]
+    assert [p.global_batch for p in sched.phases] == [p.global_batch for p in row.schedule.phases]
+    assert spec.predicted_hours == row.schedule.hours < row.hours
+    assert spec.predicted_cost_p90_usd == row.schedule.cost_p90_usd
     plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
-    without = spec.plan | {"chosen": {k: v for k, v in row.items() if k != "batch_schedule"}}
+    without = replace(spec.plan, chosen=replace(row, schedule=None))
     assert spec_from_plan(plain, without, "aws").batch_schedule is None
-    bad = spec.plan | {"chosen": row | {"batch_schedule": [{"progress": 2, "global_batch": 8}]}}
-    with pytest.raises(DataFileError, match="above 1"):
-        spec_from_plan(plain, bad, "aws")
+    doc = spec.plan.to_dict()
+    doc["chosen"]["batch_schedule"]["phases"][-1]["progress"] = 2
+    with pytest.raises(DataFileError, match=r"progress 2 is not a finite number in \[0, 1\]"):
+        Plan.from_dict(doc)
     result = CliRunner().invoke(app, ["estimate", "--example", "deepspeech2"])
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("batch schedule:"))
-    first = row["batch_schedule"][0]["global_batch"]
+    first = row.schedule.phases[0].global_batch
     assert line.startswith(f"batch schedule: {first} until") and "saves" in result.output
     tail = " ".join(result.output[result.output.index("batch schedule:") :].split())
     assert "; p90 " in tail.split(")")[0]  # the schedule's own p90, before the line ends

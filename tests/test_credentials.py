@@ -277,7 +277,7 @@ def test_placement_flags_are_checked_with_one_line_and_exit_2(
 def test_the_gcp_placement_survives_the_jobs_round_trip_and_reaches_the_cluster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kplan.app.launching import LaunchRequest, build_spec
+    from kplan.app.launching import GcpPlacement, LaunchRequest, build_spec
     from kplan.launcher.bootstrap import cluster_spec
     from kplan.launcher.jobspec import JobSpec
 
@@ -287,14 +287,16 @@ def test_the_gcp_placement_survives_the_jobs_round_trip_and_reaches_the_cluster(
         budget_usd=50,
         cloud="gcp",
         example_profile="cifar10-resnet18",
-        network="ml",
-        subnet="ml-a",
-        service_account="kplan-nodes@kplan-test-1.iam.gserviceaccount.com",
-        external_ip=False,
+        gcp=GcpPlacement(
+            network="ml",
+            subnet="ml-a",
+            service_account="kplan-nodes@kplan-test-1.iam.gserviceaccount.com",
+            external_ip=False,
+        ),
     )
     spec = build_spec(req)
     again = JobSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
     assert again == spec
     cluster = cluster_spec(again, "gs://b-1/k")
     assert (cluster.network, cluster.subnet, cluster.external_ip) == ("ml", "ml-a", False)
-    assert cluster.service_account == req.service_account
+    assert cluster.service_account == req.gcp.service_account

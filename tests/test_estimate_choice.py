@@ -209,15 +209,19 @@ def test_spot_pricing_converges_in_few_rounds(monkeypatch: pytest.MonkeyPatch) -
     plan = planning.estimate(prof, SearchOptions(objective="knee")).plan
     assert 1 <= len(calls) <= 4, calls
     spot_shown = [r for r in plan.plans if r.market != "on-demand"]
-    assert spot_shown and all(r.time_cost_basis.startswith("Monte-Carlo") for r in spot_shown)
+    assert spot_shown and all(r.spot.basis.startswith("Monte-Carlo") for r in spot_shown)
 
 
 def test_the_launcher_replaces_nodes_only_in_zones_the_account_has() -> None:
     # Spot replacements go to the region's other zones; an opt-in zone (an AWS Local Zone) only
     # when the plan itself runs there (the account has opted in then).
-    from kplan.app.launching import _offers
+    from kplan.app.launch_spec import zone_offers
+    from kplan.catalogs import shipped_catalog
 
-    usual = {o.zone for o in _offers("aws", "us-west-2", {"g4dn.xlarge"})}
+    cat = shipped_catalog()
+    usual = {o.zone for o in zone_offers(cat, "aws", "us-west-2", {"g4dn.xlarge"})}
     assert usual and not any("-lax1-" in z for z in usual)
-    opted = {o.zone for o in _offers("aws", "us-west-2", {"g4dn.xlarge"}, {"usw2-lax1-az1"})}
+    opted = {
+        o.zone for o in zone_offers(cat, "aws", "us-west-2", {"g4dn.xlarge"}, {"usw2-lax1-az1"})
+    }
     assert opted == usual | {"usw2-lax1-az1"}

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from kplan.cli.main import app
 from kplan.core.errors import DataFileError
+from kplan.planner.plan import Plan
 
 runner = CliRunner()
 EST = ["estimate", "--example", "imagenet-resnet50", "--json"]
@@ -226,7 +227,7 @@ def test_predict_rejects_another_gpu_when_the_model_names_none(tmp_path: Path) -
 
 
 def test_launch_plans_now_with_the_pins(tmp_path: Path) -> None:
-    from kplan.app.launching import LaunchRequest, plan_now
+    from kplan.app.launching import LaunchRequest, PlanPins, plan_now
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -235,12 +236,10 @@ def test_launch_plans_now_with_the_pins(tmp_path: Path) -> None:
         budget_usd=5000.0,
         cloud="aws",
         example_profile="imagenet-resnet50",
-        instance_types=("p3.16xlarge",),
-        plan_nodes="4",
-        global_batch=1600,
+        pins=PlanPins(instance_types=("p3.16xlarge",), plan_nodes="4", global_batch=1600),
         precision="fp16",
     )
-    doc = plan_now(req, "aws")
+    doc = plan_now(req, "aws").to_dict()
     assert doc["precision"] == "fp16"
     for r in _rows(doc):
         assert (r["instance_type"], r["nodes"], r["global_batch"], r["precision"]) == (
@@ -275,7 +274,7 @@ def test_launch_bad_pins(tmp_path: Path, args: list[str], message: str) -> None:
 def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
     """A plan made for fp16 launches workers that train in fp16 (KPLAN_PRECISION in the
     user-data's exports); a local job trains in --precision; an old plan without one in fp32."""
-    from kplan.app.launching import LaunchRequest, build_spec, spec_from_plan
+    from kplan.app.launching import LaunchRequest, PlanPins, build_spec, spec_from_plan
     from kplan.launcher.bootstrap import worker_env
 
     script = tmp_path / "train.py"
@@ -285,8 +284,7 @@ def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
         budget_usd=5000.0,
         cloud="aws",
         example_profile="imagenet-resnet50",
-        instance_types=("p3.16xlarge",),
-        plan_nodes="2",
+        pins=PlanPins(instance_types=("p3.16xlarge",), plan_nodes="2"),
         precision="fp16",
         storage_uri="s3://bucket/kplan",
     )
@@ -296,21 +294,21 @@ def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
     local = build_spec(LaunchRequest(script=script, budget_usd=0.0, precision="bf16"))
     assert local.precision == "bf16" and worker_env(local, "/x")["KPLAN_PRECISION"] == "bf16"
     assert build_spec(LaunchRequest(script=script, budget_usd=0.0)).precision == "fp32"
-    old = spec.plan
-    assert old is not None
+    assert spec.plan is not None
+    old = spec.plan.to_dict()
     chosen = {k: v for k, v in old["chosen"].items() if k != "precision"}
     legacy = {k: v for k, v in old.items() if k != "precision"} | {"chosen": chosen}
     plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
-    assert spec_from_plan(plain, legacy, "aws").precision == "fp32"
+    assert spec_from_plan(plain, Plan.from_dict(legacy), "aws").precision == "fp32"
     bad = legacy | {"chosen": chosen | {"precision": "fp8"}}
-    with pytest.raises(DataFileError, match="not a precision"):
-        spec_from_plan(plain, bad, "aws")
+    with pytest.raises(DataFileError, match="precision 'fp8' is not one of"):
+        Plan.from_dict(bad)
 
 
 def test_launch_compression_and_sync_policy_reach_the_workers(tmp_path: Path) -> None:
     """kplan launch --compression pins the plan it makes now (the chosen row runs it) and a local
     job's workers; --sync-policy reaches the workers on either (issue 14)."""
-    from kplan.app.launching import LaunchRequest, build_spec
+    from kplan.app.launching import LaunchRequest, PlanPins, build_spec
     from kplan.launcher.bootstrap import worker_env
 
     script = tmp_path / "train.py"
@@ -320,14 +318,13 @@ def test_launch_compression_and_sync_policy_reach_the_workers(tmp_path: Path) ->
         budget_usd=5000.0,
         cloud="aws",
         example_profile="imagenet-resnet50",
-        instance_types=("p3.16xlarge",),
-        plan_nodes="2",
+        pins=PlanPins(instance_types=("p3.16xlarge",), plan_nodes="2"),
         compression="powersgd:4",
         sync_policy="selective:0.01:8",
         storage_uri="s3://bucket/kplan",
     )
     spec = build_spec(req)
-    assert spec.plan is not None and spec.plan["chosen"]["compression"] == "powersgd:4"
+    assert spec.plan is not None and spec.plan.chosen.compression == "powersgd:4"
     env = worker_env(spec, "/opt/kplan")
     assert env["KPLAN_COMPRESSION"] == "powersgd:4"
     assert env["KPLAN_SYNC_POLICY"] == "selective:0.01:8"

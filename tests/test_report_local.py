@@ -59,7 +59,7 @@ def test_local_plan_predicts_the_profiled_configuration_with_its_uncertainty() -
     doc = local_plan(
         prof, nodes=2, workers_per_node=1, usd_per_hour=0.36, epochs=2, dataset_size=6000,
         facts=CPU,
-    )  # fmt: skip
+    ).to_dict()  # fmt: skip
     row = doc["chosen"]
     assert (row["cloud"], row["instance_type"], row["nodes"], row["workers"]) == (
         "local", "local", 2, 2,
@@ -87,7 +87,7 @@ def test_local_plan_predicts_the_profiled_configuration_with_its_uncertainty() -
     assert "+" in doc["uncertainty"] and "more workers" not in doc["uncertainty"]
 
     # More workers than the profile measured: the same machine, a wider band, said so.
-    wide = local_plan(prof, nodes=4, workers_per_node=2, facts=CPU)
+    wide = local_plan(prof, nodes=4, workers_per_node=2, facts=CPU).to_dict()
     assert wide["local"]["log_sigma"] > sigma
     assert "more workers than the profile measured" in wide["uncertainty"]
     assert wide["chosen"]["cost_usd"] == 0.0 == wide["chosen"]["cost_p90_usd"]
@@ -102,7 +102,7 @@ def test_local_plan_refuses_a_profile_of_another_kind_of_device() -> None:
     with pytest.raises(InputError, match="which has no GPU"):
         local_plan(gpu_profile, nodes=1, workers_per_node=1, facts=CPU)
     doc = local_plan(gpu_profile, nodes=1, workers_per_node=1, facts={**CPU, "gpus": ["Tesla T4"]})
-    assert any("the prediction assumes the profile's device" in n for n in doc["notes"]) == (
+    assert any("the prediction assumes the profile's device" in n for n in doc.notes) == (
         gpu_profile.gpu.lower() != "t4"
     )
     with pytest.raises(InputError, match="--precision bf16: the profile was measured in fp32"):
@@ -117,7 +117,7 @@ def test_a_local_launch_with_a_profile_is_predicted_and_priced(
         epochs=2, dataset_size=6000, job_id="kp-local-pred",
     )  # fmt: skip
     spec = build_spec(req)
-    row = spec.plan["chosen"] if spec.plan else {}
+    row = spec.plan.to_dict()["chosen"] if spec.plan else {}
     assert spec.cloud == "local" and row["cloud"] == "local"
     assert spec.predicted_hours == row["hours"] and spec.predicted_cost_usd == row["cost_usd"]
     assert spec.predicted_cost_p90_usd == row["cost_p90_usd"] > 0
@@ -127,7 +127,7 @@ def test_a_local_launch_with_a_profile_is_predicted_and_priced(
     free = build_spec(replace(req, price_usd_per_hour=None))
     assert free.predicted_cost_usd == 0.0 and all(n.usd_per_hour == 0 for n in free.nodes)
     plan = tmp_path / "local.plan.json"
-    plan.write_text(json.dumps(spec.plan))
+    plan.write_text(json.dumps(spec.plan.to_dict() if spec.plan else None))
     again = build_spec(LaunchRequest(script=SCRIPT, budget_usd=1.0, plan_file=plan))
     assert again.cloud == "local" and len(again.nodes) == 2
     assert again.predicted_hours == spec.predicted_hours

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kplan.cli.main import app
+from kplan.planner.plan import Plan
 from kplan.planner.spottrace import synthetic_trace, write_trace
 
 runner = CliRunner()
@@ -55,7 +56,7 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
     from kplan.app import simulating
 
     plan = _plan(tmp_path, nodes, epochs=800)  # hours: a random start's node age washes out
-    doc = json.loads(plan.read_text())
+    doc = Plan.from_dict(json.loads(plan.read_text()))
     risk = simulating.plan_risk(doc, None)
     trace = synthetic_trace(risk, pool=nodes, hours=3000.0, seed=7)
     path = tmp_path / "synthetic.csv"
@@ -102,7 +103,7 @@ def test_the_shipped_traces_replay_a_plan(tmp_path: Path) -> None:
 
 def test_replays_of_one_plan_are_seeded(tmp_path: Path) -> None:
     plan = _plan(tmp_path, 1)
-    doc = json.loads(plan.read_text())
+    doc = Plan.from_dict(json.loads(plan.read_text()))
     from kplan.app import simulating
 
     trace = synthetic_trace(simulating.plan_risk(doc, None), pool=16, hours=200.0, seed=1)

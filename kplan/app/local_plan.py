@@ -7,8 +7,8 @@ efficiency of its GNS at the batch the job runs, and ``planner.costs`` for the t
 (no preemptions; priced at ``--price`` USD/h for the whole machine, default 0). Every worker
 group of a local job runs on this one machine, so a job of ``n`` groups of ``w`` workers is
 predicted as ``n * w`` workers on one node (the profiler's own workers talk the same way: gloo
-over the loopback). The result is a plan document (``kplan.plan/1.0``, chosen row
-``cloud: local``), stored with the job so ``kplan report`` compares it with what happened.
+over the loopback). The result is a ``Plan`` (chosen row ``cloud: local``,
+catalog ``local``), stored with the job so ``kplan report`` compares it with what happened.
 """
 
 from __future__ import annotations
@@ -17,11 +17,16 @@ import math
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kplan.core.errors import InputError
+from kplan.planner.plan import Group, LocalMachine, Plan, PlanRow, SpotTerms
 from kplan.planner.profile import Profile
+
+if TYPE_CHECKING:
+    from kplan.planner.workload import Workload
 
 # Start of a local job before its first step: the launcher, torchrun, the workers' Python and
 # torch imports (NOTES.md: a whole 2-process gloo run takes ~5 s, mostly imports) and the
@@ -101,14 +106,10 @@ def local_plan(
     dataset_size: int | None = None,
     precision: str | None = None,
     facts: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The plan document of a local job of ``nodes`` groups of ``workers_per_node`` workers at
+) -> Plan:
+    """The plan of a local job of ``nodes`` groups of ``workers_per_node`` workers at
     ``usd_per_hour`` for the machine, trained at the profile's base global batch."""
-    import numpy as np
-
-    from kplan.planner import costs, efficiency, perfmodel
-    from kplan.planner.plan import PLAN_SCHEMA, Group, PlanRow
-    from kplan.planner.workload import workload_from_profile
+    from kplan.planner import costs
 
     facts = machine_facts() if facts is None else facts
     notes = _check_device(profile, facts)
@@ -117,6 +118,55 @@ def local_plan(
             f"--precision {precision}: the profile was measured in {profile.precision}",
             hint=f"profile in {precision} (kplan profile --precision {precision}) or drop it",
         )
+    w = _workload(profile, epochs, dataset_size)
+    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes)
+    n_epochs = epochs or profile.epochs
+    work = (
+        f"{w.samples_at_base:,.0f} samples at batch {w.base_batch} "
+        f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
+        + ("epoch" if n_epochs == 1 else "epochs")
+        + (", as given" if epochs or dataset_size else ", the profile's")
+        + ")"
+    )
+    more = "; more workers than the profile measured" if pred.extrapolated else ""
+    return Plan(
+        chosen=pred.row,
+        plans=(),
+        frontier=(),
+        objective="local",
+        reason=(
+            f"local: {nodes} worker group(s) x {workers_per_node} worker(s) on this machine "
+            f"({facts['cpu']}, {facts['cores']} cores"
+            + (f", {', '.join(facts['gpus'])}" if facts["gpus"] else "")
+            + f"), {'free' if usd_per_hour == 0 else f'${usd_per_hour:,.2f}/h'}"
+        ),
+        considered=1,
+        feasible=1,
+        notes=tuple(notes),
+        uncertainty=(
+            f"step time p90 is +{math.exp(costs.Z90 * pred.sigma) - 1:.0%} over the expected "
+            f"value (fit residuals{more}); the start ({LOCAL_START_S:g} s: torchrun, imports, "
+            "rendezvous) is assumed"
+        ),
+        precision=w.precision,
+        precision_basis="measured",
+        profile=profile.name,
+        catalog="local",
+        local=LocalMachine(
+            cpu=str(facts["cpu"]),
+            cores=int(facts["cores"]),
+            gpus=tuple(facts["gpus"]),
+            work=work,
+            start_s=LOCAL_START_S,
+            log_sigma=pred.sigma,
+        ),
+    )
+
+
+def _workload(profile: Profile, epochs: float | None, dataset_size: int | None) -> Workload:
+    """The profile's workload (its fitted model where it has one) on this machine."""
+    from kplan.planner.workload import workload_from_profile
+
     gpus: dict[str, Any] = {}
     if profile.gpu.lower() != "cpu":
         from kplan.catalogs.current import load_current
@@ -127,9 +177,27 @@ def local_plan(
         from kplan.app.modelio import model_from_dict
 
         params = model_from_dict(profile.fit, f"profile {profile.name} (fit)")
-    w = workload_from_profile(
+    return workload_from_profile(
         profile, gpus, params=params, epochs=epochs, dataset_size=dataset_size
     )
+
+
+@dataclass(frozen=True)
+class _Prediction:
+    row: PlanRow
+    sigma: float  # the step time's log-space spread
+    extrapolated: bool  # more workers than the profile measured
+
+
+def _predict(
+    w: Workload, nodes: int, workers_per_node: int, usd_per_hour: float, notes: list[str]
+) -> _Prediction:
+    """The chosen row: the planner's step-time model on one node of every worker, its
+    statistical efficiency at the base batch, and the closed-form time and cost."""
+    import numpy as np
+
+    from kplan.planner import costs, efficiency, perfmodel
+
     p = w.params
     workers = nodes * workers_per_node
     batch = w.base_batch
@@ -159,6 +227,8 @@ def local_plan(
         overheads=overheads,
     )
     device = w.ref_gpu.name
+    group = Group("local", "on-demand", "local", nodes, workers_per_node, device, local,
+                  usd_per_hour / nodes)  # fmt: skip
     row = PlanRow(
         cloud="local",
         region="local",
@@ -183,77 +253,32 @@ def local_plan(
         usd_per_hour=usd_per_hour,
         expected_preemptions=0.0,
         checkpoint_interval_s=float(tc.checkpoint_interval_s),
-        groups=(
-            Group(
-                "local",
-                "on-demand",
-                "local",
-                nodes,
-                workers_per_node,
-                device,
-                local,
-                usd_per_hour / nodes,
-            ),
-        ),
+        groups=(group,),
         gpu=device,
         precision=w.precision,
         terms=perfmodel.term_sources(p, gpu=p.gpu, nodes=1, workers=workers),
-        time_cost_basis="closed form; local: no preemptions",
+        spot=SpotTerms(basis="closed form; local: no preemptions"),
     )
-    n_epochs = epochs or profile.epochs
-    work = (
-        f"{w.samples_at_base:,.0f} samples at batch {batch} "
-        f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
-        + ("epoch" if n_epochs == 1 else "epochs")
-        + (", as given" if epochs or dataset_size else ", the profile's")
-        + ")"
-    )
-    return {
-        "schema": PLAN_SCHEMA,
-        "objective": "local",
-        "reason": (
-            f"local: {nodes} worker group(s) x {workers_per_node} worker(s) on this machine "
-            f"({facts['cpu']}, {facts['cores']} cores"
-            + (f", {', '.join(facts['gpus'])}" if facts["gpus"] else "")
-            + f"), {'free' if usd_per_hour == 0 else f'${usd_per_hour:,.2f}/h'}"
-        ),
-        "uncertainty": (
-            f"step time p90 is +{math.exp(costs.Z90 * sigma) - 1:.0%} over the expected value "
-            f"(fit residuals{'; more workers than the profile measured' if doublings else ''}); "
-            f"the start ({LOCAL_START_S:g} s: torchrun, imports, rendezvous) is assumed"
-        ),
-        "precision": w.precision,
-        "precision_basis": "measured",
-        "considered": 1,
-        "feasible": 1,
-        "notes": notes,
-        "chosen": row.to_dict(),
-        "plans": [],
-        "frontier": [],
-        "profile": profile.name,
-        "catalog": "local",
-        "local": {**facts, "work": work, "start_s": LOCAL_START_S, "log_sigma": sigma},
-    }
+    return _Prediction(row, sigma, doublings > 0)
 
 
-def prediction_line(plan: dict[str, Any]) -> str:
+def prediction_line(plan: Plan) -> str:
     """The local plan in one line, printed when the launch starts."""
     from kplan.launcher.report_html import money
 
-    row, local = plan["chosen"], plan.get("local") or {}
+    row = plan.chosen
+    work = plan.local.work if plan.local is not None else "?"
 
     def secs(h: float) -> str:
         s = h * 3600
         return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{h:.2f} h"
 
     price = (
-        "free"
-        if not row["usd_per_hour"]
-        else f"{money(row['cost_usd'])} (p90 {money(row['cost_p90_usd'])})"
+        "free" if not row.usd_per_hour else f"{money(row.cost_usd)} (p90 {money(row.cost_p90_usd)})"
     )
     return (
-        f"predicted on this machine: {secs(row['hours'])} (p90 {secs(row['hours_p90'])}), "
-        f"{price}; step {row['step_time_s'] * 1000:.1f} ms (p90 "
-        f"{row['step_time_p90_s'] * 1000:.1f} ms) x {row['steps']:,} steps; "
-        f"work: {local.get('work', '?')}; `kplan report` compares it with the run"
+        f"predicted on this machine: {secs(row.hours)} (p90 {secs(row.hours_p90)}), "
+        f"{price}; step {row.step_time_s * 1000:.1f} ms (p90 "
+        f"{row.step_time_p90_s * 1000:.1f} ms) x {row.steps:,} steps; "
+        f"work: {work}; `kplan report` compares it with the run"
     )

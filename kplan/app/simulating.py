@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from kplan.core.errors import DataFileError, InputError
+from kplan.planner.catalog import Catalog
+from kplan.planner.plan import Plan
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
 
@@ -99,77 +101,54 @@ class Job:
     notes: tuple[str, ...]
 
 
-def job_from_plan(doc: dict[str, Any], row: int | None = None) -> Job:
-    """The chosen row (or ``plans[row]``) as a job to replay."""
-    try:
-        r = doc["chosen"] if row is None else doc["plans"][row]
-    except (KeyError, IndexError, TypeError):
-        n = len(doc.get("plans", [])) if isinstance(doc, dict) else 0
-        raise InputError(
-            f"the plan has no row {row}" if row is not None else "the plan has no chosen row",
-            hint=f"--row takes 0..{max(n - 1, 0)}; re-create the plan with kplan estimate --out",
-        ) from None
-    try:
-        return _job(r)
-    except (KeyError, TypeError, ValueError) as err:
-        raise DataFileError(
-            f"the plan row is malformed ({type(err).__name__}: {err})",
-            hint="re-create it with kplan estimate --out",
-        ) from None
-
-
-def _job(r: dict[str, Any]) -> Job:
-    from kplan.catalogs import load_catalog
+def job_from_plan(plan: Plan, row: int | None = None, catalog: Catalog | None = None) -> Job:
+    """The chosen row (or ``plans[row]``) as a job to replay, checked against the plan's catalog
+    (``kplan/app/plan_files.py``: the one the plan was priced with, else the user's)."""
+    from kplan.app.plan_files import checked_row, plan_catalog
     from kplan.planner.costs import Z90
 
-    if r["market"] == "on-demand":
+    catalog = catalog or plan_catalog(plan)
+    r = checked_row(plan, "the plan", row, catalog)
+    if r.market == "on-demand":
         raise InputError(
             "the plan runs on demand: there are no preemptions to replay",
             hint="plan with --spot (kplan estimate --spot --out plan.json)",
         )
-    nodes = int(r["nodes"])
     notes: list[str] = []
-    rec = dict(r.get("recovery") or {})
-    if not rec:
-        rec = {"checkpoint_interval_s": float(r["checkpoint_interval_s"])}
+    policy = r.spot.recovery
+    if policy is None:
+        policy = RecoveryPolicy(checkpoint_interval_s=r.checkpoint_interval_s or 1800.0)
         notes.append(
             "the plan predates recovery rules: replayed with the launcher's defaults "
-            f"(checkpoint every {rec['checkpoint_interval_s']:.0f} s)"
+            f"(checkpoint every {policy.checkpoint_interval_s:.0f} s)"
         )
-    policy = RecoveryPolicy(**rec)
-    step, step90 = float(r["step_time_s"]), float(r["step_time_p90_s"])
-    sigma = math.log(step90 / step) / Z90 if step > 0 and step90 > step else 0.0
+    step, step90 = r.step_time_s, r.step_time_p90_s
+    sigma = math.log(step90 / step) / Z90 if step90 > step else 0.0
     # the work's spread: the step time's and the GNS forecast's, as the search priced it
-    sigma = math.hypot(sigma, float(r.get("forecast_log_sigma") or 0.0))
-    price = float(r["usd_per_hour"]) / nodes
-    od_price = price
-    catalog = load_catalog()
-    groups = r.get("groups") or []
-    if groups:
-        total = 0.0
-        for g in groups:
-            offers = [
-                o.usd_per_hour
-                for o in catalog.offers
-                if o.cloud == r["cloud"]
-                and o.region == r["region"]
-                and o.instance_type == g["instance_type"]
-                and o.market == "on-demand"
-            ]
-            total += (min(offers) if offers else float(g["usd_per_hour"])) * int(g["nodes"])
-        od_price = total / nodes
-    bill = catalog.billing.get(str(r["cloud"]))
+    sigma = math.hypot(sigma, r.forecast_log_sigma)
+    total = 0.0
+    for g in r.groups:
+        offers = [
+            o.usd_per_hour
+            for o in catalog.offers
+            if o.cloud == r.cloud
+            and o.region == r.region
+            and o.instance_type == g.instance_type
+            and o.market == "on-demand"
+        ]
+        total += (min(offers) if offers else g.usd_per_hour) * g.nodes
+    bill = catalog.billing.get(r.cloud)
     return Job(
-        label=f"{nodes} x {r['instance_type']} ({r['market']}, {r['region']})",
-        nodes=nodes,
-        work_s=float(r["steps"]) * step,
-        usd_per_hour=price,
-        usd_per_hour_on_demand=od_price,
+        label=f"{r.nodes} x {r.instance_type} ({r.market}, {r.region})",
+        nodes=r.nodes,
+        work_s=r.steps * step,
+        usd_per_hour=r.usd_per_hour / r.nodes,
+        usd_per_hour_on_demand=total / r.nodes,
         policy=policy,
-        hours=float(r["hours"]),
-        hours_p90=float(r["hours_p90"]),
-        cost_usd=float(r["cost_usd"]),
-        cost_p90_usd=float(r["cost_p90_usd"]),
+        hours=r.hours,
+        hours_p90=r.hours_p90,
+        cost_usd=r.cost_usd,
+        cost_p90_usd=r.cost_p90_usd,
         log_sigma=sigma,
         billing_min_s=bill.minimum_s if bill else 60.0,
         billing_increment_s=bill.increment_s if bill else 1.0,
@@ -300,25 +279,28 @@ def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:
     return t
 
 
-def plan_risk(doc: dict[str, Any], row: int | None, model: SpotModel | None = None) -> SpotRisk:
+def plan_risk(
+    plan: Plan, row: int | None, model: SpotModel | None = None, catalog: Catalog | None = None
+) -> SpotRisk:
     """The spot model row the plan was priced with: as the search takes it (the catalog's spot
     rate where it is more specific than the model's row), and for a mix its riskier group's."""
-    from kplan.catalogs import load_catalog
+    from kplan.app.plan_files import plan_catalog
+    from kplan.planner.plan_schema import row_at
     from kplan.planner.spot import load_spot_model
     from kplan.planner.spotplan import risk_for
 
-    r = doc["chosen"] if row is None else doc["plans"][row]
+    r, _ = row_at(plan, row, "the plan")
     m = model or load_spot_model()
-    catalog = load_catalog()
-    cloud, region = str(r["cloud"]), str(r["region"])
+    catalog = catalog or plan_catalog(plan)
     risks = []
-    for itype in str(r["instance_type"]).split("+"):
+    for g in r.groups:
         try:
-            sr = catalog.spot_rate(cloud, itype)
+            sr = catalog.spot_rate(r.cloud, g.instance_type)
         except KeyError:
             raise DataFileError(
-                f"the plan's cloud {cloud!r} has no spot rate in the catalog",
+                f"the plan's cloud {r.cloud!r} has no spot rate for {g.instance_type} in the "
+                f"catalog {catalog.version}",
                 hint="re-create the plan with kplan estimate --out",
             ) from None
-        risks.append(risk_for(m, cloud, itype, region, sr.per_hour, sr.family))
+        risks.append(risk_for(m, r.cloud, g.instance_type, r.region, sr.per_hour, sr.family))
     return max(risks, key=lambda x: x.rate_per_hour)

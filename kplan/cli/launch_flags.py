@@ -88,11 +88,10 @@ def budget_or_default(
     where = cloud or (clouds[0] if clouds else None)
     plan_price = 0.0
     if where is None and plan is not None:
-        from kplan.app.launching import read_plan
+        from kplan.app.plan_files import read_plan
 
-        row = read_plan(plan)["chosen"]
-        where = str(row.get("cloud"))
-        plan_price = float(row.get("usd_per_hour") or 0.0)
+        row = read_plan(plan).chosen
+        where, plan_price = row.cloud, row.usd_per_hour
     where = (where or "local").lower()
     if where in ("aws", "gcp"):  # another name: build_spec says it is unknown
         raise InputError(

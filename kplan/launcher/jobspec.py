@@ -1,8 +1,9 @@
 """What to launch: the job's nodes, its money and time limits, and the monitor's settings.
 
-A :class:`JobSpec` is built from a Plan (``from_plan``) or for the local provider (``local``),
-validated at construction (bad values are echoed in an ``InputError``), and stored as JSON in
-the state database.
+A :class:`JobSpec` is built from a typed ``Plan`` (``kplan/app/launch_spec.py``:
+``spec_from_plan``, its nodes from ``nodes_from_plan_row``) or for the local provider
+(``local``), validated at construction (bad values are echoed in an ``InputError``), and stored
+as JSON in the state database (its plan beside it, as ``Plan.to_dict()``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kplan.launcher.provider import Market
 from kplan.launcher.wheel import check_index_url, check_node_install
 
 if TYPE_CHECKING:
+    from kplan.planner.plan import Plan, PlanRow
     from kplan.planner.spot import RecoveryPolicy
 
 _JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
@@ -154,7 +156,7 @@ class JobSpec:
     predicted_hours: float | None = None
     predicted_cost_usd: float | None = None
     predicted_cost_p90_usd: float | None = None
-    plan: dict[str, Any] | None = field(default=None, compare=False)
+    plan: Plan | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -290,7 +292,7 @@ class JobSpec:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], plan: dict[str, Any] | None = None) -> JobSpec:
+    def from_dict(cls, doc: dict[str, Any], plan: Plan | None = None) -> JobSpec:
         known = {f.name for f in fields(cls)} - {"plan"}
         values = {k: v for k, v in doc.items() if k in known}
         values["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
@@ -339,22 +341,15 @@ class JobSpec:
         )
 
 
-def nodes_from_plan_row(row: dict[str, Any]) -> tuple[NodeSpec, ...]:
-    """The nodes of a Plan row (``PlanRow.to_dict()``): its groups in order, ranks 0..n-1."""
-    groups = row.get("groups") or []
-    if not groups:
-        raise InputError("the plan's chosen row has no groups", hint="re-run kplan estimate --out")
+def nodes_from_plan_row(row: PlanRow) -> tuple[NodeSpec, ...]:
+    """The nodes of a plan row: its groups in order, ranks 0..n-1."""
     nodes: list[NodeSpec] = []
-    for g in groups:
-        for _ in range(int(g["nodes"])):
+    for g in row.groups:
+        market: Market = "spot" if g.market == "spot" else "on-demand"
+        for _ in range(g.nodes):
             nodes.append(
                 NodeSpec(
-                    node_rank=len(nodes),
-                    instance_type=str(g["instance_type"]),
-                    market="spot" if g["market"] == "spot" else "on-demand",
-                    zone=str(g["zone"]),
-                    gpus=int(g["gpus_per_node"]),
-                    usd_per_hour=float(g["usd_per_hour"]),
+                    len(nodes), g.instance_type, market, g.zone, g.gpus_per_node, g.usd_per_hour
                 )
             )
     return tuple(nodes)

@@ -119,7 +119,7 @@ class _Run(RunState):
                 cloud=s.cloud,
                 region=s.region,
                 spec=replace(s, storage_uri=self.storage.uri).to_dict(),
-                plan=s.plan,
+                plan=None if s.plan is None else s.plan.to_dict(),
                 budget_usd=s.budget_usd,
                 deadline_h=s.deadline_h,
                 predicted_hours=s.predicted_hours,

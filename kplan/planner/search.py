@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,16 @@ from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.compression import StatCost
 from kplan.planner.devices import DeviceModel
 from kplan.planner.mix import MixCandidate, search_mixes
-from kplan.planner.plan import OBJECTIVES, Group, Objective, Plan, PlanRow
+from kplan.planner.plan import (
+    OBJECTIVES,
+    BatchSchedule,
+    Group,
+    Objective,
+    Plan,
+    PlanRow,
+    SchedulePhase,
+    SpotTerms,
+)
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, load_spot_model
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
@@ -566,13 +575,15 @@ def _with_schedule(
     # ratios, the p90s by the ratio of the closed form's p90s (each with its own spread).
     chosen = replace(
         r,
-        batch_schedule=sched.entries(),
-        batch_schedule_hours=r.hours * sched.hours / sched.single_hours,
-        batch_schedule_cost_usd=r.cost_usd * sched.cost_usd / sched.single_cost_usd,
-        batch_schedule_hours_p90=r.hours_p90 * sched.hours_p90 / sched.single_hours_p90,
-        batch_schedule_cost_p90_usd=r.cost_p90_usd * sched.cost_p90_usd / sched.single_cost_p90_usd,
-        batch_schedule_forecast_log_sigma=sched.log_sigma,
-        batch_schedule_saving=sched.saving,
+        schedule=BatchSchedule(
+            phases=tuple(SchedulePhase(p.start, p.global_batch) for p in sched.phases),
+            hours=r.hours * sched.hours / sched.single_hours,
+            cost_usd=r.cost_usd * sched.cost_usd / sched.single_cost_usd,
+            hours_p90=r.hours_p90 * sched.hours_p90 / sched.single_hours_p90,
+            cost_p90_usd=r.cost_p90_usd * sched.cost_p90_usd / sched.single_cost_p90_usd,
+            forecast_log_sigma=sched.log_sigma,
+            saving=sched.saving,
+        ),
     )
     rows = tuple(chosen if row is r else row for row in plan.plans)
     return replace(plan, chosen=chosen, plans=rows)
@@ -581,18 +592,19 @@ def _with_schedule(
 def _spot_notes(r: PlanRow) -> list[str]:
     """Say when a spot plan is no better than the same cluster on demand, or may fail."""
     out = []
-    od = r.on_demand_cost_usd
-    if r.market == "spot" and od is not None and r.on_demand_hours is not None and od <= r.cost_usd:
+    od, od_hours = r.spot.on_demand_cost_usd, r.spot.on_demand_hours
+    if r.market == "spot" and od is not None and od_hours is not None and od <= r.cost_usd:
         out.append(
             f"spot is worse than on-demand here: {r.expected_preemptions:.1f} expected loss "
             f"events and capacity waits make it {fmt.money(r.cost_usd)} / "
             f"{fmt.duration(r.hours)} against {fmt.money(od)} / "
-            f"{fmt.duration(r.on_demand_hours)} on demand (use --on-demand)"
+            f"{fmt.duration(od_hours)} on demand (use --on-demand)"
         )
-    if r.fail_prob >= 0.01:
+    wait_s = r.spot.recovery.capacity_wait_s if r.spot.recovery else 900.0
+    if r.spot.fail_prob >= 0.01:
         out.append(
-            f"{r.fail_prob:.0%} of simulated runs fail (no spot capacity in the region for "
-            f"longer than {r.capacity_wait_s / 3600:.1f} h); allow on-demand fallback or a "
+            f"{r.spot.fail_prob:.0%} of simulated runs fail (no spot capacity in the region for "
+            f"longer than {wait_s / 3600:.1f} h); allow on-demand fallback or a "
             "longer capacity wait"
         )
     return out
@@ -1238,7 +1250,7 @@ def _row(i: int, t: _Table, cands: list[Candidate], workload: Workload) -> PlanR
         zone_type=zone_type,
         forecast_log_sigma=forecast,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
-        **_spot_fields(t.spot.get(i), market),
+        spot=_spot_terms(t.spot.get(i), market),
         **_compression_fields(cands[int(t.cand[i])] if t.cand[i] >= 0 else None, t, i, workload),
     )
 
@@ -1275,21 +1287,17 @@ def _compression_fields(
     return {"compression": c.compression, "compression_why": priced.why()}
 
 
-def _spot_fields(s: spotplan.SpotPricing | None, market: str) -> dict[str, Any]:
+def _spot_terms(s: spotplan.SpotPricing | None, market: str) -> SpotTerms:
     if s is None:
-        basis = "closed form" if market != "on-demand" else "on demand: no preemptions"
-        return {"time_cost_basis": basis}
-    return {
-        "fail_prob": s.fail_prob,
-        "max_replacements": s.policy.max_replacements,
-        "capacity_wait_s": s.policy.capacity_wait_s,
-        "allow_on_demand": s.policy.allow_on_demand,
-        "spot_model": s.source,
-        "time_cost_basis": f"Monte-Carlo, {s.runs} runs of the spot model",
-        "on_demand_cost_usd": s.on_demand_cost_usd,
-        "on_demand_hours": s.on_demand_hours,
-        "recovery": asdict(s.policy),
-    }
+        return SpotTerms("closed form" if market != "on-demand" else "on demand: no preemptions")
+    return SpotTerms(
+        basis=f"Monte-Carlo, {s.runs} runs of the spot model",
+        fail_prob=s.fail_prob,
+        model=s.source,
+        on_demand_cost_usd=s.on_demand_cost_usd,
+        on_demand_hours=s.on_demand_hours,
+        recovery=s.policy,
+    )
 
 
 def _infeasible_message(t: _Table, finite: NDArray[np.bool_], o: SearchOptions) -> tuple[str, str]:

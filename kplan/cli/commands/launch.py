@@ -336,7 +336,13 @@ def launch_command(
         ),
     ] = False,
 ) -> None:
-    from kplan.app.launching import LaunchRequest, build_spec
+    from kplan.app.launching import (
+        GcpPlacement,
+        LaunchRequest,
+        NodeInstall,
+        PlanPins,
+        build_spec,
+    )
     from kplan.cli.launch_flags import budget_or_default, example_name, places
     from kplan.launcher.dryrun import dry_run as plan_requests
     from kplan.launcher.dryrun import first_check
@@ -380,18 +386,11 @@ def launch_command(
         checkpoint_interval_s=checkpoint_interval,
         max_replacements=max_replacements,
         capacity_wait_s=capacity_wait,
-        image=image,
-        pip_index_url=pip_index_url,
-        install_deps=install_deps,
-        network=network,
-        subnet=subnet,
-        service_account=service_account,
-        external_ip=external_ip,
-        instance_types=tuple(instance_type or ()),
-        plan_nodes=plan_nodes,
-        global_batch=global_batch,
-        max_global_batch=max_global_batch,
-        fixed_batch=fixed_batch,
+        node_install=NodeInstall(image, pip_index_url, install_deps),
+        gcp=GcpPlacement(network, subnet, service_account, external_ip),
+        pins=PlanPins(
+            tuple(instance_type or ()), plan_nodes, global_batch, max_global_batch, fixed_batch
+        ),
         precision=precision,
         compression=compression,
         sync_policy=sync_policy,

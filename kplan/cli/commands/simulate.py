@@ -40,8 +40,8 @@ def simulate_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     from kplan.app import simulating
+    from kplan.app.plan_files import plan_catalog, read_plan
     from kplan.core import flags
-    from kplan.core.files import read_json
 
     flags.integer("--runs", runs, high=simulating.MAX_RUNS, hint="e.g. --runs 500")
     flags.integer("--seed", seed, low=0, high=2**31, hint="e.g. --seed 0")
@@ -53,16 +53,15 @@ def simulate_command(
             "give exactly one of --trace or --example-trace",
             hint="e.g. kplan simulate --plan plan.json --example-trace p3",
         )
-    doc = read_json(plan, "plan")
-    if not isinstance(doc, dict):
-        raise InputError(f"{plan} is not a plan", hint="write one with kplan estimate --out")
-    job = simulating.job_from_plan(doc, row)
+    typed = read_plan(plan)
+    catalog = plan_catalog(typed)
+    job = simulating.job_from_plan(typed, row, catalog)
     tr = (
         simulating.load_trace(trace, fmt)
         if trace is not None
         else simulating.example_trace(str(example_trace))
     )
-    risk = simulating.plan_risk(doc, row)
+    risk = simulating.plan_risk(typed, row, catalog=catalog)
     result = simulating.replay_plan(job, tr, runs=runs, seed=seed, risk=risk)
     if as_json:
         typer.echo(json.dumps(result, indent=1))

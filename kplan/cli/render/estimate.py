@@ -273,34 +273,31 @@ def schedule_line(r: PlanRow) -> str | None:
     """The line for a row with a global-batch schedule (kplan/planner/batchsched.py), e.g. ``batch
     schedule: 256 until 20%, 512 until 60%, 1,024 after; saves 9% (1.2 h, $14; p90 1.6 h,
     $19)``; else None."""
-    if not r.batch_schedule:
+    sched = r.schedule
+    if sched is None:
         return None
     from kplan.planner.batchsched import describe
 
-    text = f"batch schedule: {describe(r.batch_schedule, r.batch_schedule_saving)}"
-    if r.batch_schedule_hours is not None and r.batch_schedule_cost_usd is not None:
-        when = fmt.duration(r.batch_schedule_hours)
-        text += f" ({when}, {fmt.money(r.batch_schedule_cost_usd)}"
-        if r.batch_schedule_hours_p90 is not None and r.batch_schedule_cost_p90_usd is not None:
-            p90 = fmt.duration(r.batch_schedule_hours_p90)
-            text += f"; p90 {p90}, {fmt.money(r.batch_schedule_cost_p90_usd)}"
-        text += ")"
+    text = f"batch schedule: {describe(sched.entries(), sched.saving)}"
+    text += f" ({fmt.duration(sched.hours)}, {fmt.money(sched.cost_usd)}"
+    text += f"; p90 {fmt.duration(sched.hours_p90)}, {fmt.money(sched.cost_p90_usd)})"
     return text
 
 
 def _spot_line(r: PlanRow) -> str:
     """The recovery rules a spot plan was priced with (the launcher runs the same)."""
-    if r.market == "on-demand" or not r.recovery:
+    s, rec = r.spot, r.spot.recovery
+    if r.market == "on-demand" or rec is None:
         return ""
-    wait = r.capacity_wait_s / 3600.0
-    fallback = "falls back to on-demand" if r.allow_on_demand else f"waits up to {wait:.1f} h"
+    wait = rec.capacity_wait_s / 3600.0
+    fallback = "falls back to on-demand" if rec.allow_on_demand else f"waits up to {wait:.1f} h"
     return (
-        f"spot: {r.time_cost_basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min, "
-        f"up to {r.max_replacements} lost nodes replaced, with no capacity it {fallback}; "
-        f"{r.fail_prob:.1%} of simulated runs fail; same cluster on demand: "
+        f"spot: {s.basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min, "
+        f"up to {rec.max_replacements} lost nodes replaced, with no capacity it {fallback}; "
+        f"{s.fail_prob:.1%} of simulated runs fail; same cluster on demand: "
         + (
-            f"{fmt.duration(r.on_demand_hours)}, {fmt.money(r.on_demand_cost_usd)}"
-            if r.on_demand_hours is not None and r.on_demand_cost_usd is not None
+            f"{fmt.duration(s.on_demand_hours)}, {fmt.money(s.on_demand_cost_usd)}"
+            if s.on_demand_hours is not None and s.on_demand_cost_usd is not None
             else "not offered"
         )
     )

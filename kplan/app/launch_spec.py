@@ -1,0 +1,226 @@
+"""From a typed ``Plan`` to the ``JobSpec`` of a cloud job (``spec_from_plan``), a plan made now
+for it (``plan_now``), and what both need: the monitor's options from the flags, the zones a
+replacement may go to and the catalog's prices (``kplan/launcher/pricing.py``), taken from the
+catalog the plan was priced with (``kplan/app/plan_files.py``: shipped or the user's)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Collection
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from kplan.core.errors import InputError
+from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, nodes_from_plan_row
+from kplan.planner.catalog import Catalog
+from kplan.planner.plan import Plan
+
+if TYPE_CHECKING:
+    from kplan.app.launching import LaunchRequest
+
+
+def options(req: LaunchRequest) -> dict[str, Any]:
+    """The ``JobSpec`` keyword arguments the flags set (the rest keep ``JobSpec``'s defaults)."""
+    from kplan.app.launch_checks import policy_paths
+
+    out: dict[str, Any] = {}
+    if req.check_interval_s is not None:
+        out["check_interval_s"] = req.check_interval_s
+    if req.max_restarts is not None:
+        out["max_restarts"] = req.max_restarts
+    if req.job_id is not None:
+        out["job_id"] = req.job_id
+    if req.storage_uri is not None:
+        out["storage_uri"] = req.storage_uri
+    out["adapt"] = req.adapt
+    for name in ("network", "subnet", "service_account"):  # gcp only (check_gcp_placement)
+        if getattr(req.gcp, name) is not None:
+            out[name] = getattr(req.gcp, name)
+    if not req.gcp.external_ip:
+        out["external_ip"] = False
+    out["explore"] = req.explore
+    if req.sync_policy is not None:
+        out["sync_policy"] = req.sync_policy
+    out["policies"] = tuple(policy_paths(req.policies, req.script, req.cloud or "local"))
+    for name in (
+        "max_nodes",
+        "explore_trials",
+        "replan_interval_s",
+        "checkpoint_interval_s",
+        "max_replacements",
+        "capacity_wait_s",
+    ):
+        value = getattr(req, name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (plus the next few, for later generations: best effort)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def plan_now(req: LaunchRequest, cloud: str) -> Plan:
+    """Search now (``kplan estimate``) for a plan on ``cloud``."""
+    from kplan.app import pins, planning
+    from kplan.core.precision import check_precision
+    from kplan.planner.search import SearchOptions, default_objective
+
+    if req.example_profile is None and req.profile is None:
+        raise InputError(
+            f"--cloud {cloud} needs a plan: --plan FILE, --profile FILE or --example NAME",
+            hint="e.g. kplan estimate --profile p.json --cloud aws --out plan.json",
+        )
+    prof = (
+        planning.load_example(req.example_profile)
+        if req.example_profile is not None
+        else planning.load_profile(req.profile)  # type: ignore[arg-type]
+    )
+    markets: tuple[str, ...] = ("on-demand", "spot")
+    if req.spot is not None:
+        markets = ("spot",) if req.spot else ("on-demand",)
+    p = req.pins
+    node_pin = pins.node_range(p.plan_nodes, "--plan-nodes")
+    opts = SearchOptions(
+        clouds=req.clouds or (cloud,),
+        regions=req.regions or ((req.region,) if req.region else ()),
+        markets=markets,
+        budget_usd=req.budget_usd if req.budget_usd > 0 else None,
+        deadline_hours=req.deadline_h,
+        objective=default_objective(req.budget_usd or None, req.deadline_h),
+        mixed=False,
+        instance_types=p.instance_types,
+        global_batch=p.global_batch,
+        max_global_batch=p.max_global_batch,
+        fixed_global_batch=p.fixed_batch,
+        min_local_batch=pins.FIXED_BATCH_MIN_LOCAL if p.fixed_batch else 1,
+        precision=check_precision(req.precision) if req.precision is not None else None,
+        compression=req.compression,
+        min_nodes=node_pin[0] if node_pin else 1,
+        max_nodes=node_pin[1] if node_pin else 64,
+        allow_on_demand=req.allow_on_demand,
+    )
+    result = planning.estimate(prof, opts, epochs=req.epochs, dataset_size=req.dataset_size)
+    return replace(result.plan, profile=prof.name, catalog=result.catalog.version)
+
+
+def zone_offers(
+    catalog: Catalog, cloud: str, region: str, types: set[str], zones: Collection[str] = ()
+) -> tuple[ZoneOffer, ...]:
+    """The zones the launcher may replace nodes in: the region's offers of the plan's types,
+    less opt-in zones (AWS Local/Wavelength: the account may not have opted in) unless the
+    plan itself runs in one (``zones``)."""
+    out = []
+    for o in catalog.offers:
+        if o.cloud == cloud and o.region == region and o.instance_type in types:
+            if o.opt_in and o.zone not in zones:
+                continue
+            out.append(ZoneOffer(o.instance_type, o.zone, o.market, o.usd_per_hour))
+    return tuple(out)
+
+
+def spec_from_plan(
+    req: LaunchRequest, plan: Plan, cloud: str, catalog: Catalog | None = None
+) -> JobSpec:
+    """The cloud job that runs ``plan``'s chosen row: its nodes at the catalog's prices, the
+    recovery rules, batch (or batch schedule), precision and compression it was priced with."""
+    from kplan.app.plan_files import checked_row, plan_catalog
+
+    row = plan.chosen
+    if row.cloud != cloud:
+        raise InputError(
+            f"the plan is for {row.cloud!r}, not --cloud {cloud}",
+            hint="drop --cloud or plan for that cloud",
+        )
+    if req.region is not None and req.region != row.region:
+        raise InputError(
+            f"the plan is for region {row.region!r}, not --region {req.region}",
+            hint="drop --region or plan for that region",
+        )
+    catalog = catalog or plan_catalog(plan)
+    checked_row(plan, str(req.plan_file or "the plan made now"), None, catalog)
+    nodes, price_notes = reprice_from_catalog(nodes_from_plan_row(row), catalog, cloud, row.region)
+    if req.spot is not None:
+        want = "spot" if req.spot else "on-demand"
+        bad = [n.node_rank for n in nodes if n.market != want]
+        if bad:
+            raise InputError(
+                f"the plan puts node(s) {bad} on the other market than --{want}",
+                hint="plan with the same market flag (kplan estimate --spot/--on-demand)",
+            )
+    opts = {k: v for k, v in options(req).items() if k != "job_id"}
+    opts.setdefault("checkpoint_interval_s", row.checkpoint_interval_s or None)
+    rec = row.spot.recovery  # the rules the plan was priced with (none simulated: the launcher's)
+    if rec is not None and row.market != "on-demand":
+        opts.setdefault("max_replacements", rec.max_replacements)
+        opts.setdefault("capacity_wait_s", rec.capacity_wait_s)
+    import json
+
+    return JobSpec(
+        job_id=req.job_id or _new_id(),
+        cloud=cloud,
+        region=row.region,
+        script=str(req.script.resolve()),
+        args=req.args,
+        nodes=nodes,
+        budget_usd=req.budget_usd,
+        deadline_h=req.deadline_h,
+        allow_on_demand=req.allow_on_demand or row.spot.allow_on_demand,
+        offers=zone_offers(
+            catalog, cloud, row.region, {n.instance_type for n in nodes}, {n.zone for n in nodes}
+        ),
+        global_batch=row.global_batch,
+        accum_steps=row.accum_steps,
+        # the plan's batch schedule (kplan/planner/batchsched.py): the workers run it and the
+        # prediction is its own
+        batch_schedule=None if row.schedule is None else json.dumps(row.schedule.entries()),
+        predicted_hours=row.predicted_hours,
+        predicted_cost_usd=row.predicted_cost_usd,
+        predicted_cost_p90_usd=row.predicted_cost_p90_usd,
+        plan=plan,
+        price_notes=price_notes,
+        precision=row.precision,  # what the plan was made for: the workers train in it
+        compression=row.compression,  # the plan's gradient compression runs in the workers
+        **opts,
+    )
+
+
+def reprice_from_catalog(
+    nodes: tuple[NodeSpec, ...], catalog: Catalog, cloud: str, region: str
+) -> tuple[tuple[NodeSpec, ...], tuple[str, ...]]:
+    """The plan's nodes at the higher of ``catalog``'s and the plan's price
+    (``kplan/launcher/pricing.py``), and a note for each price that differs by more than 5%."""
+    from kplan.launcher.pricing import CatalogPrice, reprice
+
+    offers = tuple(
+        CatalogPrice(o.cloud, o.region, o.zone, o.instance_type, o.market, o.usd_per_hour)
+        for o in catalog.offers
+        if o.cloud == cloud and o.region == region
+    )
+    return reprice(nodes, cloud, region, offers, f"catalog {catalog.version}")
+
+
+def with_node_install(spec: JobSpec, req: LaunchRequest) -> JobSpec:
+    """``spec`` with what its nodes install: the wheel of this kplan (built now or reused from
+    the cache, kplan/launcher/wheel.py) and the dependencies pinned to this machine's versions."""
+    from kplan.launcher.wheel import build_wheel, node_requirements
+
+    wheel = build_wheel()
+    return replace(
+        spec,
+        kplan_wheel=str(wheel.path),
+        kplan_wheel_sha256=wheel.sha256,
+        node_requirements=node_requirements(),
+        pip_index_url=req.node_install.pip_index_url,
+        install_deps=req.node_install.install_deps,
+        image=req.node_install.image or spec.image,
+    )
+
+
+def _new_id() -> str:
+    from kplan.launcher.jobspec import new_job_id
+
+    return new_job_id()
