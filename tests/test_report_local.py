@@ -39,6 +39,7 @@ from kplan.launcher.report import (
     plan_info,
 )
 from kplan.launcher.report_html import money, render_html
+from kplan.planner.plan import Plan
 from tests import chromium_cdp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,14 +165,11 @@ def _report(**kw: Any) -> JobReport:
     """A report of a finished two-node job (synthetic metrics: 200 steps, one preemption)."""
     t0 = 1_795_000_000.0
     steps = [(i, 0.05 + 0.01 * (i % 7) / 7) for i in range(200)]
-    plan = {
-        "schema": "kplan.plan/1.0", "profile": "mlp-regression", "reason": "local: test",
-        "uncertainty": "step time p90 is +31%", "notes": [],
-        "chosen": {"groups": [{"nodes": 2, "instance_type": "local", "market": "on-demand",
-                               "zone": "local", "gpus_per_node": 1, "gpu": "cpu"}],
-                   "global_batch": 256, "local_batch": 128, "accum_steps": 1,
-                   "samples": 12000.0, "precision": "fp32"},
-    }  # fmt: skip
+    saved = Plan.from_dict(json.loads((ROOT / "tests/fixtures/plan_v1_local.json").read_text()))
+    plan = replace(
+        saved, profile="mlp-regression", reason="local: test",
+        uncertainty="step time p90 is +31%", notes=(),
+    )  # fmt: skip
     spend = [
         InstanceSpend(f"i-{r}", r, "local", "on-demand", "local", 0.18, "terminated", None,
                       t0 + 1, t0 + 60, 59.0, 0.18 * 59 / 3600, True, None)

@@ -84,9 +84,7 @@ def test_spot_rows_are_priced_by_the_monte_carlo_with_limits_above_their_losses(
         work_s=c.steps * c.step_time_s,
         nodes=c.nodes,
         risks=[risk],
-        policies=[
-            replace(c.spot.recovery, max_replacements=10**9)
-        ],
+        policies=[replace(c.spot.recovery, max_replacements=10**9)],
         usd_per_hour=c.usd_per_hour / c.nodes,
         usd_per_hour_on_demand=c.usd_per_hour / c.nodes,
         log_sigma=math.log(c.step_time_p90_s / c.step_time_s) / costs.Z90,

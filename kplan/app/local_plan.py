@@ -19,13 +19,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from kplan.core.errors import InputError
 from kplan.planner.plan import Group, LocalMachine, Plan, PlanRow, SpotTerms
 from kplan.planner.profile import Profile
 
 if TYPE_CHECKING:
+    from kplan.planner.catalog import GpuSpec
     from kplan.planner.workload import Workload
 
 # Start of a local job before its first step: the launcher, torchrun, the workers' Python and
@@ -38,7 +39,15 @@ LOCAL_START_S = 10.0
 WORKER_EXTRAPOLATION_LOG_SIGMA = 0.15
 
 
-def machine_facts() -> dict[str, Any]:
+class MachineFacts(TypedDict):
+    """This machine, as a local plan describes it."""
+
+    cpu: str
+    cores: int
+    gpus: list[str]
+
+
+def machine_facts() -> MachineFacts:
     """This machine: CPU model, logical cores, NVIDIA GPUs (names; empty when none)."""
     cpu = ""
     try:
@@ -70,7 +79,7 @@ def _fold(name: str) -> str:
     return "".join(c for c in name.lower() if c.isalnum())
 
 
-def _check_device(profile: Profile, facts: dict[str, Any]) -> list[str]:
+def _check_device(profile: Profile, facts: MachineFacts) -> list[str]:
     """The profile's device must be this machine's kind (the runtime trains on CUDA when a GPU
     is present, else on the CPU); notes for what cannot be checked."""
     on_gpu = bool(facts["gpus"])
@@ -105,7 +114,7 @@ def local_plan(
     epochs: float | None = None,
     dataset_size: int | None = None,
     precision: str | None = None,
-    facts: dict[str, Any] | None = None,
+    facts: MachineFacts | None = None,
 ) -> Plan:
     """The plan of a local job of ``nodes`` groups of ``workers_per_node`` workers at
     ``usd_per_hour`` for the machine, trained at the profile's base global batch."""
@@ -167,7 +176,7 @@ def _workload(profile: Profile, epochs: float | None, dataset_size: int | None) 
     """The profile's workload (its fitted model where it has one) on this machine."""
     from kplan.planner.workload import workload_from_profile
 
-    gpus: dict[str, Any] = {}
+    gpus: dict[str, GpuSpec] = {}
     if profile.gpu.lower() != "cpu":
         from kplan.catalogs.current import load_current
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kplan.core.errors import KplanError
-from kplan.launcher.report import Comparison, NaivePlanner, no_naive
+from kplan.launcher.report import Comparison, NaivePlanner, no_naive, stored_plan
 from kplan.launcher.state import JobRecord
 
 
@@ -25,7 +25,8 @@ def naive_planner(profile_path: str | None = None) -> NaivePlanner:
 
         if job.cloud == "local":
             return Comparison(None, None, "n/a: a local job has no cloud to plan on")
-        name = (job.plan or {}).get("profile")
+        typed = stored_plan(job.plan)
+        name = typed.profile if typed is not None else None
         try:
             if profile_path is not None:
                 prof = planning.load_profile(Path(profile_path))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kplan.core.errors import DataFileError, InputError
 from kplan.planner.catalog import Catalog
@@ -222,6 +223,23 @@ def replay_plan(
         billing_increment_s=job.billing_increment_s,
         seed=seed,
     )
+    out, hours, cost = _distribution(job, trace, outs, samples)
+    if risk is not None:
+        pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
+        out["spot_only"] = pred
+        if "replayed" in out:
+            out["replayed"]["above_spot_only_hours_p90"] = float(np.mean(hours > pred["hours_p90"]))
+            out["replayed"]["above_spot_only_cost_p90"] = float(
+                np.mean(cost > pred["cost_p90_usd"])
+            )
+    return out
+
+
+def _distribution(
+    job: Job, trace: SpotTrace, outs: list[Any], samples: bool
+) -> tuple[dict[str, Any], NDArray[np.float64], NDArray[np.float64]]:
+    """The replays' time and cost against the plan's, and the finished replays' hours and
+    costs."""
     kept = [o for o in outs if not o.truncated]
     hours = np.array([o.hours for o in kept])
     cost = np.array([o.cost_usd for o in kept])
@@ -255,15 +273,7 @@ def replay_plan(
         }
     if samples:
         out["samples"] = {"hours": hours.tolist(), "cost_usd": cost.tolist()}
-    if risk is not None:
-        pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
-        out["spot_only"] = pred
-        if kept:
-            out["replayed"]["above_spot_only_hours_p90"] = float(np.mean(hours > pred["hours_p90"]))
-            out["replayed"]["above_spot_only_cost_p90"] = float(
-                np.mean(cost > pred["cost_p90_usd"])
-            )
-    return out
+    return out, hours, cost
 
 
 def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:

@@ -18,7 +18,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kplan.core import records as records_mod
 from kplan.core.records import (
@@ -31,6 +31,9 @@ from kplan.core.records import (
 )
 from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
 from kplan.launcher.storage import Storage
+
+if TYPE_CHECKING:
+    from kplan.planner.plan import Plan
 
 T = TypeVar("T")
 MAX_POINTS = 400  # trajectory points kept per series (evenly thinned, last point kept)
@@ -309,13 +312,15 @@ def build_report(
     by_id = {i.id: i for i in instances}
     lookup = on_demand_price or (lambda _inst: None)
     spends = [_instance_spend(row, by_id.get(row.instance), lookup) for row in ledger]
-    chosen = (job.plan or {}).get("chosen") or {}
+    plan = stored_plan(job.plan)
+    chosen = plan.chosen if plan is not None else None
     metrics = read_metrics(storage, job.id) if storage is not None else Metrics(storage_note)
     end = job.updated_at if job.terminal else now
-    step, step_p90 = _num(chosen.get("step_time_s")), _num(chosen.get("step_time_p90_s"))
-    steps = chosen.get("steps") if isinstance(chosen.get("steps"), int) else None
+    step = chosen.step_time_s if chosen else None
+    step_p90 = chosen.step_time_p90_s if chosen else None
+    steps = chosen.steps if chosen else None
     first, last = metrics.first_step_time, metrics.last_step_time
-    local = (job.plan or {}).get("local") or {}
+    local = plan.local if plan is not None else None
     return JobReport(
         id=job.id,
         status=job.status,
@@ -325,7 +330,7 @@ def build_report(
         script=job.spec.get("script"),
         command=_command(job.spec),
         workers=sum(int(n.get("gpus", 1)) for n in job.spec.get("nodes") or ()),
-        plan=plan_info(job.plan),
+        plan=plan_info(plan),
         created_at=job.created_at,
         ended_at=end,
         budget_usd=job.budget_usd,
@@ -334,7 +339,7 @@ def build_report(
         total_usd=total,
         billed_seconds=math.fsum(r.billed_seconds for r in ledger),
         predicted_hours=job.predicted_hours,
-        predicted_hours_p90=_num(chosen.get("hours_p90")),
+        predicted_hours_p90=chosen.hours_p90 if chosen else None,
         predicted_cost_usd=job.predicted_cost_usd,
         predicted_cost_p90_usd=job.predicted_cost_p90_usd,
         predicted_step_s=step,
@@ -342,7 +347,7 @@ def build_report(
         predicted_steps=steps,
         predicted_train_s=None if step is None or steps is None else step * steps,
         predicted_train_p90_s=None if step_p90 is None or steps is None else step_p90 * steps,
-        predicted_start_s=_num(local.get("start_s")),
+        predicted_start_s=local.start_s if local else None,
         actual_start_s=None if first is None else max(first - job.created_at, 0.0),
         actual_train_s=None if first is None or last is None else last - first,
         instances=spends,
@@ -370,33 +375,43 @@ def _command(spec: dict[str, Any]) -> str:
     return shlex.join(["python", script, *args])
 
 
-def plan_info(plan: dict[str, Any] | None) -> PlanInfo | None:
-    """The plan stored with a job, in words (None: no plan, or one without a chosen row)."""
-    if not isinstance(plan, dict) or not isinstance(plan.get("chosen"), dict):
+def stored_plan(doc: object) -> Plan | None:
+    """The plan stored with a job, typed (``Plan.from_dict``; None: none, or one this kplan
+    cannot read: the report then shows no prediction)."""
+    from kplan.core.errors import KplanError
+    from kplan.planner.plan import Plan
+
+    if doc is None:
         return None
-    row = plan["chosen"]
-    groups = [g for g in row.get("groups") or () if isinstance(g, dict)]
+    try:
+        return Plan.from_dict(doc, "the job's plan")
+    except KplanError:
+        return None
+
+
+def plan_info(plan: Plan | None) -> PlanInfo | None:
+    """The plan stored with a job, in words (None: no plan)."""
+    if plan is None:
+        return None
+    row = plan.chosen
     parts = [
-        f"{g.get('nodes')} x {g.get('instance_type')} ({g.get('market')}, {g.get('zone')}, "
-        f"{g.get('gpus_per_node')} x {g.get('gpu')})"
-        for g in groups
+        f"{g.nodes} x {g.instance_type} ({g.market}, {g.zone}, {g.gpus_per_node} x {g.gpu})"
+        for g in row.groups
     ]
-    batch = f"global batch {row.get('global_batch')}, {row.get('local_batch')} per worker"
-    if isinstance(row.get("accum_steps"), int) and row["accum_steps"] > 1:
-        batch += f" x {row['accum_steps']} accumulation steps"
-    local = plan.get("local")
-    work = local.get("work") if isinstance(local, dict) else None
-    if work is None and _num(row.get("samples")) is not None:
-        work = f"{row['samples']:,.0f} samples at batch {row.get('global_batch')}"
-    notes = plan.get("notes")
+    batch = f"global batch {row.global_batch}, {row.local_batch} per worker"
+    if row.accum_steps > 1:
+        batch += f" x {row.accum_steps} accumulation steps"
+    work = plan.local.work if plan.local is not None else None
+    if work is None:
+        work = f"{row.samples:,.0f} samples at batch {row.global_batch}"
     return PlanInfo(
         config=" + ".join(parts) + f"; {batch}",
-        profile=plan.get("profile") if isinstance(plan.get("profile"), str) else None,
-        work=str(work) if work is not None else None,
-        reason=str(plan.get("reason") or ""),
-        uncertainty=str(plan.get("uncertainty") or ""),
-        notes=[str(n) for n in notes] if isinstance(notes, list) else [],
-        precision=str(row["precision"]) if isinstance(row.get("precision"), str) else None,
+        profile=plan.profile or None,
+        work=work,
+        reason=plan.reason,
+        uncertainty=plan.uncertainty,
+        notes=list(plan.notes),
+        precision=row.precision,
     )
 
 

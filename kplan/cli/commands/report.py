@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def _storage(rec: JobRecord) -> tuple[Storage | None, str]:
     """The job's storage (its metrics), or None and why it cannot be reached."""
-    from kplan.cli.commands.launch import _backend
+    from kplan.cli.commands.jobs import _backend
     from kplan.launcher.jobspec import JobSpec
 
     try:
@@ -71,7 +71,7 @@ def report_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    from kplan.cli.commands.launch import _db, _job_or_fail
+    from kplan.cli.commands.jobs import _db, _job_or_fail
 
     if (job is None) == (not all_jobs):
         raise InputError("give a job id or --all", hint="kplan report kp-... or kplan report --all")

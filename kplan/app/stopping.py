@@ -1,0 +1,102 @@
+"""``kplan down`` as a library call: terminate a job's instances (or every job that may still
+run), found through the state database, else the job's launch journal, else by tag in the
+``--cloud``/``--region`` given; or forget a job whose instances are all gone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from kplan.core.errors import InputError
+
+if TYPE_CHECKING:
+    from kplan.launcher.provider import ClusterSpec
+    from kplan.launcher.providers import Backend
+    from kplan.launcher.state import StateDB
+
+MAX_WAIT_S = 86400.0
+
+
+@dataclass(frozen=True)
+class DownRequest:
+    job: str | None  # an id, a unique prefix of one, or ``last``; None with ``all_jobs``
+    all_jobs: bool = False
+    cloud: str | None = None  # where to look for a job the database lacks
+    region: str | None = None
+    wait_s: float = 60.0  # let a live launcher stop by itself this long
+    forget: bool = False  # remove the job's record once nothing of it is alive
+
+
+def check(req: DownRequest) -> None:
+    if (req.job is None) == (not req.all_jobs):
+        raise InputError("give a job id or --all", hint="kplan down kp-... or kplan down --all")
+    if req.forget and req.job is None:
+        raise InputError("--forget takes one job id, not --all", hint="kplan down --forget kp-...")
+    if not 0 <= req.wait_s <= MAX_WAIT_S:
+        raise InputError(f"--wait {req.wait_s} must be >= 0 and <= 86400", hint="seconds")
+
+
+def take_down(
+    req: DownRequest,
+    open_db: Callable[[], StateDB],
+    backend_for: Callable[[str, str | None, str | None], Backend],
+) -> list[dict[str, Any]]:
+    """Each job's ``down_job`` result (as a dict); with ``forget``, the one forgotten job's
+    ``{"job_id", "forgotten", "spend_usd"}``. ``backend_for(cloud, region, storage)``."""
+    check(req)
+    with open_db() as db:
+        return _take_down(req, db, backend_for)
+
+
+def _take_down(
+    req: DownRequest, db: StateDB, backend_for: Callable[[str, str | None, str | None], Backend]
+) -> list[dict[str, Any]]:
+    from kplan.launcher.clock import SystemClock
+    from kplan.launcher.down import down_job, forget_job, leftover_jobs
+    from kplan.launcher.jobspec import check_job_id
+
+    if req.job is not None:
+        # a prefix or `last` names a job of the database; an id it lacks stays as typed
+        targets = [check_job_id(db.resolve_job_id(req.job, known_only=False))]
+    else:
+        targets = leftover_jobs(db)
+    results = []
+    for job_id in targets:
+        which, where, storage, cluster = _locate(req, db, job_id)
+        backend = backend_for(which, where, storage)
+        if req.forget:
+            spent = forget_job(job_id, backend, db, SystemClock())
+            return [{"job_id": job_id, "forgotten": True, "spend_usd": spent}]
+        result = down_job(
+            job_id, backend, db, SystemClock(), wait_launcher_s=req.wait_s, cluster=cluster
+        )
+        results.append(asdict(result))
+    return results
+
+
+def _locate(
+    req: DownRequest, db: StateDB, job_id: str
+) -> tuple[str, str | None, str | None, ClusterSpec | None]:
+    """(cloud, region, storage, cluster to find by tag or None): the database row, else the
+    job's launch journal (its row was never written), else the flags."""
+    from kplan.launcher.down import job_location
+    from kplan.launcher.provider import ClusterSpec as Cluster
+
+    found = job_location(db, job_id)
+    if found is not None:
+        which, where, storage = found
+        cluster: ClusterSpec | None = None
+        if db.job(job_id) is None and where is not None:
+            cluster = Cluster(job_id=job_id, cloud=which, region=where)
+        return which, where, storage, cluster
+    if req.cloud is None:
+        raise InputError(
+            f"job {job_id!r} is not in {db.path}",
+            hint="give --cloud (and --region) to find its instances by tag",
+        )
+    which = req.cloud.lower()
+    cluster = None
+    if req.region is not None:
+        cluster = Cluster(job_id=job_id, cloud=which, region=req.region)
+    return which, req.region, None, cluster
