@@ -13,7 +13,7 @@ from kplan.core.errors import InputError
 from kplan.launcher.jobspec import CLOUDS, check_job_id
 
 if TYPE_CHECKING:
-    from kplan.app.launching import LaunchRequest
+    from kplan.app.launch_request import LaunchRequest
 
 
 def check_request(req: LaunchRequest) -> None:

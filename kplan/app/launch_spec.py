@@ -16,7 +16,7 @@ from kplan.planner.catalog import Catalog
 from kplan.planner.plan import Plan
 
 if TYPE_CHECKING:
-    from kplan.app.launching import LaunchRequest
+    from kplan.app.launch_request import LaunchRequest
 
 
 def options(req: LaunchRequest) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 ``read_plan`` is how ``kplan launch --plan`` and ``kplan simulate --plan`` (and the launch
 flags' budget check) read a plan file: JSON through ``kplan.core.files.read_json``, then every
-field through ``kplan/planner/plan_schema.py``. ``plan_catalog`` finds the catalog the plan was
-priced with (its ``catalog`` version: the shipped one or a user catalog under
+field through ``Plan.from_dict`` (kplan/planner/plan.py). ``plan_catalog`` finds the catalog the
+plan was priced with (its ``catalog`` version: the shipped one or a user catalog under
 ``$KPLAN_HOME/catalogs``), else the user's current catalog, so that a type a user catalog
 planned is not refused by a launch that re-prices against the shipped one.
 """
@@ -49,7 +49,7 @@ def checked_row(
     plan: Plan, source: str, index: int | None = None, catalog: Catalog | None = None
 ) -> PlanRow:
     """The chosen row (or ``plans[index]``), checked against the plan's catalog."""
-    from kplan.planner.plan_schema import check_against_catalog, row_at
+    from kplan.planner.plan import check_against_catalog, row_at
 
     row, where = row_at(plan, index, source)
     if row.cloud != "local":

@@ -295,7 +295,7 @@ def plan_risk(
     """The spot model row the plan was priced with: as the search takes it (the catalog's spot
     rate where it is more specific than the model's row), and for a mix its riskier group's."""
     from kplan.app.plan_files import plan_catalog
-    from kplan.planner.plan_schema import row_at
+    from kplan.planner.plan import row_at
     from kplan.planner.spot import load_spot_model
     from kplan.planner.spotplan import risk_for
 

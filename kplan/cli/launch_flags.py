@@ -25,7 +25,7 @@ import typer
 from kplan.core.errors import InputError
 
 if TYPE_CHECKING:
-    from kplan.app.launching import LaunchRequest
+    from kplan.app.launch_request import LaunchRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -155,7 +155,7 @@ def takes_flags(flags: tuple[Flag, ...]) -> Callable[[F], F]:
 
 def launch_request(f: dict[str, Any]) -> LaunchRequest:
     """The ``LaunchRequest`` of ``kplan launch``'s parsed flags (``LAUNCH_FLAGS``' names)."""
-    from kplan.app.launching import GcpPlacement, LaunchRequest, NodeInstall, PlanPins
+    from kplan.app.launch_request import GcpPlacement, LaunchRequest, NodeInstall, PlanPins
 
     args = list(f["argv"] or [])
     if not args:
