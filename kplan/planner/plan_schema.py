@@ -8,7 +8,8 @@ Every field is checked once, through here, for every reader (``kplan launch --pl
 not a bool), finite numbers inside sane bounds, the enums (market, zone type, precision,
 objective), and the counts that must agree (a row's nodes are its groups', its workers their
 GPUs, its global batch at least one sample per worker, a p90 at least its expected value).
-Work that grows with a plan is bounded: at most ``MAX_ROWS`` rows, ``MAX_GROUPS`` groups and ``MAX_PHASES`` phases.
+Work that grows with a plan is bounded: at most ``MAX_ROWS`` rows, ``MAX_GROUPS`` groups and
+``MAX_PHASES`` phases.
 
 A plan of the previous schema (``kplan.plan/1.x``: flat ``batch_schedule_*`` and spot fields) is
 migrated to the nested records; any other schema is refused with one line and a hint.
