@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from kplan.core.errors import InputError
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, nodes_from_plan_row
@@ -19,40 +19,66 @@ if TYPE_CHECKING:
     from kplan.app.launch_request import LaunchRequest
 
 
-def options(req: LaunchRequest) -> dict[str, Any]:
-    """The ``JobSpec`` keyword arguments the flags set (the rest keep ``JobSpec``'s defaults)."""
+class SpecOptions(TypedDict, total=False):
+    """``JobSpec`` keyword arguments the flags set; the rest keep ``JobSpec``'s defaults."""
+
+    check_interval_s: float
+    max_restarts: int
+    storage_uri: str
+    adapt: bool
+    explore: bool
+    network: str
+    subnet: str
+    service_account: str
+    external_ip: bool
+    sync_policy: str
+    policies: tuple[str, ...]
+    max_nodes: int
+    explore_trials: int
+    replan_interval_s: float
+    checkpoint_interval_s: float | None
+    max_replacements: int
+    capacity_wait_s: float
+
+
+def options(req: LaunchRequest) -> SpecOptions:
+    """The ``JobSpec`` keyword arguments the flags set."""
     from kplan.app.launch_checks import policy_paths
 
-    out: dict[str, Any] = {}
+    out = SpecOptions(
+        adapt=req.adapt,
+        explore=req.explore,
+        policies=tuple(policy_paths(req.policies, req.script, req.cloud or "local")),
+    )
     if req.check_interval_s is not None:
         out["check_interval_s"] = req.check_interval_s
     if req.max_restarts is not None:
         out["max_restarts"] = req.max_restarts
-    if req.job_id is not None:
-        out["job_id"] = req.job_id
     if req.storage_uri is not None:
         out["storage_uri"] = req.storage_uri
-    out["adapt"] = req.adapt
-    for name in ("network", "subnet", "service_account"):  # gcp only (check_gcp_placement)
-        if getattr(req.gcp, name) is not None:
-            out[name] = getattr(req.gcp, name)
-    if not req.gcp.external_ip:
+    g = req.gcp  # gcp only (check_gcp_placement)
+    if g.network is not None:
+        out["network"] = g.network
+    if g.subnet is not None:
+        out["subnet"] = g.subnet
+    if g.service_account is not None:
+        out["service_account"] = g.service_account
+    if not g.external_ip:
         out["external_ip"] = False
-    out["explore"] = req.explore
     if req.sync_policy is not None:
         out["sync_policy"] = req.sync_policy
-    out["policies"] = tuple(policy_paths(req.policies, req.script, req.cloud or "local"))
-    for name in (
-        "max_nodes",
-        "explore_trials",
-        "replan_interval_s",
-        "checkpoint_interval_s",
-        "max_replacements",
-        "capacity_wait_s",
-    ):
-        value = getattr(req, name)
-        if value is not None:
-            out[name] = value
+    if req.max_nodes is not None:
+        out["max_nodes"] = req.max_nodes
+    if req.explore_trials is not None:
+        out["explore_trials"] = req.explore_trials
+    if req.replan_interval_s is not None:
+        out["replan_interval_s"] = req.replan_interval_s
+    if req.checkpoint_interval_s is not None:
+        out["checkpoint_interval_s"] = req.checkpoint_interval_s
+    if req.max_replacements is not None:
+        out["max_replacements"] = req.max_replacements
+    if req.capacity_wait_s is not None:
+        out["capacity_wait_s"] = req.capacity_wait_s
     return out
 
 
@@ -151,7 +177,7 @@ def spec_from_plan(
                 f"the plan puts node(s) {bad} on the other market than --{want}",
                 hint="plan with the same market flag (kplan estimate --spot/--on-demand)",
             )
-    opts = {k: v for k, v in options(req).items() if k != "job_id"}
+    opts = options(req)
     opts.setdefault("checkpoint_interval_s", row.checkpoint_interval_s or None)
     rec = row.spot.recovery  # the rules the plan was priced with (none simulated: the launcher's)
     if rec is not None and row.market != "on-demand":

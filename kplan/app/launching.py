@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from typing import TypedDict
 
 from kplan.app import launch_checks as checks
 from kplan.app.launch_request import GcpPlacement, LaunchRequest, NodeInstall, PlanPins
@@ -34,6 +35,20 @@ __all__ = [
     "plan_now",
     "spec_from_plan",
 ]
+
+
+class LocalOptions(TypedDict, total=False):
+    """A local job's ``JobSpec`` settings beyond the flags': its rendezvous port, what the
+    workers train in, and its local plan's prediction."""
+
+    rdzv_port: int
+    precision: str
+    compression: str
+    global_batch: int
+    predicted_hours: float
+    predicted_cost_usd: float
+    predicted_cost_p90_usd: float
+    plan: Plan
 
 
 def build_spec(req: LaunchRequest) -> JobSpec:
@@ -73,21 +88,23 @@ def _local_spec(req: LaunchRequest, plan: Plan | None) -> JobSpec:
         )
     checks.check_gcp_placement(req, "local")
     opts = options(req)
-    opts.setdefault("rdzv_port", free_port())
+    local = LocalOptions(rdzv_port=free_port())
     if req.precision is not None:
-        opts["precision"] = check_precision(req.precision)
+        local["precision"] = check_precision(req.precision)
     if req.compression is not None:
-        opts["compression"] = req.compression
+        local["compression"] = req.compression
     nodes, workers = req.nodes, req.workers_per_node
     if prediction is not None:
         row = prediction.chosen
         nodes, workers = row.nodes, row.groups[0].gpus_per_node
-        opts.update(
-            global_batch=row.global_batch,
-            predicted_hours=row.hours,
-            predicted_cost_usd=row.cost_usd,
-            predicted_cost_p90_usd=row.predicted_cost_p90_usd,
-            plan=prediction,
+        local.update(
+            LocalOptions(
+                global_batch=row.global_batch,
+                predicted_hours=row.hours,
+                predicted_cost_usd=row.cost_usd,
+                predicted_cost_p90_usd=row.predicted_cost_p90_usd,
+                plan=prediction,
+            )
         )
     spec = JobSpec.local(
         str(req.script.resolve()),
@@ -97,7 +114,9 @@ def _local_spec(req: LaunchRequest, plan: Plan | None) -> JobSpec:
         budget_usd=req.budget_usd,
         deadline_h=req.deadline_h,
         python=sys.executable,
+        job_id=req.job_id,
         **opts,
+        **local,
     )
     price = req.price_usd_per_hour or 0.0
     if price > 0:  # the machine's price, shared by its worker groups
