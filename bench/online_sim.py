@@ -36,7 +36,7 @@ by ``--overhead`` of the predicted job cost), refits the model on every measurem
 step times carry ``--noise`` log-normal noise. The hindsight best is the configuration of the
 space with the lowest true cost when run from start to end.
 
-With ``--deadline-frac`` the re-plans are ``planner.online.replan``'s deadline rules, the same
+With ``--deadline-frac`` the re-plans are ``planner.replan.replan``'s deadline rules, the same
 call as ``kplan launch --adapt`` (launcher/adapt.py): a configuration keeps the deadline at its
 p90, or at its expected time with a fallback that still meets it at its p90 from the next
 re-plan (``recheck_fraction=--replan-every``); when none does, the cheapest whose chance of
@@ -65,9 +65,10 @@ from kplan.planner import fit
 from kplan.planner.explore import Explorer
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.gnsforecast import GnsPrior, using_prior
-from kplan.planner.online import Config, OnlineModel, evaluate, replan, switch_penalty
+from kplan.planner.online import Config, OnlineModel, evaluate
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint, Measurement
+from kplan.planner.replan import replan, switch_penalty
 
 Array = NDArray[np.float64]
 INSTANCE = ("aws", "g4dn.12xlarge")
@@ -441,7 +442,7 @@ class Simulator:
             target = truth.configs[self.static_plan()]
 
         def decide(d: float) -> None:
-            """Re-plan from ``current`` at ``d`` (``planner.online.replan``, as the launcher)."""
+            """Re-plan from ``current`` at ``d`` (``planner.replan.replan``, as the launcher)."""
             nonlocal target
             assert current is not None
             decision = replan(

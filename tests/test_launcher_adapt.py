@@ -260,7 +260,7 @@ def test_exploring_with_a_deadline_no_trial_meets_hands_over_to_the_replanner(
     assert adapter.explorer is not None
     assert adapter.explorer.limit == pytest.approx(3.6 - 1.0)  # the deadline left, in seconds
     # 2.6 s left for ~500 s of work: no trial can meet it, so the re-planner
-    # (planner.online.replan, as bench/online_sim.py) chooses, not the trial closest to it
+    # (planner.replan.replan, as bench/online_sim.py) chooses, not the trial closest to it
     assert adapter.explorer.feasible(adapter.explorer.best()) is False
     assert any(k == "explore" for k, _, _ in events)
     assert replans == [1.0] and not adapter.explore

@@ -10,18 +10,10 @@ import pytest
 
 from kplan.core.errors import InputError
 from kplan.planner import perfmodel
-from kplan.planner.online import (
-    Config,
-    Decision,
-    Evaluation,
-    OnlineModel,
-    deadline_safe,
-    evaluate,
-    remaining_gns,
-    replan,
-)
+from kplan.planner.online import Config, Evaluation, OnlineModel, evaluate, remaining_gns
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint, Measurement
+from kplan.planner.replan import Decision, deadline_safe, replan
 from tests.planner_fixtures import params
 
 TRUTH = params(inter_beta=0.3, two_node=0.3)
@@ -304,7 +296,7 @@ def test_with_no_safe_config_a_cheap_one_runs_on_while_it_costs_little_chance() 
 
 
 def test_a_config_safe_by_its_fallback_is_valued_with_the_cheapest_fallback_that_fits() -> None:
-    from kplan.planner.online import _contingent_value, _deadline_chance
+    from kplan.planner.replan import _contingent_value, _deadline_chance
 
     cheap, mid, fast = cfg(1, 4, 256), cfg(2, 8, 512), cfg(4, 16, 2048)
     secs, p90 = np.array([1000.0, 600.0, 400.0]), np.array([1200.0, 700.0, 450.0])

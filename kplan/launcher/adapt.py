@@ -12,7 +12,7 @@ Three behaviours decide what to change, as actions the lifecycle carries out:
   through ``policy`` events in the metrics stream;
 - :class:`Replan`, the launcher's own policy: with the refitted model, the measured GNS and the
   work left, the best configuration (node count, global batch) against the current one, with
-  hysteresis and a restart penalty (``planner.online.replan``);
+  hysteresis and a restart penalty (``planner.replan.replan``);
 - :class:`Explore` (``kplan launch --explore``): short trials chosen by Bayesian optimisation
   (``planner.explore.Explorer``) before the job commits to a configuration.
 
@@ -43,8 +43,9 @@ from kplan.planner.explore import Explorer
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.gnsforecast import GnsForecast
 from kplan.planner.gnsforecast import forecast as forecast_gns
-from kplan.planner.online import Config, OnlineModel, evaluate, replan, steps_to_finish
+from kplan.planner.online import Config, OnlineModel, evaluate, steps_to_finish
 from kplan.planner.profile import GnsPoint, Measurement
+from kplan.planner.replan import replan
 
 CONTROL_KEY = "control.json"
 CONTROL_SCHEMA = "kplan.control/1"
@@ -397,7 +398,7 @@ class Adapter:
             budget_left_usd=budget_left,
             deadline_left_s=deadline_left,
             # the loop re-plans again after this long: a config may keep the deadline by a
-            # fallback from then (planner.online.deadline_safe), as in bench/online_sim.py
+            # fallback from then (planner.replan.deadline_safe), as in bench/online_sim.py
             recheck_s=self.spec.replan_interval_s,
         )
         if not decision.switch:
@@ -585,7 +586,7 @@ class Adapter:
         )
         self.last_replan = now
         if self.explorer.feasible(index) is False:
-            # No trial met the deadline: the re-planner chooses now (planner.online.replan, as
+            # No trial met the deadline: the re-planner chooses now (planner.replan.replan, as
             # bench/online_sim.py), not the trial closest to it.
             return self._replan(now, spend_usd)
         if (best.nodes, best.global_batch) == (current.nodes, current.global_batch):
