@@ -42,12 +42,11 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from kplan.catalogs.spot_traces import from_bamboo_csv, from_gcp_counts
 from kplan.planner.spot import MODEL_FILE, Outage, RecoveryPolicy, SpotModel, SpotRisk, Weibull
 from kplan.planner.spottrace import (
     LOSS_WINDOW_S,
     SpotTrace,
-    from_bamboo_csv,
-    from_gcp_counts,
     loss_events,
     node_lives,
 )

@@ -68,6 +68,12 @@ SCRIPT = "print('hello')\n"
 SPOT_PLAN = Mut("plan", ("chosen", "market"), "spot")
 SIM = ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv")
 TRACE = "# end_s=36000\ntime_s,event,node\n0,add,a\n0,add,b\n1800,remove,a\n2000,add,c\n"
+# Work that grows with a trace (issue 24): 40,000 events at the default --runs, and GCP counts
+# that flip between 0 and a million VMs (a million adds or removes per row).
+TRACE_40K = "# end_s=400000\ntime_s,event,node\n" + "".join(
+    f"{i * 9},add,n{i}\n" for i in range(40_000)
+)
+COUNTS_FLIP = "".join(f"2024-01-01, 00:{i:02d}:00, {(i % 2) * 10**6}\n" for i in range(40))
 
 # Values for numeric flags; each maps to the expected exit code per flag kind below.
 FLAG_VALUES = ("nan", "inf", "-inf", "-1", "0", "1e308", "1" + "0" * 30, "abc")
@@ -520,6 +526,10 @@ def _enum_cases() -> list[Case]:
          {"p.json": SPOT_PLAN, "t.csv": "0,add\n"}),
         ("simulate-gcp-bad", (*SIM, "--format", "gcp-counts"), 2, "",
          {"p.json": SPOT_PLAN, "t.csv": "2021-12-11, 11:11:30, many\n"}),
+        ("simulate-trace-40k-events", SIM, 2, "replay bound",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE_40K}),
+        ("simulate-gcp-counts-flip", (*SIM, "--format", "gcp-counts"), 2, "more than 200,000",
+         {"p.json": SPOT_PLAN, "t.csv": COUNTS_FLIP}),
         ("model-fit-missing-out", ("model", "fit", "-m", "{d}/m.csv"), 2, "--out",
          {"m.csv": MEASUREMENTS}),
         ("model-fit-valid", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/o.json"), 0, "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kplan.catalogs.spot_model_file import shipped_spot_model
 from kplan.planner.catalog import Billing, Catalog, GpuSpec, InstanceType, Offer, SpotRate
 from kplan.planner.devices import DeviceModel
 from kplan.planner.perfmodel import PerfParams
@@ -43,6 +44,7 @@ def catalog(spot_rate: float = 0.5) -> Catalog:
         ),
         billing={"aws": Billing("aws", 60.0, 1.0, "test")},
         version="test",
+        spot_model=shipped_spot_model(),
     )
 
 

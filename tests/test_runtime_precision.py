@@ -313,7 +313,7 @@ def test_two_precisions_on_a_cpu_write_two_profiles(tmp_path: Path) -> None:
 
 
 def test_several_precisions_get_one_file_each() -> None:
-    from kplan.cli.commands.profile import _per_precision
+    from kplan.app.profiling import per_precision as _per_precision
 
     assert _per_precision(Path("d/x.profile.json"), "bf16") == Path("d/x.bf16.profile.json")
     assert _per_precision(Path("x.json"), "fp16") == Path("x.fp16.json")

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from kplan.catalogs.spot_traces import write_trace
 from kplan.cli.main import app
 from kplan.planner.plan import Plan
-from kplan.planner.spottrace import synthetic_trace, write_trace
+from kplan.planner.spottrace import synthetic_trace
 
 runner = CliRunner()
 

@@ -9,8 +9,10 @@ from math import comb
 import numpy as np
 import pytest
 
-from kplan.planner.spot import Outage, SpotRisk, Weibull, load_spot_model
-from kplan.planner.spottrace import from_bamboo_csv, synthetic_trace
+from kplan.catalogs.spot_model_file import load_spot_model
+from kplan.catalogs.spot_traces import from_bamboo_csv
+from kplan.planner.spot import Outage, SpotRisk, Weibull
+from kplan.planner.spottrace import synthetic_trace
 from scripts import fit_spot_model as fit
 from tests.test_spot_trace import TRACES, needs_data
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kplan.catalogs.spot_traces import from_bamboo_csv, from_gcp_counts, read_trace, write_trace
 from kplan.core.errors import DataFileError
 from kplan.planner.spot import Outage, SpotRisk, Weibull
 from kplan.planner.spottrace import (
@@ -16,13 +17,9 @@ from kplan.planner.spottrace import (
     LOSS_WINDOW_S,
     REMOVE,
     SpotTrace,
-    from_bamboo_csv,
-    from_gcp_counts,
     loss_events,
     node_lives,
-    read_trace,
     synthetic_trace,
-    write_trace,
 )
 
 DATA = Path(

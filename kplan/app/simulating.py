@@ -34,7 +34,7 @@ def example_trace(name: str) -> SpotTrace:
     """A shipped trace: the Bamboo EC2 p3 or g4dn spot autoscaling group (11 h each)."""
     from importlib import resources
 
-    from kplan.planner.spottrace import read_trace
+    from kplan.catalogs.spot_traces import read_trace
 
     if name not in EXAMPLE_TRACES:
         raise InputError(
@@ -46,21 +46,24 @@ def example_trace(name: str) -> SpotTrace:
 
 
 MAX_RUNS = 100_000
+# Replays x trace events: each replay sorts the nodes alive at its start, so the work grows
+# with both (5,000,000: about 5 s on one busy core; the shared traces have at most 1,116 events).
+MAX_REPLAY_WORK = 5_000_000
 
 
 def load_trace(path: Path, fmt: str = "auto") -> SpotTrace:
     """A trace in kplan's format, a Bamboo autoscaling-group CSV or GCP running-VM counts."""
-    from kplan.planner import spottrace
+    from kplan.catalogs import spot_traces
 
     if fmt not in FORMATS:
         raise InputError(f"unknown trace format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
     if fmt == "auto":
         fmt = _sniff(path)
     if fmt == "bamboo":
-        return spottrace.from_bamboo_csv(path)
+        return spot_traces.from_bamboo_csv(path)
     if fmt == "gcp-counts":
-        return spottrace.from_gcp_counts(path)
-    return spottrace.read_trace(path)
+        return spot_traces.from_gcp_counts(path)
+    return spot_traces.read_trace(path)
 
 
 def _sniff(path: Path) -> str:
@@ -199,6 +202,13 @@ def replay_plan(
 
     if not 1 <= runs <= MAX_RUNS:
         raise InputError(f"--runs {runs} must be in 1..{MAX_RUNS}", hint="e.g. --runs 500")
+    events = len(trace.times_s)
+    if runs * events > MAX_REPLAY_WORK:
+        raise InputError(
+            f"--runs {runs} x {events:,} trace events is more than the replay bound "
+            f"({MAX_REPLAY_WORK:,})",
+            hint=f"use --runs {max(MAX_REPLAY_WORK // events, 1)} or fewer, or a shorter trace",
+        )
     horizon = job.hours_p90 * 3600.0 * 1.5
     if trace.end_s <= 0 or horizon >= trace.end_s:
         raise InputError(
@@ -280,13 +290,7 @@ def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:
     """The first event time at or after ``t`` with ``nodes`` nodes alive in the pool (or ``t``
     when the pool never has them): a replay starts when its nodes can be had, as the plan's
     prediction does (the first boot is its provisioning, not a capacity wait)."""
-    if trace.alive_at(t) >= nodes:
-        return t
-    later = trace.times_s[trace.times_s > t]
-    for u in later.tolist():
-        if trace.alive_at(u) >= nodes:
-            return float(u)
-    return t
+    return trace.first_with(nodes, t)
 
 
 def plan_risk(
@@ -295,8 +299,8 @@ def plan_risk(
     """The spot model row the plan was priced with: as the search takes it (the catalog's spot
     rate where it is more specific than the model's row), and for a mix its riskier group's."""
     from kplan.app.plan_files import plan_catalog
+    from kplan.catalogs.spot_model_file import load_spot_model
     from kplan.planner.plan import row_at
-    from kplan.planner.spot import load_spot_model
     from kplan.planner.spotplan import risk_for
 
     r, _ = row_at(plan, row, "the plan")

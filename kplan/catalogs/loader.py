@@ -37,6 +37,7 @@ from kplan.catalogs.rows import (
     parse_offer,
     parse_spot_rate,
 )
+from kplan.catalogs.spot_model_file import shipped_spot_model
 from kplan.catalogs.zones import ZONE_COLUMNS, ZONE_FILE, parse_zone, zone_type_from_id
 from kplan.core.errors import CatalogError
 from kplan.planner.catalog import (
@@ -91,6 +92,7 @@ def load_catalog(directory: Path | None = None) -> Catalog:
         billing=billing,
         version=_version(files, directory),
         notes=tuple(files.notes),
+        spot_model=shipped_spot_model(),
     )
 
 

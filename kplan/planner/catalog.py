@@ -6,7 +6,10 @@ Loading and validating files is done by ``kplan.catalogs``; the planner only see
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from kplan.planner.spot import SpotModel
 
 Cloud = Literal["aws", "gcp"]
 Market = Literal["on-demand", "spot"]
@@ -139,6 +142,7 @@ class Catalog:
     billing: dict[str, Billing]
     version: str  # e.g. "shipped-2026.11" or "user-2026-11-20"
     notes: tuple[str, ...] = field(default=())  # rows skipped during validation, with reasons
+    spot_model: SpotModel | None = None  # the fitted spot model (kplan.catalogs loads it)
 
     def spot_rate(self, cloud: str, instance_type: str) -> SpotRate:
         """The most specific spot rate for an instance type (longest matching prefix)."""

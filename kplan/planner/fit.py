@@ -219,13 +219,47 @@ def fit_perf_params(
     which picks the intra-node priors (efficiency and overlap) where no row measures them;
     None or "none": the NVLink-fitted ones.
     """
-    from scipy.optimize import least_squares  # scipy only on the fitting path
-
     d = rows if isinstance(rows, FitInputs) else FitInputs.from_measurements(rows)
     floor_bytes, floor_bucket = (gradient_bytes, bucket_bytes) if gradient_bytes else (None, None)
     eta_inter, gamma_inter = prior_inter(inter_fabric)
     eta_intra, gamma_intra = prior_intra(intra_link)
     prior = _priors(gradient_bytes, intra_gbps, inter_gbps, eta_inter, eta_intra, gamma_intra)
+    log_step = np.log(d.step_time)
+    fitted = _least_squares(d, prior, floor_bytes=floor_bytes, floor_bucket=floor_bucket)
+    pred = perfmodel.step_time(fitted, d.nodes, d.workers, d.local_batch, d.accum_steps)
+    resid = np.log(pred) - log_step
+    dof = max(len(resid) - int(_free_mask(d).sum()), 1)
+    sigma = max(math.sqrt(float(np.sum(resid**2)) / dof), MIN_LOG_SIGMA)
+    return _params(
+        np.array([getattr(fitted, n) for n in _NAMES]),
+        log_sigma=sigma,
+        gradient_bytes=gradient_bytes,
+        intra_gbps=intra_gbps,
+        inter_gbps=inter_gbps,
+        gpu=gpu,
+        gpus_per_node=gpus_per_node,
+        bucket_bytes=floor_bucket,
+        max_nodes_measured=int(d.nodes.max()),
+        nodes_measured=tuple(int(n) for n in np.unique(d.nodes)),
+        max_workers_measured=int(d.workers.max()),
+        inter_measured=bool((d.nodes > 1).any()),
+        # measured rows across nodes fit the overlap there (with gamma, on every row); a
+        # one-node profile cannot, and takes the fabric's prior
+        inter_gamma=None if (d.nodes > 1).any() else gamma_inter,
+    )
+
+
+def _least_squares(
+    d: FitInputs,
+    prior: NDArray[np.float64],
+    *,
+    floor_bytes: float | None,
+    floor_bucket: float | None,
+) -> PerfParams:
+    """The parameters that fit the rows' step times (and compute times, where the sync time
+    was measured) from the initial guess, the others held at ``prior``'s values."""
+    from scipy.optimize import least_squares  # scipy only on the fitting path
+
     free = _free_mask(d)
     x0 = _initial(d, prior)
     has_sync = ~np.isnan(d.sync_time)
@@ -259,28 +293,7 @@ def fit_perf_params(
         f_scale=0.1,
         max_nfev=2000,
     )
-    fitted = unpack(result.x)
-    pred = perfmodel.step_time(fitted, d.nodes, d.workers, d.local_batch, d.accum_steps)
-    resid = np.log(pred) - log_step
-    dof = max(len(resid) - int(free.sum()), 1)
-    sigma = max(math.sqrt(float(np.sum(resid**2)) / dof), MIN_LOG_SIGMA)
-    return _params(
-        np.array([getattr(fitted, n) for n in _NAMES]),
-        log_sigma=sigma,
-        gradient_bytes=gradient_bytes,
-        intra_gbps=intra_gbps,
-        inter_gbps=inter_gbps,
-        gpu=gpu,
-        gpus_per_node=gpus_per_node,
-        bucket_bytes=floor_bucket,
-        max_nodes_measured=int(d.nodes.max()),
-        nodes_measured=tuple(int(n) for n in np.unique(d.nodes)),
-        max_workers_measured=int(d.workers.max()),
-        inter_measured=bool((d.nodes > 1).any()),
-        # measured rows across nodes fit the overlap there (with gamma, on every row); a
-        # one-node profile cannot, and takes the fabric's prior
-        inter_gamma=None if (d.nodes > 1).any() else gamma_inter,
-    )
+    return unpack(result.x)
 
 
 def prior_inter(fabric: str) -> tuple[float, float | None]:

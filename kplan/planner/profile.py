@@ -301,32 +301,8 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
             hint="a profile needs at least one measured step time",
         )
     measurements = tuple(measurement_from_dict(r, source, i) for i, r in enumerate(rows))
-    gns_points: list[GnsPoint] = []
     gns = doc.get("gns")
-    if gns is not None:
-        traj = _get(gns, "trajectory", source, "gns.")
-        if not isinstance(traj, list):
-            raise DataFileError(f"{source}: 'gns.trajectory' must be a list", hint="fix the file")
-        for i, point in enumerate(traj):
-            progress = _num(
-                _get(point, "progress", source, f"gns.trajectory[{i}]."),
-                source,
-                f"gns.trajectory[{i}].progress",
-                positive=False,
-            )
-            if not 0.0 <= progress <= 1.0:
-                raise DataFileError(
-                    f"{source}: gns.trajectory[{i}].progress={progress} is outside [0, 1]",
-                    hint="progress is the fraction of training done",
-                )
-            scale = _num(
-                _get(point, "noise_scale", source, f"gns.trajectory[{i}]."),
-                source,
-                f"gns.trajectory[{i}].noise_scale",
-                upper=MAX_NOISE_SCALE,
-            )
-            gns_points.append(GnsPoint(progress, scale))
-        gns_points.sort(key=lambda p: p.progress)
+    gns_points = [] if gns is None else _gns_trajectory(gns, source)
     memory = doc.get("memory") or {}
     for section, value in (("device", device), ("memory", memory), ("gns", gns)):
         if value is not None and not isinstance(value, dict):
@@ -349,10 +325,7 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         MAX_BATCH,
     )
     max_local = _int(
-        _get(batch, "max_local_batch", source, "batch."),
-        source,
-        "batch.max_local_batch",
-        MAX_BATCH,
+        _get(batch, "max_local_batch", source, "batch."), source, "batch.max_local_batch", MAX_BATCH
     )
     gpu = _get(device, "gpu", source, "device.")
     if not isinstance(gpu, str) or not gpu or len(gpu) > 64:
@@ -388,6 +361,35 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         codec=_codec(doc.get("codec_seconds"), source),
         forward_share=_share(model.get("forward_share"), source, "model.forward_share"),
     )
+
+
+def _gns_trajectory(gns: Any, source: str) -> list[GnsPoint]:
+    """A profile's ``gns.trajectory``, checked point by point, in order of progress."""
+    traj = _get(gns, "trajectory", source, "gns.")
+    if not isinstance(traj, list):
+        raise DataFileError(f"{source}: 'gns.trajectory' must be a list", hint="fix the file")
+    points: list[GnsPoint] = []
+    for i, point in enumerate(traj):
+        progress = _num(
+            _get(point, "progress", source, f"gns.trajectory[{i}]."),
+            source,
+            f"gns.trajectory[{i}].progress",
+            positive=False,
+        )
+        if not 0.0 <= progress <= 1.0:
+            raise DataFileError(
+                f"{source}: gns.trajectory[{i}].progress={progress} is outside [0, 1]",
+                hint="progress is the fraction of training done",
+            )
+        scale = _num(
+            _get(point, "noise_scale", source, f"gns.trajectory[{i}]."),
+            source,
+            f"gns.trajectory[{i}].noise_scale",
+            upper=MAX_NOISE_SCALE,
+        )
+        points.append(GnsPoint(progress, scale))
+    points.sort(key=lambda p: p.progress)
+    return points
 
 
 def _share(value: Any, source: str, name: str) -> float | None:

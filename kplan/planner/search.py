@@ -43,7 +43,7 @@ from kplan.planner.plan import (
     SchedulePhase,
     SpotTerms,
 )
-from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, load_spot_model
+from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
 Array = NDArray[np.float64]
@@ -76,9 +76,9 @@ class SearchOptions:
     mixed: bool = True
     top: int = 10
     overheads: costs.Overheads = field(default_factory=costs.Overheads)
-    # Spot: the trace-fitted model (None: the shipped one), the launcher's recovery rules
-    # (on-demand fallback, capacity wait: None = the model's longest outage) and the
-    # Monte-Carlo that prices the spot rows kplan shows.
+    # Spot: the trace-fitted model (None: the catalog's, the shipped one), the launcher's
+    # recovery rules (on-demand fallback, capacity wait: None = the model's longest outage)
+    # and the Monte-Carlo that prices the spot rows kplan shows.
     spot_model: SpotModel | None = None
     allow_on_demand: bool = False
     capacity_wait_s: float | None = None
@@ -238,7 +238,9 @@ def candidates(
             best[key] = o
     preds: dict[tuple[str, str], InstancePrediction] = {}
     out: list[Candidate] = []
-    model = opts.spot_model or (load_spot_model() if "spot" in opts.markets else None)
+    model = opts.spot_model or (catalog.spot_model if "spot" in opts.markets else None)
+    if model is None and "spot" in opts.markets:
+        raise ValueError("a spot search needs a spot model: kplan.catalogs loads the catalog's")
     od_price: dict[tuple[str, str, str], float] = {
         (o.cloud, o.region, o.instance_type): o.usd_per_hour
         for o in sorted(catalog.offers, key=lambda o: -o.usd_per_hour)

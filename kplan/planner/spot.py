@@ -31,17 +31,15 @@ launcher's recovery rules (``kplan/launcher/lifecycle.py``), so that all three f
   fail the job.
 
 Fitted parameters live in ``kplan/catalogs/data/spot_model.json`` (``scripts/fit_spot_model.py``)
-with their sources; ``SpotModel.lookup`` takes the most specific row (family prefix, then
-region) and says which one it used.
+with their sources, read by ``kplan.catalogs.spot_model_file`` (the planner does no I/O);
+``SpotModel.lookup`` takes the most specific row (family prefix, then region) and says which
+one it used.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -247,28 +245,3 @@ class RecoveryPolicy:
                 raise ValueError(f"{name} must be >= 0")
         if not self.checkpoint_interval_s > 0 or self.max_replacements < 0:
             raise ValueError("checkpoint_interval_s must be > 0 and max_replacements >= 0")
-
-
-def load_spot_model(path: Path | None = None) -> SpotModel:
-    """The shipped model (or the file at ``path``)."""
-    if path is None:
-        text = resources.files("kplan.catalogs").joinpath("data", MODEL_FILE).read_text("utf-8")
-        label = MODEL_FILE
-    else:
-        try:
-            text = path.read_text("utf-8")
-        except OSError as exc:
-            raise DataFileError(
-                f"cannot read spot model {path}: {exc.strerror}", hint="check the path"
-            ) from None
-        label = str(path)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataFileError(
-            f"{label} is not JSON ({exc.msg}, line {exc.lineno})",
-            hint="refit with: python -m scripts.fit_spot_model",
-        ) from None
-    if not isinstance(doc, dict):
-        raise DataFileError(f"{label} is not a JSON object", hint="refit it")
-    return SpotModel.from_dict(doc, label)

@@ -41,76 +41,25 @@ def codec_seconds(
     """Median seconds of one step's compress + decompress of ``spec`` on ``shapes``."""
     import torch
 
-    from kplan.core.compression_spec import powersgd_matrix, topk_count
     from kplan.planner.compression import parse
-    from kplan.runtime.compression import kernels as rcomp
 
     c = parse(spec)
     if c.kind == "none":
         return 0.0
-    gen = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(*s, generator=gen).to(device) for s in shapes]
-    errors = [torch.zeros_like(g).reshape(-1) for g in grads]
-    qs: dict[int, torch.Tensor] = {}
-    collective = "ag" if c.collective == "auto" else c.collective
+    from kplan.profiler.codec_step import CodecStep
+
+    work = CodecStep(c, shapes, workers=workers, device=device, seed=seed)
 
     def sync() -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def once() -> None:
-        # The runtime compressor's work per parameter, in its order, without the collectives
-        # (a gathered or reduced tensor is this worker's own, ``workers`` times for AG).
-        for j, g in enumerate(grads):
-            flat = g.reshape(-1)
-            if c.kind in ("fp16", "bf16"):
-                dtype = torch.float16 if c.kind == "fp16" else torch.bfloat16
-                flat.to(dtype).to(flat.dtype)
-                continue
-            if c.kind == "powersgd":
-                rows, cols = powersgd_matrix(tuple(g.shape))
-                r = min(c.rank, rows, cols)
-                if g.dim() < 2 or r * (rows + cols) >= flat.numel():
-                    continue
-                m = flat.clone()
-                m.add_(errors[j])
-                mm = m.view(rows, cols)
-                q = qs.get(j)
-                if q is None:
-                    q = torch.randn(cols, r, generator=gen).to(device)
-                p_hat = rcomp.orthonormalise((mm @ q).reshape(-1).view(rows, r))
-                q_local = mm.t() @ p_hat
-                approx = p_hat @ q_local.t()
-                errors[j] = (mm - approx).reshape(-1)
-                float((mm * mm).sum())
-                float((approx * approx).sum())
-                payload = torch.cat([q_local.reshape(-1)])
-                out = torch.empty_like(flat)
-                out[:] = (p_hat @ payload.view(cols, r).t()).reshape(-1)
-                qs[j] = payload.view(cols, r).clone()
-                continue
-            a = flat.clone()
-            a.add_(errors[j])
-            # the runtime's own selection (sampled threshold on large parameters, seeded)
-            idx = rcomp.topk_select(a, topk_count(a.numel(), c.ratio), seed=j)
-            if collective == "ar":
-                idx = idx.to(torch.int32).long()
-            values, residual = rcomp.split_sent(a, idx)
-            errors[j] = residual.clone()
-            float(torch.dot(a, a))
-            float(torch.dot(values, values))
-            if collective == "ag":
-                idx32 = idx.to(torch.int32)
-                rcomp.combine_gathered(a.numel(), [(idx32, values)] * workers, flat)
-            else:
-                rcomp.scatter_reduced(flat.numel(), idx, values)
-
-    once()
+    work.once()
     sync()
     times = []
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
-        once()
+        work.once()
         sync()
         times.append(time.perf_counter() - t0)
     return float(statistics.median(times))

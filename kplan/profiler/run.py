@@ -100,62 +100,25 @@ def resolve(
     precision: str = DEFAULT_PRECISION,
 ) -> ProfileRequest:
     """Validate the inputs of ``kplan profile``; InputError naming the bad one."""
-    if (script is None) == (example is None):
-        raise InputError(
-            "give either a SCRIPT or --example NAME"
-            if script is None
-            else "give a SCRIPT or --example, not both",
-            hint="e.g. `kplan profile train.py -- --lr 0.1` or `kplan profile --example "
-            "mlp-regression`",
-        )
-    ex = get_example(example) if example is not None else None
-    if ex is not None:
-        path = ex.path
-        args = (*ex.args, *args)
-    else:
-        path = Path(str(script)).expanduser()
-        if not path.exists():
-            raise InputError(f"script {script!r} not found", hint="check the path")
-        if not path.is_file() or path.suffix != ".py":
-            raise InputError(
-                f"{script!r} is not a Python script (.py)",
-                hint="kplan profile runs a training script: `kplan profile train.py`",
-            )
-        path = path.resolve()
-        missing = [
-            f
-            for f, v in (("--dataset-size", dataset_size), ("--base-batch", base_batch))
-            if v is None
-        ]
-        if missing:
-            raise InputError(
-                f"{' and '.join(missing)} required when profiling a script",
-                hint="--dataset-size: samples per epoch; --base-batch: your global batch size",
-            )
-    if device not in DEVICES:
-        raise InputError(f"--device {device!r} is not one of {', '.join(DEVICES)}", hint="")
-    checked = check_precision(precision)
-    if device == "cpu" and checked in CPU_UNREPRESENTATIVE:
-        raise InputError(
-            f"--precision {checked} is not measured on a CPU (it would time "
-            f"{'fp32' if checked == 'tf32' else 'emulated fp16'} math)",
-            hint="profile fp32 or bf16 on a CPU; tf32 and fp16 on a GPU",
-        )
-    _positive("--workers", workers)
-    _positive("--min-local-batch", min_local_batch)
-    _positive("--max-local-batch", max_local_batch)
-    _positive("--warmup-steps", warmup_steps, 0)
-    _positive("--steps", steps_per_batch)
-    _positive("--gns-steps", gns_steps, 0)
-    _positive("--gns-batch", gns_batch)
-    _positive("--base-batch", base_batch)
-    _positive("--dataset-size", dataset_size)
-    for flag, seconds in (
-        ("--startup-timeout", startup_timeout_s),
-        ("--step-timeout", step_timeout_s),
-        ("--timeout", timeout_s),
+    path, ex, args = _script(
+        script, example, args, dataset_size=dataset_size, base_batch=base_batch
+    )
+    checked = _device_precision(device, precision)
+    for flag, value, low in (
+        ("--workers", workers, 1),
+        ("--min-local-batch", min_local_batch, 1),
+        ("--max-local-batch", max_local_batch, 1),
+        ("--warmup-steps", warmup_steps, 0),
+        ("--steps", steps_per_batch, 1),
+        ("--gns-steps", gns_steps, 0),
+        ("--gns-batch", gns_batch, 1),
+        ("--base-batch", base_batch, 1),
+        ("--dataset-size", dataset_size, 1),
+        ("--startup-timeout", startup_timeout_s, 1),
+        ("--step-timeout", step_timeout_s, 1),
+        ("--timeout", timeout_s, 1),
     ):
-        _positive(flag, seconds, 1)
+        _positive(flag, value, low)
     if epochs is not None and not epochs > 0:
         raise InputError(f"--epochs={epochs:g} must be > 0", hint="")
     max_b = (
@@ -189,6 +152,59 @@ def resolve(
         keep_workdir=keep_workdir,
         precision=checked,
     )
+
+
+def _device_precision(device: str, precision: str) -> Precision:
+    """The checked precision, one that ``device`` measures faithfully."""
+    if device not in DEVICES:
+        raise InputError(f"--device {device!r} is not one of {', '.join(DEVICES)}", hint="")
+    checked = check_precision(precision)
+    if device == "cpu" and checked in CPU_UNREPRESENTATIVE:
+        raise InputError(
+            f"--precision {checked} is not measured on a CPU (it would time "
+            f"{'fp32' if checked == 'tf32' else 'emulated fp16'} math)",
+            hint="profile fp32 or bf16 on a CPU; tf32 and fp16 on a GPU",
+        )
+    return checked
+
+
+def _script(
+    script: str | None,
+    example: str | None,
+    args: Sequence[str],
+    *,
+    dataset_size: int | None,
+    base_batch: int | None,
+) -> tuple[Path, Example | None, tuple[str, ...]]:
+    """The script to run (a user's, or the example's), the example, and the script's flags."""
+    if (script is None) == (example is None):
+        raise InputError(
+            "give either a SCRIPT or --example NAME"
+            if script is None
+            else "give a SCRIPT or --example, not both",
+            hint="e.g. `kplan profile train.py -- --lr 0.1` or `kplan profile --example "
+            "mlp-regression`",
+        )
+    if example is not None:
+        ex = get_example(example)
+        return ex.path, ex, (*ex.args, *args)
+    path = Path(str(script)).expanduser()
+    if not path.exists():
+        raise InputError(f"script {script!r} not found", hint="check the path")
+    if not path.is_file() or path.suffix != ".py":
+        raise InputError(
+            f"{script!r} is not a Python script (.py)",
+            hint="kplan profile runs a training script: `kplan profile train.py`",
+        )
+    missing = [
+        f for f, v in (("--dataset-size", dataset_size), ("--base-batch", base_batch)) if v is None
+    ]
+    if missing:
+        raise InputError(
+            f"{' and '.join(missing)} required when profiling a script",
+            hint="--dataset-size: samples per epoch; --base-batch: your global batch size",
+        )
+    return path.resolve(), None, tuple(args)
 
 
 def _cuda_count(device: str) -> int:
