@@ -124,11 +124,8 @@ def test_an_unchanged_source_reuses_the_wheel_and_a_changed_one_rebuilds(tmp_pat
     first = build_wheel(home, source)
     assert first.path.is_relative_to(home / "wheels")
     mtime = first.path.stat().st_mtime_ns
-    t0 = time.perf_counter()
-    again = build_wheel(home, source)
-    reuse_s = time.perf_counter() - t0
+    again = build_wheel(home, source)  # how long a reuse takes: bench/failfast.py
     assert again == first and again.path.stat().st_mtime_ns == mtime  # not rebuilt
-    assert reuse_s < 1.0, reuse_s
     (source / "kplan" / "runtime" / "env.py").write_text(
         (source / "kplan" / "runtime" / "env.py").read_text() + "\n# changed\n"
     )

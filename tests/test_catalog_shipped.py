@@ -4,7 +4,6 @@ instance families the planner and the reference traces need."""
 from __future__ import annotations
 
 import re
-import time
 from collections import defaultdict
 from importlib import resources
 
@@ -36,13 +35,10 @@ def test_shipped_catalog_has_only_expected_notes(cat: Catalog) -> None:
     assert cat.version == "shipped-2026.11"
 
 
-def test_shipped_catalog_loads_well_under_100_ms() -> None:
-    timings = []
-    for _ in range(3):
-        start = time.perf_counter()
-        load_catalog()
-        timings.append(time.perf_counter() - start)
-    assert min(timings) < 0.1, timings
+def test_shipped_catalog_loads_the_same_each_time(cat: Catalog) -> None:
+    # How long a load takes is measured by bench/failfast.py (a timed test fails under load).
+    again = load_catalog()
+    assert again == cat and again is not cat
 
 
 def test_shipped_catalog_is_cached() -> None:

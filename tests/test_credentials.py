@@ -1,5 +1,6 @@
-"""Cloud credentials: a launch without them fails in seconds with one line and leaves no job;
-``kplan launch --dry-run`` needs neither credentials nor a cloud SDK (issue 10, item 5)."""
+"""Cloud credentials: a launch without them fails with one line, before any job exists, and
+leaves no job; ``kplan launch --dry-run`` needs neither credentials nor a cloud SDK (issue 10,
+item 5). How long the refusal takes is measured by bench/failfast.py, not asserted here."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,9 @@ main()
 
 def kplan(
     args: list[str], env: dict[str, str], *, block: tuple[str, ...] = (), refuse: bool = False
-) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
-    done = subprocess.run(
+) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process (the timeout only keeps a hang from blocking the suite)."""
+    return subprocess.run(
         [sys.executable, "-c", _RUN.format(block=block, refuse=refuse, args=args)],
         capture_output=True,
         text=True,
@@ -89,7 +89,6 @@ def kplan(
         env=env,
         cwd=ROOT,
     )
-    return done, time.monotonic() - start
 
 
 # --- the checks themselves ------------------------------------------------------------------
@@ -130,11 +129,26 @@ def test_aws_unknown_profile_is_one_line_with_a_hint(
 def test_gcp_without_credentials_fails_at_once_naming_the_chain(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import google.auth
+
+    from kplan.launcher.providers import gcp_auth
+
     clear_credentials(monkeypatch, tmp_path)
-    start = time.monotonic()
+    probes: list[float] = []
+    real_probe = gcp_auth.metadata_server
+
+    def probe(environ: Any, timeout_s: float = gcp_auth.PROBE_TIMEOUT_S) -> bool:
+        probes.append(timeout_s)
+        return real_probe(environ, timeout_s)
+
+    def default(*args: object, **kwargs: object) -> None:
+        raise AssertionError("google.auth.default() probes the metadata server for ~10 s")
+
+    monkeypatch.setattr(gcp_auth, "metadata_server", probe)
+    monkeypatch.setattr(google.auth, "default", default)
     with pytest.raises(InputError, match="no Google credentials found") as info:
         find_credentials()
-    assert time.monotonic() - start < 5  # google.auth alone probes the metadata server ~10 s
+    assert len(probes) <= 1 and all(t <= 1.0 for t in probes)  # one short try at most
     message = info.value.message
     assert "GOOGLE_APPLICATION_CREDENTIALS (unset)" in message
     assert str(tmp_path / ".config/gcloud/application_default_credentials.json") in message
@@ -166,20 +180,19 @@ def test_gcp_credentials_from_gclouds_file_are_found(
 
 
 @pytest.mark.parametrize("cloud", ["gcp", "aws"])
-def test_a_launch_without_credentials_fails_fast_and_records_no_job(
+def test_a_launch_without_credentials_fails_with_one_line_and_records_no_job(
     cloud: str, tmp_path: Path
 ) -> None:
     env = clean_env(
         tmp_path, KPLAN_GCP_PROJECT="kplan-test-1", KPLAN_GCP_STORAGE_URI="gs://kplan-test/jobs"
     )
-    done, took = kplan(["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS], env)
+    done = kplan(["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS], env)
     assert done.returncode == 2, done.stderr
-    assert took < 10, f"took {took:.1f} s"
     lines = done.stderr.strip().splitlines()
     assert lines[0].startswith("error: no ") and "credentials found" in lines[0], lines
     assert len(lines) == 2 and lines[1].startswith("hint: "), lines
     assert "Traceback" not in done.stderr + done.stdout
-    status, _ = kplan(["status", "--json"], env)
+    status = kplan(["status", "--json"], env)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == []  # no job, so nothing to clean
 
@@ -189,11 +202,11 @@ def test_a_launch_on_a_planner_only_install_says_which_extra_to_install(
     cloud: str, tmp_path: Path
 ) -> None:
     env = clean_env(tmp_path, KPLAN_GCP_PROJECT="kplan-test-1")
-    done, _ = kplan(["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS], env, block=SDK_MODULES)
+    done = kplan(["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS], env, block=SDK_MODULES)
     assert done.returncode == 2, done.stderr
     assert f"scripts/setup.sh {cloud}" in done.stderr
     assert "not installed" in done.stderr and "Traceback" not in done.stderr
-    status, _ = kplan(["status", "--json"], env)
+    status = kplan(["status", "--json"], env)
     assert json.loads(status.stdout) == []
 
 
@@ -212,7 +225,7 @@ def test_dry_run_works_offline_without_credentials_or_sdk(
 ) -> None:
     env = clean_env(tmp_path)
     args = ["launch", str(SCRIPT), "--cloud", cloud, *PLAN_ARGS, "--dry-run"]
-    done, _ = kplan([*args, "--json"], env, block=SDK_MODULES, refuse=True)
+    done = kplan([*args, "--json"], env, block=SDK_MODULES, refuse=True)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     target = doc["target"]
@@ -221,7 +234,7 @@ def test_dry_run_works_offline_without_credentials_or_sdk(
     prepare = next(r for r in doc["requests"] if r["call"] == "provider.prepare")
     assert prepare["cluster"]["storage_uri"] == target["storage_uri"]
     assert placeholders[-1] in target["storage_uri"]
-    text, _ = kplan(args, env, block=SDK_MODULES, refuse=True)
+    text = kplan(args, env, block=SDK_MODULES, refuse=True)
     assert text.returncode == 0, text.stderr
     assert "placeholders, not real values: " + ", ".join(placeholders) in text.stdout
     assert f"a real launch needs: {extra}" in text.stdout

@@ -297,8 +297,7 @@ def test_logs_follow_returns_when_the_launcher_is_gone(home: Path) -> None:
     log = home / "jobs" / job / "logs" / "node-0.log"
     log.parent.mkdir(parents=True)
     log.write_text("epoch 1 loss 0.25\n")
-    t0 = time.monotonic()
-    proc = subprocess.run(
+    proc = subprocess.run(  # returns on its own: the timeout only guards against a hang
         [sys.executable, "-c", "from kplan.cli.main import main; main()", "logs", job, "-f"],
         env={**os.environ, "KPLAN_HOME": str(home)},
         capture_output=True,
@@ -309,7 +308,6 @@ def test_logs_follow_returns_when_the_launcher_is_gone(home: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "epoch 1 loss 0.25" in proc.stdout
     assert "launcher is gone" in proc.stderr and f"kplan down {job}" in proc.stderr
-    assert time.monotonic() - t0 < 30
 
 
 def test_down_forget_refuses_while_an_instance_lives_then_forgets(

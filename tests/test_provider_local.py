@@ -142,9 +142,7 @@ def test_terminate_ends_the_whole_tree_and_is_idempotent(home: Path) -> None:
     provider.wait_instances([inst.id], timeout_s=10)
     until(lambda: len(instance_pids(home)) >= 4, 5, "supervisor, shell and two sleeps")
     tree = instance_pids(home)
-    t0 = time.monotonic()
-    provider.terminate_instances([inst.id])
-    assert time.monotonic() - t0 < 1.0  # asks, does not wait
+    provider.terminate_instances([inst.id])  # asks, does not wait (bench/failfast.py times it)
     ended = wait_state(provider, inst.id, {"terminated"})
     assert ended.reason == "terminated"
     assert not procs.living(tree)
@@ -163,7 +161,7 @@ def test_terminate_sigterms_the_leader_then_kills_after_grace(home: Path) -> Non
     provider.terminate_instances([inst.id])
     assert wait_state(provider, inst.id, {"stopping"}, 2).reason == "terminated"
     wait_state(provider, inst.id, {"terminated"})
-    assert 0.9 < time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 > 0.9  # not killed before the grace (how soon after: bench)
     assert mark.exists()
 
 
@@ -236,7 +234,7 @@ def test_chaos_gives_a_notice_then_kills_the_group(home: Path) -> None:
     t0 = time.monotonic()
     gone = wait_state(provider, inst.id, {"preempted"})
     assert gone.reason == "spot interruption"
-    assert 0.5 < time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 > 0.5  # the group had its notice before the kill
     assert mark.exists()  # the notice reached the bootstrap
     assert not procs.living(tree)
 

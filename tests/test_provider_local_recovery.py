@@ -159,11 +159,9 @@ def test_real_workers_wait_out_a_region_outage_then_fail_over(home: Path) -> Non
 @pytest.mark.slow
 def test_real_workers_fail_when_capacity_does_not_return_in_time(home: Path) -> None:
     chaos = ChaosConfig(at_s=(6.0,), targets=(1,), notice_s=1.0, outages=(Outage(5.5),))
-    start = time.monotonic()
     out, db = _run(home, _spec(home, capacity_wait_s=2.0), chaos)
-    assert out.status == "failed"
+    assert out.status == "failed"  # by the capacity wait, not the script's own end:
     assert (out.reason or "").startswith("no capacity for node(s) [1] in any zone of local")
-    assert time.monotonic() - start < 25.0  # well before the script's own end
     assert not any(i.alive for i in db.instances(out.job_id))
     assert all(row.closed for row in db.ledger(out.job_id))
     db.close()

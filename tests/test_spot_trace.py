@@ -1,5 +1,5 @@
 """Spot traces: the CSV format, its bad files, the converters of the shared traces, loss events
-and the trace drawn from the model (kplan/planner/spottrace.py)."""
+and the trace drawn from the model (kplan/catalogs/spot_traces.py, kplan/planner/spottrace.py)."""
 
 from __future__ import annotations
 

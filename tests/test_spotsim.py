@@ -4,7 +4,6 @@ replay of traces drawn from the model reproducing the model's own distributions.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -313,11 +312,10 @@ def test_replacement_limit_and_capacity_failures() -> None:
     assert fo.fail_prob[0] == 0.0 and fo.wait_hours_mean[0] == 0.0
 
 
-def test_simulate_speed() -> None:
+def test_simulate_a_harsh_market_for_many_configurations() -> None:
     """20 configurations x 2000 runs x 8 nodes of a harsh market (a loss event every few
-    minutes of training): well under a second on a quiet core; a loose bound here."""
+    minutes of training): longer work takes longer. Its speed: bench/failfast.py."""
     r = risk(0.9, 1.7, 0.05, Outage(0.5, (0.1, 0.2, 0.3, 0.5), 1.0))
-    t = time.perf_counter()
     res = spotsim.simulate(
         work_s=np.linspace(2, 20, 20) * 3600.0,
         nodes=8,
@@ -327,7 +325,6 @@ def test_simulate_speed() -> None:
         usd_per_hour_on_demand=3.06,
         runs=2000,
     )
-    assert time.perf_counter() - t < 5.0
     assert np.all(np.diff(res.hours_mean) > 0)
 
 
