@@ -526,7 +526,7 @@ def _enum_cases() -> list[Case]:
          {"p.json": SPOT_PLAN, "t.csv": "0,add\n"}),
         ("simulate-gcp-bad", (*SIM, "--format", "gcp-counts"), 2, "",
          {"p.json": SPOT_PLAN, "t.csv": "2021-12-11, 11:11:30, many\n"}),
-        ("simulate-trace-40k-events", SIM, 2, "replay bound",
+        ("simulate-trace-40k-events", SIM, 2, "more replay work than the bound",
          {"p.json": SPOT_PLAN, "t.csv": TRACE_40K}),
         ("simulate-gcp-counts-flip", (*SIM, "--format", "gcp-counts"), 2, "more than 200,000",
          {"p.json": SPOT_PLAN, "t.csv": COUNTS_FLIP}),
