@@ -46,6 +46,7 @@ from kplan.launcher.providers.aws_shapes import (
     tags_of,
     to_instance,
 )
+from kplan.launcher.providers.envvars import setting
 
 if TYPE_CHECKING:
     from kplan.launcher.providers import Backend, ProviderSettings
@@ -403,15 +404,16 @@ def config_from_env(region: str | None, environ: Mapping[str, str] | None = None
     if flag not in ("0", "1", "true", "false", "yes", "no"):
         raise InputError(f"KPLAN_AWS_PLACEMENT_GROUPS={flag!r} is not 0 or 1")
     optional: dict[str, Any] = {
-        "endpoint_url": env.get("KPLAN_AWS_ENDPOINT_URL") or None,
-        "instance_profile": env.get("KPLAN_AWS_INSTANCE_PROFILE") or None,
-        "vpc_id": env.get("KPLAN_AWS_VPC") or None,
-        "subnet_id": env.get("KPLAN_AWS_SUBNET") or None,
-        "key_name": env.get("KPLAN_AWS_KEY_NAME") or None,
+        "endpoint_url": setting("KPLAN_AWS_ENDPOINT_URL", env),
+        "instance_profile": setting("KPLAN_AWS_INSTANCE_PROFILE", env),
+        "vpc_id": setting("KPLAN_AWS_VPC", env),
+        "subnet_id": setting("KPLAN_AWS_SUBNET", env),
+        "key_name": setting("KPLAN_AWS_KEY_NAME", env),
         "placement_groups": flag in ("1", "true", "yes"),
     }
-    if env.get("KPLAN_AWS_IMAGE"):
-        optional["image_id"] = env["KPLAN_AWS_IMAGE"]
+    image = setting("KPLAN_AWS_IMAGE", env)
+    if image is not None:
+        optional["image_id"] = image
     return AwsConfig(region=chosen, **optional)
 
 
@@ -423,7 +425,7 @@ def create(settings: ProviderSettings) -> Backend:
     config = config_from_env(settings.region)
     check_credentials(config)  # before any client, bucket or job: no credentials fails now
     factory = make_client_factory(config)
-    uri = settings.storage_uri or os.environ.get("KPLAN_AWS_STORAGE_URI") or None
+    uri = settings.storage_uri or setting("KPLAN_AWS_STORAGE_URI")
     if uri is None:
         storage = S3Storage(
             default_storage_uri(config, factory), config, client_factory=factory, create_bucket=True
@@ -460,7 +462,7 @@ def offline_target(
 
     env = os.environ if environ is None else environ
     config = config_from_env(settings.region, env)
-    uri = settings.storage_uri or env.get("KPLAN_AWS_STORAGE_URI") or None
+    uri = settings.storage_uri or setting("KPLAN_AWS_STORAGE_URI", env)
     placeholders = [ACCOUNT_PLACEHOLDER]
     if uri is None:
         uri = f"s3://kplan-{ACCOUNT_PLACEHOLDER}-{config.region}/jobs"

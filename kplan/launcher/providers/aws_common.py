@@ -105,7 +105,7 @@ class AwsConfig:
     cleanup_timeout_s: float = 300.0  # how long cleanup waits for terminations and dependencies
 
     def __post_init__(self) -> None:
-        if not _REGION.match(self.region):
+        if not _REGION.fullmatch(self.region):
             raise InputError(
                 f"AWS region {self.region!r} is not a region name",
                 hint="use a region such as us-east-1 or eu-west-2",

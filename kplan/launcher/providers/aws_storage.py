@@ -32,7 +32,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise InputError(f"storage URI {uri!r} is not an s3:// URI", hint="e.g. s3://bucket/kplan")
     bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not _BUCKET.match(bucket):
+    if not _BUCKET.fullmatch(bucket):
         raise InputError(
             f"storage URI {uri!r} names no valid bucket ({bucket!r})",
             hint="S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kplan.core.errors import InputError
+from kplan.launcher.providers.envvars import setting
 
 TerminationAction = Literal["STOP", "DELETE"]
 
@@ -152,14 +153,14 @@ class GcpConfig:
                 f"KPLAN_GCP_EXTERNAL_IP={external!r} is not 0 or 1",
                 "Set KPLAN_GCP_EXTERNAL_IP=0 for instances without a public IP, or unset it.",
             )
-        account = env.get("KPLAN_GCP_SERVICE_ACCOUNT", "default")
+        account = setting("KPLAN_GCP_SERVICE_ACCOUNT", env) or "default"
         action = env.get("KPLAN_GCP_TERMINATION_ACTION", "STOP").upper()
         return cls(
             project=project,
-            api_endpoint=env.get("KPLAN_GCP_ENDPOINT") or None,
-            network=env.get("KPLAN_GCP_NETWORK") or "default",
-            subnetwork=env.get("KPLAN_GCP_SUBNETWORK") or None,
-            image=env.get("KPLAN_GCP_IMAGE") or DEFAULT_IMAGE,
+            api_endpoint=setting("KPLAN_GCP_ENDPOINT", env),
+            network=setting("KPLAN_GCP_NETWORK", env) or "default",
+            subnetwork=setting("KPLAN_GCP_SUBNETWORK", env),
+            image=setting("KPLAN_GCP_IMAGE", env) or DEFAULT_IMAGE,
             service_account=None if account.lower() == "none" else account,
             termination_action=action,  # type: ignore[arg-type]  # checked in __post_init__
             external_ip=external in ("1", "true", "yes"),
