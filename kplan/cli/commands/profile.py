@@ -163,6 +163,10 @@ def profile(
         )
         for p in precisions
     ]  # fmt: skip
+    from kplan.profiler.run import check_device
+
+    for req in reqs:  # every precision against this machine before the first one runs
+        check_device(req)
     several = len(reqs) > 1
     from kplan.core.files import check_writable
 
