@@ -120,11 +120,16 @@ class AwsConfig:
         if not self.image_id:
             raise InputError("AWS image_id is empty", hint="give an AMI id or resolve:ssm:<name>")
         if self.max_attempts < 1:
-            raise InputError(f"AWS max_attempts must be >= 1, got {self.max_attempts}")
+            raise InputError(
+                f"AWS max_attempts must be >= 1, got {self.max_attempts}",
+                hint="1 tries each call once; the default is 5",
+            )
         for name in ("backoff_s", "poll_s", "cleanup_timeout_s"):
             value = getattr(self, name)
             if value < 0:
-                raise InputError(f"AWS {name} must be >= 0, got {value}")
+                raise InputError(
+                    f"AWS {name} must be >= 0, got {value}", hint=f"set {name} to 0 or more seconds"
+                )
 
 
 def make_client_factory(config: AwsConfig) -> ClientFactory:
