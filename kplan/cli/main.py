@@ -6,6 +6,7 @@ inside the commands that need them so that ``kplan --help`` starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, NoReturn
@@ -48,10 +49,9 @@ def _tolerant_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None and getattr(stream, "errors", None) == "strict":
-            try:
+            # a closed or detached stream has nothing to protect
+            with contextlib.suppress(ValueError, OSError):
                 reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):  # a closed or detached stream: nothing to protect
-                pass
 
 
 class _KplanGroup(KplanGroup):

@@ -170,9 +170,9 @@ def precision_ratio(profile: Profile, other: Profile) -> tuple[str, float]:
         )
         if x != y
     ]
-    if profile.gradient_shapes and other.gradient_shapes:
-        if profile.gradient_shapes != other.gradient_shapes:
-            differ.append("gradient_shapes differ")
+    shapes = (profile.gradient_shapes, other.gradient_shapes)
+    if all(shapes) and shapes[0] != shapes[1]:
+        differ.append("gradient_shapes differ")
     if differ:
         raise InputError(
             f"profiles {profile.name!r} and {other.name!r} are not of one job ({differ[0]})",
