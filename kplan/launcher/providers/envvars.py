@@ -11,7 +11,7 @@ variable is no setting (None).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kplan.core.errors import InputError
 
@@ -68,3 +68,21 @@ def setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     if not value:
         return None
     return MIRRORS.get(name, check_token)(value, name)
+
+
+# Every KPLAN_<CLOUD>_ setting read by ``setting`` (the 0/1 switches and the GCP project and
+# termination action are checked where their configs read them).
+_AWS = ("ENDPOINT_URL", "INSTANCE_PROFILE", "IMAGE", "VPC", "SUBNET", "KEY_NAME", "STORAGE_URI")
+_GCP = ("ENDPOINT", "NETWORK", "SUBNETWORK", "IMAGE", "SERVICE_ACCOUNT", "STORAGE_URI")
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "aws": tuple(f"KPLAN_AWS_{n}" for n in _AWS),
+    "gcp": (*(f"KPLAN_GCP_{n}" for n in _GCP), "KPLAN_GCS_ENDPOINT"),
+}
+
+
+def check_environment(clouds: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+    """Check every setting of ``clouds`` now (``kplan launch`` does, before it plans), so a bad
+    variable is refused at once rather than after the plan is made."""
+    for cloud in clouds:
+        for name in SETTINGS.get(cloud, ()):
+            setting(name, environ)
