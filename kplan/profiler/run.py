@@ -133,7 +133,10 @@ def resolve(
                 hint="--dataset-size: samples per epoch; --base-batch: your global batch size",
             )
     if device not in DEVICES:
-        raise InputError(f"--device {device!r} is not one of {', '.join(DEVICES)}", hint="")
+        raise InputError(
+            f"--device {device!r} is not one of {', '.join(DEVICES)}",
+            hint="auto (the default) uses CUDA when one is visible, else the CPU",
+        )
     checked = check_precision(precision)
     if device == "cpu" and checked in CPU_UNREPRESENTATIVE:
         raise InputError(
@@ -157,7 +160,9 @@ def resolve(
     ):
         _positive(flag, seconds, 1)
     if epochs is not None and not epochs > 0:
-        raise InputError(f"--epochs={epochs:g} must be > 0", hint="")
+        raise InputError(
+            f"--epochs={epochs:g} must be > 0", hint="epochs the job trains, e.g. --epochs 90"
+        )
     max_b = (
         max_local_batch
         if max_local_batch is not None
