@@ -9,6 +9,9 @@ JSON). ``home`` sets up ``$KPLAN_HOME``: ``job`` (a database with one finished l
 SQLite file), ``text`` (not SQLite), ``magic`` (SQLite's header, then garbage), ``dir`` and
 ``fifo`` (kplan.db is a folder or a FIFO), ``readonly`` (``job`` on a read-only mount),
 ``batch0`` (``job`` whose step records hold a global batch of 0).
+``env`` sets environment variables for the run (``KPLAN_AWS_IMAGE``, ``PYTHONIOENCODING``);
+a ``files`` name may hold ``/`` (its folders are made). ``catalog-1e300`` is a user catalog (the
+shipped one) whose p3.2xlarge prices are 1e300.
 ``sub`` runs the case in a subprocess with a timeout (a device, a FIFO that SQLite would open,
 a read-only mount); the others run in-process under a SIGALRM timeout.
 
@@ -21,7 +24,7 @@ lists the cases kplan mishandled before issue 10 (measured by running this corpu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 FIFO = "<fifo>"
@@ -57,6 +60,7 @@ class Case:
     files: dict[str, Any] = field(default_factory=dict)
     home: str | None = None
     sub: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # set for the run (issue 24)
 
 
 MEASUREMENTS = (
@@ -893,6 +897,103 @@ def _plan_cases() -> list[Case]:
             for name, argv, code, match, files in rows]  # fmt: skip
 
 
+def _issue24_cases() -> list[Case]:
+    """Issue 24's bad input that is not a plan: environment variables checked as their flags,
+    job ids with a newline, a 300-byte file name, a terminal that is not UTF-8, an ignore file
+    with a dozen ``**``, absurd catalog prices, a zero SIGMA, precisions a CPU cannot profile,
+    two profiles of different jobs, and a model's field types (in a profile's fit)."""
+    s = {"train.py": SCRIPT}
+    aws = ("launch", "{d}/train.py", "--cloud", "aws", "--example", "cifar10-resnet18",
+           "--budget", "5", "--dry-run")  # fmt: skip
+    gcp = tuple("gcp" if a == "aws" else a for a in aws)
+    est = ("estimate", "--example", "cifar10-resnet18")
+    long = "{d}/" + "n" * 300 + ".json"
+    deep = "/".join(["a"] * 25)
+    stars = "\n".join("**/a/" * k + f"**/zz{k}" for k in range(1, 13)) + "\n"
+    # fmt: off
+    rows: list[Case] = [
+        # environment variables: the flag's check (KPLAN_*_IMAGE is --image), or a name's
+        Case("env-aws-image-space", aws, 2, "KPLAN_AWS_IMAGE", s, env={"KPLAN_AWS_IMAGE": " "}),
+        Case("env-aws-image-newline", aws, 2, "KPLAN_AWS_IMAGE", s,
+             env={"KPLAN_AWS_IMAGE": "ami-123\nx"}),
+        Case("env-aws-instance-profile-newline", aws, 2, "KPLAN_AWS_INSTANCE_PROFILE", s,
+             env={"KPLAN_AWS_INSTANCE_PROFILE": "role\n"}),
+        Case("env-aws-vpc-space", aws, 2, "KPLAN_AWS_VPC", s, env={"KPLAN_AWS_VPC": "vpc 1"}),
+        Case("env-aws-storage-tab", aws, 2, "KPLAN_AWS_STORAGE_URI", s,
+             env={"KPLAN_AWS_STORAGE_URI": "s3://b/\tx"}),
+        Case("env-aws-image-valid", aws, 0, "", s, env={"KPLAN_AWS_IMAGE": "ami-0123456789"}),
+        Case("env-gcp-image-space", gcp, 2, "KPLAN_GCP_IMAGE", s, env={"KPLAN_GCP_IMAGE": " "}),
+        Case("env-gcp-network-newline", gcp, 2, "KPLAN_GCP_NETWORK", s,
+             env={"KPLAN_GCP_NETWORK": "vpc\n"}),
+        Case("env-gcp-service-account-space", gcp, 2, "KPLAN_GCP_SERVICE_ACCOUNT", s,
+             env={"KPLAN_GCP_SERVICE_ACCOUNT": "a b@c.d"}),
+        # a job id with a trailing newline: refused by every command that takes one
+        *[
+            Case(f"jobid-newline-{name}", argv, 2, "job id", s if name == "launch" else {},
+                 home="job")
+            for name, argv in (
+                ("status", ("status", JOB + "\n")),
+                ("logs", ("logs", JOB + "\n")),
+                ("report", ("report", JOB + "\n")),
+                ("down", ("down", JOB + "\n")),
+                ("report-against", ("report", JOB, "--against", JOB + "\n")),
+                ("launch", ("launch", "{d}/train.py", "--job-id", "abc\n", "--dry-run")),
+            )
+        ],
+        # an output name longer than a file system takes (NAME_MAX, 255 bytes)
+        Case("out-name-300-estimate", (*est, "--out", long), 2, "shorter file name"),
+        Case("out-name-300-model-fit", ("model", "fit", "-m", "{d}/m.csv", "--out", long), 2,
+             "shorter file name", {"m.csv": MEASUREMENTS}),
+        Case("out-name-300-profile", ("profile", "--example", "mlp-regression", "--out", long),
+             2, "shorter file name"),
+        # a terminal that is not UTF-8 and a profile named in another script: printed, escaped
+        *[
+            Case(f"terminal-{enc}-profile-name", ("estimate", "--profile", "{d}/p.json",
+                                                  "--top", "2"), 0, "",
+                 {"p.json": Mut("profile", ("name",), "modèle-日本")}, sub=True,
+                 env={"PYTHONIOENCODING": enc})
+            for enc in ("ascii", "latin-1")
+        ],
+        # a dozen "**" over 25 folders: linear matching, packed at once
+        Case("packing-gitignore-double-stars", aws, 0, "", {**s, f"{deep}/f.txt": "x\n",
+                                                           ".gitignore": stars}),
+        # a user catalog priced at 1e300 USD/h: those rows are dropped (with a note), not planned
+        Case("catalog-price-1e300-estimate", (*est, "--instance-type", "p3.2xlarge",
+                                              "--on-demand"), 2, "no instance type",
+             home="catalog-1e300"),
+        Case("catalog-price-1e300-list", ("catalog", "list", "--cloud", "aws", "--gpu", "V100",
+                                          "--json"), 0, "", home="catalog-1e300"),
+        # --compression-steps SIGMA: bounded below (1e-300 divided by zero)
+        Case("compression-steps-sigma-1e-300", (*est, "--compression-steps", "fp16=1.1/1e-300"),
+             2, "SIGMA"),
+        Case("compression-steps-sigma-0.01", (*est, "--compression-steps", "fp16=1.1/0.01"), 0),
+        # every precision checked against the device before any profile runs (no GPU here)
+        Case("profile-precisions-fp32-fp16-cpu", ("profile", "--example", "mlp-regression",
+                                                  "--precision", "fp32", "--precision", "fp16",
+                                                  "--out", "{d}/p.json"), 2, "--precision fp16",
+             env={"CUDA_VISIBLE_DEVICES": ""}),
+        # two profiles of different jobs are not one job's two precisions
+        Case("profile-pair-different-jobs", ("estimate", "--profile", "{d}/a.json", "--profile",
+                                             "{d}/b.json"), 2, "not of one job",
+             {"a.json": Mut("profile", ("precision",), "fp16"),
+              "b.json": Mut("profile", ("name",), "another-job")}),
+        Case("profile-pair-one-job-valid", ("estimate", "--profile", "{d}/a.json", "--profile",
+                                            "{d}/b.json", "--top", "2"), 0, "",
+             {"a.json": Mut("profile", ("precision",), "fp16"), "b.json": Mut("profile")}),
+        # a model's field types, checked by its one validator wherever it is read
+        Case("profile-fit-gamma-str", ("estimate", "--profile", "{d}/p.json"), 2,
+             "'gamma' must be a number", {"p.json": Mut("profile", ("fit", "gamma"), "2")}),
+        Case("profile-fit-gpus-per-node-bool", ("estimate", "--profile", "{d}/p.json"), 2,
+             "'gpus_per_node' must be an integer",
+             {"p.json": Mut("profile", ("fit", "gpus_per_node"), True)}),
+        Case("model-bucket-bytes-str", ("model", "predict", "--model", "{d}/model.json", "-c",
+                                        "{d}/c.csv"), 2, "'bucket_bytes' must be a number",
+             {"model.json": Mut("model", ("bucket_bytes",), "big"), "c.csv": CONFIGS}),
+    ]
+    # fmt: on
+    return [replace(c, id=f"i24-{c.id}") for c in rows]
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -903,4 +1004,5 @@ CASES: list[Case] = [
     *_db_cases(),
     *_catalog_cases(),
     *_plan_cases(),
+    *_issue24_cases(),
 ]

@@ -107,6 +107,7 @@ def _doc(m: Mut, bases: dict[str, Any]) -> str:
 def _make_files(case: Case, d: Path, bases: dict[str, Any]) -> None:
     for name, content in case.files.items():
         path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         if content == FIFO:
             os.mkfifo(path)
         elif content == DIR:
@@ -164,6 +165,17 @@ def _make_home(kind: str | None, home: Path, job_db: Path) -> None:
         os.mkfifo(home / "catalogs" / "2026-11-20" / "prices.csv")
     elif kind == "fifo":
         os.mkfifo(db)
+    elif kind == "catalog-1e300":  # the shipped catalog as a user's, p3.2xlarge at 1e300 USD/h
+        folder = home / "catalogs" / "2026-11-20"
+        shutil.copytree(Path(__file__).resolve().parents[1] / "kplan" / "catalogs" / "data", folder)
+        prices = folder / "prices.csv"
+        lines = prices.read_text().splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            cells = line.split(",")
+            if cells[:2] == ["aws", "p3.2xlarge"]:
+                cells[5] = "1e300"
+                lines[i] = ",".join(cells)
+        prices.write_text("".join(lines))
 
 
 class _Hang(BaseException):
@@ -181,7 +193,7 @@ def _run(case: Case, argv: list[str], home: Path) -> tuple[int | None, str, str]
         previous = signal.signal(signal.SIGALRM, _hang)
         signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
         try:
-            result = CliRunner().invoke(app, argv, env={"KPLAN_HOME": str(home)})
+            result = CliRunner().invoke(app, argv, env={"KPLAN_HOME": str(home), **case.env})
         except _Hang:
             return None, "", ""
         finally:
@@ -194,10 +206,16 @@ def _run(case: Case, argv: list[str], home: Path) -> tuple[int | None, str, str]
     if case.home == "readonly":
         mount = 'mount --bind "$H" "$H" && mount -o remount,ro,bind "$H" && exec "$@"'
         cmd = ["unshare", "-m", "sh", "-c", mount, "sh", *cmd]
-    env = {**os.environ, "KPLAN_HOME": str(home), "H": str(home)}
+    env = {**os.environ, "KPLAN_HOME": str(home), "H": str(home), **case.env}
     try:
         proc = subprocess.run(
-            cmd, check=False, capture_output=True, text=True, timeout=TIMEOUT_S, env=env
+            cmd,
+            check=False,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=TIMEOUT_S,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return None, "", ""

@@ -583,6 +583,9 @@ def test_a_second_profile_in_the_other_precision_gives_the_measured_speed_up() -
         precision_ratio(fp32, dataclasses.replace(fp16, gpu="V100"))
     with pytest.raises(InputError, match="nothing to learn"):
         precision_ratio(fp32, dataclasses.replace(fp16, precision="tf32"))
+    for field, value in (("name", "other-job"), ("gradient_bytes", 1.0), ("dataset_size", 7)):
+        with pytest.raises(InputError, match="not of one job"):
+            precision_ratio(fp32, dataclasses.replace(fp16, **{field: value}))
     multi = tuple(m for m in fp16.measurements if m.workers > 1)
     with pytest.raises(InputError, match="no one-GPU measurement"):
         precision_ratio(fp32, dataclasses.replace(fp16, measurements=multi))

@@ -75,6 +75,28 @@ def test_model_json_round_trip_and_errors() -> None:
         params_from_dict({"schema": "kplan.profile/1.0"})
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "want"),
+    [
+        ("compute_b", True, "a number"),
+        ("gamma", "2", "a number"),
+        ("bucket_bytes", "big", "a number"),
+        ("gpus_per_node", 2.5, "an integer"),
+        ("max_nodes_measured", 0, "an integer"),
+        ("inter_measured", 1, "true or false"),
+        ("nodes_measured", [1, True], "a list of node counts"),
+        ("gpu", 7, "a GPU name"),
+    ],
+)
+def test_one_validation_refuses_a_field_of_the_wrong_type(
+    key: str, value: object, want: str
+) -> None:
+    """params_from_dict is the one reader of a model (kplan model's file and a profile's fit):
+    a JSON boolean is no number, a count is a bounded integer."""
+    with pytest.raises(DataFileError, match=f"'{key}' must be {want}"):
+        params_from_dict({**params_to_dict(params()), key: value}, "m.json")
+
+
 def test_inter_gamma_sets_the_overlap_across_nodes_only() -> None:
     p = params(gamma=4.0)
     q = perfmodel.replace_fields(p, inter_gamma=1.0)

@@ -115,7 +115,7 @@ def check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
             f"{', '.join(given)}: for --cloud gcp only",
             hint="on AWS set KPLAN_AWS_VPC, KPLAN_AWS_SUBNET and KPLAN_AWS_INSTANCE_PROFILE",
         )
-    from kplan.launcher.providers.gcp_config import check_network, check_service_account
+    from kplan.launcher.providers.envvars import check_network, check_service_account
 
     if req.gcp.network is not None or req.gcp.subnet is not None:
         check_network(req.gcp.network or "default", req.gcp.subnet)
@@ -124,18 +124,13 @@ def check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
 
 
 def check_node_install(req: LaunchRequest) -> None:
+    from kplan.launcher.providers.envvars import check_image
     from kplan.launcher.wheel import check_index_url
 
     if req.node_install.pip_index_url is not None:
         check_index_url(req.node_install.pip_index_url)
-    image = req.node_install.image
-    if image is not None and not (
-        0 < len(image) <= 1024 and all(c.isprintable() and not c.isspace() for c in image)
-    ):
-        raise InputError(
-            f"--image {image[:80]!r} is not an image name",
-            hint="an AMI id (ami-...) or resolve:ssm:<parameter>; a GCP image or family path",
-        )
+    if req.node_install.image is not None:  # the check KPLAN_AWS_IMAGE and KPLAN_GCP_IMAGE get
+        check_image(req.node_install.image, "--image")
 
 
 def _check_comm_options(req: LaunchRequest) -> None:

@@ -23,6 +23,7 @@ from kplan.app.plan_files import read_plan
 from kplan.core.errors import DataFileError, InputError
 from kplan.core.precision import check_precision
 from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.providers.envvars import check_environment
 from kplan.planner.plan import Plan
 
 __all__ = [
@@ -68,6 +69,7 @@ def build_spec(req: LaunchRequest) -> JobSpec:
             hint="drop --price (kplan catalog update refreshes the catalog's prices)",
         )
     checks.check_node_install(req)
+    check_environment(req.clouds or (cloud,))  # KPLAN_AWS_*, KPLAN_GCP_*: before planning
     checks.check_gcp_placement(req, cloud)
     if plan is None:
         plan = plan_now(req, cloud)

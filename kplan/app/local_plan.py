@@ -183,9 +183,9 @@ def _workload(profile: Profile, epochs: float | None, dataset_size: int | None) 
         gpus = dict(load_current().gpus)
     params = None
     if profile.fit is not None:
-        from kplan.app.modelio import model_from_dict
+        from kplan.planner.perfmodel import params_from_dict
 
-        params = model_from_dict(profile.fit, f"profile {profile.name} (fit)")
+        params = params_from_dict(profile.fit, f"profile {profile.name} (fit)")
     return workload_from_profile(
         profile, gpus, params=params, epochs=epochs, dataset_size=dataset_size
     )

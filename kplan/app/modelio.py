@@ -126,50 +126,8 @@ def fit_file(
     return FitReport(params, len(rows), mape)
 
 
-_MODEL_FLOATS = (*perfmodel.FITTED, "log_sigma", "gradient_bytes", "intra_gbps", "inter_gbps")
-_MODEL_REQUIRED = (*perfmodel.FITTED, "log_sigma")
-_MODEL_INTS = ("gpus_per_node", "max_nodes_measured", "max_workers_measured")
-
-
-def model_from_dict(doc: Any, source: str) -> PerfParams:
-    """A model document with its field types checked (numbers are not booleans or strings,
-    counts are bounded integers) before ``params_from_dict`` checks the values."""
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            if value is None and key not in _MODEL_REQUIRED:
-                continue
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if key in _MODEL_FLOATS and not number:
-                bad = "a number"
-            elif key in _MODEL_INTS and not (
-                number and isinstance(value, int) and 1 <= value <= MAX_WORKERS
-            ):
-                bad = f"an integer in [1, {MAX_WORKERS}]"
-            elif key == "inter_measured" and not isinstance(value, bool):
-                bad = "true or false"
-            elif key == "nodes_measured" and not (
-                isinstance(value, list)
-                and value
-                and all(
-                    isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WORKERS
-                    for n in value
-                )
-            ):
-                bad = f"a list of node counts in [1, {MAX_WORKERS}]"
-            elif key == "gpu" and not (isinstance(value, str) and len(value) <= 64):
-                bad = "a GPU name"
-            else:
-                continue
-            shown = repr(value)
-            raise DataFileError(
-                f"{source}: '{key}' must be {bad}, got {shown[:40]}",
-                hint="create one with `kplan model fit --measurements m.csv --out model.json`",
-            )
-    return params_from_dict(doc, source)
-
-
 def load_model(path: Path) -> PerfParams:
-    return model_from_dict(read_json(path, "model"), str(path))
+    return params_from_dict(read_json(path, "model"), str(path))
 
 
 def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:

@@ -88,9 +88,9 @@ def estimate(
     dm = load_device_model()
     params = None
     if profile.fit is not None:
-        from kplan.app.modelio import model_from_dict
+        from kplan.planner.perfmodel import params_from_dict
 
-        params = model_from_dict(profile.fit, f"profile {profile.name} (fit)")
+        params = params_from_dict(profile.fit, f"profile {profile.name} (fit)")
     ref_links: tuple[float | None, float | None] = (None, None)
     ref_fabric = None
     if profile.cloud and profile.instance_type:

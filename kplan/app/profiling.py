@@ -52,11 +52,13 @@ def profile_jobs(
     or ``example``, once per precision; ``options`` are ``kplan.profiler.run.resolve``'s.
     Output paths are checked here (``--out``, ``--measurements``)."""
     from kplan.core.files import check_writable
-    from kplan.profiler.run import resolve
+    from kplan.profiler.run import check_device, resolve
 
     args = list(argv)
     script = None if example is not None or not args else args.pop(0)
     reqs = [resolve(script, example, args, precision=p, **options) for p in precisions]
+    for req in reqs:  # every precision against this machine before the first one runs
+        check_device(req)
     several = len(reqs) > 1
     jobs = []
     for req in reqs:

@@ -39,6 +39,9 @@ PRICE_COLUMNS = ("cloud", "instance_type", "region", "zone", "market", "usd_per_
 SPOT_RATE_COLUMNS = ("cloud", "family", "per_hour", "source")
 BILLING_COLUMNS = ("cloud", "minimum_s", "increment_s", "source")
 INTERCONNECTS = ("nvlink", "pcie", "none")
+# No instance costs near this: the dearest shipped offer (8 x B200) is about 114 USD/h. A price
+# above it is a slip (cents, a monthly price, 1e300) that would otherwise be planned with.
+MAX_USD_PER_HOUR = 1000.0
 Interconnect = Literal["nvlink", "pcie", "none"]
 
 
@@ -103,13 +106,19 @@ def parse_offer(row: Row) -> Offer:
     zone = row.text("zone")
     if cloud == "gcp" and not zone.startswith(region + "-"):
         raise RowError(f"zone {zone!r} is not in region {region!r}")
+    price = row.number("usd_per_hour")
+    if price > MAX_USD_PER_HOUR:
+        raise RowError(
+            f"usd_per_hour={price:g} is above {MAX_USD_PER_HOUR:g}, more than any instance "
+            "costs (give USD per instance-hour, not cents or a monthly price)"
+        )
     return Offer(
         cloud=cloud,
         instance_type=row.text("instance_type"),
         region=region,
         zone=zone,
         market=cast(Market, row.choice("market", MARKETS)),
-        usd_per_hour=row.number("usd_per_hour"),
+        usd_per_hour=price,
         source=row.text("source"),
     )
 

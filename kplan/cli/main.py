@@ -6,6 +6,7 @@ inside the commands that need them so that ``kplan --help`` starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, NoReturn
@@ -40,10 +41,24 @@ def _stdout_is_devnull() -> bool:
     return (out.st_dev, out.st_ino) == (null.st_dev, null.st_ino)
 
 
+def _tolerant_output() -> None:
+    """Let stdout and stderr write what their encoding cannot hold as escapes (``\\xe8``) rather
+    than fail: a terminal that is not UTF-8 (LANG=C, PYTHONIOENCODING=ascii, a latin-1 pipe)
+    still gets every line, a profile named in another script included. Text is never lost;
+    only characters the stream cannot encode change form."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            # a closed or detached stream has nothing to protect
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
 class _KplanGroup(KplanGroup):
     """Top-level group: turns every KplanError into one line plus a hint and its exit code."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        _tolerant_output()  # the rendering edge: every line kplan prints passes these streams
         try:  # `kplan --help` prints while parsing, before invoke
             return super().make_context(*args, **kwargs)
         except BrokenPipeError:

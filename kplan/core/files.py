@@ -185,16 +185,43 @@ def read_json(path: Path, what: str) -> Any:
     return parse_json(read_user_text(path, what), str(path), what)
 
 
+def _stat_or_none(path: Path, flag: str) -> os.stat_result | None:
+    """``os.stat(path)``; None when nothing is there; one line for a path no stat can take."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise InputError(
+            f"cannot write {flag} {str(path)[:200]}: {reason}", hint="check the path"
+        ) from None
+
+
 def check_writable(path: Path, flag: str) -> None:
-    """Refuse an output path that is a folder or whose folder cannot take a new file."""
-    if path.is_dir():
+    """Refuse an output path that is a folder, whose name is too long (over ``NAME_MAX`` bytes
+    a component, 255 on Linux), or whose folder cannot take a new file."""
+    try:
+        limit = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such folder (yet), or no limit to ask for
+        limit = 255
+    for part in path.parts:
+        if len(os.fsencode(part)) > limit:
+            raise InputError(
+                f"{flag}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes, more "
+                f"than the {limit} a file or folder name may have here",
+                hint="give a shorter file name",
+            )
+    st = _stat_or_none(path, flag)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError(f"{flag} {path} is a folder", hint="give a file name")
-    if path.exists() and not path.is_file():
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise InputError(f"{flag} {path} is not a regular file", hint="give a file name")
     parent = path.parent if str(path.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
+    pst = _stat_or_none(parent, flag)
+    if pst is not None and not stat.S_ISDIR(pst.st_mode):
         raise InputError(f"{flag} {path}: {parent} is not a folder", hint="check the path")
-    if parent.is_dir():  # probe: can a file be made there (permissions, a read-only mount)?
+    if pst is not None:  # probe: can a file be made there (permissions, a read-only mount)?
         try:
             fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name[:40]}.probe.")
         except OSError as err:
@@ -211,7 +238,7 @@ def write_atomic(path: Path, text: str, flag: str = "--out") -> None:
     check_writable(path, flag)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.")
     except OSError as err:
         raise InputError(
             f"cannot write {flag} {path}: {err.strerror or err}",

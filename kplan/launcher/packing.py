@@ -21,11 +21,13 @@ Packing reads files and builds the archive in memory; it writes nothing and send
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import os
+import re
 import stat
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -90,6 +92,9 @@ class PackedCode:
 # --- ignore files --------------------------------------------------------------------------
 
 
+_ANY_ONE = re.compile(r"(?s:.+)\Z")  # a trailing "/**": one part or more, so one, then "**"
+
+
 @dataclass(frozen=True)
 class IgnoreRule:
     """One pattern line of an ignore file in the folder ``base`` (path parts from the root)."""
@@ -99,6 +104,10 @@ class IgnoreRule:
     segments: tuple[str, ...]  # fnmatch patterns, one per path segment, or "**"
     negate: bool
     dir_only: bool
+    compiled: tuple[re.Pattern[str] | None, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compiled", _compile(self.segments))
 
     def matches(self, parts: tuple[str, ...], is_dir: bool) -> bool:
         if self.dir_only and not is_dir:
@@ -106,18 +115,51 @@ class IgnoreRule:
         n = len(self.base)
         if len(parts) <= n or parts[:n] != self.base:
             return False
-        return _match(self.segments, parts[n:])
+        return _match(self.compiled, parts[n:])
 
 
-def _match(segments: tuple[str, ...], parts: tuple[str, ...]) -> bool:
-    if not segments:
-        return not parts
-    seg = segments[0]
-    if seg == "**":
-        if len(segments) == 1:  # a trailing "/**": everything inside, not the folder itself
-            return len(parts) >= 1
-        return any(_match(segments[1:], parts[i:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], seg) and _match(segments[1:], parts[1:])
+def _compile(segments: tuple[str, ...]) -> tuple[re.Pattern[str] | None, ...]:
+    """Each segment as a compiled regular expression once (None for ``**``: any number of
+    parts, none included); a trailing ``**`` (everything inside, not the folder itself) becomes
+    one part of anything, then ``**``."""
+    out: list[re.Pattern[str] | None] = [
+        None if s == "**" else re.compile(fnmatch.translate(s)) for s in segments
+    ]
+    if segments and segments[-1] == "**":
+        out[-1:] = [_ANY_ONE, None]
+    return tuple(out)
+
+
+def _match(segments: tuple[re.Pattern[str] | None, ...], parts: tuple[str, ...]) -> bool:
+    """Whether ``parts`` match ``segments``, as a set of positions in the pattern advanced one
+    part at a time (a Thompson simulation): O(parts x segments) whatever the ``**`` count, where
+    trying each split of the path for each ``**`` in turn is exponential in their number."""
+    end = len(segments)
+
+    def closure(states: set[int]) -> set[int]:
+        todo = list(states)
+        while todo:  # a "**" may match no part: the position after it is reached too
+            j = todo.pop()
+            if j < end and segments[j] is None and j + 1 not in states:
+                states.add(j + 1)
+                todo.append(j + 1)
+        return states
+
+    states = closure({0})
+    for part in parts:
+        step: set[int] = set()
+        for j in states:
+            if j == end:
+                continue
+            pattern = segments[j]
+            if pattern is None:
+                step.add(j)  # "**" takes this part and may take more
+            elif pattern.match(part):
+                step.add(j + 1)
+        if not step:
+            return False
+        states = closure(step)
+    return end in states
 
 
 def _unescape(segment: str) -> str:

@@ -395,7 +395,7 @@ class StateDB:
         most recently created job). Raises ``InputError`` (exit 2) for a prefix of several ids
         (up to 5 listed) and, with ``known_only``, for one of none; without it a text that names
         no job comes back as is (``kplan down`` then looks in the journals and by tag)."""
-        if not isinstance(text, str) or not _JOB_TEXT.match(text):
+        if not isinstance(text, str) or not _JOB_TEXT.fullmatch(text):
             raise InputError(
                 f"job id {text!r} is not valid",
                 hint="a job id (kp-...), a unique prefix of one, or `last`",

@@ -53,7 +53,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from kplan.core.compression_spec import DDP_BUCKET_BYTES  # DDP's default, shared with the runtime
 from kplan.core.errors import DataFileError
-from kplan.planner.profile import check_schema
+from kplan.planner.profile import MAX_WORKERS, check_schema
 
 MODEL_SCHEMA = "kplan.perfmodel/1.0"
 _KIND = "kplan.perfmodel"
@@ -324,16 +324,54 @@ def params_to_dict(p: PerfParams) -> dict[str, Any]:
     return {"schema": MODEL_SCHEMA, **asdict(p)}
 
 
+_FLOATS = (*FITTED, "log_sigma", "gradient_bytes", "intra_gbps", "inter_gbps", "bucket_bytes",
+           "inter_gamma")  # fmt: skip
+_REQUIRED = (*FITTED, "log_sigma")
+_COUNTS = ("gpus_per_node", "max_nodes_measured", "max_workers_measured")
+_FIT_HINT = "create one with `kplan model fit --measurements m.csv --out model.json`"
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_WORKERS
+
+
+def _wrong_type(key: str, value: Any) -> str | None:
+    """What ``key`` must be when ``value`` is not of its type (JSON booleans are not numbers);
+    None when the type is right (the values are ``PerfParams``'s to check)."""
+    if value is None and key not in _REQUIRED:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key in _FLOATS and not number:
+        return "a number"
+    if key in _COUNTS and not _count(value):
+        return f"an integer in [1, {MAX_WORKERS}]"
+    if key == "inter_measured" and not isinstance(value, bool):
+        return "true or false"
+    if key == "nodes_measured" and not (
+        isinstance(value, list) and value and all(_count(n) for n in value)
+    ):
+        return f"a list of node counts in [1, {MAX_WORKERS}]"
+    if key == "gpu" and not (isinstance(value, str) and len(value) <= 64):
+        return "a GPU name"
+    return None
+
+
 def params_from_dict(doc: Any, source: str = "model") -> PerfParams:
-    """Validate a model document; raise DataFileError naming the problem."""
+    """The one validation of a model document (``kplan model``'s file, a profile's ``fit``):
+    its schema, each field's type, then the values (``PerfParams``); DataFileError naming the
+    problem."""
     check_schema(doc, _KIND, source)
     fields = {k: v for k, v in doc.items() if k != "schema"}
+    for key, value in fields.items():
+        if (bad := _wrong_type(key, value)) is not None:
+            raise DataFileError(
+                f"{source}: '{key}' must be {bad}, got {repr(value)[:40]}", hint=_FIT_HINT
+            )
     try:
         return PerfParams(**fields)
     except TypeError as err:
         raise DataFileError(
-            f"{source}: not a kplan performance model ({err})",
-            hint="create one with `kplan model fit --measurements m.csv --out model.json`",
+            f"{source}: not a kplan performance model ({err})", hint=_FIT_HINT
         ) from None
     except ValueError as err:
         raise DataFileError(f"{source}: {err}", hint="refit the model") from None

@@ -151,13 +151,33 @@ def precision_ratio(profile: Profile, other: Profile) -> tuple[str, float]:
     """``(other.precision, r)``: r = the job's per-sample time in ``other`` over ``profile``, each
     the geometric mean of step time / per-GPU batch over its one-GPU measurements (what
     ``scripts/fit_device_model.py`` reads from the shared data). Both must be one GPU model, in
-    the two precision families (fp32/tf32 and fp16/bf16); InputError otherwise."""
+    the two precision families (fp32/tf32 and fp16/bf16), of one job (the same name, gradient
+    bytes and shapes, dataset size and base batch); InputError otherwise."""
     if _fold(profile.gpu) != _fold(other.gpu) or _fold(profile.gpu) == "cpu":
         raise InputError(
             f"profiles {profile.name!r} ({profile.gpu}) and {other.name!r} ({other.gpu}) "
             "were not measured on the same GPU",
             hint="give two profiles of one job on one GPU model, e.g. `kplan profile "
             "--precision fp32 --precision bf16` on a GPU machine",
+        )
+    differ = [
+        f"{what} {x!r} != {y!r}"
+        for what, x, y in (
+            ("name", profile.name, other.name),
+            ("gradient_bytes", profile.gradient_bytes, other.gradient_bytes),
+            ("dataset_size", profile.dataset_size, other.dataset_size),
+            ("base_global_batch", profile.base_global_batch, other.base_global_batch),
+        )
+        if x != y
+    ]
+    shapes = (profile.gradient_shapes, other.gradient_shapes)
+    if all(shapes) and shapes[0] != shapes[1]:
+        differ.append("gradient_shapes differ")
+    if differ:
+        raise InputError(
+            f"profiles {profile.name!r} and {other.name!r} are not of one job ({differ[0]})",
+            hint="give two profiles of one job, e.g. from one `kplan profile train.py "
+            "--precision fp32 --precision bf16`; plan different jobs one at a time",
         )
     if precision_family(profile.precision) == precision_family(other.precision):
         raise InputError(

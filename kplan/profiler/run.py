@@ -120,7 +120,9 @@ def resolve(
     ):
         _positive(flag, value, low)
     if epochs is not None and not epochs > 0:
-        raise InputError(f"--epochs={epochs:g} must be > 0", hint="")
+        raise InputError(
+            f"--epochs={epochs:g} must be > 0", hint="epochs the job trains, e.g. --epochs 90"
+        )
     max_b = (
         max_local_batch
         if max_local_batch is not None
@@ -157,7 +159,10 @@ def resolve(
 def _device_precision(device: str, precision: str) -> Precision:
     """The checked precision, one that ``device`` measures faithfully."""
     if device not in DEVICES:
-        raise InputError(f"--device {device!r} is not one of {', '.join(DEVICES)}", hint="")
+        raise InputError(
+            f"--device {device!r} is not one of {', '.join(DEVICES)}",
+            hint="auto (the default) uses CUDA when one is visible, else the CPU",
+        )
     checked = check_precision(precision)
     if device == "cpu" and checked in CPU_UNREPRESENTATIVE:
         raise InputError(
@@ -218,6 +223,24 @@ def _cuda_count(device: str) -> int:
     return count
 
 
+def check_device(req: ProfileRequest) -> tuple[int, int]:
+    """(CUDA devices, workers) of ``req`` on this machine, or InputError when this machine
+    cannot run it: ``kplan profile`` asks this of every requested precision before any runs."""
+    gpus = _cuda_count(req.device)
+    workers = req.workers or (min(2, gpus) if gpus else 2)
+    if gpus and workers > gpus:
+        raise InputError(
+            f"--workers {workers} is more than the {gpus} CUDA devices here",
+            hint=f"use --workers {gpus} or fewer",
+        )
+    if not gpus and req.precision in CPU_UNREPRESENTATIVE:  # --device auto found no GPU
+        raise InputError(
+            f"--precision {req.precision}: no CUDA device here, and a CPU does not measure it",
+            hint="profile fp32 or bf16 on a CPU; tf32 and fp16 on a GPU",
+        )
+    return gpus, workers
+
+
 def plan_schedule(req: ProfileRequest, workers: int) -> ProfileSchedule:
     sizes = sweep_sizes(req.min_local_batch, req.max_local_batch)
     gns_batch = req.gns_batch or max(1, req.base_batch // workers)
@@ -234,18 +257,7 @@ def run_profile(
     import time
 
     start = time.monotonic()
-    gpus = _cuda_count(req.device)
-    workers = req.workers or (min(2, gpus) if gpus else 2)
-    if gpus and workers > gpus:
-        raise InputError(
-            f"--workers {workers} is more than the {gpus} CUDA devices here",
-            hint=f"use --workers {gpus} or fewer",
-        )
-    if not gpus and req.precision in CPU_UNREPRESENTATIVE:  # --device auto found no GPU
-        raise InputError(
-            f"--precision {req.precision}: no CUDA device here, and a CPU does not measure it",
-            hint="profile fp32 or bf16 on a CPU; tf32 and fp16 on a GPU",
-        )
+    gpus, workers = check_device(req)
     schedule = plan_schedule(req, workers)
     spec = JobSpec(
         script=req.script,

@@ -61,10 +61,13 @@ class GoodputBatch(Policy):
                 f"GoodputBatch(every={every}, settle={settle}, min_points={min_points}, "
                 f"window={window}): need every >= 1, settle >= 0, min_points >= 2, "
                 "window >= 2 min_points",
-                "",
+                "the defaults: every=10, settle=3, min_points=5, window=200",
             )
         if not (min_gain >= 0 and max_scale >= 1):
-            raise InputError(f"GoodputBatch: min_gain={min_gain}, max_scale={max_scale}", "")
+            raise InputError(
+                f"GoodputBatch: min_gain={min_gain}, max_scale={max_scale}",
+                "min_gain >= 0 (default 0.05) and max_scale >= 1 (default 16)",
+            )
         self.every = every
         self.min_batch = min_batch
         self.max_batch = max_batch
@@ -259,7 +262,7 @@ class StragglerReplace(Policy):
             raise InputError(
                 f"StragglerReplace(ratio={ratio}, sustain={sustain}, cooldown_s={cooldown_s}, "
                 f"min_world={min_world}): need 0 < ratio < 1, sustain >= 1, min_world >= 2",
-                "",
+                "the defaults: ratio=0.6, sustain=20, cooldown_s=600, min_world=3",
             )
         self.ratio = ratio
         self.sustain = sustain

@@ -76,33 +76,60 @@ class RuntimeConfig:
                 self, "sync_policy", parse_sync_policy(self.sync_policy, "sync_policy")
             )
         if not isinstance(self.compression, Compression):
-            raise InputError(f"compression={self.compression!r} is not a compression spec", "")
+            raise InputError(
+                f"compression={self.compression!r} is not a compression spec",
+                "e.g. none, fp16, topk:0.01 or powersgd:4 (KPLAN_COMPRESSION)",
+            )
         if not isinstance(self.sync_policy, SyncPolicy):
-            raise InputError(f"sync_policy={self.sync_policy!r} is not a sync policy", "")
+            raise InputError(
+                f"sync_policy={self.sync_policy!r} is not a sync policy",
+                "every, or selective:DELTA[:AVG_EVERY] (KPLAN_SYNC_POLICY)",
+            )
         if isinstance(self.batch_schedule, list):
             object.__setattr__(self, "batch_schedule", from_list(self.batch_schedule))
         if self.momentum not in MOMENTUM_MODES:
-            raise InputError(f"momentum={self.momentum!r} is not one of {MOMENTUM_MODES}", "")
+            raise InputError(
+                f"momentum={self.momentum!r} is not one of {MOMENTUM_MODES}",
+                "'horizon' (the default) or 'off' (KPLAN_MOMENTUM)",
+            )
         _positive("global_batch", self.global_batch, allow_none=True)
         _positive("accum_steps", self.accum_steps)
         _positive("max_local_batch", self.max_local_batch, allow_none=True)
         _positive("keep_checkpoints", self.keep_checkpoints)
         if self.lr_scaling not in env.LR_RULES:
-            raise InputError(f"lr_scaling={self.lr_scaling!r} is not one of {env.LR_RULES}", "")
+            raise InputError(
+                f"lr_scaling={self.lr_scaling!r} is not one of {env.LR_RULES}",
+                "pick one of those rules (KPLAN_LR_SCALING)",
+            )
         if self.gns not in env.GNS_MODES:
-            raise InputError(f"gns={self.gns!r} is not one of {env.GNS_MODES}", "")
+            raise InputError(
+                f"gns={self.gns!r} is not one of {env.GNS_MODES}",
+                "pick one of those modes (KPLAN_GNS)",
+            )
         if self.epochs_by not in env.EPOCHS_BY_CHOICES:
-            raise InputError(f"epochs_by={self.epochs_by!r} is not 'data' or 'progress'", "")
+            raise InputError(
+                f"epochs_by={self.epochs_by!r} is not 'data' or 'progress'",
+                "'data' counts passes over the data; 'progress' base-batch steps",
+            )
         if self.precision not in PRECISIONS:
             raise InputError(
                 f"precision={self.precision!r} is not a precision", f"one of {PRECISIONS}"
             )
         if self.sync not in ("overlap", "manual"):
-            raise InputError(f"sync={self.sync!r} is not 'overlap' or 'manual'", "")
+            raise InputError(
+                f"sync={self.sync!r} is not 'overlap' or 'manual'",
+                "'overlap' (the default) or 'manual' (you call job.sync())",
+            )
         if not 0.0 <= self.gns_smoothing < 1.0:
-            raise InputError(f"gns_smoothing={self.gns_smoothing} is not in [0, 1)", "")
+            raise InputError(
+                f"gns_smoothing={self.gns_smoothing} is not in [0, 1)",
+                "an EMA weight such as 0.9; 0 keeps no history",
+            )
         if not math.isfinite(self.checkpoint_interval) or self.checkpoint_interval < 0:
-            raise InputError(f"checkpoint_interval={self.checkpoint_interval} is not >= 0", "")
+            raise InputError(
+                f"checkpoint_interval={self.checkpoint_interval} is not >= 0",
+                "seconds between checkpoints; 0 turns time-based ones off",
+            )
         for name in ("lr_ramp_steps", "checkpoint_steps", "seed"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name}={getattr(self, name)} is negative", "use >= 0")

@@ -340,28 +340,49 @@ def parse_control(text: str) -> Control:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputError(f"control file is not JSON: {err.msg}", "") from None
+        raise InputError(
+            f"control file is not JSON: {err.msg}",
+            "the launcher writes this file; re-launch the job",
+        ) from None
     if not isinstance(data, dict) or data.get("schema") != CONTROL_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise InputError(f"control file has schema {got!r}, expected {CONTROL_SCHEMA!r}", "")
+        raise InputError(
+            f"control file has schema {got!r}, expected {CONTROL_SCHEMA!r}",
+            "the launcher and the workers run different kplan versions",
+        )
 
     def number(key: str, optional: bool = False) -> float | None:
         value = data.get(key)
         if value is None and optional:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InputError(f"control file: {key}={value!r} is not a number", "")
+            raise InputError(
+                f"control file: {key}={value!r} is not a number",
+                "the launcher writes this file; re-launch the job",
+            )
         if not math.isfinite(value):
-            raise InputError(f"control file: {key}={value!r} is not finite", "")
+            raise InputError(
+                f"control file: {key}={value!r} is not finite",
+                "the launcher writes this file; re-launch the job",
+            )
         return float(value)
 
     batch, stop, seq = data.get("global_batch"), data.get("stop"), data.get("seq")
     if not isinstance(seq, int) or isinstance(seq, bool):
-        raise InputError(f"control file: seq={seq!r} is not an integer", "")
+        raise InputError(
+            f"control file: seq={seq!r} is not an integer",
+            "the launcher writes this file; re-launch the job",
+        )
     if batch is not None and (not _is_int(batch) or batch < 1):
-        raise InputError(f"control file: global_batch={batch!r} is not an integer >= 1", "")
+        raise InputError(
+            f"control file: global_batch={batch!r} is not an integer >= 1",
+            "the launcher writes this file; re-launch the job",
+        )
     if stop is not None and not isinstance(stop, str):
-        raise InputError(f"control file: stop={stop!r} is not a string", "")
+        raise InputError(
+            f"control file: stop={stop!r} is not a string",
+            "the launcher writes this file; re-launch the job",
+        )
     return Control(
         seq=seq,
         time=number("time") or 0.0,

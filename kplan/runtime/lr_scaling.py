@@ -51,7 +51,10 @@ class LrScaler:
         if rule not in LR_RULES:
             raise InputError(f"LR scaling rule {rule!r} is not one of {LR_RULES}", "pick one")
         if base_batch < 1 or batch < 1:
-            raise InputError(f"batch sizes must be >= 1, got B0={base_batch}, B={batch}", "")
+            raise InputError(
+                f"batch sizes must be >= 1, got B0={base_batch}, B={batch}",
+                "give the base and new global batch, both >= 1",
+            )
         if ramp_steps < 0:
             raise InputError(f"LR ramp_steps={ramp_steps} is negative", "use >= 0")
         self.rule: LrRule = rule
@@ -66,7 +69,7 @@ class LrScaler:
     def set_batch(self, step: int, batch: int) -> None:
         """A new global batch from ``step`` on: ramp from the factor in use now."""
         if batch < 1:
-            raise InputError(f"global batch {batch} < 1", "")
+            raise InputError(f"global batch {batch} < 1", "a global batch of 1 or more samples")
         if batch == self.batch:
             return
         self._ramp_from = self.last_factor

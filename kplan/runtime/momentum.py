@@ -48,7 +48,7 @@ MOMENTUM_MODES: tuple[MomentumMode, ...] = ("horizon", "off")
 def compensated(m: float, k: float) -> float:
     """``m^k``: the decay per step that keeps a decay of ``m`` per base step's samples."""
     if not 0.0 <= m < 1.0:
-        raise InputError(f"momentum {m} is not in [0, 1)", "")
+        raise InputError(f"momentum {m} is not in [0, 1)", "use the optimizer's momentum, e.g. 0.9")
     return float(m**k)
 
 
@@ -64,9 +64,15 @@ class MomentumCompensator:
 
     def __init__(self, mode: MomentumMode, ref_batch: int, ramp_steps: int) -> None:
         if mode not in MOMENTUM_MODES:
-            raise InputError(f"momentum compensation {mode!r} is not one of {MOMENTUM_MODES}", "")
+            raise InputError(
+                f"momentum compensation {mode!r} is not one of {MOMENTUM_MODES}",
+                "'horizon' (the default) or 'off' (KPLAN_MOMENTUM)",
+            )
         if ref_batch < 1 or ramp_steps < 0:
-            raise InputError(f"ref_batch={ref_batch}, ramp_steps={ramp_steps}: need >= 1, >= 0", "")
+            raise InputError(
+                f"ref_batch={ref_batch}, ramp_steps={ramp_steps}: need >= 1, >= 0",
+                "ref_batch >= 1 and ramp_steps >= 0",
+            )
         self.mode: MomentumMode = mode
         self.ref_batch = ref_batch
         self.batch = ref_batch

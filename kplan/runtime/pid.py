@@ -96,7 +96,10 @@ def split(
     """
     k = len(shares)
     if not (k == len(lo) == len(hi)) or k == 0:
-        raise InputError(f"split needs equal, non-empty lists; got {k}, {len(lo)}, {len(hi)}", "")
+        raise InputError(
+            f"split needs equal, non-empty lists; got {k}, {len(lo)}, {len(hi)}",
+            "one share, low and high bound per worker",
+        )
     if any(a > b for a, b in zip(lo, hi, strict=True)):
         raise InputError(f"lower bounds {list(lo)} exceed upper bounds {list(hi)}", "fix bounds")
     if not sum(lo) <= total <= sum(hi):
@@ -161,12 +164,15 @@ class BatchController:
         config: PidConfig | None = None,
     ) -> None:
         if world_size < 1:
-            raise InputError(f"world size {world_size} < 1", "")
+            raise InputError(f"world size {world_size} < 1", "at least one worker")
         self.config = config or PidConfig()
         self.world_size = world_size
         caps = list(max_local) if max_local is not None else [None] * world_size
         if len(caps) != world_size:
-            raise InputError(f"{len(caps)} max local batches for {world_size} workers", "")
+            raise InputError(
+                f"{len(caps)} max local batches for {world_size} workers",
+                "give one cap per worker, or None",
+            )
         self._caps = caps
         self._hi = [total if c is None else min(int(c), total) for c in caps]
         self._lo = [self.config.min_local_batch] * world_size

@@ -156,7 +156,10 @@ class Actions:
         """Run global batch ``batch`` (LR scaled by KPLAN_LR_SCALING) from the next steps."""
         m = self._requests.monitor
         if isinstance(batch, bool) or not isinstance(batch, int):
-            raise InputError(f"{self.policy}: set_global_batch({batch!r}) needs an integer", "")
+            raise InputError(
+                f"{self.policy}: set_global_batch({batch!r}) needs an integer",
+                "pass an int, e.g. int(batch)",
+            )
         if m is not None:
             lo, hi = m.batch_bounds()
             if not lo <= batch <= hi or batch % m.accum_steps:
@@ -183,7 +186,10 @@ class Actions:
         """Ask the launcher for another cluster (it decides, restarts from a checkpoint)."""
         for name, value in (("nodes", nodes), ("workers_per_node", workers_per_node)):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise InputError(f"{self.policy}: resize({name}={value!r}) needs >= 1", "")
+                raise InputError(
+                    f"{self.policy}: resize({name}={value!r}) needs >= 1",
+                    "a count of 1 or more, or None to keep it",
+                )
         if nodes is None and workers_per_node is None and instance_type is None:
             raise InputError(f"{self.policy}: resize() without a change", "name what to change")
         if self._requests.rank0:
@@ -203,9 +209,15 @@ class Actions:
         """Ask the launcher to replace node ``node_rank`` (e.g. a straggler)."""
         m = self._requests.monitor
         if isinstance(node_rank, bool) or not isinstance(node_rank, int) or node_rank < 0:
-            raise InputError(f"{self.policy}: replace_node({node_rank!r}) needs an int >= 0", "")
+            raise InputError(
+                f"{self.policy}: replace_node({node_rank!r}) needs an int >= 0",
+                "a node rank from 0 to Monitor.nodes - 1",
+            )
         if m is not None and node_rank >= m.nodes:
-            raise InputError(f"{self.policy}: node {node_rank} of {m.nodes} does not exist", "")
+            raise InputError(
+                f"{self.policy}: node {node_rank} of {m.nodes} does not exist",
+                "a node rank from 0 to Monitor.nodes - 1",
+            )
         if self._requests.rank0:
             self._requests.launcher_request(
                 ("replace", self.policy, node_rank),

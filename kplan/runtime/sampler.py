@@ -57,7 +57,9 @@ class GlobalBatchSampler:
         shuffle: bool = True,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
-            raise InputError(f"rank {rank} is not in [0, {world_size})", "")
+            raise InputError(
+                f"rank {rank} is not in [0, {world_size})", "ranks go from 0 to world_size - 1"
+            )
         if accum_steps < 1:
             raise InputError(f"accum_steps={accum_steps} < 1", "use >= 1")
         self.dataset_len = dataset_len
@@ -96,11 +98,12 @@ class GlobalBatchSampler:
             raise InputError(
                 f"sizes can change only at a step boundary; micro-step {first_micro} is inside "
                 f"a step of {self.accum_steps}",
-                "",
+                "change sizes at a multiple of accum_steps",
             )
         if first_micro < self._pos.micro:
             raise InputError(
-                f"micro-step {first_micro} was already issued (next is {self._pos.micro})", ""
+                f"micro-step {first_micro} was already issued (next is {self._pos.micro})",
+                "change sizes from the next micro-step on",
             )
         self._schedule = [e for e in self._schedule if e[0] < first_micro]
         self._schedule.append((first_micro, checked))
@@ -123,7 +126,9 @@ class GlobalBatchSampler:
     def rewind(self, position: Position) -> None:
         """Restart from ``position`` (a resume, or dropping micro-batches prefetched ahead)."""
         if position.epoch < 0 or position.offset < 0 or position.micro < 0:
-            raise InputError(f"invalid sampler position {position}", "")
+            raise InputError(
+                f"invalid sampler position {position}", "rewind to a position this sampler issued"
+            )
         self._pos = position
         self._issued.clear()
         current = self.sizes_at(position.micro)

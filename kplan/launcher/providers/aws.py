@@ -46,6 +46,7 @@ from kplan.launcher.providers.aws_shapes import (
     tags_of,
     to_instance,
 )
+from kplan.launcher.providers.envvars import setting
 
 if TYPE_CHECKING:
     from kplan.launcher.providers import Backend, ProviderSettings
@@ -204,7 +205,10 @@ class AwsProvider:
                 return
             if self._clock.now() >= deadline:
                 raise CloudError(
-                    f"the {what} is still in use ({busy}) after {self.config.cleanup_timeout_s:g} s"
+                    f"the {what} is still in use ({busy}) after "
+                    f"{self.config.cleanup_timeout_s:g} s",
+                    hint="an instance may still be shutting down: run `kplan down JOB` again in a "
+                    "minute (cleanup is idempotent)",
                 )
             self._clock.sleep(self._poll_s)
 
@@ -250,7 +254,10 @@ class AwsProvider:
         self._check_cluster(cluster)
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
-            raise InputError(f"instance names repeat in one request: {names}")
+            raise InputError(
+                f"instance names repeat in one request: {names}",
+                hint="give each instance of a request its own name (job id and node rank)",
+            )
         pg = group_name(cluster.job_id) if self._wants_placement_group(cluster) else None
         requests = [run_request(self.config, cluster, spec, pg) for spec in specs]
         for spec in specs:  # instances get credentials from their profile, never from kplan
@@ -384,7 +391,10 @@ class AwsProvider:
 
     def _check_cluster(self, cluster: ClusterSpec) -> None:
         if cluster.cloud != "aws":
-            raise InputError(f"cluster of job {cluster.job_id!r} is for {cluster.cloud!r}")
+            raise InputError(
+                f"cluster of job {cluster.job_id!r} is for {cluster.cloud!r}",
+                hint="use that cloud's provider (kplan.launcher.providers.get_backend)",
+            )
         if cluster.region != self.config.region:
             raise InputError(
                 f"job {cluster.job_id!r} is in region {cluster.region!r}; this AWS provider "
@@ -401,17 +411,22 @@ def config_from_env(region: str | None, environ: Mapping[str, str] | None = None
         raise InputError("no AWS region given", hint="pass --region or set AWS_DEFAULT_REGION")
     flag = env.get("KPLAN_AWS_PLACEMENT_GROUPS", "1").strip().lower()
     if flag not in ("0", "1", "true", "false", "yes", "no"):
-        raise InputError(f"KPLAN_AWS_PLACEMENT_GROUPS={flag!r} is not 0 or 1")
+        raise InputError(
+            f"KPLAN_AWS_PLACEMENT_GROUPS={flag!r} is not 0 or 1",
+            hint="set KPLAN_AWS_PLACEMENT_GROUPS=0 to launch without a placement group, or "
+            "unset it",
+        )
     optional: dict[str, Any] = {
-        "endpoint_url": env.get("KPLAN_AWS_ENDPOINT_URL") or None,
-        "instance_profile": env.get("KPLAN_AWS_INSTANCE_PROFILE") or None,
-        "vpc_id": env.get("KPLAN_AWS_VPC") or None,
-        "subnet_id": env.get("KPLAN_AWS_SUBNET") or None,
-        "key_name": env.get("KPLAN_AWS_KEY_NAME") or None,
+        "endpoint_url": setting("KPLAN_AWS_ENDPOINT_URL", env),
+        "instance_profile": setting("KPLAN_AWS_INSTANCE_PROFILE", env),
+        "vpc_id": setting("KPLAN_AWS_VPC", env),
+        "subnet_id": setting("KPLAN_AWS_SUBNET", env),
+        "key_name": setting("KPLAN_AWS_KEY_NAME", env),
         "placement_groups": flag in ("1", "true", "yes"),
     }
-    if env.get("KPLAN_AWS_IMAGE"):
-        optional["image_id"] = env["KPLAN_AWS_IMAGE"]
+    image = setting("KPLAN_AWS_IMAGE", env)
+    if image is not None:
+        optional["image_id"] = image
     return AwsConfig(region=chosen, **optional)
 
 
@@ -423,7 +438,7 @@ def create(settings: ProviderSettings) -> Backend:
     config = config_from_env(settings.region)
     check_credentials(config)  # before any client, bucket or job: no credentials fails now
     factory = make_client_factory(config)
-    uri = settings.storage_uri or os.environ.get("KPLAN_AWS_STORAGE_URI") or None
+    uri = settings.storage_uri or setting("KPLAN_AWS_STORAGE_URI")
     if uri is None:
         storage = S3Storage(
             default_storage_uri(config, factory), config, client_factory=factory, create_bucket=True
@@ -460,7 +475,7 @@ def offline_target(
 
     env = os.environ if environ is None else environ
     config = config_from_env(settings.region, env)
-    uri = settings.storage_uri or env.get("KPLAN_AWS_STORAGE_URI") or None
+    uri = settings.storage_uri or setting("KPLAN_AWS_STORAGE_URI", env)
     placeholders = [ACCOUNT_PLACEHOLDER]
     if uri is None:
         uri = f"s3://kplan-{ACCOUNT_PLACEHOLDER}-{config.region}/jobs"

@@ -105,7 +105,7 @@ class AwsConfig:
     cleanup_timeout_s: float = 300.0  # how long cleanup waits for terminations and dependencies
 
     def __post_init__(self) -> None:
-        if not _REGION.match(self.region):
+        if not _REGION.fullmatch(self.region):
             raise InputError(
                 f"AWS region {self.region!r} is not a region name",
                 hint="use a region such as us-east-1 or eu-west-2",
@@ -120,11 +120,16 @@ class AwsConfig:
         if not self.image_id:
             raise InputError("AWS image_id is empty", hint="give an AMI id or resolve:ssm:<name>")
         if self.max_attempts < 1:
-            raise InputError(f"AWS max_attempts must be >= 1, got {self.max_attempts}")
+            raise InputError(
+                f"AWS max_attempts must be >= 1, got {self.max_attempts}",
+                hint="1 tries each call once; the default is 5",
+            )
         for name in ("backoff_s", "poll_s", "cleanup_timeout_s"):
             value = getattr(self, name)
             if value < 0:
-                raise InputError(f"AWS {name} must be >= 0, got {value}")
+                raise InputError(
+                    f"AWS {name} must be >= 0, got {value}", hint=f"set {name} to 0 or more seconds"
+                )
 
 
 def make_client_factory(config: AwsConfig) -> ClientFactory:

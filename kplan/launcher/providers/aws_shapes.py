@@ -75,7 +75,10 @@ def ingress_rules(cluster: ClusterSpec, group_id: str) -> list[dict[str, Any]]:
     """The job's port range (TCP and UDP) from the group itself; SSH only from ``ssh_cidr``."""
     low, high = cluster.ports
     if not 0 < low <= high < 65536:
-        raise InputError(f"port range {cluster.ports} of job {cluster.job_id!r} is not valid")
+        raise InputError(
+            f"port range {cluster.ports} of job {cluster.job_id!r} is not valid",
+            hint="give two ports LOW <= HIGH in 1..65535",
+        )
     rules: list[dict[str, Any]] = [
         {
             "IpProtocol": proto,
@@ -105,7 +108,10 @@ def instance_tags(spec: InstanceSpec) -> dict[str, str]:
     }
     for key, value in spec.tags.items():
         if key.lower().startswith("aws:"):
-            raise InputError(f"tag {key!r} of instance {spec.name!r}: AWS reserves aws:*")
+            raise InputError(
+                f"tag {key!r} of instance {spec.name!r}: AWS reserves aws:*",
+                hint="rename the tag without the aws: prefix",
+            )
         if key in RESERVED_TAGS and value != tags[key]:
             raise InputError(
                 f"tag {key}={value!r} of instance {spec.name!r} contradicts kplan's "
@@ -114,10 +120,16 @@ def instance_tags(spec: InstanceSpec) -> dict[str, str]:
             )
     tags = {**dict(spec.tags), **tags}
     if len(tags) > 50:
-        raise InputError(f"instance {spec.name!r} has {len(tags)} tags; EC2 allows 50")
+        raise InputError(
+            f"instance {spec.name!r} has {len(tags)} tags; EC2 allows 50",
+            hint="drop some of the job's own tags (kplan adds a few of its own)",
+        )
     for key, value in tags.items():
         if len(key) > 128 or len(value) > 256:
-            raise InputError(f"tag {key!r}={value[:40]!r}... is too long for EC2 (128/256)")
+            raise InputError(
+                f"tag {key!r}={value[:40]!r}... is too long for EC2 (128/256)",
+                hint="keep tag keys to 128 characters and values to 256",
+            )
     return tags
 
 
@@ -139,7 +151,8 @@ def run_request(
     if spec.job_id != cluster.job_id or spec.cloud != "aws":
         raise InputError(
             f"instance {spec.name!r} is for job {spec.job_id!r} on {spec.cloud!r}, "
-            f"not job {cluster.job_id!r} on 'aws'"
+            f"not job {cluster.job_id!r} on 'aws'",
+            hint="launch each job's instances with that job's cluster, on its own cloud",
         )
     if spec.region != config.region:
         raise InputError(

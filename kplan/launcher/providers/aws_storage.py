@@ -32,7 +32,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise InputError(f"storage URI {uri!r} is not an s3:// URI", hint="e.g. s3://bucket/kplan")
     bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not _BUCKET.match(bucket):
+    if not _BUCKET.fullmatch(bucket):
         raise InputError(
             f"storage URI {uri!r} names no valid bucket ({bucket!r})",
             hint="S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens",
@@ -64,7 +64,10 @@ class S3Storage:
         page_size: int = 1000,
     ) -> None:
         if not 1 <= page_size <= 1000:
-            raise InputError(f"S3 page size {page_size} is not in 1..1000")
+            raise InputError(
+                f"S3 page size {page_size} is not in 1..1000",
+                hint="S3 lists at most 1000 keys a page",
+            )
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._config = config
@@ -83,7 +86,10 @@ class S3Storage:
     def _key(self, key: str) -> str:
         parts = key.split("/")
         if not key or key.startswith("/") or ".." in parts:
-            raise InputError(f"storage key {key!r} is not a relative path inside the storage")
+            raise InputError(
+                f"storage key {key!r} is not a relative path inside the storage",
+                hint="use a key such as JOB/code/job.tar.gz: no leading '/', no '..'",
+            )
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _relative(self, full: str) -> str:

@@ -38,6 +38,7 @@ from kplan.core.errors import CloudError, InputError
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.provider import TAG_JOB, ClusterSpec, Instance, InstanceSpec
 from kplan.launcher.providers import gcp_errors
+from kplan.launcher.providers.envvars import setting
 from kplan.launcher.providers.gcp_api import PREEMPTION, ComputeApi, down_hint, split_id
 from kplan.launcher.providers.gcp_auth import find_credentials, sdk_installed
 from kplan.launcher.providers.gcp_build import (
@@ -309,7 +310,7 @@ def create(settings: ProviderSettings) -> Backend:
     else:  # before any client, bucket or job: no credentials fails now, in a second at most
         credentials, project = find_credentials()
     config = GcpConfig.from_env(default_project=project)
-    uri = settings.storage_uri or os.environ.get("KPLAN_GCP_STORAGE_URI")
+    uri = settings.storage_uri or setting("KPLAN_GCP_STORAGE_URI")
     if not uri:
         raise InputError(
             "no Cloud Storage location for the job's code and status",
@@ -319,7 +320,7 @@ def create(settings: ProviderSettings) -> Backend:
     storage = GCSStorage(
         uri,
         credentials=credentials,
-        endpoint=os.environ.get("KPLAN_GCS_ENDPOINT") or None,
+        endpoint=setting("KPLAN_GCS_ENDPOINT"),
         retries=config.retries,
         backoff_s=config.backoff_s,
     )
@@ -347,7 +348,7 @@ def offline_target(
         project = PROJECT_PLACEHOLDER
         placeholders.append(PROJECT_PLACEHOLDER)
     config = config_for(GcpConfig.from_env(env, default_project="kplan-placeholder"), cluster)
-    uri = settings.storage_uri or env.get("KPLAN_GCP_STORAGE_URI") or None
+    uri = settings.storage_uri or setting("KPLAN_GCP_STORAGE_URI", env)
     if uri is None:
         uri = BUCKET_PLACEHOLDER
         placeholders.append(BUCKET_PLACEHOLDER)

@@ -328,5 +328,8 @@ def _get_json(url: str, headers: dict[str, str]) -> dict[str, Any]:
             hint="check the network connection (and KPLAN_GCP_BILLING_ENDPOINT, if set)",
         ) from err
     if not isinstance(doc, dict):
-        raise CloudError(f"GCP Cloud Billing API GET {shown}: not a JSON object")
+        raise CloudError(
+            f"GCP Cloud Billing API GET {shown}: not a JSON object",
+            hint="retry later; a proxy may have answered instead of the Billing API",
+        )
     return doc

@@ -26,13 +26,17 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kplan.core.errors import InputError
+from kplan.launcher.providers.envvars import (  # the --network/--service-account checks
+    NAME_RE,
+    check_network,
+    check_service_account,
+    setting,
+)
 
 TerminationAction = Literal["STOP", "DELETE"]
 
-NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 LABEL_KEY_RE = re.compile(r"[a-z][-_a-z0-9]{0,62}")
 LABEL_VALUE_RE = re.compile(r"[-_a-z0-9]{0,63}")
-_EMAIL_RE = re.compile(r"[^@\s]+@[^@\s]+\.[a-z]+")
 PROJECT_ENV = ("KPLAN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
 
 # Deep Learning VM images ship the NVIDIA driver installer (metadata install-nvidia-driver) and
@@ -44,10 +48,6 @@ DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 LOGGING_SCOPE = "https://www.googleapis.com/auth/logging.write"
 NODE_SCOPES = (STORAGE_SCOPE, LOGGING_SCOPE)
-_NETWORK_PATH = re.compile(r"projects/[-a-z0-9.:]+/global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-_SUBNET_PATH = re.compile(
-    r"projects/[-a-z0-9.:]+/regions/[a-z0-9-]+/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
-)
 
 
 @dataclass(frozen=True)
@@ -152,14 +152,14 @@ class GcpConfig:
                 f"KPLAN_GCP_EXTERNAL_IP={external!r} is not 0 or 1",
                 "Set KPLAN_GCP_EXTERNAL_IP=0 for instances without a public IP, or unset it.",
             )
-        account = env.get("KPLAN_GCP_SERVICE_ACCOUNT", "default")
+        account = setting("KPLAN_GCP_SERVICE_ACCOUNT", env) or "default"
         action = env.get("KPLAN_GCP_TERMINATION_ACTION", "STOP").upper()
         return cls(
             project=project,
-            api_endpoint=env.get("KPLAN_GCP_ENDPOINT") or None,
-            network=env.get("KPLAN_GCP_NETWORK") or "default",
-            subnetwork=env.get("KPLAN_GCP_SUBNETWORK") or None,
-            image=env.get("KPLAN_GCP_IMAGE") or DEFAULT_IMAGE,
+            api_endpoint=setting("KPLAN_GCP_ENDPOINT", env),
+            network=setting("KPLAN_GCP_NETWORK", env) or "default",
+            subnetwork=setting("KPLAN_GCP_SUBNETWORK", env),
+            image=setting("KPLAN_GCP_IMAGE", env) or DEFAULT_IMAGE,
             service_account=None if account.lower() == "none" else account,
             termination_action=action,  # type: ignore[arg-type]  # checked in __post_init__
             external_ip=external in ("1", "true", "yes"),
@@ -174,34 +174,6 @@ class GcpConfig:
         if self.subnetwork is None or "/" in self.subnetwork:
             return self.subnetwork
         return f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
-
-
-def check_service_account(account: str) -> None:
-    """InputError unless ``account`` is an email address or ``default``."""
-    if account != "default" and not _EMAIL_RE.fullmatch(account):
-        raise InputError(
-            f"GCP service account {account!r} is not an email address",
-            "Give the account's email (NAME@PROJECT.iam.gserviceaccount.com), or 'default' "
-            "for the Compute Engine default account.",
-        )
-
-
-def check_network(network: str, subnetwork: str | None) -> None:
-    """InputError unless ``network`` (and ``subnetwork``) are a resource name or path."""
-    if not (NAME_RE.fullmatch(network) or _NETWORK_PATH.fullmatch(network)):
-        raise InputError(
-            f"GCP network {network!r} is not a network name or path",
-            "Give a VPC network name (e.g. --network kplan-vpc) or "
-            "projects/PROJECT/global/networks/NAME.",
-        )
-    if subnetwork is not None and not (
-        NAME_RE.fullmatch(subnetwork) or _SUBNET_PATH.fullmatch(subnetwork)
-    ):
-        raise InputError(
-            f"GCP subnetwork {subnetwork!r} is not a subnetwork name or path",
-            "Give a subnetwork name in the job's region (e.g. --subnet kplan-us-central1) or "
-            "projects/PROJECT/regions/REGION/subnetworks/NAME.",
-        )
 
 
 def check_label(key: str, value: str) -> None:

@@ -81,7 +81,7 @@ provider object that started them, and a dropped ``Popen`` of a live child would
 
 
 def _check_job_id(job_id: str) -> str:
-    if not isinstance(job_id, str) or not _JOB_ID.match(job_id) or ".." in job_id:
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or ".." in job_id:
         raise InputError(
             f"job id {job_id!r} is not usable as a folder name",
             "use letters, digits, '.', '_' and '-' (at most 80), e.g. kp-260101-120000-ab12",
@@ -94,7 +94,7 @@ def job_of(instance_id: str) -> str | None:
     if not instance_id.startswith(f"{NAME}-"):
         return None
     job, sep, index = instance_id[len(NAME) + 1 :].rpartition("-")
-    return job if sep and index.isdigit() and _JOB_ID.match(job) else None
+    return job if sep and index.isdigit() and _JOB_ID.fullmatch(job) else None
 
 
 class LocalProvider:
