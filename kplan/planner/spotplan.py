@@ -21,6 +21,10 @@ from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, Weibull
 Array = NDArray[np.float64]
 MIN_REPLACEMENTS = 20  # the launcher's floor: a crash loop still stops
 REPLACEMENT_MARGIN = 1.5  # over the simulated p99 of lost nodes
+# A simulated run past this many loss events is a crash loop and counts as failed there
+# (``simulate_rows``): without the cut, one such run in a thousand kept the Monte-Carlo going
+# for 10,000 events, most of the planner's time.
+MAX_EVENTS = 250
 MIN_CAPACITY_WAIT_S = 3600.0
 CAPACITY_WAIT_MARGIN = 2.0  # over the longest outage the model draws
 
@@ -103,25 +107,35 @@ def simulate_rows(
     seed: int,
 ) -> list[SpotPricing]:
     """Monte-Carlo each row; the replacement limit is set from the simulated p99 of lost nodes
-    (simulated without a limit, so the limit does not truncate what it is set from)."""
+    (simulated without a limit, so the limit does not truncate what it is set from). A run past
+    ``MAX_EVENTS`` loss events counts as failed at that event: every event loses a node, and the
+    cut stays above each row's replacement limit (else the rows are simulated again with a cut
+    above it), so the launcher would have stopped that run sooner."""
     from kplan.planner import spotsim
 
     if len(risks) == 0:
         return []
     unlimited = [replace(p, max_replacements=10**9) for p in policies]
-    res = spotsim.simulate(
-        work_s=work_s,
-        nodes=nodes,
-        risks=risks,
-        policies=unlimited,
-        usd_per_hour=usd_per_hour,
-        usd_per_hour_on_demand=usd_per_hour_on_demand,
-        log_sigma=log_sigma,
-        runs=runs,
-        seed=seed,
-        billing_min_s=billing_min_s,
-        billing_increment_s=billing_increment_s,
-    )
+    max_events = MAX_EVENTS
+    while True:
+        res = spotsim.simulate(
+            work_s=work_s,
+            nodes=nodes,
+            risks=risks,
+            policies=unlimited,
+            usd_per_hour=usd_per_hour,
+            usd_per_hour_on_demand=usd_per_hour_on_demand,
+            log_sigma=log_sigma,
+            runs=runs,
+            seed=seed,
+            billing_min_s=billing_min_s,
+            billing_increment_s=billing_increment_s,
+            max_events=max_events,
+        )
+        limit = max(replacement_limit(float(p)) for p in res.lost_nodes_p99)
+        if limit < max_events:
+            break
+        max_events = 2 * limit
     out = []
     for j, (risk, pol) in enumerate(zip(risks, policies, strict=True)):
         p99 = float(res.lost_nodes_p99[j])
