@@ -25,7 +25,8 @@ from kplan.planner import costs, efficiency, perfmodel
 from kplan.planner.plan import Group
 
 if TYPE_CHECKING:
-    from kplan.planner.search import Candidate, SearchOptions
+    from kplan.planner.candidates import Candidate
+    from kplan.planner.searchopts import SearchOptions
     from kplan.planner.workload import Workload
 
 NODE_COUNTS = np.array([1, 2, 3, 4, 6, 8, 12, 16], dtype=float)
@@ -146,7 +147,7 @@ def _pair(
     finite = np.flatnonzero(np.isfinite(tc.cost_usd))
     if finite.size == 0:
         return []
-    from kplan.planner.search import pareto_front  # local: search imports this module
+    from kplan.planner.frontier import pareto_front
 
     front = finite[pareto_front(tc.hours[finite], tc.cost_usd[finite])]
     out = []

@@ -1,0 +1,219 @@
+"""Every (nodes, accumulation, global batch) of every candidate, priced in closed form, and
+pruned to the rows that can still be chosen or shown: each candidate's own time/cost frontier
+(expected or p90). A row off it is dominated by a row of the same cluster type, market and
+region on both time and cost under every later pricing (the Monte-Carlo rescales a candidate's
+rows together), so it is counted (``considered``, ``feasible``) but never ranked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.planner import compression, costs, efficiency, fit, perfmodel, spotplan
+from kplan.planner.candidates import Candidate, capacity_wait
+from kplan.planner.frontier import front_mask
+from kplan.planner.searchopts import SearchOptions
+from kplan.planner.table import Table
+from kplan.planner.workload import Workload
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class TypeGrid:
+    """Every (nodes, accumulation, global batch) of one instance type, with step times."""
+
+    nodes: Array
+    accum: Array
+    batch: Array
+    local: Array
+    step: Array
+    samples: Array
+    train_s: Array
+    sigma: Array
+
+
+def type_grid(
+    c: Candidate,
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    factors: Array,
+    work_sigma: Array,
+) -> TypeGrid | None:
+    g = c.inst.gpu_count
+    nodes, accum, gi = (
+        a.ravel()
+        for a in np.meshgrid(
+            np.arange(opts.min_nodes, opts.max_nodes + 1, dtype=float),
+            np.array(opts.accum_steps, dtype=float),
+            np.arange(len(grid)),
+            indexing="ij",
+        )
+    )
+    batch = grid[gi].astype(float)
+    workers = nodes * g
+    local = np.ceil(batch / (workers * accum))
+    # At least min_local_batch samples per GPU (a global batch below it: one GPU, no accum).
+    ok = (local <= c.pred.max_local_batch) & (
+        batch >= workers * accum * np.minimum(opts.min_local_batch, batch)
+    )
+    # Accumulation only when a batch does not fit: otherwise it is strictly slower.
+    ok &= (accum == 1) | (np.ceil(batch / (workers * (accum / 2))) > c.pred.max_local_batch)
+    if not ok.any():
+        return None
+    nodes, accum, batch, local, workers, gi = (
+        a[ok] for a in (nodes, accum, batch, local, workers, gi)
+    )
+    p = c.pred.params
+    step = perfmodel.step_time(p, nodes, workers, local, accum)
+    samples = workload.samples_at_base * factors[gi]
+    steps = np.ceil(samples / batch)
+    sigma = np.hypot(fit.prior_log_sigma(p, nodes, workers), work_sigma[gi])
+    if c.compression != "none":
+        # The option's step time and samples; unless pinned, only where it saves more than the
+        # tie tolerance over dense on the same multi-node configuration.
+        comp = compression.parse(c.compression)
+        stat = c.compression_stat or compression.prior(comp)
+        dense_s = steps * step
+        inputs = compression.variant_inputs(
+            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+        )
+        step = np.minimum.reduce(  # auto: the faster of AR's and AG's
+            [
+                compression.step_time(
+                    p,
+                    cc,
+                    shapes,
+                    nodes,
+                    workers,
+                    local,
+                    accum,
+                    codec,
+                    forward_share=workload.forward_share,
+                )
+                for cc, shapes, (codec, _) in inputs
+            ]
+        )
+        samples = samples * stat.multiplier
+        steps = np.ceil(samples / batch)
+        sigma = np.hypot(sigma, stat.log_sigma)
+        if opts.compression is None:
+            keep = (nodes >= 2) & (steps * step < (1.0 - opts.tie_tolerance) * dense_s)
+            if not keep.any():
+                return None
+            nodes, accum, batch, local, step, samples, steps, sigma = (
+                a[keep] for a in (nodes, accum, batch, local, step, samples, steps, sigma)
+            )
+    return TypeGrid(nodes, accum, batch, local, step, samples, steps * step, sigma)
+
+
+@dataclass(frozen=True)
+class Priced:
+    """The closed-form pricing of every configuration: the kept rows, and the counts."""
+
+    table: Table
+    considered: int  # configurations priced (kept or not)
+    feasible: int  # of those, finite and within the budget and deadline
+
+
+_FIELDS = ("nodes", "batch", "local", "accum", "step", "sigma", "samples")
+_PRICES = ("hours", "hours_p90", "cost_usd", "cost_p90_usd", "preemptions", "checkpoint_interval_s")
+_COLUMNS = ("hours", "hours_p90", "cost", "cost_p90", "preempt", "tau")
+
+
+def price_candidates(
+    cands: list[Candidate],
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    checkpoint_s: float,
+) -> Priced:
+    """Price each candidate's configurations in closed form (the candidates sharing a type grid
+    at once) and keep the rows on their candidate's frontier, in candidate then grid order."""
+    factors = efficiency.sample_factor(workload.gns, workload.base_batch, grid)
+    # The GNS forecast's spread of the samples to train, per global batch: it widens the time
+    # and cost p90 (in quadrature with the step time's), not the step time's own.
+    work_sigma = efficiency.log_sigma(workload.gns, workload.base_batch, grid)
+    if opts.global_batch is not None and not workload.gns:
+        factors = np.ones_like(factors)  # pinned batch, no GNS: same samples as at B0 (noted)
+    by_grid: dict[tuple[str, str, str], list[int]] = {}
+    for i, c in enumerate(cands):
+        by_grid.setdefault((c.offer.cloud, c.offer.instance_type, c.compression), []).append(i)
+    parts: dict[int, dict[str, Array]] = {}
+    considered = feasible = 0
+    for members in by_grid.values():
+        tg = type_grid(cands[members[0]], workload, opts, grid, factors, work_sigma)
+        if tg is None:
+            continue
+        tc = _closed_form([cands[i] for i in members], tg, opts, checkpoint_s)
+        finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
+        considered += finite.size
+        feasible += int(_within_2d(tc, finite, opts).sum())
+        keep = front_mask(tc.hours, tc.cost_usd, finite) | front_mask(
+            tc.hours_p90, tc.cost_p90_usd, finite
+        )
+        for k, i in enumerate(members):
+            cols = np.flatnonzero(keep[k])
+            row = {f: getattr(tg, f)[cols] for f in _FIELDS}
+            row.update(
+                {col: getattr(tc, p)[k, cols] for p, col in zip(_PRICES, _COLUMNS, strict=True)}
+            )
+            parts[i] = row
+    order = sorted(parts)
+
+    def column(name: str) -> Array:
+        return np.concatenate([parts[i][name] for i in order]) if order else np.zeros(0)
+
+    cand = [np.full(parts[i]["nodes"].size, i, dtype=np.int64) for i in order]
+    table = Table(
+        np.concatenate(cand) if cand else np.zeros(0, dtype=np.int64),
+        **{name: column(name) for name in (*_FIELDS, *_COLUMNS)},  # type: ignore[arg-type]
+    )
+    return Priced(table, considered, feasible)
+
+
+def _closed_form(
+    members: list[Candidate], tg: TypeGrid, opts: SearchOptions, checkpoint_s: float
+) -> costs.TimeCost:
+    """(candidates, configurations) arrays of the closed form: the candidates share a type
+    grid (cloud, instance type, compression) and differ in region, market, price and risk."""
+
+    def column(values: list[float]) -> Array:
+        return np.array(values, dtype=float)[:, None]
+
+    waits, co = [], []
+    for c in members:
+        co.append(c.risk.co_loss if c.risk is not None else 0.0)
+        waits.append(
+            0.0
+            if c.risk is None
+            else spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
+        )
+    first = members[0]
+    return costs.time_and_cost(
+        train_seconds=tg.train_s[None, :],
+        instances=tg.nodes[None, :],
+        usd_per_hour=column([c.offer.usd_per_hour for c in members]),
+        preempt_per_hour=column([c.preempt_per_hour for c in members]),
+        log_sigma=tg.sigma[None, :],
+        checkpoint_s=checkpoint_s,
+        billing_min_s=first.billing_min_s,
+        billing_increment_s=first.billing_increment_s,
+        overheads=opts.overheads,
+        co_loss=column(co),
+        outage_wait_s=column(waits),
+    )
+
+
+def _within_2d(
+    tc: costs.TimeCost, finite: NDArray[np.bool_], opts: SearchOptions
+) -> NDArray[np.bool_]:
+    ok = finite.copy()
+    if opts.budget_usd is not None:
+        ok &= tc.cost_p90_usd <= opts.budget_usd
+    if opts.deadline_hours is not None:
+        ok &= tc.hours_p90 <= opts.deadline_hours
+    return ok

@@ -1,0 +1,204 @@
+"""Spot rows priced by the Monte-Carlo (``spotplan.simulate_rows``), in rounds: the rows the
+choice would show are priced, the closed-form estimates of the others are rescaled by what the
+priced ones showed, and the choice is made again (``choose``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.planner import costs, spotplan
+from kplan.planner.candidates import Candidate, capacity_wait
+from kplan.planner.searchopts import SearchOptions
+from kplan.planner.spot import RecoveryPolicy, SpotRisk
+from kplan.planner.table import Table
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class SpotView:
+    """What the Monte-Carlo needs of one row: its risk, prices per node and billing."""
+
+    risk: SpotRisk
+    usd_per_hour: float
+    on_demand_usd_per_hour: float | None
+    billing_min_s: float
+    billing_increment_s: float
+
+
+def spot_view(
+    i: int,
+    t: Table,
+    cands: list[Candidate],
+    by_key: dict[tuple[str, str, str], Candidate],
+) -> SpotView | None:
+    """A single-type spot row, or a mix with a spot group (priced with its riskiest group's
+    model for every node and the mean price per node: conservative). None: on demand."""
+    if t.cand[i] >= 0:
+        c = cands[int(t.cand[i])]
+        if c.risk is None:
+            return None
+        return SpotView(
+            c.risk,
+            c.offer.usd_per_hour,
+            c.on_demand_usd_per_hour,
+            c.billing_min_s,
+            c.billing_increment_s,
+        )
+    mix = t.mixes[-1 - int(t.cand[i])]
+    members = [by_key.get((g.instance_type, g.market, g.zone)) for g in mix.groups]
+    risky = [c for c in members if c is not None and c.risk is not None]
+    if not risky or None in members:
+        return None
+    worst = max(risky, key=lambda c: c.preempt_per_hour)
+    assert worst.risk is not None
+    nodes = sum(g.nodes for g in mix.groups)
+    od = [c.on_demand_usd_per_hour for c in members if c is not None]
+    return SpotView(
+        replace(worst.risk, source=f"{worst.risk.source}; a mix: the riskier group's model"),
+        sum(g.usd_per_hour * g.nodes for g in mix.groups) / nodes,
+        None
+        if any(x is None for x in od)
+        else sum((x or 0.0) * g.nodes for x, g in zip(od, mix.groups, strict=True)) / nodes,
+        worst.billing_min_s,
+        worst.billing_increment_s,
+    )
+
+
+def refine_spot_rows(
+    t: Table,
+    rows: NDArray[np.int64],
+    cands: list[Candidate],
+    opts: SearchOptions,
+    checkpoint_s: float,
+) -> bool:
+    """Price the spot rows among ``rows`` by Monte-Carlo (in place); False when every one of
+    them was priced already."""
+    views = _unpriced_views(t, rows, cands)
+    if not views:
+        return False
+    todo = list(views)
+    o = opts.overheads
+    policies = [
+        RecoveryPolicy(
+            restart_s=o.restart_s,
+            provisioning_s=o.provisioning_s,
+            checkpoint_interval_s=float(t.tau[i]),
+            checkpoint_s=checkpoint_s,
+            capacity_wait_s=capacity_wait(views[i].risk, opts),
+            allow_on_demand=opts.allow_on_demand and views[i].on_demand_usd_per_hour is not None,
+        )
+        for i in todo
+    ]
+    ix = np.array(todo, dtype=np.int64)
+    vs = [views[i] for i in todo]
+    price = np.array([v.usd_per_hour for v in vs])
+    od = np.array([v.on_demand_usd_per_hour or v.usd_per_hour for v in vs])
+    bill_min = np.array([v.billing_min_s for v in vs])
+    bill_inc = np.array([v.billing_increment_s for v in vs])
+    work = np.ceil(t.samples[ix] / t.batch[ix]) * t.step[ix]
+    priced = spotplan.simulate_rows(
+        work_s=work,
+        nodes=t.nodes[ix],
+        risks=[v.risk for v in vs],
+        policies=policies,
+        usd_per_hour=price,
+        usd_per_hour_on_demand=od,
+        log_sigma=t.sigma[ix],
+        billing_min_s=bill_min,
+        billing_increment_s=bill_inc,
+        runs=opts.spot_runs,
+        seed=opts.seed,
+    )
+    od_tc = costs.time_and_cost(
+        train_seconds=work,
+        instances=t.nodes[ix],
+        usd_per_hour=od,
+        preempt_per_hour=0.0,
+        log_sigma=t.sigma[ix],
+        checkpoint_s=checkpoint_s,
+        billing_min_s=bill_min,
+        billing_increment_s=bill_inc,
+        overheads=o,
+    )
+    for j, v in enumerate(vs):
+        if v.on_demand_usd_per_hour is not None:
+            priced[j] = replace(
+                priced[j],
+                on_demand_hours=float(od_tc.hours[j]),
+                on_demand_cost_usd=float(od_tc.cost_usd[j]),
+            )
+    names = ("hours", "hours_p90", "cost", "cost_p90")
+    closed = {n: getattr(t, n)[ix].copy() for n in names}
+    for i, r in zip(todo, priced, strict=True):
+        t.hours[i], t.hours_p90[i] = r.hours, r.hours_p90
+        t.cost[i], t.cost_p90[i] = r.cost_usd, r.cost_p90_usd
+        t.preempt[i] = r.losses
+        t.spot[i] = r
+    carry_ratios(t, ix, closed, _spot_rows(t, cands))
+    return True
+
+
+def _spot_rows(t: Table, cands: list[Candidate]) -> NDArray[np.bool_]:
+    """The spot rows: a single type with a spot model, or a mix with a spot group (without the
+    mixes, each round would bring the next optimistic closed-form mix into view: many rounds)."""
+    flags = np.array([c.risk is not None for c in cands] + [False])
+    mix_spot = np.array([any(g.market == "spot" for g in m.groups) for m in t.mixes] + [False])
+    spot: NDArray[np.bool_] = np.where(
+        t.cand >= 0,
+        flags[np.clip(t.cand, 0, len(cands))],
+        mix_spot[np.clip(-1 - t.cand, 0, len(t.mixes))],
+    )
+    return spot
+
+
+def _unpriced_views(
+    t: Table, rows: NDArray[np.int64], cands: list[Candidate]
+) -> dict[int, SpotView]:
+    """The spot rows among ``rows`` the Monte-Carlo has not priced yet, with what it needs."""
+    views: dict[int, SpotView] = {}
+    # a mix's groups, found by (type, market, zone) among the candidates
+    by_key: dict[tuple[str, str, str], Candidate] = {
+        (c.offer.instance_type, c.offer.market, c.offer.zone): c for c in cands
+    }
+    for i in dict.fromkeys(rows.tolist()):
+        if int(i) not in t.spot:
+            v = spot_view(int(i), t, cands, by_key)
+            if v is not None:
+                views[int(i)] = v
+    return views
+
+
+def carry_ratios(
+    t: Table, ix: NDArray[np.int64], closed: dict[str, Array], is_spot: NDArray[np.bool_]
+) -> None:
+    """Scale the estimates of the spot rows not priced yet by the median ratio of the rows just
+    priced to their estimates (the same candidate's where it has some, else all of them), so
+    that the next ranking starts near the Monte-Carlo values (the closed form misses early-life
+    preemptions, outage tails and node ages). Each ratio is to the current estimate, so a later
+    round corrects further rather than compounding."""
+    priced = np.zeros(len(t.cost), dtype=bool)
+    priced[list(t.spot)] = True
+    ratios: dict[str, Array] = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for name, before in closed.items():
+            ratios[name] = getattr(t, name)[ix] / before
+    done: list[int] = []
+    for c in np.unique(t.cand[ix]):
+        mine = t.cand[ix] == c
+        rows = np.flatnonzero((t.cand == c) & ~priced)
+        done.append(int(c))
+        for name, r in ratios.items():
+            k = float(np.nanmedian(r[mine])) if np.isfinite(r[mine]).any() else math.nan
+            if rows.size and math.isfinite(k) and k > 0:
+                getattr(t, name)[rows] *= k
+    others = ~priced & ~np.isin(t.cand, done) & is_spot
+    if others.any():
+        for name, r in ratios.items():
+            k = float(np.nanmedian(r)) if np.isfinite(r).any() else math.nan
+            if math.isfinite(k) and k > 0:
+                getattr(t, name)[others] *= k
