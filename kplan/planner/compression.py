@@ -483,10 +483,14 @@ def step_time(
         return perfmodel.step_time(p, nodes, workers, local_batch, accum_steps)
     tc = perfmodel.compute_time(p, local_batch)
     s = np.asarray(accum_steps, dtype=float)
-    sync, _ = sync_time(p, c, shapes, nodes, workers, part="overlapped")
-    k = np.asarray(workers, dtype=float)
+    # the rounds depend on (nodes, workers) alone: priced once per distinct pair
+    n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
+    pairs, inv = np.unique(np.stack([n.ravel(), k.ravel()], axis=1), axis=0, return_inverse=True)
+    inv = inv.reshape(n.shape)
+    un, uk = pairs[:, 0], pairs[:, 1]
+    sync = sync_time(p, c, shapes, un, uk, part="overlapped")[0][inv]
     codec = np.where(k > 1, codec_s, 0.0)
-    blocking, hidden = blocking_time(p, c, shapes, nodes, workers, skew_s)
+    blocking, hidden = (x[inv] for x in blocking_time(p, c, shapes, un, uk, skew_s))
     if p.gradient_bytes and p.bucket_bytes:
         # DDP's buckets as a pipeline (module notes): no overlap exponent
         shares = bucket_shares(shapes, p.bucket_bytes)
