@@ -79,16 +79,22 @@ def sample_factor_band(
         tuple(unique.tolist()),
         min(start, gnsforecast.DONE),
         quantile,
+        gnsforecast.prior_in_use(),
     )
     return mid[inverse].reshape(batch.shape), hi[inverse].reshape(batch.shape)
 
 
 @functools.lru_cache(maxsize=128)
 def _forecast_band(
-    gns: tuple[GnsPoint, ...], base_batch: float, batches: tuple[float, ...], start: float, q: float
+    gns: tuple[GnsPoint, ...],
+    base_batch: float,
+    batches: tuple[float, ...],
+    start: float,
+    q: float,
+    prior: gnsforecast.GnsPrior,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Mean and ``q`` quantile over the forecast's trajectories (cached: the search and the
-    mixes ask for the same trajectory many times)."""
+    mixes ask for the same trajectory many times; ``prior``, the one in use, keys the cache)."""
     samples = gnsforecast.factor_samples(gns, base_batch, np.array(batches), start=start)
     mid: NDArray[np.float64] = np.mean(samples, axis=0)
     hi: NDArray[np.float64] = np.quantile(samples, q, axis=0)

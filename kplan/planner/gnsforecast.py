@@ -87,16 +87,11 @@ def prior_in_use() -> GnsPrior:
 def using_prior(prior: GnsPrior) -> Iterator[None]:
     """Forecast with ``prior`` inside the block (a benchmark scoring a model with the prior of
     the other models: the planner's own forecasts, e.g. in ``planner.online``, take it too)."""
-    from kplan.planner import efficiency
-
-    clear = efficiency._forecast_band.cache_clear  # its cache does not key on the prior
     _IN_USE.append(prior)
-    clear()
     try:
         yield
     finally:
         _IN_USE.pop()
-        clear()
 
 
 @dataclass(frozen=True)
