@@ -1,60 +1,113 @@
-"""Speed of `kplan estimate`: the search core (configurations per second) and the whole command.
+"""Speed of `kplan estimate` against SkyPilot's optimizer, each timed as a whole process.
 
-    python -m bench.estimate_speed [--repeat 5]
+    python -m bench.estimate_speed --sky-python /work/venv-sky/bin/python [--repeat 5]
 
-Prints, for the built-in imagenet-resnet50 profile over the full shipped catalog (both clouds,
-every region, 1 to 64 nodes, every batch and accumulation, two-type mixes): the median time of
-the search core, the configurations it evaluates per second, and the median wall time of the
-`kplan estimate --example imagenet-resnet50 --json` process (Python start-up included).
+In one run, alternating the tools so that both see the same machine load:
+
+- kplan, wide: ``kplan estimate --example imagenet-resnet50 --json`` (every cloud, region, instance
+  type, market, 1 to 64 nodes, every global batch and accumulation, two-type mixes, compression
+  options, the spot Monte-Carlo and the GNS forecast).
+- SkyPilot, wide: one task of 4 nodes whose resources are any of the (GPU, count) pairs of the
+  SkyPilot catalog rows, on demand or spot, both clouds (``bench/sky_optimize.py wide``),
+  minimising cost. SkyPilot models no throughput, batch, time or preemption, and searches one node
+  count: this is the closest question it answers, and a far smaller one.
+- kplan, fixed: ``--instance-type p4d.24xlarge --nodes 4 --on-demand``; SkyPilot, fixed: the same
+  instance type, 4 nodes, on demand (``bench/sky_optimize.py fixed``).
+
+SkyPilot runs offline: its catalog is placed from /work/shared/data/catalogs/skypilot-v9 (the AWS
+and GCP GPU rows of the US regions; SkyPilot 0.14.1 reads schema v8 paths,
+``~/.sky/catalogs/v8/<cloud>/vms.csv``) under a temporary HOME, sockets are refused in its
+process, and its credential check is replaced by "AWS and GCP are enabled". Prints each
+command's median wall time and CPU time (user + system, which a loaded machine inflates less)
+and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from kplan.app import planning
-from kplan.catalogs import load_catalog
-from kplan.planner.search import SearchOptions
+ROOT = Path(__file__).resolve().parent.parent
+SKY_ROWS = Path("/work/shared/data/catalogs/skypilot-v9")
+SKY_SCHEMA = "v8"  # SkyPilot 0.14.1's constants.CATALOG_SCHEMA_VERSION
+KPLAN_WIDE = ["estimate", "--example", "imagenet-resnet50", "--json"]
+KPLAN_FIXED = [*KPLAN_WIDE, "--instance-type", "p4d.24xlarge", "--nodes", "4", "--on-demand"]
+
+
+def place_sky_catalog(home: Path, rows: Path) -> None:
+    """SkyPilot's catalog files under ``home`` (each file it reads, so it never fetches one)."""
+    root = home / ".sky" / "catalogs" / SKY_SCHEMA
+    for cloud in ("aws", "gcp", "common"):
+        (root / cloud).mkdir(parents=True, exist_ok=True)
+    shutil.copy(rows / "aws" / "vms_gpu_us_subset.csv", root / "aws" / "vms.csv")
+    shutil.copy(rows / "gcp" / "vms_gpu_us_subset.csv", root / "gcp" / "vms.csv")
+    for name in ("images.csv", "accelerator_quota_mapping.csv"):
+        shutil.copy(rows / "gcp" / name, root / "gcp" / name)
+    shutil.copy(rows / "common" / "accelerators.csv", root / "common" / "accelerators.csv")
+    (root / "aws" / "images.csv").write_text("Tag,Region,OS,OSVersion,ImageId,CreationDate\n")
+    (root / "aws" / "instance_quota_mapping.csv").write_text("InstanceType,QuotaCode\n")
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child, its last output line); fails loudly if the command does."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    lines = [x for x in done.stdout.splitlines() if x.strip() and "sky-payload" not in x]
+    return wall, cpu, lines[-1] if lines else ""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sky-python", required=True, help="SkyPilot 0.14.1's interpreter")
+    parser.add_argument("--sky-rows", type=Path, default=SKY_ROWS)
     args = parser.parse_args()
-    profile = planning.load_example("imagenet-resnet50")
-    catalog = load_catalog()
-    core, configs = [], 0
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        result = planning.estimate(profile, SearchOptions(), catalog=catalog)
-        core.append(time.perf_counter() - t0)
-        configs = result.plan.considered
-    kplan = Path(sys.executable).with_name("kplan")
-    wall = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        subprocess.run(
-            [str(kplan), "estimate", "--example", "imagenet-resnet50", "--json"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        wall.append(time.perf_counter() - t0)
-    med = statistics.median(core)
-    print(
-        f"search core: {configs:,} configurations in {med * 1e3:.0f} ms (median of "
-        f"{args.repeat}) = {configs / med:,.0f} configurations/s"
-    )
-    median_wall = statistics.median(wall)
-    print(
-        f"kplan estimate --example imagenet-resnet50 --json: median wall {median_wall:.2f} s"
-        f" (min {min(wall):.2f}, max {max(wall):.2f}) over {args.repeat} runs"
-    )
+    kplan = str(Path(sys.executable).with_name("kplan"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory(prefix="kplan-sky-") as home:
+        place_sky_catalog(Path(home), args.sky_rows)
+        sky_env = {**os.environ, "SKY_HOME": home}
+        sky = [args.sky_python, str(ROOT / "bench" / "sky_optimize.py")]
+        cases = {
+            "kplan wide": ([kplan, *KPLAN_WIDE], env),
+            "sky wide": ([*sky, "wide"], sky_env),
+            "kplan fixed": ([kplan, *KPLAN_FIXED], env),
+            "sky fixed": ([*sky, "fixed"], sky_env),
+        }
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        said: dict[str, str] = {}
+        for _ in range(args.repeat):
+            for name, (cmd, cmd_env) in cases.items():
+                wall, cpu, last = timed(cmd, cmd_env)
+                runs[name].append((wall, cpu))
+                said[name] = last
+    med = {
+        name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
+        for name, r in runs.items()
+    }
+    load = os.getloadavg()[0]
+    print(f"median of {args.repeat} runs each, alternating; load average at the end {load:.1f}")
+    for name, (wall, cpu) in med.items():
+        print(f"  {name:12s} wall {wall:6.2f} s   CPU {cpu:6.2f} s")
+    print(f"  sky says: {said['sky wide']}")
+    print(f"  sky says: {said['sky fixed']}")
+    for kind in ("wide", "fixed"):
+        (kw, kc), (sw, sc) = med[f"kplan {kind}"], med[f"sky {kind}"]
+        print(f"{kind}: kplan is {sw / kw:.1f}x faster (wall), {sc / kc:.1f}x (CPU) than SkyPilot")
 
 
 if __name__ == "__main__":

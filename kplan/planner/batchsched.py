@@ -211,44 +211,12 @@ def plan_schedule(
         return None
     single_time = seg_time.sum(axis=0)
     single = int(np.argmin(single_time))
-    phases: list[Phase] = []
-    for j, b in enumerate(path):
-        if phases and phases[-1].global_batch == int(batches[b]):
-            last = phases[-1]
-            merged = last.samples + float(samples[j, b])
-            steps = math.ceil(merged / last.global_batch)
-            phases[-1] = replace(last, end=float(edges[j + 1]), steps=steps, samples=merged)
-            continue
-        s = float(samples[j, b])
-        phases.append(
-            Phase(
-                float(edges[j]),
-                float(edges[j + 1]),
-                int(batches[b]),
-                int(local[b]),
-                math.ceil(s / batches[b]),
-                s,
-                float(step[b]),
-            )
-        )
+    phases = _phases(path, batches, local, samples, step, edges)
     if len(phases) < 2:
         return None
-    # the training time of the schedule (phases fixed) and of the single batch on each of the
-    # forecast's trajectories: their spreads
-    path_b = np.asarray(path)
-    per_sample = step / batches  # seconds per sample at each batch
-    sched_draws = (
-        samples_at_base
-        * (widths[None, :] * (1.0 + (batches[path_b][None, :] - base_batch) * draws))
-        @ per_sample[path_b]
+    sched_sigma, single_sigma = _spreads(
+        samples_at_base, base_batch, widths, draws, batches, step, path, single
     )
-    single_draws = (
-        samples_at_base
-        * (widths[None, :] * (1.0 + (batches[single] - base_batch) * draws)).sum(axis=1)
-        * per_sample[single]
-    )
-    sched_sigma = forecast_log_sigma(sched_draws)
-    single_sigma = forecast_log_sigma(single_draws)
     hours, cost, hours_p90, cost_p90 = price(
         sum(p.train_s for p in phases), math.hypot(step_log_sigma, sched_sigma)
     )
@@ -276,6 +244,67 @@ def plan_schedule(
         single_cost_p90_usd=s_cost_p90,
         log_sigma=sched_sigma,
     )
+
+
+def _phases(
+    path: Sequence[int],
+    batches: NDArray[np.float64],
+    local: NDArray[np.float64],
+    samples: NDArray[np.float64],
+    step: NDArray[np.float64],
+    edges: NDArray[np.float64],
+) -> list[Phase]:
+    """The schedule's phases: one per segment of ``path``, neighbours of one batch merged."""
+    phases: list[Phase] = []
+    for j, b in enumerate(path):
+        if phases and phases[-1].global_batch == int(batches[b]):
+            last = phases[-1]
+            merged = last.samples + float(samples[j, b])
+            steps = math.ceil(merged / last.global_batch)
+            phases[-1] = replace(last, end=float(edges[j + 1]), steps=steps, samples=merged)
+            continue
+        s = float(samples[j, b])
+        phases.append(
+            Phase(
+                float(edges[j]),
+                float(edges[j + 1]),
+                int(batches[b]),
+                int(local[b]),
+                math.ceil(s / batches[b]),
+                s,
+                float(step[b]),
+            )
+        )
+    return phases
+
+
+def _spreads(
+    samples_at_base: float,
+    base_batch: int,
+    widths: NDArray[np.float64],
+    draws: NDArray[np.float64],
+    batches: NDArray[np.float64],
+    step: NDArray[np.float64],
+    path: Sequence[int],
+    single: int,
+) -> tuple[float, float]:
+    """The forecast's log sigma of the training time of the schedule (phases fixed) and of
+    the single batch, over the forecast's trajectories."""
+    path_b = np.asarray(path)
+    per_sample = step / batches  # seconds per sample at each batch
+    sched_draws = (
+        samples_at_base
+        * (widths[None, :] * (1.0 + (batches[path_b][None, :] - base_batch) * draws))
+        @ per_sample[path_b]
+    )
+    single_draws = (
+        samples_at_base
+        * (widths[None, :] * (1.0 + (batches[single] - base_batch) * draws)).sum(axis=1)
+        * per_sample[single]
+    )
+    sched_sigma = forecast_log_sigma(sched_draws)
+    single_sigma = forecast_log_sigma(single_draws)
+    return sched_sigma, single_sigma
 
 
 def describe(entries: Sequence[dict[str, float | int]], saving: float | None = None) -> str:

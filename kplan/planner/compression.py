@@ -100,14 +100,30 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kplan.core import compression_spec as rc
-from kplan.core.compression_spec import Compression
-from kplan.core.errors import InputError
 from kplan.planner import perfmodel
+from kplan.planner.compstats import (
+    MEASURED_SIGMA,
+    TOPK_PRIOR_SIGMA,
+    StatCost,
+    parse,
+    parse_measured,
+    prior,
+    stat_for,
+)
 from kplan.planner.perfmodel import PerfParams
 
 if TYPE_CHECKING:
     from kplan.planner.workload import Workload
+
+__all__ = [
+    "MEASURED_SIGMA",
+    "TOPK_PRIOR_SIGMA",
+    "StatCost",
+    "parse",
+    "parse_measured",
+    "prior",
+    "stat_for",
+]
 
 Array = NDArray[np.float64]
 Shapes = tuple[tuple[int, ...], ...]
@@ -129,120 +145,6 @@ CODEC_S_PER_ELEMENT: dict[str, float] = {
     "powersgd": 3e-11,
     "topk": 1.5e-10,
 }
-
-
-@dataclass(frozen=True)
-class StatCost:
-    """Samples to the target with the option, as a multiple of dense (>= 1 typically)."""
-
-    multiplier: float
-    log_sigma: float  # uncertainty of log(multiplier)
-    source: str
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.multiplier) and self.multiplier > 0):
-            raise InputError(
-                f"statistical multiplier {self.multiplier!r} must be a number > 0",
-                hint="samples to the target with compression / without, e.g. 1.05",
-            )
-
-    def updated(self, measured: float, log_sigma: float, what: str = "measured") -> StatCost:
-        """Combine with a measured multiplier (inverse-variance weights in log space)."""
-        if not (math.isfinite(measured) and measured > 0 and log_sigma > 0):
-            raise InputError(
-                f"measured multiplier {measured!r} (sigma {log_sigma!r}) is not usable",
-                hint="a ratio of steps to the same loss > 0, with a log-space sigma > 0",
-            )
-        wp, wm = 1 / self.log_sigma**2, 1 / log_sigma**2
-        mean = (wp * math.log(self.multiplier) + wm * math.log(measured)) / (wp + wm)
-        return StatCost(math.exp(mean), (wp + wm) ** -0.5, f"{what} ({measured:.3g}) + prior")
-
-
-def prior(c: Compression) -> StatCost:
-    """The documented prior (with error feedback, as the runtime runs every lossy option).
-
-    - fp16/bf16: 1.00 +- 2%: 16-bit gradient all-reduce (PyTorch's fp16/bf16 hooks) matches
-      fp32 training; only the rounding of the summed gradient changes.
-    - powersgd:r: 1 + 0.1/r +- 10%: Vogels et al. 2019 (NeurIPS) reach the SGD test accuracy in
-      the same epochs at rank 2-4 (ResNet-18/CIFAR-10, LSTM/WikiText-2), rank 1 slightly below.
-    - topk:x: 1 + 0.03 log10(1/x) +- 30% (``TOPK_PRIOR_SIGMA``): error-feedback top-k (Stich
-      et al. 2018; Lin et al. 2018, DGC, 0.1% density at the baseline accuracy with momentum
-      correction and warm-up) converges like SGD with a delay that grows as the ratio shrinks;
-      without DGC's extras a few % more steps at 1%.
-    """
-    if c.kind == "none":
-        return StatCost(1.0, 1e-3, "dense")
-    if c.kind in ("fp16", "bf16"):
-        return StatCost(1.0, 0.02, "prior (16-bit all-reduce)")
-    if c.kind == "powersgd":
-        return StatCost(1.0 + 0.1 / c.rank, 0.10, "prior (Vogels et al. 2019)")
-    ratio = c.min_ratio if c.kind == "adaptive" else c.ratio
-    return StatCost(1.0 + 0.03 * math.log10(1.0 / ratio), TOPK_PRIOR_SIGMA, "prior (EF top-k)")
-
-
-TOPK_PRIOR_SIGMA = 0.30
-"""Log-space uncertainty of top-k's prior multiplier. The literature's mean is for long runs; on
-short ones the delay of error feedback weighs more. Measured with momentum-free SGD on the
-emulated hosts (bench/comm_bed.py, 30-45 steps): x1.17 and x1.17 at ratio 0.05 (prior 1.04),
-x1.33 and x1.50 at 0.01 (prior 1.06). At +-15% (until 2026-11-27) all four exceeded the p90
-(1.26-1.28); at +-30% (p90 1.53-1.56) none does. Under Adam, where the runtime warns that
-top-k ends far from dense, eight pairs read x1.32-2.10 at 0.05 (bench/statcost_pairs.py), 3
-of them above this p90: measure such a job (``kplan report JOB --against DENSE``)."""
-
-
-def stat_for(c: Compression, measured: Sequence[tuple[str, float, float]] = ()) -> StatCost:
-    """The option's statistical cost: its prior, updated with a measurement ``(spec,
-    multiplier, log_sigma)`` of the same option when one is given (e.g. from a job's curves)."""
-    stat = prior(c)
-    for spec, multiplier, log_sigma in measured:
-        if parse(spec).spec() == c.spec():
-            stat = stat.updated(multiplier, log_sigma)
-    return stat
-
-
-MEASURED_SIGMA = 0.2
-"""Log-space uncertainty of a measured samples multiplier given without one: one pair of runs
-(``kplan report JOB --against DENSE``). Eight pairs of the example MLP on two local workers (data
-seeds 0-7; bench/statcost_pairs.py) spread by a log sd of 0.18 for topk:0.05:ag under Adam
-(x1.32-2.10) and 0.05 for powersgd:4 (x1.07-1.23); this is the larger, rounded up. Several
-pairs: give their geometric mean with sd / sqrt(pairs). docs/benchmarks.md."""
-# A smaller measured log-space sigma claims a precision no run of seeds gives, and squared
-# below ~1e-154 it is 0 (a division by zero in the cost's spread).
-MIN_MEASURED_SIGMA = 0.01
-
-
-def parse_measured(text: str, where: str = "--compression-steps") -> tuple[str, float, float]:
-    """``SPEC=MULT[/SIGMA]``: an option's measured samples (steps) to the same loss as a
-    multiple of dense, and its log-space sigma (default ``MEASURED_SIGMA``)."""
-    hint = "e.g. topk:0.01=1.3 (1.3x dense's steps to the same loss) or powersgd:4=1.05/0.05"
-    malformed = InputError(f"{where} {text[:60]!r} is not SPEC=MULT[/SIGMA]", hint=hint)
-    spec, eq, value = text.partition("=")
-    mult, slash, sig = value.partition("/")
-    if not eq or not spec:
-        raise malformed
-    try:
-        multiplier = float(mult)
-        sigma = float(sig) if slash else MEASURED_SIGMA
-    except ValueError:
-        raise malformed from None
-    if not (math.isfinite(multiplier) and multiplier > 0):
-        raise InputError(f"{where} {text[:60]!r}: the multiplier must be a number > 0", hint=hint)
-    if not (math.isfinite(sigma) and MIN_MEASURED_SIGMA <= sigma <= 5):
-        raise InputError(
-            f"{where} {text[:60]!r}: SIGMA must be in [{MIN_MEASURED_SIGMA:g}, 5]", hint=hint
-        )
-    return parse(spec, where).spec(), multiplier, sigma
-
-
-def parse(text: str, where: str = "--compression") -> Compression:
-    """An option as the runtime parses it (adaptive has no fixed price: refused here)."""
-    c = rc.parse_compression(text, where)
-    if c.kind == "adaptive":
-        raise InputError(
-            f"{where}={text!r}: adaptive changes its ratio during training and has no fixed price",
-            hint="plan a fixed option (e.g. topk:0.01) and run adaptive with KPLAN_COMPRESSION",
-        )
-    return c
 
 
 def assumed_shapes(gradient_bytes: float, element_bytes: int = 4) -> Shapes:
@@ -307,9 +209,34 @@ def traffic(
     return Traffic(nbytes, 2, tree + 2.0 * (k - 1), "ar", bcast, float(tree))
 
 
-@functools.lru_cache(maxsize=4096)
-def _traffic_cached(c: Compression, shapes: Shapes, k: int, bw: float, lat: float) -> Traffic:
-    return traffic(c, shapes, k, bw, lat)
+# traffic() per gradient layout, then per (option, workers, bandwidth, latency): the layout
+# (a model's hundreds of shapes) is hashed once per sync_time call, not once per entry
+_TRAFFIC: dict[Shapes, dict[tuple[Compression, int, float, float], Traffic]] = {}
+
+
+def _traffic_table(shapes: Shapes) -> dict[tuple[Compression, int, float, float], Traffic]:
+    if shapes not in _TRAFFIC:
+        if len(_TRAFFIC) >= 64:
+            _TRAFFIC.clear()
+        _TRAFFIC[shapes] = {}
+    return _TRAFFIC[shapes]
+
+
+def _traffic_cached(
+    table: dict[tuple[Compression, int, float, float], Traffic],
+    c: Compression,
+    shapes: Shapes,
+    k: int,
+    bw: float,
+    lat: float,
+) -> Traffic:
+    if c.kind in ("none", "fp16", "bf16", "powersgd") or c.collective != "auto":
+        bw, lat = 0.0, 0.0  # the link matters only to a sparse option's auto choice
+    key = (c, k, bw, lat)
+    t = table.get(key)
+    if t is None:
+        t = table[key] = traffic(c, shapes, k, bw, lat)
+    return t
 
 
 def _link(p: PerfParams, n: Array, gradient_bytes: float) -> tuple[Array, Array, Array, Array]:
@@ -353,6 +280,7 @@ def sync_time(
         alpha = np.zeros_like(alpha)
     nb = buckets(p, shapes)
     shape_key = tuple(tuple(sh) for sh in shapes)
+    memo = _traffic_table(shape_key)
     keys = np.stack([k.ravel(), (n.ravel() > 1).astype(float)], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     t_bytes, t_hops, t_wait = np.zeros(len(uniq)), np.zeros(len(uniq)), np.zeros(len(uniq))
@@ -360,6 +288,7 @@ def sync_time(
     for j, (kk, inter) in enumerate(uniq):
         pb = float(p.inter_beta if inter else p.intra_beta) / pbytes
         t = _traffic_cached(
+            memo,
             c,
             shape_key,
             int(kk),
@@ -485,9 +414,7 @@ def step_time(
     s = np.asarray(accum_steps, dtype=float)
     # the rounds depend on (nodes, workers) alone: priced once per distinct pair
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
-    pairs, inv = np.unique(np.stack([n.ravel(), k.ravel()], axis=1), axis=0, return_inverse=True)
-    inv = inv.reshape(n.shape)
-    un, uk = pairs[:, 0], pairs[:, 1]
+    un, uk, inv = _distinct_pairs(n, k)
     sync = sync_time(p, c, shapes, un, uk, part="overlapped")[0][inv]
     codec = np.where(k > 1, codec_s, 0.0)
     blocking, hidden = (x[inv] for x in blocking_time(p, c, shapes, un, uk, skew_s))
@@ -499,6 +426,22 @@ def step_time(
     # no bucket layout: perfmodel's power mean (nothing is hidden, no last bucket is known)
     gamma = perfmodel.overlap_gamma(p, nodes)  # across nodes a fabric prior's own overlap
     return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync, gamma) + blocking
+
+
+def _distinct_pairs(n: Array, k: Array) -> tuple[Array, Array, NDArray[np.intp]]:
+    """The distinct (nodes, workers) pairs and each entry's index into them (whole counts are
+    keyed as one number: far faster than a unique over rows)."""
+    top = float(k.max(initial=0.0)) + 1.0
+    if (
+        np.all(n == np.round(n))
+        and np.all(k == np.round(k))
+        and top * (n.max(initial=0.0) + 1) < 2**52
+    ):
+        keys, inv = np.unique(n * top + k, return_inverse=True)
+        un = np.floor(keys / top)
+        return un, keys - un * top, inv.reshape(n.shape)
+    pairs, inv = np.unique(np.stack([n.ravel(), k.ravel()], axis=1), axis=0, return_inverse=True)
+    return pairs[:, 0], pairs[:, 1], inv.reshape(n.shape)
 
 
 FORWARD_SHARE = 1.0 / 3.0

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kplan.planner.searchopts import SearchOptions
     from kplan.planner.workload import Workload
 
+Array = NDArray[np.float64]
 NODE_COUNTS = np.array([1, 2, 3, 4, 6, 8, 12, 16], dtype=float)
 PER_REGION = 4  # candidates per region considered for pairing
 
@@ -88,6 +89,62 @@ def _pair(
     grid: NDArray[np.int64],
     checkpoint_s: float,
 ) -> list[MixCandidate]:
+    """The time/cost frontier of the mixes of ``c1`` and ``c2`` nodes in one region."""
+    cfg = _pair_grid(c1, c2, opts, grid)
+    if cfg is None:
+        return []
+    step, samples, sigma, tc = _price_pair(c1, c2, cfg, workload, opts, checkpoint_s)
+    finite = np.flatnonzero(np.isfinite(tc.cost_usd))
+    if finite.size == 0:
+        return []
+    from kplan.planner.frontier import pareto_front
+
+    front = finite[pareto_front(tc.hours[finite], tc.cost_usd[finite])]
+    n1, n2, s, batch, b1, b2 = (cfg[name] for name in ("n1", "n2", "s", "batch", "b1", "b2"))
+    out = []
+    for k in front:
+        groups = (_group(c1, int(n1[k]), int(b1[k])), _group(c2, int(n2[k]), int(b2[k])))
+        out.append(
+            MixCandidate(
+                cloud=cloud,
+                region=region,
+                groups=groups,
+                nodes=int(n1[k] + n2[k]),
+                global_batch=int(batch[k]),
+                accum=int(s[k]),
+                local_batches=(int(b1[k]), int(b2[k])),
+                step_time=float(step[k]),
+                log_sigma=float(sigma[k]),
+                samples=float(samples[k]),
+                tc=ScalarTimeCost(*(float(getattr(tc, f)[k]) for f in _TIME_COST)),
+            )
+        )
+    return [m for m in out if math.isfinite(m.tc.cost_usd)]
+
+
+_TIME_COST = (
+    "hours",
+    "hours_p90",
+    "cost_usd",
+    "cost_p90_usd",
+    "preemptions",
+    "checkpoint_interval_s",
+)
+
+
+def _group(c: Candidate, nodes: int, local_batch: int) -> Group:
+    o = c.offer
+    return Group(
+        o.instance_type, o.market, o.zone, nodes, c.inst.gpu_count, c.inst.gpu, local_batch,
+        o.usd_per_hour,
+    )  # fmt: skip
+
+
+def _pair_grid(
+    c1: Candidate, c2: Candidate, opts: SearchOptions, grid: NDArray[np.int64]
+) -> dict[str, Array] | None:
+    """Node counts, accumulation and global batch of a pair, with each group's local batch
+    (equal finish times, module notes); None when none fits."""
     counts = NODE_COUNTS[opts.max_nodes >= NODE_COUNTS]
     n1, n2, s, batch = (
         a.ravel()
@@ -115,10 +172,26 @@ def _pair(
         np.ceil(batch / (w1 + w2) / (s / 2)) > max(c1.pred.max_local_batch, c2.pred.max_local_batch)
     )
     if not ok.any():
-        return []
-    n1, n2, s, batch, t, b1, b2, w1, w2 = (a[ok] for a in (n1, n2, s, batch, t, b1, b2, w1, w2))
-    compute = np.maximum(perfmodel.compute_time(p1, b1), perfmodel.compute_time(p2, b2))
-    nodes, workers = n1 + n2, w1 + w2
+        return None
+    names = ("n1", "n2", "s", "batch", "b1", "b2", "w1", "w2")
+    return {k: a[ok] for k, a in zip(names, (n1, n2, s, batch, b1, b2, w1, w2), strict=True)}
+
+
+def _price_pair(
+    c1: Candidate,
+    c2: Candidate,
+    cfg: dict[str, Array],
+    workload: Workload,
+    opts: SearchOptions,
+    checkpoint_s: float,
+) -> tuple[Array, Array, Array, costs.TimeCost]:
+    """(step time, samples, log sigma, closed-form time and cost) of each configuration."""
+    p1, p2 = c1.pred.params, c2.pred.params
+    n1, n2, s, batch = cfg["n1"], cfg["n2"], cfg["s"], cfg["batch"]
+    compute = np.maximum(
+        perfmodel.compute_time(p1, cfg["b1"]), perfmodel.compute_time(p2, cfg["b2"])
+    )
+    nodes, workers = n1 + n2, cfg["w1"] + cfg["w2"]
     sync = np.maximum(
         perfmodel.sync_time(p1, nodes, workers), perfmodel.sync_time(p2, nodes, workers)
     )
@@ -144,61 +217,4 @@ def _pair(
         checkpoint_s=checkpoint_s,
         overheads=opts.overheads,
     )
-    finite = np.flatnonzero(np.isfinite(tc.cost_usd))
-    if finite.size == 0:
-        return []
-    from kplan.planner.frontier import pareto_front
-
-    front = finite[pareto_front(tc.hours[finite], tc.cost_usd[finite])]
-    out = []
-    for k in front:
-        groups = (
-            Group(
-                c1.offer.instance_type,
-                c1.offer.market,
-                c1.offer.zone,
-                int(n1[k]),
-                int(g1),
-                c1.inst.gpu,
-                int(b1[k]),
-                c1.offer.usd_per_hour,
-            ),
-            Group(
-                c2.offer.instance_type,
-                c2.offer.market,
-                c2.offer.zone,
-                int(n2[k]),
-                int(g2),
-                c2.inst.gpu,
-                int(b2[k]),
-                c2.offer.usd_per_hour,
-            ),
-        )
-        out.append(
-            MixCandidate(
-                cloud=cloud,
-                region=region,
-                groups=groups,
-                nodes=int(nodes[k]),
-                global_batch=int(batch[k]),
-                accum=int(s[k]),
-                local_batches=(int(b1[k]), int(b2[k])),
-                step_time=float(step[k]),
-                log_sigma=float(sigma[k]),
-                samples=float(samples[k]),
-                tc=ScalarTimeCost(
-                    *(
-                        float(getattr(tc, f)[k])
-                        for f in (
-                            "hours",
-                            "hours_p90",
-                            "cost_usd",
-                            "cost_p90_usd",
-                            "preemptions",
-                            "checkpoint_interval_s",
-                        )
-                    )
-                ),
-            )
-        )
-    return [m for m in out if math.isfinite(m.tc.cost_usd)]
+    return step, samples, sigma, tc

@@ -1,0 +1,438 @@
+"""A job replayed against a recorded spot trace (``replay``), with the rules of
+``spotsim.simulate`` (kplan/planner/spot.py states them): which nodes it takes, when it loses
+them, what it waits for and pays."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kplan.planner.costs import _billed
+from kplan.planner.spot import RecoveryPolicy
+from kplan.planner.spottrace import ADD, LOSS_WINDOW_S, REMOVE, SpotTrace
+
+INF = math.inf
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class ReplayEvent:
+    """What happened to the job, seconds from its start; ``nodes``: the slots (node ranks)."""
+
+    time_s: float
+    kind: str  # start, preempted, replace, on_demand, wait, to_spot, done, failed
+    nodes: tuple[int, ...]
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReplayInstance:
+    """One instance the job ran (a launcher ledger row): seconds from the job's start."""
+
+    slot: int
+    market: str  # "spot" or "on-demand"
+    node: str  # the trace's node id ("" on demand)
+    launch_s: float
+    end_s: float
+    billed_s: float
+    usd: float
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    hours: float
+    cost_usd: float
+    losses: int  # loss events
+    lost_nodes: int
+    failed: bool
+    wait_s: float  # capacity waits (loss events that waited, plus a wait for the first nodes)
+    on_demand_node_s: float
+    truncated: bool  # the job ran past the end of the trace (later events unknown)
+    events: tuple[ReplayEvent, ...]
+    instances: tuple[ReplayInstance, ...]
+
+
+@dataclass(frozen=True)
+class _Life:
+    add_s: float
+    remove_s: float  # INF: not removed before the trace's end
+    node: str
+
+
+class _TraceIndex:
+    """Each node's life (add, remove) from a trace, and the adds in time order."""
+
+    def __init__(self, trace: SpotTrace) -> None:
+        lives: list[_Life] = []
+        open_: dict[str, int] = {}
+        adds: list[tuple[float, str]] = []
+        removes: dict[int, float] = {}
+        for t, kind, node in zip(
+            trace.times_s.tolist(), trace.kinds.tolist(), trace.nodes, strict=True
+        ):
+            if kind == ADD:
+                open_[node] = len(adds)
+                adds.append((float(t), node))
+            elif kind == REMOVE:
+                if node in open_:
+                    removes[open_.pop(node)] = float(t)
+                else:  # alive before the trace began: seen from time 0
+                    removes[len(adds)] = float(t)
+                    adds.append((0.0, node))
+        order = sorted(range(len(adds)), key=lambda i: adds[i][0])
+        for i in order:
+            lives.append(_Life(adds[i][0], removes.get(i, INF), adds[i][1]))
+        self.lives = lives
+        self.add_times = [life.add_s for life in lives]
+        self._add = np.asarray(self.add_times, dtype=float)
+        self._remove = np.asarray([life.remove_s for life in lives], dtype=float)
+        self.end_s = float(trace.end_s)
+        self.unknown_age = trace.unknown_age
+
+    def alive_at(self, t: float) -> list[int]:
+        hi = bisect.bisect_right(self.add_times, t)
+        alive: list[int] = np.flatnonzero(self._remove[:hi] > t).tolist()
+        return alive
+
+    def take(self, t: float, k: int, used: set[int]) -> list[int]:
+        """The next ``k`` adds at or after ``t`` not used yet (fewer if the trace ends)."""
+        out: list[int] = []
+        i = bisect.bisect_left(self.add_times, t)
+        while len(out) < k and i < len(self.lives):
+            if i not in used:
+                out.append(i)
+                used.add(i)
+            i += 1
+        return out
+
+
+@dataclass
+class _Slot:
+    life: int  # index into _TraceIndex.lives; -1 on demand or none
+    launch: float
+    up: float
+    death: float
+    on_demand: bool = False
+    switch_s: float = INF  # on demand: when capacity returns (back to spot)
+    next_life: int = -1  # on demand: the spot node it goes back to
+
+
+def replay(
+    trace: SpotTrace,
+    *,
+    start_s: float,
+    nodes: int,
+    work_s: float,
+    policy: RecoveryPolicy,
+    usd_per_hour: float,
+    usd_per_hour_on_demand: float,
+    billing_min_s: float = 60.0,
+    billing_increment_s: float = 1.0,
+    pick: str = "youngest",
+    seed: int = 0,
+    grace_s: float | None = None,
+    loss_window_s: float = LOSS_WINDOW_S,
+) -> ReplayOutcome:
+    """The job against a recorded trace from ``start_s``, with ``simulate``'s rules.
+
+    The trace is one pool of capacity, read as the region: every wait in it is a regional
+    outage (zone failover cannot be replayed from one pool; ``policy.zone_failover`` is not
+    used), and our nodes die when the trace removes them (no clocks are drawn).
+
+    - At ``start_s`` the job takes ``nodes`` nodes alive in the pool: the ``youngest`` (latest
+      added: closest to the fresh nodes ``simulate`` launches; nodes of unknown age count as
+      the oldest), the ``oldest``, or ``random`` (``seed``). They are launched at the start, up
+      after ``provisioning_s``. Missing ones are taken from later adds, as after a loss.
+    - A loss event: the first removal of one of our launched spot nodes; our nodes removed
+      within ``loss_window_s`` (``spottrace.LOSS_WINDOW_S``) after it go in the same event.
+    - Each lost node takes the next add at or after its own removal that the job has not used
+      (capacity granted). Within ``grace_s`` (default ``restart_s``, the fit's outage
+      threshold) it is launched at the removal; later, the wait is an outage: on demand
+      (``allow_on_demand``) until that add, then back to spot on its node; or a wait, launched
+      at the add; or, if the wait passes ``capacity_wait_s``, failure at removal +
+      ``capacity_wait_s``. ``wait_s`` adds each event's longest wait.
+    - A node taken after its removal (a late switch back to spot) dies at once.
+    - ``truncated``: the job ran past the trace's end, where nothing more is known (no adds:
+      a wait there is endless); leave such replays out.
+    """
+    (out,) = replay_many(
+        trace,
+        [start_s],
+        nodes=nodes,
+        work_s=work_s,
+        policy=policy,
+        usd_per_hour=usd_per_hour,
+        usd_per_hour_on_demand=usd_per_hour_on_demand,
+        billing_min_s=billing_min_s,
+        billing_increment_s=billing_increment_s,
+        pick=pick,
+        seed=seed,
+        grace_s=grace_s,
+        loss_window_s=loss_window_s,
+    )
+    return out
+
+
+def replay_many(
+    trace: SpotTrace,
+    starts: Sequence[float],
+    *,
+    nodes: int,
+    work_s: float,
+    policy: RecoveryPolicy,
+    usd_per_hour: float,
+    usd_per_hour_on_demand: float,
+    billing_min_s: float = 60.0,
+    billing_increment_s: float = 1.0,
+    pick: str = "youngest",
+    seed: int = 0,
+    grace_s: float | None = None,
+    loss_window_s: float = LOSS_WINDOW_S,
+) -> list[ReplayOutcome]:
+    """``replay`` from each start (the trace indexed once; ``random`` picks seeded per start)."""
+    index = _TraceIndex(trace)
+    return [
+        _replay(
+            index,
+            start_s=float(s),
+            nodes=nodes,
+            work_s=work_s,
+            policy=policy,
+            usd_per_hour=usd_per_hour,
+            usd_per_hour_on_demand=usd_per_hour_on_demand,
+            billing_min_s=billing_min_s,
+            billing_increment_s=billing_increment_s,
+            pick=pick,
+            seed=seed + n,
+            grace_s=policy.restart_s if grace_s is None else grace_s,
+            loss_window_s=loss_window_s,
+        )
+        for n, s in enumerate(starts)
+    ]
+
+
+class _Replayer:
+    """One replay's state: the slots, the progress, the ledger (``replay`` describes the
+    rules)."""
+
+    def __init__(
+        self,
+        ix: _TraceIndex,
+        *,
+        start_s: float,
+        work_s: float,
+        policy: RecoveryPolicy,
+        usd_per_hour: float,
+        usd_per_hour_on_demand: float,
+        billing_min_s: float,
+        billing_increment_s: float,
+        grace_s: float,
+        loss_window_s: float,
+    ) -> None:
+        self.ix, self.p, self.t0, self.work_s = ix, policy, float(start_s), work_s
+        self.prices = (usd_per_hour, usd_per_hour_on_demand)
+        self.billing = (billing_min_s, billing_increment_s)
+        self.grace_s, self.loss_window_s = grace_s, loss_window_s
+        self.events: list[ReplayEvent] = []
+        self.instances: list[ReplayInstance] = []
+        self.used: set[int] = set()
+        self.slots: list[_Slot] = []
+        self.committed = self.wait = self.t_end = 0.0
+        self.losses = self.lost = 0
+        self.failed = False
+
+    def rel_death(self, life: int, launch: float) -> float:
+        return max(self.ix.lives[life].remove_s - self.t0, launch)
+
+    def end_instance(self, slot: int, s: _Slot, end: float) -> None:
+        dur = max(end - s.launch, 0.0)
+        billed = float(_billed(np.asarray(dur), *self.billing))
+        price = self.prices[1] if s.on_demand else self.prices[0]
+        node = "" if s.on_demand or s.life < 0 else self.ix.lives[s.life].node
+        market = "on-demand" if s.on_demand else "spot"
+        usd = price * billed / 3600.0
+        self.instances.append(ReplayInstance(slot, market, node, s.launch, end, billed, usd))
+
+    def start(self, nodes: int, pick: str, seed: int) -> None:
+        """Take ``nodes`` alive nodes by ``pick``; the missing ones from later adds."""
+        lives, p = self.ix.lives, self.p
+        alive = self.ix.alive_at(self.t0)
+        # nodes of unknown age (``alive`` at the trace's start) count as the oldest
+        age_key = [-INF if lives[i].node in self.ix.unknown_age else lives[i].add_s for i in alive]
+        order = sorted(range(len(alive)), key=lambda n: age_key[n])
+        if pick == "youngest":
+            alive = [alive[n] for n in reversed(order)]
+        elif pick == "oldest":
+            alive = [alive[n] for n in order]
+        else:
+            np.random.default_rng(seed).shuffle(alive)
+        for i in alive[:nodes]:
+            self.used.add(i)
+            self.slots.append(_Slot(i, 0.0, p.provisioning_s, self.rel_death(i, 0.0)))
+        got = tuple(range(len(self.slots)))
+        self.events.append(ReplayEvent(0.0, "start", got, f"{len(self.slots)} alive"))
+        missing = list(range(len(self.slots), nodes))
+        self.slots.extend(_Slot(-1, INF, INF, INF) for _ in missing)
+        fail_at = self.refill(missing, [0.0] * len(missing), p.provisioning_s) if missing else None
+        if fail_at is not None:
+            self.failed, self.t_end = True, fail_at
+            what = "no capacity at the start"
+            self.events.append(ReplayEvent(fail_at, "failed", tuple(missing), what))
+
+    def refill(self, ranks: list[int], lost_at: list[float], boot: float) -> float | None:
+        """Give each of ``ranks`` (lost at ``lost_at``, in that order) the next unused add at
+        or after its loss; the time the job fails if one waits beyond ``capacity_wait_s``."""
+        p, t0, lives = self.p, self.t0, self.ix.lives
+        gaps: list[float] = []
+        got: list[int] = []
+        for t in lost_at:
+            taken = self.ix.take(t0 + t, 1, self.used)
+            got.append(taken[0] if taken else -1)
+            gaps.append(lives[taken[0]].add_s - t0 - t if taken else INF)
+        waits = [gap for gap in gaps if gap > self.grace_s]
+        if waits and not p.allow_on_demand:
+            cap = p.capacity_wait_s
+            fails = [t + cap for t, gap in zip(lost_at, gaps, strict=True) if gap > cap]
+            if fails:
+                return min(fails)
+            self.wait += max(waits)  # one wait per loss event (its longest)
+        for r, t, g, gap in zip(ranks, lost_at, got, gaps, strict=True):
+            if gap <= self.grace_s:  # capacity at once: launched at the loss
+                self.slots[r] = _Slot(g, t, t + boot, self.rel_death(g, t))
+                self.events.append(ReplayEvent(t, "replace", (r,)))
+            elif p.allow_on_demand:  # on demand until the add, then back to spot on it
+                self.slots[r] = _Slot(-1, t, t + boot, INF, True, t + gap, g)
+                what = f"capacity back in {gap:g} s"
+                self.events.append(ReplayEvent(t, "on_demand", (r,), what))
+            else:  # wait for the add
+                self.events.append(ReplayEvent(t, "wait", (r,), f"{gap:g} s"))
+                self.slots[r] = _Slot(g, t + gap, t + gap + boot, self.rel_death(g, t + gap))
+                self.events.append(ReplayEvent(t + gap, "replace", (r,)))
+        return None
+
+    def step(self) -> bool:
+        """The next event (done, back to spot, or a loss); False once the job has ended."""
+        p, slots = self.p, self.slots
+        interval, ck = p.checkpoint_interval_s, p.checkpoint_s
+        t_res = max(s.up for s in slots)
+        rem = max(self.work_s - self.committed, 0.0)
+        fin = t_res + rem + ck * math.floor(rem / interval + EPS)
+        spot = [r for r, s in enumerate(slots) if not s.on_demand]
+        d = min((slots[r].death for r in spot), default=INF)
+        t_sw = min((s.switch_s for s in slots if s.on_demand), default=INF)
+        if fin <= min(d, t_sw):
+            self.t_end = fin
+            self.events.append(ReplayEvent(fin, "done", ()))
+            return False
+        if t_sw <= d:
+            self.to_spot(t_sw, t_res)
+            return True
+        return self.loss(d, t_res, spot)
+
+    def to_spot(self, t_sw: float, t_res: float) -> None:
+        """Capacity is back: the on-demand nodes go back to spot (progress checkpointed)."""
+        p, slots = self.p, self.slots
+        interval, cycle = p.checkpoint_interval_s, p.checkpoint_interval_s + p.checkpoint_s
+        if t_sw >= t_res:
+            e = t_sw - t_res
+            k = math.floor(e / cycle + EPS)
+            done = k * interval + min(e - k * cycle, interval)
+            self.committed = min(self.committed + done, self.work_s)
+        back = [r for r, s in enumerate(slots) if s.on_demand and s.switch_s <= t_sw]
+        for r in back:
+            s = slots[r]
+            self.end_instance(r, s, t_sw)
+            g = s.next_life
+            death = self.rel_death(g, t_sw) if g >= 0 else INF
+            slots[r] = _Slot(g, t_sw, t_sw + p.restart_s, death)
+        self.events.append(ReplayEvent(t_sw, "to_spot", tuple(back)))
+
+    def loss(self, d: float, t_res: float, spot: list[int]) -> bool:
+        """A loss event at ``d``; False when the job fails there."""
+        p, slots = self.p, self.slots
+        if d >= t_res:
+            k = math.floor((d - t_res) / (p.checkpoint_interval_s + p.checkpoint_s) + EPS)
+            self.committed = min(self.committed + k * p.checkpoint_interval_s, self.work_s)
+        window = d + self.loss_window_s
+        gone = [r for r in spot if slots[r].launch <= d and slots[r].death <= window]
+        self.losses += 1
+        self.lost += len(gone)
+        self.events.append(ReplayEvent(d, "preempted", tuple(gone)))
+        for r in gone:
+            self.end_instance(r, slots[r], slots[r].death)
+        if self.lost > p.max_replacements:
+            self.fail(d, gone, "max_replacements")
+            return False
+        gone.sort(key=lambda r: slots[r].death)
+        fail_at = self.refill(gone, [max(slots[r].death, d) for r in gone], p.restart_s)
+        if fail_at is not None:
+            self.fail(fail_at, gone, "no capacity")
+            return False
+        return True
+
+    def fail(self, t: float, gone: list[int], why: str) -> None:
+        self.failed, self.t_end = True, t
+        for r in gone:
+            self.slots[r] = _Slot(-1, INF, INF, INF)
+        self.events.append(ReplayEvent(t, "failed", tuple(gone), why))
+
+    def outcome(self) -> ReplayOutcome:
+        """Close the instances still running at the end; the replay's totals."""
+        for r, s in enumerate(self.slots):
+            if s.launch <= self.t_end:
+                self.end_instance(r, s, min(s.death, self.t_end))
+        instances = sorted(self.instances, key=lambda x: (x.launch_s, x.slot))
+        return ReplayOutcome(
+            hours=self.t_end / 3600.0,
+            cost_usd=sum(x.usd for x in instances),
+            losses=self.losses,
+            lost_nodes=self.lost,
+            failed=self.failed,
+            wait_s=self.wait,
+            on_demand_node_s=sum(x.end_s - x.launch_s for x in instances if x.market != "spot"),
+            truncated=self.t0 + self.t_end > self.ix.end_s,
+            events=tuple(self.events),
+            instances=tuple(instances),
+        )
+
+
+def _replay(
+    ix: _TraceIndex,
+    *,
+    start_s: float,
+    nodes: int,
+    work_s: float,
+    policy: RecoveryPolicy,
+    usd_per_hour: float,
+    usd_per_hour_on_demand: float,
+    billing_min_s: float,
+    billing_increment_s: float,
+    pick: str,
+    seed: int,
+    grace_s: float,
+    loss_window_s: float,
+) -> ReplayOutcome:
+    if nodes < 1 or work_s < 0:
+        raise ValueError(f"nodes {nodes} must be >= 1 and work_s {work_s} >= 0")
+    if pick not in ("youngest", "oldest", "random"):
+        raise ValueError(f"pick {pick!r} is not youngest, oldest or random")
+    job = _Replayer(
+        ix,
+        start_s=start_s,
+        work_s=work_s,
+        policy=policy,
+        usd_per_hour=usd_per_hour,
+        usd_per_hour_on_demand=usd_per_hour_on_demand,
+        billing_min_s=billing_min_s,
+        billing_increment_s=billing_increment_s,
+        grace_s=grace_s,
+        loss_window_s=loss_window_s,
+    )
+    job.start(nodes, pick, seed)
+    while not job.failed and job.step():
+        pass
+    return job.outcome()
