@@ -329,7 +329,7 @@ def prior_log_sigma(
     one-GPU profile; ``workers`` given), by ``PRIOR_INTER_LOG_SIGMA`` across nodes where no
     multi-node row was measured and by ``PRIOR_NODES_LOG_SIGMA`` at a node count below the
     largest measured that no row measured (each the held-out error of its benchmark). One rule
-    for ``kplan estimate`` (planner/search.py) and the online re-planner (planner/online.py)."""
+    for ``kplan estimate`` (planner/pricing.py) and the online re-planner (planner/online.py)."""
     n = np.asarray(nodes, dtype=float)
     doublings = np.log2(np.maximum(n / max(p.max_nodes_measured, 1), 1.0))
     out: NDArray[np.float64] = np.hypot(
