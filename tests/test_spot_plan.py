@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from kplan.app import planning
 from kplan.planner import costs, spotplan, spotsim
 from kplan.planner.search import SearchOptions
-from kplan.planner.spot import Outage, RecoveryPolicy, SpotModel, SpotRisk, Weibull
+from kplan.planner.spot import Outage, SpotModel, SpotRisk, Weibull
 
 
 def _model(
@@ -69,12 +70,13 @@ def test_spot_rows_are_priced_by_the_monte_carlo_with_limits_above_their_losses(
     plan = planning.estimate(prof, opts).plan
     rows = (plan.chosen, *plan.plans, *plan.frontier)
     for r in rows:
-        assert r.time_cost_basis.startswith("Monte-Carlo"), r.time_cost_basis
+        rec = r.spot.recovery
+        assert rec is not None and r.spot.basis.startswith("Monte-Carlo"), r.spot.basis
         # acceptance: no plan's expected preemptions exceed its launcher's replacement limit
         lost_per_event = 1 + 0.3 * (r.nodes - 1)
-        assert r.expected_preemptions * lost_per_event < r.max_replacements
+        assert r.expected_preemptions * lost_per_event < rec.max_replacements
         assert r.hours_p90 >= r.hours and r.cost_p90_usd >= r.cost_usd
-        assert r.capacity_wait_s >= 2 * 2.0 * 3600  # twice the model's longest outage
+        assert rec.capacity_wait_s >= 2 * 2.0 * 3600  # twice the model's longest outage
     c = plan.chosen
     # the chosen row's numbers are the simulator's for the same inputs (same seed)
     risk = spotplan.risk_for(_model(), c.cloud, c.instance_type, c.region, rate=0.0)
@@ -82,11 +84,7 @@ def test_spot_rows_are_priced_by_the_monte_carlo_with_limits_above_their_losses(
         work_s=c.steps * c.step_time_s,
         nodes=c.nodes,
         risks=[risk],
-        policies=[
-            RecoveryPolicy(
-                **{**c.recovery, "max_replacements": 10**9},
-            )
-        ],
+        policies=[replace(c.spot.recovery, max_replacements=10**9)],
         usd_per_hour=c.usd_per_hour / c.nodes,
         usd_per_hour_on_demand=c.usd_per_hour / c.nodes,
         log_sigma=math.log(c.step_time_p90_s / c.step_time_s) / costs.Z90,
@@ -104,8 +102,6 @@ def test_spot_rows_are_priced_by_the_monte_carlo_with_limits_above_their_losses(
 def test_a_spot_plan_worse_than_on_demand_says_so() -> None:
     """Every spot row carries the same cluster's on-demand time and cost; where on-demand is
     not dearer, the plan says so (and not otherwise)."""
-    from dataclasses import replace
-
     from kplan.planner.choose import spot_notes as _spot_notes
 
     prof = planning.load_example("cifar10-resnet18")
@@ -116,10 +112,11 @@ def test_a_spot_plan_worse_than_on_demand_says_so() -> None:
         spot_runs=200,
     )
     c = planning.estimate(prof, opts).plan.chosen
-    assert c.on_demand_cost_usd is not None and c.on_demand_hours is not None
-    assert c.on_demand_hours < c.hours  # no preemptions, no waits
+    od_cost, od_hours = c.spot.on_demand_cost_usd, c.spot.on_demand_hours
+    assert od_cost is not None and od_hours is not None
+    assert od_hours < c.hours  # no preemptions, no waits
     assert not any("worse than on-demand" in n for n in _spot_notes(c))
-    dear = replace(c, on_demand_cost_usd=0.9 * c.cost_usd)
+    dear = replace(c, spot=replace(c.spot, on_demand_cost_usd=0.9 * c.cost_usd))
     assert any("worse than on-demand" in n for n in _spot_notes(dear))
 
 
@@ -147,16 +144,16 @@ def test_a_short_capacity_wait_fails_runs_and_the_plan_says_so() -> None:
         spot_runs=200,
     )
     plan = planning.estimate(prof, opts).plan
-    assert plan.chosen.fail_prob > 0.5
+    assert plan.chosen.spot.fail_prob > 0.5
     assert any("fail" in n for n in plan.notes)
     fallback = planning.estimate(
         prof, SearchOptions(**{**opts.__dict__, "allow_on_demand": True})
     ).plan
-    assert fallback.chosen.fail_prob < 0.01 and fallback.chosen.allow_on_demand
+    assert fallback.chosen.spot.fail_prob < 0.01 and fallback.chosen.spot.allow_on_demand
 
 
 def test_the_launch_spec_carries_the_plans_recovery_rules(tmp_path: Path) -> None:
-    from kplan.app.launching import LaunchRequest, build_spec
+    from kplan.app.launching import LaunchRequest, PlanPins, build_spec
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -166,15 +163,15 @@ def test_the_launch_spec_carries_the_plans_recovery_rules(tmp_path: Path) -> Non
         cloud="aws",
         spot=True,
         example_profile="imagenet-resnet50",
-        instance_types=("p3.2xlarge",),
-        plan_nodes="2",
+        pins=PlanPins(instance_types=("p3.2xlarge",), plan_nodes="2"),
         storage_uri="s3://bucket/kplan",
     )
     spec = build_spec(req)
-    row = spec.plan["chosen"] if spec.plan else {}
-    assert row["market"] == "spot"
-    assert spec.max_replacements == row["max_replacements"] >= 20
-    assert spec.capacity_wait_s == row["capacity_wait_s"] >= 900
+    assert spec.plan is not None
+    row, rec = spec.plan.chosen, spec.plan.chosen.spot.recovery
+    assert row.market == "spot" and rec is not None
+    assert spec.max_replacements == rec.max_replacements >= 20
+    assert spec.capacity_wait_s == rec.capacity_wait_s >= 900
     policy = spec.recovery_policy()
     assert policy.max_replacements == spec.max_replacements
     override = build_spec(
@@ -213,6 +210,6 @@ def test_estimate_prints_the_recovery_rules_of_a_spot_plan() -> None:
     import json
 
     row = json.loads(fallback.output)["chosen"]
-    assert row["allow_on_demand"] and row["recovery"]["allow_on_demand"]
+    assert row["spot"]["recovery"]["allow_on_demand"]
     on_demand = CliRunner().invoke(app, ["estimate", "-e", "yolov3", "--on-demand"])
     assert "spot: Monte-Carlo" not in " ".join(on_demand.output.split())

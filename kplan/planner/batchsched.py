@@ -184,16 +184,7 @@ def plan_schedule(
     if not gns or len(grid) < 2:
         return None
     per_micro = workers * accum_steps
-    batches = np.array(
-        [
-            b
-            for b in grid
-            if b % accum_steps == 0
-            and math.ceil(b / per_micro) <= max_local_batch
-            and b >= per_micro * min(min_local_batch, b)
-        ],
-        dtype=float,
-    )
+    batches = _fitting(grid, per_micro, accum_steps, max_local_batch, min_local_batch)
     if batches.size < 2:
         return None
     local = np.ceil(batches / per_micro)
@@ -243,6 +234,23 @@ def plan_schedule(
         single_hours_p90=s_hours_p90,
         single_cost_p90_usd=s_cost_p90,
         log_sigma=sched_sigma,
+    )
+
+
+def _fitting(
+    grid: Sequence[int], per_micro: int, accum_steps: int, max_local: int, min_local: int
+) -> NDArray[np.float64]:
+    """The global batches of ``grid`` the cluster can run (whole micro-steps, each worker's
+    share within memory and at least ``min_local`` samples)."""
+    return np.array(
+        [
+            b
+            for b in grid
+            if b % accum_steps == 0
+            and math.ceil(b / per_micro) <= max_local
+            and b >= per_micro * min(min_local, b)
+        ],
+        dtype=float,
     )
 
 

@@ -172,18 +172,19 @@ def top_distinct(
 def spot_notes(r: PlanRow) -> list[str]:
     """Say when a spot plan is no better than the same cluster on demand, or may fail."""
     out = []
-    od = r.on_demand_cost_usd
-    if r.market == "spot" and od is not None and r.on_demand_hours is not None and od <= r.cost_usd:
+    od, od_hours = r.spot.on_demand_cost_usd, r.spot.on_demand_hours
+    if r.market == "spot" and od is not None and od_hours is not None and od <= r.cost_usd:
         out.append(
             f"spot is worse than on-demand here: {r.expected_preemptions:.1f} expected loss "
             f"events and capacity waits make it {fmt.money(r.cost_usd)} / "
             f"{fmt.duration(r.hours)} against {fmt.money(od)} / "
-            f"{fmt.duration(r.on_demand_hours)} on demand (use --on-demand)"
+            f"{fmt.duration(od_hours)} on demand (use --on-demand)"
         )
-    if r.fail_prob >= 0.01:
+    wait_s = r.spot.recovery.capacity_wait_s if r.spot.recovery else 900.0
+    if r.spot.fail_prob >= 0.01:
         out.append(
-            f"{r.fail_prob:.0%} of simulated runs fail (no spot capacity in the region for "
-            f"longer than {r.capacity_wait_s / 3600:.1f} h); allow on-demand fallback or a "
+            f"{r.spot.fail_prob:.0%} of simulated runs fail (no spot capacity in the region for "
+            f"longer than {wait_s / 3600:.1f} h); allow on-demand fallback or a "
             "longer capacity wait"
         )
     return out

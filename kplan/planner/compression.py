@@ -100,6 +100,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kplan.core import compression_spec as rc
+from kplan.core.compression_spec import Compression
 from kplan.planner import perfmodel
 from kplan.planner.compstats import (
     MEASURED_SIGMA,

@@ -4,12 +4,12 @@ fields; and the plan's reason and uncertainty in words."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from kplan.planner import compression, costs, efficiency, fmt, perfmodel, spotplan
 from kplan.planner.candidates import Candidate
-from kplan.planner.plan import Group, PlanRow
+from kplan.planner.plan import Group, PlanRow, SpotTerms
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.table import Table
 from kplan.planner.workload import Workload
@@ -90,7 +90,7 @@ def plan_row(i: int, t: Table, cands: list[Candidate], workload: Workload) -> Pl
         zone_type=zone_type,
         forecast_log_sigma=forecast,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
-        **_spot_fields(t.spot.get(i), market),
+        spot=_spot_terms(t.spot.get(i), market),
         **_compression_fields(cands[int(t.cand[i])] if t.cand[i] >= 0 else None, t, i, workload),
     )
 
@@ -127,21 +127,17 @@ def _compression_fields(
     return {"compression": c.compression, "compression_why": priced.why()}
 
 
-def _spot_fields(s: spotplan.SpotPricing | None, market: str) -> dict[str, Any]:
+def _spot_terms(s: spotplan.SpotPricing | None, market: str) -> SpotTerms:
     if s is None:
-        basis = "closed form" if market != "on-demand" else "on demand: no preemptions"
-        return {"time_cost_basis": basis}
-    return {
-        "fail_prob": s.fail_prob,
-        "max_replacements": s.policy.max_replacements,
-        "capacity_wait_s": s.policy.capacity_wait_s,
-        "allow_on_demand": s.policy.allow_on_demand,
-        "spot_model": s.source,
-        "time_cost_basis": f"Monte-Carlo, {s.runs} runs of the spot model",
-        "on_demand_cost_usd": s.on_demand_cost_usd,
-        "on_demand_hours": s.on_demand_hours,
-        "recovery": asdict(s.policy),
-    }
+        return SpotTerms("closed form" if market != "on-demand" else "on demand: no preemptions")
+    return SpotTerms(
+        basis=f"Monte-Carlo, {s.runs} runs of the spot model",
+        fail_prob=s.fail_prob,
+        model=s.source,
+        on_demand_cost_usd=s.on_demand_cost_usd,
+        on_demand_hours=s.on_demand_hours,
+        recovery=s.policy,
+    )
 
 
 def where(r: PlanRow) -> str:
