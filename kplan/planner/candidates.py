@@ -15,7 +15,7 @@ from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.compression import StatCost
 from kplan.planner.devices import DeviceModel
 from kplan.planner.searchopts import SearchOptions
-from kplan.planner.spot import SpotRisk, load_spot_model
+from kplan.planner.spot import SpotRisk
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
 
 
@@ -65,7 +65,9 @@ def candidates(
             best[key] = o
     preds: dict[tuple[str, str], InstancePrediction] = {}
     out: list[Candidate] = []
-    model = opts.spot_model or (load_spot_model() if "spot" in opts.markets else None)
+    model = opts.spot_model or (catalog.spot_model if "spot" in opts.markets else None)
+    if model is None and "spot" in opts.markets:
+        raise ValueError("a spot search needs a spot model: kplan.catalogs loads the catalog's")
     od_price: dict[tuple[str, str, str], float] = {
         (o.cloud, o.region, o.instance_type): o.usd_per_hour
         for o in sorted(catalog.offers, key=lambda o: -o.usd_per_hour)

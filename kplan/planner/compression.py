@@ -105,6 +105,7 @@ from kplan.core.compression_spec import Compression
 from kplan.planner import perfmodel
 from kplan.planner.compstats import (
     MEASURED_SIGMA,
+    MIN_MEASURED_SIGMA,
     TOPK_PRIOR_SIGMA,
     StatCost,
     parse,
@@ -119,6 +120,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MEASURED_SIGMA",
+    "MIN_MEASURED_SIGMA",
     "TOPK_PRIOR_SIGMA",
     "StatCost",
     "parse",

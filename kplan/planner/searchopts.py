@@ -41,9 +41,9 @@ class SearchOptions:
     mixed: bool = True
     top: int = 10
     overheads: costs.Overheads = field(default_factory=costs.Overheads)
-    # Spot: the trace-fitted model (None: the shipped one), the launcher's recovery rules
-    # (on-demand fallback, capacity wait: None = the model's longest outage) and the
-    # Monte-Carlo that prices the spot rows kplan shows.
+    # Spot: the trace-fitted model (None: the catalog's, the shipped one), the launcher's
+    # recovery rules (on-demand fallback, capacity wait: None = the model's longest outage)
+    # and the Monte-Carlo that prices the spot rows kplan shows.
     spot_model: SpotModel | None = None
     allow_on_demand: bool = False
     capacity_wait_s: float | None = None
