@@ -74,7 +74,7 @@ def pair_curves(home: Path, ids: tuple[str, str] = ("kp-dense", "kp-comp")) -> l
     them (kplan/launcher/statcost.py)."""
     from kplan.cli.commands.report import _storage
     from kplan.launcher import statcost
-    from kplan.launcher.report import read_records
+    from kplan.launcher.metrics_read import read_records
     from kplan.launcher.state import StateDB
 
     curves = []

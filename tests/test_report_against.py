@@ -91,7 +91,7 @@ def test_jobs_that_cannot_be_compared_are_refused(job: list, dense: list, match:
 
 def test_the_communication_summary_from_step_records() -> None:
     from kplan.core.records import StepRecord
-    from kplan.launcher.report import communication
+    from kplan.launcher.metrics_read import communication
 
     def rec(step: int, spec: str, sent: float, ratio: float | None, **kw: object) -> StepRecord:
         raw = {"step": step, "rank": 0, "bytes_sent": sent, "compression": spec,

@@ -29,13 +29,12 @@ from kplan.app.launching import LaunchRequest, build_spec
 from kplan.app.local_plan import local_plan
 from kplan.app.planning import load_example, load_profile
 from kplan.core.errors import InputError
+from kplan.launcher.metrics_read import Metrics, StepStats
 from kplan.launcher.report import (
     Comparison,
     InstanceSpend,
     JobReport,
-    Metrics,
     Preemption,
-    StepStats,
     plan_info,
 )
 from kplan.launcher.report_html import money, render_html

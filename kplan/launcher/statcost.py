@@ -25,7 +25,7 @@ from typing import Any
 
 from kplan.core.errors import InputError
 from kplan.core.records import RecordError
-from kplan.launcher.report import latest_per_step, rank0_steps, with_numbers
+from kplan.launcher.metrics_read import latest_per_step, rank0_steps, with_numbers
 
 MIN_SPAN = 5
 SPAN_FRACTION = 0.05

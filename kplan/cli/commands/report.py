@@ -128,7 +128,7 @@ def report_command(
 
 def _steps_against(rec: JobRecord, dense: JobRecord) -> StepsAgainst:
     """``rec``'s statistical cost against ``dense`` from both jobs' step records."""
-    from kplan.launcher.report import read_records
+    from kplan.launcher.metrics_read import read_records
     from kplan.launcher.statcost import curve, steps_against
 
     curves = []
