@@ -13,10 +13,10 @@ import time
 import numpy as np
 
 from bench.pollux import fit_pollux, predict_pollux
-from bench.traces import MODELS, Rows, mape, split
 from kplan.planner import perfmodel
 from kplan.planner.fit import FitInputs, fit_perf_params
 from kplan.planner.perfmodel import PerfParams
+from scripts.traces import MODELS, Rows, mape, split
 
 
 def fit_kplan(rows: Rows) -> PerfParams:

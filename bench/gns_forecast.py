@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.traces import MODELS, data_root
 from kplan.planner import gnsforecast
 from kplan.planner.gnsforecast import GnsPrior
 from kplan.planner.profile import GnsPoint
+from scripts.traces import MODELS, data_root
 
 LOWER_IS_BETTER = {"deepspeech2", "yolov3"}
 CUT = 0.1

@@ -37,10 +37,10 @@ from numpy.typing import NDArray
 from bench import multinode_transfer as mt
 from bench.multinode_transfer import SCORED, Fitted, _fmt, links, predict, rms, score
 from bench.online_sim import GPUS_PER_NODE, GRADIENT_BYTES
-from bench.traces import MODELS, Rows, load_placements
 from kplan.planner import fit
 from kplan.planner.fit import FitInputs, fit_perf_params
 from kplan.planner.perfmodel import PerfParams
+from scripts.traces import MODELS, Rows, load_placements
 
 Array = NDArray[np.float64]
 

@@ -41,11 +41,11 @@ from scipy.optimize import minimize
 
 from bench.online_sim import GPUS_PER_NODE, GRADIENT_BYTES, INSTANCE
 from bench.pollux import fit_pollux, predict_pollux
-from bench.traces import MODELS, Rows, load_placements, load_scalability
 from kplan.catalogs import load_catalog
 from kplan.planner import fit, perfmodel
 from kplan.planner.fit import FitInputs, fit_perf_params
 from kplan.planner.perfmodel import PerfParams
+from scripts.traces import MODELS, Rows, load_placements, load_scalability
 
 Array = NDArray[np.float64]
 Z90 = 1.2815515655446004

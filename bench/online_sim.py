@@ -58,7 +58,6 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from bench.traces import MODELS, data_root, load_placements, load_scalability
 from kplan.catalogs import load_catalog
 from kplan.core.errors import InputError
 from kplan.planner import fit
@@ -69,6 +68,7 @@ from kplan.planner.online import Config, OnlineModel, evaluate
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import GnsPoint, Measurement
 from kplan.planner.replan import replan, switch_penalty
+from scripts.traces import MODELS, data_root, load_placements, load_scalability
 
 Array = NDArray[np.float64]
 INSTANCE = ("aws", "g4dn.12xlarge")

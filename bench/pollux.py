@@ -39,7 +39,7 @@ Nelder-Mead polish of the best point; the lowest objective wins. The search work
 for the alphas and betas, which changes the path but not the minimiser.
 
 ``python -m bench.pollux`` fits each model on the protocol's profiled placements
-(``bench.traces.split``) and prints the step-time MAPE on the held-out rows.
+(``scripts.traces.split``) and prints the step-time MAPE on the held-out rows.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize
 
-from bench.traces import MODELS, Rows, mape, split
+from scripts.traces import MODELS, Rows, mape, split
 
 FloatArray = NDArray[np.float64]
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bench.traces import data_root
 from kplan.app import planning, simulating
 from kplan.core.errors import InputError
 from kplan.planner import costs
@@ -37,6 +36,7 @@ from kplan.planner.search import SearchOptions
 from kplan.planner.spot import SpotModel
 from kplan.planner.spottrace import SpotTrace
 from scripts.fit_spot_model import blocks, fit_risk
+from scripts.traces import data_root
 
 DATA = data_root() / "spot" / "bamboo-nsdi23-traces" / "traces"
 

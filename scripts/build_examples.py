@@ -23,7 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.traces import FIT_PLACEMENTS, data_root, load_placements  # noqa: E402
 from kplan.catalogs import load_catalog  # noqa: E402
 from kplan.planner.fit import fit_perf_params  # noqa: E402
 from kplan.planner.perfmodel import params_to_dict  # noqa: E402
@@ -34,6 +33,7 @@ from kplan.planner.profile import (  # noqa: E402
     profile_from_dict,
     profile_to_dict,
 )
+from scripts.traces import FIT_PLACEMENTS, data_root, load_placements  # noqa: E402
 
 # name -> (trace folder, parameters, source of the parameter count)
 EXAMPLES = {

@@ -34,12 +34,14 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
 
 def test_a_violation_in_a_copy_is_reported(tmp_path: Path) -> None:
     skip = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "kplan", tmp_path / "kplan", ignore=skip)
+    for package in ("kplan", "bench", "scripts"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=skip)
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
     core = tmp_path / "kplan" / "core"
     (core / "upward.py").write_text("from kplan.cli import main\n\nMAIN = main\n")
     (core / "ring_a.py").write_text("from kplan.core import ring_b\n\nB = ring_b\n")
     (core / "ring_b.py").write_text("from kplan.core import ring_a\n\nA = ring_a\n")
+    (tmp_path / "scripts" / "uses_bench.py").write_text("from bench import pollux\n\nP = pollux\n")
 
     result = _lint(tmp_path)
 
@@ -49,12 +51,13 @@ def test_a_violation_in_a_copy_is_reported(tmp_path: Path) -> None:
     assert "kplan.core.upward -> kplan.cli.main" in out
     assert "No cycles are allowed in kplan.core." in out
     assert ".ring_a -> .ring_b" in out or ".ring_b -> .ring_a" in out
+    assert "scripts is not allowed to import bench" in out
 
 
 def test_the_tree_keeps_the_contract() -> None:
     result = _lint(ROOT)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
-    assert "Contracts: 2 kept, 0 broken." in result.stdout
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
 
 
 def _imported_roots(path: Path) -> set[str]:

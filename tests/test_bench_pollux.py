@@ -19,7 +19,7 @@ from bench.pollux import (
     fit_pollux_arrays,
     predict_pollux,
 )
-from bench.traces import MODELS, Rows, data_root, split
+from scripts.traces import MODELS, Rows, data_root, split
 
 # Profiled placements of the protocol (1, 2, 4, 44, 4444) as (nodes, workers, max per node).
 FIT_SHAPES = ((1, 1, 1), (1, 2, 2), (1, 4, 4), (2, 8, 4), (4, 16, 4))

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bench import gns_forecast as bench
-from bench.traces import data_root
 from kplan.planner import gnsforecast
 from kplan.planner.gnsforecast import GnsPrior, factor_samples, fit_prior, forecast, steps_to_target
 from kplan.planner.profile import GnsPoint
+from scripts.traces import data_root
 
 needs_traces = pytest.mark.skipif(
     not (data_root() / "traces" / "pollux" / "t4").is_dir(),

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from bench import intranode_transfer as it
-from bench.traces import data_root
 from kplan.planner import costs, fit, perfmodel
 from kplan.planner.perfmodel import PerfParams
+from scripts.traces import data_root
 
 pytestmark = pytest.mark.skipif(
     not (data_root() / "traces" / "pollux" / "t4").is_dir(), reason="shared Pollux traces absent"

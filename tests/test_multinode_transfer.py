@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from bench import multinode_transfer as mt
-from bench.traces import data_root
 from kplan.catalogs import load_catalog
 from kplan.planner import fit
 from kplan.planner.catalog import nic_fabric
+from scripts.traces import data_root
 
 pytestmark = pytest.mark.skipif(
     not (data_root() / "traces" / "pollux" / "t4").is_dir(), reason="shared Pollux traces absent"

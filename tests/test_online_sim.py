@@ -9,9 +9,9 @@ import pytest
 
 from bench import online_sim
 from bench.online_sim import Progress, SimOptions, hindsight, load_truth, simulate
-from bench.traces import data_root
 from kplan.planner import fit
 from kplan.planner.profile import Measurement
+from scripts.traces import data_root
 
 needs_traces = pytest.mark.skipif(
     not (data_root() / "traces" / "pollux" / "t4").is_dir(),

@@ -77,7 +77,7 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
 
 def test_simulate_prints_the_distribution_against_the_plan(tmp_path: Path) -> None:
     plan = _plan(tmp_path, 2)
-    from bench.traces import data_root
+    from scripts.traces import data_root
 
     trace = data_root() / "spot" / "bamboo-nsdi23-traces" / "traces" / "p3-trace.csv"
     if not trace.exists():  # pragma: no cover - the shared data is on every dev machine
