@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from kplan.core.errors import InfeasibleError
 from kplan.core.precision import Precision
-from kplan.planner import batchsched, costs, spotplan
+from kplan.planner import batchsched, bounds, costs, spotplan
 from kplan.planner.candidates import (
     Candidate,
     batch_grid,
@@ -69,6 +69,10 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
             "no instance type matches the filters and fits the job in GPU memory", hint=hint
         )
     grid = batch_grid(workload, opts)
+    floor = bounds.floor(cands, workload, opts, grid)
+    refused = bounds.refusal(floor, opts)
+    if refused is not None:  # a deadline or budget no configuration can meet: before pricing
+        raise InfeasibleError(*refused)
     checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
     priced = price_candidates(cands, workload, opts, grid, checkpoint_s)
     if priced.considered == 0:
@@ -83,7 +87,11 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
         considered, feasible = considered + n_mix, feasible + ok_mix
 
     def refine(rows: NDArray[np.int64]) -> bool:
-        return refine_spot_rows(table, rows, cands, opts, checkpoint_s)
+        done = refine_spot_rows(table, rows, cands, opts, checkpoint_s)
+        # the rescaled estimates stay above what any configuration can reach (bounds.py)
+        bounds.hold(table.hours_p90, floor.hours_p90)
+        bounds.hold(table.cost_p90, floor.cost_p90_usd)
+        return done
 
     plan = choose(table, cands, workload, opts, notes, grid, refine)
     plan = replace(plan, considered=considered, feasible=feasible)

@@ -1,0 +1,102 @@
+"""Lower bounds on the p90 time and cost of every configuration a search can price, from the
+candidates alone (no type grid, no pricing, no Monte-Carlo): a deadline or budget below them
+is refused before any work.
+
+Why they hold, for every row the search ranks:
+
+- A step of ``s`` micro-steps of ``l`` samples per worker takes at least ``s (a + c l)``
+  (``perfmodel.step_time``: compute, then a power mean with the sync that is never below the
+  compute; ``compression.step_time``: the same, or a pipeline whose host side alone is the
+  compute; a mix: its slowest worker). With ``W`` workers, ``s l >= B / W``, so a step takes at
+  least ``a + c B / W``, and training at global batch ``B`` takes at least
+  ``S(B) / B * (a + c B / W)`` seconds, ``S(B)`` the samples to train (times a compression
+  option's multiplier where below 1).
+- The closed form's p90 time is that work, stretched by checkpoints (``1 + c / tau``), the step
+  error (``exp(Z90 sigma) >= 1``) and losses (>= 0), plus provisioning; its p90 cost is the
+  cluster's price over the billed p90 time less the idle nodes' share of the waits, which is never
+  more than the waits' own billed share. So ``p90 time >= work + provisioning`` and
+  ``p90 cost >= price x work``, and a node's share of the work costs at least
+  ``price / g x c`` per sample.
+- The Monte-Carlo's runs each train for ``work x exp(sigma z)`` plus provisioning and losses;
+  the spot refinement's rescaled estimates are held to these bounds (``search``), so no row the
+  search ranks is below them.
+
+The bounds take the least over the candidates' parameters (``a``, ``c``, price per GPU) and the
+most workers, so they also bound the two-type mixes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kplan.planner import efficiency, fmt
+from kplan.planner.candidates import Candidate
+from kplan.planner.searchopts import SearchOptions
+from kplan.planner.workload import Workload
+
+
+@dataclass(frozen=True)
+class Floor:
+    """No configuration takes less than ``hours_p90`` or costs less than ``cost_p90_usd``
+    (p90; NaN: nothing can be said)."""
+
+    hours_p90: float
+    cost_p90_usd: float
+
+
+def floor(
+    cands: list[Candidate], workload: Workload, opts: SearchOptions, grid: NDArray[np.int64]
+) -> Floor:
+    """The lower bounds over every configuration of ``cands`` on the batches of ``grid``."""
+    if not cands:
+        return Floor(math.nan, math.nan)
+    batch = grid.astype(float)
+    with np.errstate(invalid="ignore"):
+        factors = efficiency.sample_factor(workload.gns, workload.base_batch, batch)
+    # a pinned batch without a GNS trains the base batch's samples (``pricing``)
+    factors = np.fmin(factors, np.ones_like(factors)) if opts.global_batch is not None else factors
+    mult = min([1.0, *(c.compression_stat.multiplier for c in cands if c.compression_stat)])
+    samples = workload.samples_at_base * factors * mult  # NaN where no row can exist
+    a = min(c.pred.params.compute_a for c in cands)
+    c_per_sample = min(c.pred.params.compute_b for c in cands)
+    workers = opts.max_nodes * max(c.inst.gpu_count for c in cands)
+    work = samples / batch * (a + c_per_sample * batch / workers)
+    per_sample = min(
+        c.offer.usd_per_hour / c.inst.gpu_count * c.pred.params.compute_b for c in cands
+    )
+    if not np.isfinite(work).any():
+        return Floor(math.nan, math.nan)
+    hours = (float(np.nanmin(work)) + opts.overheads.provisioning_s) / 3600.0
+    cost = per_sample * float(np.nanmin(samples)) / 3600.0
+    return Floor(max(hours, 0.0), max(cost, 0.0))
+
+
+def refusal(f: Floor, opts: SearchOptions) -> tuple[str, str] | None:
+    """(message, hint) when the deadline or the budget is below what any configuration can reach
+    (the message as ``choose.infeasible_message`` words it); None when they may be met."""
+    late = opts.deadline_hours is not None and f.hours_p90 > opts.deadline_hours
+    dear = opts.budget_usd is not None and f.cost_p90_usd > opts.budget_usd
+    if not (late or dear):
+        return None  # NaN bounds compare False: never refused on them
+    parts = []
+    if opts.budget_usd is not None:
+        parts.append(f"budget {fmt.money(opts.budget_usd)}")
+    if opts.deadline_hours is not None:
+        parts.append(f"deadline {opts.deadline_hours:g} h")
+    hint = (
+        f"the cheapest plan costs at least {fmt.money(f.cost_p90_usd)} (p90) and the fastest "
+        f"takes at least {fmt.duration(f.hours_p90)} (p90); raise --budget or --deadline"
+    )
+    if opts.budget_usd is not None and opts.deadline_hours is not None:
+        hint += ", or drop one of them"
+    return f"no plan meets the {' and '.join(parts)}", hint
+
+
+def hold(values: NDArray[np.float64], bound: float) -> None:
+    """Raise ``values`` below ``bound`` to it, in place (NaN bounds: nothing)."""
+    if math.isfinite(bound):
+        np.maximum(values, bound, out=values, where=np.isfinite(values))
