@@ -59,7 +59,7 @@ def test_no_ranked_row_is_below_the_bounds(monkeypatch: pytest.MonkeyPatch, name
     opts = CASES[name]
     wl, cat = workload(), catalog(spot_rate=2.0 if name == "spot, risky" else 0.5)
     f = _floor(wl, cat, device_model(), opts)
-    assert 0 < f.hours_p90 and 0 < f.cost_p90_usd
+    assert f.hours_p90 > 0 and f.cost_p90_usd > 0
     plan, t = _searched(monkeypatch, wl, cat, opts)
     finite = np.isfinite(t.hours_p90) & np.isfinite(t.cost_p90)
     assert finite.any()
@@ -113,7 +113,7 @@ def test_a_request_below_the_bounds_is_refused_before_any_pricing(
     with pytest.raises(InfeasibleError, match="no plan meets the budget") as dear:
         search(wl, cat, dm, replace(opts, budget_usd=f.cost_p90_usd * scale))
     assert dear.value.hint == late.value.hint
-    with pytest.raises(InfeasibleError, match="no plan meets the budget .* and deadline") as both:
+    with pytest.raises(InfeasibleError, match=r"no plan meets the budget .* and deadline") as both:
         search(wl, cat, dm, replace(opts, budget_usd=1e9, deadline_hours=f.hours_p90 * scale))
     assert both.value.hint.endswith(", or drop one of them")
 
