@@ -122,24 +122,12 @@ def _print_error(err: KplanError) -> None:
         typer.echo(f"hint: {' '.join(clean(err.hint).splitlines())}", err=True)
 
 
-app = typer.Typer(
-    cls=_KplanGroup,
-    name="kplan",
-    help="Plan, launch and account for distributed PyTorch training on the cloud, cost-aware.",
-    no_args_is_help=True,
-    add_completion=True,  # --install-completion, --show-completion
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-
-
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"kplan {__version__}")
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show the full traceback on errors."),
@@ -150,31 +138,87 @@ def _root(
     ctx.meta["kplan.debug"] = debug
 
 
-def _register() -> None:
-    from kplan.cli.commands import catalog, estimate, launch, model, profile, report, simulate
+# The top-level commands, in the order `kplan --help` lists them, each with the module that
+# registers it (launch's module registers status, logs and down with it).
+_COMMANDS = {
+    "estimate": "estimate",
+    "profile": "profile",
+    "launch": "launch",
+    "status": "jobs",
+    "logs": "jobs",
+    "down": "jobs",
+    "report": "report",
+    "simulate": "simulate",
+    "model": "model",
+    "catalog": "catalog",
+}
 
-    estimate.register(app)
-    profile.register(app)
-    launch.register(app)
-    report.register(app)
-    simulate.register(app)
-    app.add_typer(model.app, name="model", cls=KplanGroup)
-    app.add_typer(catalog.app, name="catalog", cls=KplanGroup)
+
+def build_app(command: str | None = None) -> typer.Typer:
+    """The command line. With ``command`` (one of the top-level commands), only that command is
+    registered: a run of it parses, helps and fails exactly as in the whole CLI, without importing
+    the other commands' modules or building their parameters (start-up time)."""
+    app = typer.Typer(
+        cls=_KplanGroup,
+        name="kplan",
+        help="Plan, launch and account for distributed PyTorch training on the cloud, cost-aware.",
+        no_args_is_help=True,
+        add_completion=True,  # --install-completion, --show-completion
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    app.callback()(_root)
+    _register(app, None if command is None else _COMMANDS[command])
+    return app
+
+
+def _register(app: typer.Typer, module: str | None) -> None:
+    import importlib
+
+    groups = []
+    for name in dict.fromkeys(_COMMANDS.values()):
+        if module not in (None, name) or (module is None and name == "jobs"):
+            continue  # launch's module registers the jobs commands after launch
+        mod = importlib.import_module(f"kplan.cli.commands.{name}")
+        if name in ("model", "catalog"):
+            app.add_typer(mod.app, name=name, cls=KplanGroup)
+            groups.append(mod.app)
+        else:
+            mod.register(app)
     # Every command's help follows one style (kplan/cli/help_text.py): examples, metavars, defaults.
-    for typer_app in (app, model.app, catalog.app):
+    for typer_app in (app, *groups):
         for info in typer_app.registered_commands:
             if info.cls in (None, typer.core.TyperCommand):
                 info.cls = KplanCommand
 
 
-_register()
+def _invoked(args: list[str]) -> str | None:
+    """The top-level command a command line runs (None: help, completion, a name kplan does not
+    have, or none: those need every command)."""
+    if any(k.endswith("_COMPLETE") for k in os.environ):
+        return None  # shell completion lists every command
+    for arg in args:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in _COMMANDS else None
+    return None
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``app``: the whole command line, built on first use (tests, documentation)."""
+    if name == "app":
+        whole = build_app()
+        globals()["app"] = whole
+        return whole
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     """Console-script entry point."""
     try:
         try:
-            app(standalone_mode=True)
+            build_app(_invoked(sys.argv[1:]))(standalone_mode=True)
         finally:
             sys.stdout.flush()  # a pipe closed early shows here, not as a warning at exit
     except BrokenPipeError:
