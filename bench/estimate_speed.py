@@ -13,6 +13,11 @@ In one run, alternating the tools so that both see the same machine load:
   count: this is the closest question it answers, and a far smaller one.
 - kplan, fixed: ``--instance-type p4d.24xlarge --nodes 4 --on-demand``; SkyPilot, fixed: the same
   instance type, 4 nodes, on demand (``bench/sky_optimize.py fixed``).
+- kplan, refused: ``--deadline 0.1``, a deadline no configuration meets (exit code 2, one line
+  and a hint); SkyPilot has no counterpart.
+
+``--before TREE`` times the kplan commands of another checkout too (``PYTHONPATH=TREE``), in the
+same alternation: a change's before and after under one load.
 
 SkyPilot runs offline: its catalog is placed from /work/shared/data/catalogs/skypilot-v9 (the AWS
 and GCP GPU rows of the US regions; SkyPilot 0.14.1 reads schema v8 paths,
@@ -40,6 +45,7 @@ SKY_ROWS = Path("/work/shared/data/catalogs/skypilot-v9")
 SKY_SCHEMA = "v8"  # SkyPilot 0.14.1's constants.CATALOG_SCHEMA_VERSION
 KPLAN_WIDE = ["estimate", "--example", "imagenet-resnet50", "--json"]
 KPLAN_FIXED = [*KPLAN_WIDE, "--instance-type", "p4d.24xlarge", "--nodes", "4", "--on-demand"]
+KPLAN_REFUSED = [*KPLAN_WIDE, "--deadline", "0.1"]
 
 
 def place_sky_catalog(home: Path, rows: Path) -> None:
@@ -56,17 +62,19 @@ def place_sky_catalog(home: Path, rows: Path) -> None:
     (root / "aws" / "instance_quota_mapping.csv").write_text("InstanceType,QuotaCode\n")
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall s, CPU s of the child, its last output line); fails loudly if the command does."""
+def timed(cmd: list[str], env: dict[str, str], rc: int = 0) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child, its last output line); fails loudly unless the command exits
+    with ``rc``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if done.returncode != 0:
+    if done.returncode != rc:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    lines = [x for x in done.stdout.splitlines() if x.strip() and "sky-payload" not in x]
+    out = done.stdout if rc == 0 else done.stderr
+    lines = [x for x in out.splitlines() if x.strip() and "sky-payload" not in x]
     return wall, cpu, lines[-1] if lines else ""
 
 
@@ -75,6 +83,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sky-python", required=True, help="SkyPilot 0.14.1's interpreter")
     parser.add_argument("--sky-rows", type=Path, default=SKY_ROWS)
+    parser.add_argument("--before", type=Path, help="another checkout whose kplan is timed too")
     args = parser.parse_args()
     kplan = str(Path(sys.executable).with_name("kplan"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -83,16 +92,22 @@ def main() -> None:
         sky_env = {**os.environ, "SKY_HOME": home}
         sky = [args.sky_python, str(ROOT / "bench" / "sky_optimize.py")]
         cases = {
-            "kplan wide": ([kplan, *KPLAN_WIDE], env),
-            "sky wide": ([*sky, "wide"], sky_env),
-            "kplan fixed": ([kplan, *KPLAN_FIXED], env),
-            "sky fixed": ([*sky, "fixed"], sky_env),
+            "kplan wide": ([kplan, *KPLAN_WIDE], env, 0),
+            "sky wide": ([*sky, "wide"], sky_env, 0),
+            "kplan fixed": ([kplan, *KPLAN_FIXED], env, 0),
+            "sky fixed": ([*sky, "fixed"], sky_env, 0),
+            "kplan refused": ([kplan, *KPLAN_REFUSED], env, 2),
         }
+        if args.before is not None:
+            old = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
+            for name, cmd in (("wide", KPLAN_WIDE), ("fixed", KPLAN_FIXED)):
+                cases[f"before {name}"] = ([kplan, *cmd], old, 0)
+            cases["before refused"] = ([kplan, *KPLAN_REFUSED], old, 2)
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
         said: dict[str, str] = {}
         for _ in range(args.repeat):
-            for name, (cmd, cmd_env) in cases.items():
-                wall, cpu, last = timed(cmd, cmd_env)
+            for name, (cmd, cmd_env, rc) in cases.items():
+                wall, cpu, last = timed(cmd, cmd_env, rc)
                 runs[name].append((wall, cpu))
                 said[name] = last
     med = {
@@ -102,9 +117,10 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"median of {args.repeat} runs each, alternating; load average at the end {load:.1f}")
     for name, (wall, cpu) in med.items():
-        print(f"  {name:12s} wall {wall:6.2f} s   CPU {cpu:6.2f} s")
+        print(f"  {name:14s} wall {wall:6.2f} s   CPU {cpu:6.2f} s")
     print(f"  sky says: {said['sky wide']}")
     print(f"  sky says: {said['sky fixed']}")
+    print(f"  kplan refused says: {said['kplan refused']}")
     for kind in ("wide", "fixed"):
         (kw, kc), (sw, sc) = med[f"kplan {kind}"], med[f"sky {kind}"]
         print(f"{kind}: kplan is {sw / kw:.1f}x faster (wall), {sc / kc:.1f}x (CPU) than SkyPilot")

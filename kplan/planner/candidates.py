@@ -167,7 +167,9 @@ def batch_grid(workload: Workload, opts: SearchOptions) -> NDArray[np.int64]:
     if top < b0:
         return np.array([int(top)], dtype=np.int64)
     steps = math.floor(2 * math.log2(top / b0) + 1e-9) + 1
-    grid = np.unique(np.round(b0 * 2.0 ** (np.arange(steps) / 2.0)).astype(np.int64))
+    rounded = np.round(b0 * 2.0 ** (np.arange(steps) / 2.0)).astype(np.int64)
+    # distinct and sorted (np.unique would import numpy.ma: start-up time of a refused request)
+    grid = np.array(sorted(set(rounded.tolist())), dtype=np.int64)
     return grid[grid <= top]
 
 
