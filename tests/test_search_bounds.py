@@ -15,6 +15,7 @@ from kplan.planner import bounds
 from kplan.planner import search as search_module
 from kplan.planner.candidates import batch_grid, candidates, with_compression
 from kplan.planner.catalog import Catalog
+from kplan.planner.choose import choose
 from kplan.planner.devices import DeviceModel
 from kplan.planner.plan import Plan
 from kplan.planner.search import SearchOptions, search
@@ -41,7 +42,7 @@ def _searched(
 ) -> tuple[Plan, Table]:
     """The plan, and the table the choice ranked (after the Monte-Carlo rounds)."""
     seen: list[Table] = []
-    real = search_module.choose
+    real = choose
 
     def spy(t: Table, *args: object, **kwargs: object) -> Plan:
         plan = real(t, *args, **kwargs)  # type: ignore[arg-type]
