@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kplan.core.errors import InfeasibleError
-from kplan.planner import bounds
+from kplan.planner import bounds, efficiency
 from kplan.planner import search as search_module
 from kplan.planner.candidates import batch_grid, candidates, with_compression
 from kplan.planner.catalog import Catalog
@@ -119,13 +119,30 @@ def test_a_request_below_the_bounds_is_refused_before_any_pricing(
     assert both.value.hint.endswith(", or drop one of them")
 
 
-def test_no_bound_without_any_batch_to_train() -> None:
-    """Without a GNS the other batches have no samples (NaN): the bounds say nothing, and
-    refuse nothing."""
-    opts = SearchOptions(max_nodes=4, global_batch=77)
-    wl = replace(workload(), gns=())
-    cands = candidates(wl, catalog(), device_model(), opts)[0]
-    f = bounds.floor(cands, wl, replace(opts, global_batch=None), np.array([77]))
+def _example_workloads() -> list[Workload]:
+    from kplan.app import planning
+    from kplan.catalogs.loader import shipped_catalog
+    from kplan.planner.workload import workload_from_profile
+
+    gpus = shipped_catalog().gpus
+    return [
+        workload_from_profile(planning.load_example(name), gpus)
+        for name in planning.example_names()
+    ]
+
+
+def test_the_samples_bound_is_below_the_gns_forecast() -> None:
+    """bounds.floor takes at least B0's samples from B0 up and B / B0 of them below it, without
+    running the forecast: every example's forecast (and the fixture's) is above that."""
+    for wl in [workload(), *_example_workloads()]:
+        b0 = wl.base_batch
+        batch = np.unique(np.round(b0 * 2.0 ** (np.arange(-8, 20) / 2.0)))
+        factor = efficiency.sample_factor(wl.gns, b0, batch)
+        assert np.all(factor >= np.minimum(batch / b0, 1.0)), wl.name
+
+
+def test_without_candidates_nothing_is_refused() -> None:
+    opts = SearchOptions(deadline_hours=1e-9, budget_usd=1e-9)
+    f = bounds.floor([], workload(), opts, np.array([77]))
     assert np.isnan(f.hours_p90) and np.isnan(f.cost_p90_usd)
-    assert bounds.refusal(f, replace(opts, deadline_hours=1e-9, budget_usd=1e-9)) is None
-    assert bounds.floor([], wl, opts, np.array([77])).hours_p90 != 0.0  # NaN, not zero
+    assert bounds.refusal(f, opts) is None

@@ -9,8 +9,9 @@ Why they hold, for every row the search ranks:
   compute; ``compression.step_time``: the same, or a pipeline whose host side alone is the
   compute; a mix: its slowest worker). With ``W`` workers, ``s l >= B / W``, so a step takes at
   least ``a + c B / W``, and training at global batch ``B`` takes at least
-  ``S(B) / B * (a + c B / W)`` seconds, ``S(B)`` the samples to train (times a compression
-  option's multiplier where below 1).
+  ``S(B) / B * (a + c B / W)`` seconds, ``S(B)`` the samples to train: at least ``S(B0)`` from
+  the profile's batch ``B0`` up and ``S(B0) B / B0`` below it (the GNS model's
+  ``(bn + B) / (bn + B0)``, ``bn >= 0``), times a compression option's multiplier where below 1.
 - The closed form's p90 time is that work, stretched by checkpoints (``1 + c / tau``), the step
   error (``exp(Z90 sigma) >= 1``) and losses (>= 0), plus provisioning; its p90 cost is the
   cluster's price over the billed p90 time less the idle nodes' share of the waits, which is never
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import efficiency, fmt
+from kplan.planner import fmt
 from kplan.planner.candidates import Candidate
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.workload import Workload
@@ -55,12 +56,13 @@ def floor(
     if not cands:
         return Floor(math.nan, math.nan)
     batch = grid.astype(float)
-    with np.errstate(invalid="ignore"):
-        factors = efficiency.sample_factor(workload.gns, workload.base_batch, batch)
-    # a pinned batch without a GNS trains the base batch's samples (``pricing``)
-    factors = np.fmin(factors, np.ones_like(factors)) if opts.global_batch is not None else factors
+    # Samples at B per sample at B0: the GNS model's (bn + B) / (bn + B0) over the forecast's
+    # trajectories, bn >= 0: at least 1 from B0 up and at least B / B0 below it (a pinned batch
+    # without a GNS trains B0's samples: 1). Not the forecast itself: it costs as much as the
+    # rest of a refusal.
+    factors = np.minimum(batch / workload.base_batch, 1.0)
     mult = min([1.0, *(c.compression_stat.multiplier for c in cands if c.compression_stat)])
-    samples = workload.samples_at_base * factors * mult  # NaN where no row can exist
+    samples = workload.samples_at_base * factors * mult
     a = min(c.pred.params.compute_a for c in cands)
     c_per_sample = min(c.pred.params.compute_b for c in cands)
     workers = opts.max_nodes * max(c.inst.gpu_count for c in cands)
