@@ -79,19 +79,28 @@ def floor(
 
 def refusal(f: Floor, opts: SearchOptions) -> tuple[str, str] | None:
     """(message, hint) when the deadline or the budget is below what any configuration can reach
-    (the message as ``choose.infeasible_message`` words it); None when they may be met."""
+    (worded as ``choose.infeasible_message``'s, with "at least"); None when they may be met."""
     late = opts.deadline_hours is not None and f.hours_p90 > opts.deadline_hours
     dear = opts.budget_usd is not None and f.cost_p90_usd > opts.budget_usd
     if not (late or dear):
         return None  # NaN bounds compare False: never refused on them
+    return no_plan(opts, f.cost_p90_usd, f.hours_p90, at_least=True)
+
+
+def no_plan(
+    opts: SearchOptions, cheapest_usd: float, fastest_hours: float, *, at_least: bool
+) -> tuple[str, str]:
+    """(message, hint) of a search that no plan meets: the limits given, and the cheapest p90
+    cost and fastest p90 time (``at_least``: bounds, not priced plans)."""
     parts = []
     if opts.budget_usd is not None:
         parts.append(f"budget {fmt.money(opts.budget_usd)}")
     if opts.deadline_hours is not None:
         parts.append(f"deadline {opts.deadline_hours:g} h")
+    least = "at least " if at_least else ""
     hint = (
-        f"the cheapest plan costs at least {fmt.money(f.cost_p90_usd)} (p90) and the fastest "
-        f"takes at least {fmt.duration(f.hours_p90)} (p90); raise --budget or --deadline"
+        f"the cheapest plan costs {least}{fmt.money(cheapest_usd)} (p90) and the fastest "
+        f"takes {least}{fmt.duration(fastest_hours)} (p90); raise --budget or --deadline"
     )
     if opts.budget_usd is not None and opts.deadline_hours is not None:
         hint += ", or drop one of them"

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.core.errors import InfeasibleError
-from kplan.planner import efficiency, fmt
+from kplan.planner import bounds, efficiency, fmt
 from kplan.planner.candidates import Candidate
 from kplan.planner.frontier import cheapest_of_fastest, knee_index, merge_near_times, pareto_front
 from kplan.planner.plan import Plan, PlanRow
@@ -193,18 +193,7 @@ def spot_notes(r: PlanRow) -> list[str]:
 def infeasible_message(t: Table, finite: NDArray[np.bool_], o: SearchOptions) -> tuple[str, str]:
     cheapest = float(np.min(t.cost_p90[finite]))
     fastest = float(np.min(t.hours_p90[finite]))
-    parts = []
-    if o.budget_usd is not None:
-        parts.append(f"budget {fmt.money(o.budget_usd)}")
-    if o.deadline_hours is not None:
-        parts.append(f"deadline {o.deadline_hours:g} h")
-    hint = (
-        f"the cheapest plan costs {fmt.money(cheapest)} (p90) and the fastest takes "
-        f"{fmt.duration(fastest)} (p90); raise --budget or --deadline"
-    )
-    if o.budget_usd is not None and o.deadline_hours is not None:
-        hint += ", or drop one of them"
-    return f"no plan meets the {' and '.join(parts)}", hint
+    return bounds.no_plan(o, cheapest, fastest, at_least=False)
 
 
 def order_text(o: SearchOptions) -> str:
