@@ -34,6 +34,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kplan.catalogs.rows import (
+    BILLING_COLUMNS,
+    GPU_COLUMNS,
+    INSTANCE_COLUMNS,
+    PRICE_COLUMNS,
+    SPOT_RATE_COLUMNS,
+)
 from kplan.catalogs.zones import ZONE_COLUMNS, zone_source, zone_type_from_id
 from scripts.catalog_facts import BILLING, GPUS, TENSOR_SPECS
 from scripts.catalog_offers import AWS_LIST_REGIONS, Build, build_aws, build_gcp
@@ -165,32 +172,12 @@ def build_spot_rates(b: Build, data: Path) -> None:
 # ---- output ------------------------------------------------------------------------------------
 
 HEADERS = {
-    "gpus.csv": [
-        "name",
-        "memory_gb",
-        "fp32_tflops",
-        "fp16_tflops",
-        "mem_bw_gbs",
-        "tf32_tflops",
-        "bf16_tflops",
-        "sm_count",
-        "source",
-    ],
-    "instances.csv": [
-        "cloud",
-        "name",
-        "gpu",
-        "gpu_count",
-        "vcpus",
-        "memory_gb",
-        "network_gbps",
-        "interconnect",
-        "interconnect_gbps",
-        "source",
-    ],
-    "prices.csv": ["cloud", "instance_type", "region", "zone", "market", "usd_per_hour", "source"],
-    "spot_rates.csv": ["cloud", "family", "per_hour", "source"],
-    "billing.csv": ["cloud", "minimum_s", "increment_s", "source"],
+    # the loader's columns (kplan/catalogs/rows.py), and the GPU rows' optional ones before source
+    "gpus.csv": [*GPU_COLUMNS[:-1], "tf32_tflops", "bf16_tflops", "sm_count", "source"],
+    "instances.csv": list(INSTANCE_COLUMNS),
+    "prices.csv": list(PRICE_COLUMNS),
+    "spot_rates.csv": list(SPOT_RATE_COLUMNS),
+    "billing.csv": list(BILLING_COLUMNS),
     "zones.csv": list(ZONE_COLUMNS),
 }
 
