@@ -1,6 +1,6 @@
 """Communication-efficient training on emulated hosts (issue 14): measured against the planner.
 
-On 2 emulated hosts (tests/netbed.py: network namespaces, tbf-shaped veths) one torchrun worker
+On 2 emulated hosts (scripts/netbed.py: network namespaces, tbf-shaped veths) one torchrun worker
 per host (the PID batch controller off: equal local batches, as predicted) trains a
 communication-bound MLP (~15.7M parameters, 63 MB of FP32 gradient, a global
 batch of 32) through ``kplan.runtime`` for a fixed number of steps with each option:
@@ -219,7 +219,7 @@ def run_option(
     eval_every: int = 0,
 ) -> Run:
     from bench.runtime_common import clean_env
-    from tests import netbed
+    from scripts import netbed
 
     out = tmp / f"{option.replace(':', '_')}-{gbps:g}.json"
     metrics = tmp / f"{option.replace(':', '_')}-{gbps:g}.jsonl"
@@ -346,7 +346,7 @@ def profile_on_bed(
     backward). AR-Topk selects on
     one worker per step (the others wait for its indices), so its codec is profiled on one
     host while the other idles, as it runs."""
-    from tests import netbed
+    from scripts import netbed
 
     def on(hosts: list[int], opts: list[str], tag: str) -> list[dict[str, Any]]:
         outs = [tmp / f"profile-{tag}-{i}.json" for i in hosts]
@@ -406,7 +406,7 @@ def probe_barrier(bed: Any, port: int, tmp: Path, reps: int = 10) -> tuple[float
     """(1-element all-reduce seconds alone, mean extra wait in it right after a compute step):
     the cost of a barrier inside backward on this bed, where the hosts share the cores, beyond
     the link's latency (both hosts' means, averaged: each worker pays its own wait)."""
-    from tests import netbed
+    from scripts import netbed
 
     outs = [tmp / f"barrier-{i}.json" for i in range(2)]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--barrier-host"]
@@ -428,7 +428,7 @@ def probe_link(bed: Any, port: int) -> tuple[float, float, float]:
     the byte term from 4 MB and 40 MB, the latency from 1 element as the runtime reads its
     own probe (``compress.link_from_probe``: t / 2(k-1))."""
     from kplan.core.compression_spec import link_from_probe
-    from tests import netbed
+    from scripts import netbed
 
     small, big = 4_000_000, 40_000_000
     ts = netbed.allreduce_seconds(bed, small, reps=3, port=port)
@@ -548,7 +548,7 @@ def main() -> int:
         barrier_host(int(host), addr, args.port, int(reps), Path(out))
         return 0
 
-    from tests import netbed
+    from scripts import netbed
 
     reason = netbed.unavailable()
     if reason:

@@ -49,7 +49,7 @@ def worker(mode: str, steps: int, out: Path) -> None:
 def run(bed: Any, option: str, mode: str, steps: int, port: int, tmp: Path) -> list[float]:
     """Rank 0's step times of one run of ``option`` with the decode in ``mode``."""
     from bench.runtime_common import clean_env
-    from tests import netbed
+    from scripts import netbed
 
     out = tmp / f"{option.replace(':', '_')}-{mode}.json"
     env = {"KPLAN_COMPRESSION": option, "KPLAN_PID": "0"}
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.steps, args.out)
         return 0
     from bench.comm_bed import WARMUP
-    from tests import netbed
+    from scripts import netbed
 
     why = netbed.unavailable()
     if why:

@@ -4,7 +4,7 @@ Both directions of an emulated host's link should run at the rate at once, as on
 NIC. With the bed's first 50 ms tbf queue they did not (0.1 Gbit/s: one side fell to 0.072-0.096
 of the rate, its ACKs waiting behind the other direction's data), which penalised AG-Topk (both
 directions at once) against AR-Topk on bench/comm_bed.py; the bed now keeps a 5 ms queue
-(tests/netbed.py ``_tbf``). This measures plain TCP (``tests/netbed.tcp_gbps``, about one
+(scripts/netbed.py ``_tbf``). This measures plain TCP (``tests/netbed.tcp_gbps``, about one
 second of data per transfer) on the bed: host 0 to host 1 alone, then both directions together.
 
     python bench/netbed_duplex.py            # as root, ~1 minute

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, nargs="+", default=[0.01, 0.05])
     ap.add_argument("--hidden", type=int, nargs="+", default=[32, 128])
     args = ap.parse_args()
-    from tests.test_runtime_compress_momentum import _run
+    from bench.compress_momentum_scenario import run_scenario as _run
 
     print(f"eval loss after {args.steps} steps; ratio = option / dense (same optimizer, LR, H)")
     head = ["H", "lr", "optimizer", "option", "eval", "dense", "ratio"]

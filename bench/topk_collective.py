@@ -1,6 +1,6 @@
 """AR-Topk against AG-Topk on emulated hosts, and ``topk:auto``'s choice (issue 14).
 
-On a bed of 2 or 4 emulated hosts (tests/netbed.py) at 0.1, 1 and 10 Gbit/s, one process per
+On a bed of 2 or 4 emulated hosts (scripts/netbed.py) at 0.1, 1 and 10 Gbit/s, one process per
 host exchanges a top-k gradient of bench/comm_bed.py's MLP (15.7M parameters, in DDP's 25 MB
 buckets) with the collectives the runtime issues per bucket (runtime/compression/compressor.py):
 
@@ -93,7 +93,7 @@ def worker(rank: int, world: int, addr: str, port: int, ratio: float, reps: int)
 
 
 def measure(hosts: int, gbps: float, ratio: float, reps: int, port: int) -> dict[str, Any]:
-    from tests import netbed
+    from scripts import netbed
 
     with netbed.netbed(hosts, gbps=gbps) as bed:
         args = [str(hosts), bed.hosts[0].ip, str(port), str(ratio), str(reps)]
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         r, w, addr, port, ratio, reps = args.worker
         worker(int(r), int(w), addr, int(port), float(ratio), int(reps))
         return 0
-    from tests import netbed
+    from scripts import netbed
 
     why = netbed.unavailable()
     if why:

@@ -36,12 +36,16 @@ def test_a_violation_in_a_copy_is_reported(tmp_path: Path) -> None:
     skip = shutil.ignore_patterns("__pycache__")
     for package in ("kplan", "bench", "scripts"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=skip)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "harness.py").write_text("import kplan\n\nK = kplan\n")
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
     core = tmp_path / "kplan" / "core"
     (core / "upward.py").write_text("from kplan.cli import main\n\nMAIN = main\n")
     (core / "ring_a.py").write_text("from kplan.core import ring_b\n\nB = ring_b\n")
     (core / "ring_b.py").write_text("from kplan.core import ring_a\n\nA = ring_a\n")
     (tmp_path / "scripts" / "uses_bench.py").write_text("from bench import pollux\n\nP = pollux\n")
+    (tmp_path / "bench" / "uses_tests.py").write_text("from tests import harness\n\nH = harness\n")
 
     result = _lint(tmp_path)
 
@@ -52,6 +56,7 @@ def test_a_violation_in_a_copy_is_reported(tmp_path: Path) -> None:
     assert "No cycles are allowed in kplan.core." in out
     assert ".ring_a -> .ring_b" in out or ".ring_b -> .ring_a" in out
     assert "scripts is not allowed to import bench" in out
+    assert "bench is not allowed to import tests" in out
 
 
 def test_the_tree_keeps_the_contract() -> None:

@@ -1,4 +1,4 @@
-"""The emulated multi-host bed (tests/netbed.py): it cleans up, it shapes, and DDP runs across it.
+"""The emulated multi-host bed (scripts/netbed.py): it cleans up, it shapes, and DDP runs across it.
 
 Skipped, with the reason, where namespaces cannot be made (not root, no iproute2). The
 bandwidth checks assert that the shaping is right (the measured rate within a band around the
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench.runtime_common import WORKER, clean_env, free_port, torchrun
-from tests import netbed
+from scripts import netbed
 
 pytestmark = pytest.mark.skipif(netbed.unavailable() is not None, reason=str(netbed.unavailable()))
 
@@ -42,7 +42,7 @@ def test_bed_is_removed_on_an_exception_in_the_block() -> None:
 def test_a_dead_owners_bed_is_swept(tmp_path: Path) -> None:
     """A bed whose owner was SIGKILLed is removed by the next bed's sweep."""
     script = (
-        "import os, sys, time; sys.path.insert(0, sys.argv[1]); from tests import netbed\n"
+        "import os, sys, time; sys.path.insert(0, sys.argv[1]); from scripts import netbed\n"
         "with netbed.netbed(2, gbps=None) as bed:\n"
         "    print(bed.tag, flush=True); os.kill(os.getpid(), 9)\n"
     )
