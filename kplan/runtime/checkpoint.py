@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
@@ -96,10 +96,21 @@ def load(path: Path, map_location: torch.device | str = "cpu") -> Any:
 # --- RNG --------------------------------------------------------------------------------------
 
 
-def capture_rng() -> dict[str, Any]:
+class RngState(TypedDict):
+    """The global generators' states in a rank's checkpoint file (tensors and plain values:
+    what ``torch.load(weights_only=True)`` reads back)."""
+
+    python: tuple[Any, ...]  # random.getstate()
+    numpy: list[Any]  # [bit generator name, keys (a tensor), position]
+    numpy_gauss: list[Any]  # [has a cached gaussian (0/1), the cached value]
+    torch: torch.Tensor
+    cuda: NotRequired[list[torch.Tensor]]
+
+
+def capture_rng() -> RngState:
     """The states of python's, numpy's and torch's (CPU and CUDA) global generators."""
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
+    state: RngState = {
         "python": random.getstate(),
         "numpy": [str(name), torch.from_numpy(np.asarray(keys).copy()), int(pos)],
         "numpy_gauss": [int(has_gauss), float(cached)],
@@ -110,7 +121,7 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: RngState) -> None:
     """Restore what :func:`capture_rng` captured."""
     version, internal, gauss = state["python"]
     random.setstate((int(version), tuple(int(v) for v in internal), gauss))
@@ -140,11 +151,12 @@ class CheckpointStore:
     def save(
         self,
         step: int,
-        shared: dict[str, Any] | None,
-        local: dict[str, Any],
+        shared: object | None,
+        local: object,
         barrier: Callable[[], None],
     ) -> tuple[Path, int]:
-        """Write this rank's part (``shared`` only on rank 0), then commit on rank 0.
+        """Write this rank's part (``shared`` only on rank 0), then commit on rank 0. Both are
+        what ``torch.save`` writes (resume.py builds them).
 
         Every rank must call this at the same step. Returns the final path and bytes written.
         """

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from kplan.core.errors import InputError
 
@@ -123,6 +123,16 @@ def adascale_gain(grad_sqr: float, grad_var: float, base_batch: int, batch: int)
     gain = (grad_sqr + var / base_batch) / (grad_sqr + var / batch)
     lo, hi = min(1.0, scale), max(1.0, scale)
     return min(max(gain, lo), hi)
+
+
+class GnsState(TypedDict):
+    """A :class:`GnsEstimator`'s part of a checkpoint (``moments``: absent before rel_error)."""
+
+    sqr: float
+    var: float
+    weight: float
+    count: int
+    moments: NotRequired[list[float]]
 
 
 class GnsEstimator:
@@ -217,8 +227,8 @@ class GnsEstimator:
         rel_sq = (var_v / (v * v) + var_q / (q * q) - 2.0 * cov / (q * v)) / (n - 1.0)
         return math.sqrt(max(rel_sq, 0.0))
 
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
+    def state_dict(self) -> GnsState:
+        state: GnsState = {
             "sqr": self._sqr,
             "var": self._var,
             "weight": self._weight,
@@ -228,7 +238,7 @@ class GnsEstimator:
             state["moments"] = list(self._moments)
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: GnsState) -> None:
         self._sqr = float(state["sqr"])
         self._var = float(state["var"])
         self._weight = float(state["weight"])

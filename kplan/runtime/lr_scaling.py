@@ -17,7 +17,7 @@ taken, which a schedule can use in place of the step count (AdaScale's scale-inv
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypedDict
 
 from kplan.core.errors import InputError
 from kplan.runtime.env import LR_RULES, LrRule
@@ -42,6 +42,18 @@ def rule_factor(
             return 1.0
         return adascale_gain(grad_sqr, grad_var, base_batch, batch)
     return 1.0
+
+
+class LrState(TypedDict):
+    """An :class:`LrScaler`'s part of a checkpoint."""
+
+    rule: str
+    base_batch: int
+    batch: int
+    ramp_from: float
+    ramp_start: int
+    last_factor: float
+    progress: float
 
 
 class LrScaler:
@@ -89,7 +101,7 @@ class LrScaler:
         self.progress += target
         return value
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LrState:
         return {
             "rule": self.rule,
             "base_batch": self.base_batch,
@@ -100,7 +112,7 @@ class LrScaler:
             "progress": self.progress,
         }
 
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+    def load_state_dict(self, state: LrState, step: int) -> None:
         """Restore; a different batch or rule now (re-planned job) ramps from the saved factor."""
         self.progress = float(state["progress"])
         self.last_factor = float(state["last_factor"])

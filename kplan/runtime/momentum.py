@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, MutableMapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from kplan.core.errors import InputError
 
@@ -57,6 +57,23 @@ def lr_correction(m: float, k: float) -> float:
     if m <= 0.0:
         return 1.0
     return (1.0 - compensated(m, k)) / (1.0 - m)
+
+
+class MomentumState(TypedDict):
+    """A :class:`MomentumCompensator`'s part of a checkpoint."""
+
+    mode: str
+    ref_batch: int
+    batch: int
+    ratio_from: float
+    ramp_start: int
+
+
+class SavedGroup(TypedDict, total=False):
+    """What :meth:`MomentumCompensator.apply` changed in one optimizer group, as it was."""
+
+    betas: Any  # Adam's (beta1, beta2) as the optimizer held them
+    momentum: Any  # SGD's momentum as the optimizer held it
 
 
 class MomentumCompensator:
@@ -111,12 +128,12 @@ class MomentumCompensator:
                 out.append(None)
         return out
 
-    def apply(self, groups: Sequence[MutableMapping[str, Any]], k: float) -> list[dict[str, Any]]:
+    def apply(self, groups: Sequence[MutableMapping[str, Any]], k: float) -> list[SavedGroup]:
         """Set the compensated values in ``groups`` (the LR already holds the rule's factor);
         returns what to give back to ``restore`` after the optimizer step."""
-        saved: list[dict[str, Any]] = []
+        saved: list[SavedGroup] = []
         for g in groups:
-            keep: dict[str, Any] = {}
+            keep: SavedGroup = {}
             if k != 1.0 and "betas" in g and _floats(g["betas"]):
                 keep["betas"] = g["betas"]
                 g["betas"] = tuple(compensated(float(b), k) for b in g["betas"])
@@ -129,11 +146,11 @@ class MomentumCompensator:
         return saved
 
     @staticmethod
-    def restore(groups: Sequence[MutableMapping[str, Any]], saved: list[dict[str, Any]]) -> None:
+    def restore(groups: Sequence[MutableMapping[str, Any]], saved: list[SavedGroup]) -> None:
         for g, keep in zip(groups, saved, strict=True):
             g.update(keep)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> MomentumState:
         return {
             "mode": self.mode,
             "ref_batch": self.ref_batch,
@@ -142,7 +159,7 @@ class MomentumCompensator:
             "ramp_start": self._ramp_start,
         }
 
-    def load_state_dict(self, state: dict[str, Any], step: int, batch: int) -> None:
+    def load_state_dict(self, state: MomentumState, step: int, batch: int) -> None:
         """Restore; a different batch now (a re-planned job) ramps from the saved ratio."""
         self.ref_batch = int(state["ref_batch"])
         self.batch = int(state["batch"])

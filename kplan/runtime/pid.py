@@ -35,7 +35,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from kplan.core.errors import InputError
 
@@ -153,6 +153,18 @@ def _mean_and_error(samples: Sequence[Sequence[float]]) -> tuple[list[float], li
     return means, errors
 
 
+class ControllerState(TypedDict):
+    """A :class:`BatchController`'s part of a checkpoint."""
+
+    world_size: int
+    total: int
+    sizes: list[int]
+    e1: list[float]
+    e2: list[float]
+    holding: bool
+    decisions: int
+
+
 class BatchController:
     """Per-worker micro-batch sizes from measured compute times (one instance per worker)."""
 
@@ -245,7 +257,7 @@ class BatchController:
         self._reset_measurements()
         return new
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> ControllerState:
         return {
             "world_size": self.world_size,
             "total": self.total,
@@ -256,7 +268,7 @@ class BatchController:
             "decisions": self.decisions,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: ControllerState) -> None:
         """Restore a split; ignored (equal split kept) when the world size or batch changed."""
         if int(state["world_size"]) != self.world_size or int(state["total"]) != self.total:
             return

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from kplan.core.errors import InputError
 
@@ -68,6 +68,16 @@ def parse_sync_policy(text: str, source: str = "sync_policy") -> SyncPolicy:
     return SyncPolicy("selective", delta, every)
 
 
+class SelSyncState(TypedDict):
+    """A :class:`SelSync`'s part of a checkpoint."""
+
+    next_sync: bool
+    synced_steps: int
+    skipped_steps: int
+    averages: int
+    diverged: bool
+
+
 class SelSync:
     """The per-step decision and its counters (identical on every rank)."""
 
@@ -106,7 +116,7 @@ class SelSync:
             self.diverged = False
         return average
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> SelSyncState:
         return {
             "next_sync": self.next_sync,
             "synced_steps": self.synced_steps,
@@ -115,7 +125,7 @@ class SelSync:
             "diverged": self.diverged,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SelSyncState) -> None:
         self.next_sync = bool(state["next_sync"])
         self.synced_steps = int(state["synced_steps"])
         self.skipped_steps = int(state["skipped_steps"])

@@ -4,11 +4,20 @@ the next ratio within the option's [MIN, MAX] (kplan/core/compression_spec.py)."
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypedDict
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 
 Future = torch.futures.Future
+
+
+class AdaptiveState(TypedDict):
+    """An :class:`AdaptiveRatio`'s part of a checkpoint."""
+
+    ratio: float
+    sum_in: float
+    sum_out: float
+    steps: int
 
 
 class AdaptiveRatio:
@@ -58,7 +67,7 @@ class AdaptiveRatio:
             self.ratio = min(self.max_ratio, self.ratio * 2)
         return gain
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> AdaptiveState:
         return {
             "ratio": self.ratio,
             "sum_in": self.sum_in,
@@ -66,7 +75,7 @@ class AdaptiveRatio:
             "steps": self.steps,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: AdaptiveState) -> None:
         self.ratio = float(state["ratio"])
         self.sum_in = float(state["sum_in"])
         self.sum_out = float(state["sum_out"])

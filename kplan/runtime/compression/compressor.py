@@ -41,7 +41,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 import torch.distributed as dist  # noqa: TID253
@@ -59,7 +59,7 @@ from kplan.core.compression_spec import (
     warmup_ratio,
 )
 from kplan.core.errors import InputError
-from kplan.runtime.compression.adaptive import AdaptiveRatio
+from kplan.runtime.compression.adaptive import AdaptiveRatio, AdaptiveState
 from kplan.runtime.compression.kernels import (
     all_gather_topk,
     combine_gathered,
@@ -76,6 +76,20 @@ Future = torch.futures.Future
 
 
 # --- the compressor ---------------------------------------------------------------------------
+
+
+class CompressorState(TypedDict):
+    """A :class:`Compressor`'s part of a rank's checkpoint: its error feedback by bucket index
+    (tensors on the CPU), the adaptive ratio's window, auto's network figures and top-k's
+    exchange timing (``TopkExchange``'s fields in order)."""
+
+    spec: str
+    residual: dict[int, torch.Tensor]
+    q_memory: dict[int, torch.Tensor]
+    error: dict[int, torch.Tensor]
+    adaptive: NotRequired[AdaptiveState | None]
+    network: NotRequired[list[float] | None]
+    exchange: NotRequired[tuple[float, float, float, int, int] | None]
 
 
 class Compressor:
@@ -488,7 +502,7 @@ class Compressor:
             return None
         return self.adaptive.observe(sq_in, sq_out)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> CompressorState:
         """This worker's error-feedback state (per rank: the residuals differ)."""
         return {
             "spec": self.spec.spec(),
@@ -500,7 +514,7 @@ class Compressor:
             "exchange": None if self.exchange is None else dataclasses.astuple(self.exchange),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> bool:
+    def load_state_dict(self, state: CompressorState) -> bool:
         """Restore :meth:`state_dict`'s values; False (nothing loaded) for another spec."""
         if state.get("spec") != self.spec.spec():
             return False
@@ -508,14 +522,16 @@ class Compressor:
         self.residual = {int(j): t.to(device) for j, t in state["residual"].items()}
         self.q_memory = {int(j): t.to(device) for j, t in state["q_memory"].items()}
         self.error = {int(j): t.to(device) for j, t in state["error"].items()}
-        if self.adaptive is not None and state.get("adaptive") is not None:
-            self.adaptive.load_state_dict(state["adaptive"])
-        if self.network is not None and state.get("network") is not None:
+        adaptive, network = state.get("adaptive"), state.get("network")
+        exchange = state.get("exchange")
+        if self.adaptive is not None and adaptive is not None:
+            self.adaptive.load_state_dict(adaptive)
+        if self.network is not None and network is not None:
             # auto's AR/AG choices continue as before the restart (not a fresh measurement)
-            bandwidth, latency = state["network"]
+            bandwidth, latency = network
             self.network = (float(bandwidth), float(latency))
-        if self.exchange is not None and state.get("exchange") is not None:
-            ratio, ar_s, ag_s, ar_wins, pairs = state["exchange"]
+        if self.exchange is not None and exchange is not None:
+            ratio, ar_s, ag_s, ar_wins, pairs = exchange
             self.exchange = TopkExchange(
                 float(ratio), float(ar_s), float(ag_s), int(ar_wins), int(pairs)
             )
