@@ -65,12 +65,12 @@ class MetricsWriter:
 
     def step(self, record: StepRecord) -> None:
         """One step record (flushed within ``flush_interval``)."""
-        self.write(record.to_dict())
+        self.write(record)
 
-    def write(self, record: dict[str, Any], flush: bool = False) -> None:
+    def write(self, record: records.Record, flush: bool = False) -> None:
         if self._fd is None:
             return
-        full = {**record, "rank": self.rank, "job": self.job_id}
+        full = {**record.to_dict(), "rank": self.rank, "job": self.job_id}
         if full.get("time") is None:
             full["time"] = time.time()
         self._pending.append(json.dumps(_clean(full), separators=(",", ":")) + "\n")
@@ -86,7 +86,7 @@ class MetricsWriter:
 
     def event(self, name: str, **fields: Any) -> None:
         """One event of kind ``name`` (records.EVENTS: its fields are checked), written at once."""
-        self.write(records.event(name, **fields).to_dict(), flush=True)
+        self.write(records.event(name, **fields), flush=True)
 
     def close(self) -> None:
         self.flush()

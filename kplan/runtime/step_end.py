@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
 
@@ -158,18 +158,44 @@ def finish_step(st: JobState) -> None:
     st.last_end = time.perf_counter()
 
 
-def _step_extras(st: JobState, taken: bool) -> dict[str, Any]:
+class StepExtras(TypedDict, total=False):
+    """The step record's fp16 and profile-mode fields (StepRecord's of the same names)."""
+
+    loss_scale: float | None
+    skipped: bool
+    phase: str
+    warmup: bool
+    backward_time: float | None
+
+
+class CommFields(TypedDict, total=False):
+    """The step record's communication fields: compression and SelSync (StepRecord's of the
+    same names)."""
+
+    averaged: bool
+    synced: bool
+    significance: float | None
+    synced_steps: int
+    skipped_steps: int
+    compression: str
+    bytes_sent: float
+    blocked_s: float
+    compress_ratio: float | None
+    topk_ratio: float
+    collective: tuple[str, ...] | None
+    compress_gain: float
+    next_topk_ratio: float
+
+
+def _step_extras(st: JobState, taken: bool) -> StepExtras:
     """The step record's fp16 and profile-mode fields, where they apply."""
-    extra: dict[str, Any] = {}
+    extra: StepExtras = {}
     if st.amp.scaler is not None:
-        extra.update(loss_scale=st.amp.loss_scale(), skipped=not taken)
+        extra["loss_scale"], extra["skipped"] = st.amp.loss_scale(), not taken
     if st.profile is not None:
         # backward_time: the sweep's, compute_time minus forward and the input
-        extra.update(
-            phase=st.profile.phase.name,
-            warmup=st.profile.warmup,
-            backward_time=st.clock.backward_time(),
-        )
+        extra["phase"], extra["warmup"] = st.profile.phase.name, st.profile.warmup
+        extra["backward_time"] = st.clock.backward_time()
     return extra
 
 
@@ -217,7 +243,7 @@ def step_record(
     )
 
 
-def after_sync(st: JobState, rows: list[list[float]], sizes: tuple[int, ...]) -> dict[str, Any]:
+def after_sync(st: JobState, rows: list[list[float]], sizes: tuple[int, ...]) -> CommFields:
     """Compression and SelSync bookkeeping after the optimizer step (every rank, from
     all-gathered values); returns the step record's communication fields."""
     comp, sel = st.compressor, st.selsync
@@ -228,7 +254,7 @@ def after_sync(st: JobState, rows: list[list[float]], sizes: tuple[int, ...]) ->
     gain = None
     if compressed and comp.spec.lossy:  # adaptive: the gain over all workers
         gain = comp.observe_gain(sum(r[_CIN] for r in rows), sum(r[_COUT] for r in rows))
-    out: dict[str, Any] = {}
+    out: CommFields = {}
     if sel.active:
         lr = st.lr_value or 0.0
         scale_sq = st.amp.scale_sq()
@@ -241,12 +267,8 @@ def after_sync(st: JobState, rows: list[list[float]], sizes: tuple[int, ...]) ->
         if sel.after_step(st.step_count, st.step_synced, sig):
             st.sync.average_parameters(sizes[st.ctx.rank] / sum(sizes))
             out["averaged"] = True
-        out.update(
-            synced=st.step_synced,
-            significance=sel.last_significance,
-            synced_steps=sel.synced_steps,
-            skipped_steps=sel.skipped_steps,
-        )
+        out["synced"], out["significance"] = st.step_synced, sel.last_significance
+        out["synced_steps"], out["skipped_steps"] = sel.synced_steps, sel.skipped_steps
     spec = comp.spec
     out["compression"] = spec.spec() if compressed else "none"
     out["bytes_sent"] = comp.bytes_sent
@@ -255,7 +277,7 @@ def after_sync(st: JobState, rows: list[list[float]], sizes: tuple[int, ...]) ->
     out["compress_ratio"] = comp.dense_bytes / comp.bytes_sent if comp.bytes_sent > 0 else None
     if spec.sparse:
         out["topk_ratio"] = ratio
-        out["collective"] = sorted(comp.collectives) if compressed else None
+        out["collective"] = tuple(sorted(comp.collectives)) if compressed else None
     if gain is not None:  # adaptive closed its window: the gain that set the next ratio
         out["compress_gain"] = gain
         out["next_topk_ratio"] = comp.ratio
