@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kplan.core.records import StepRecord
 from kplan.launcher.provider import ClusterSpec, InstanceSpec
 from kplan.launcher.providers.local import LocalProvider
 from kplan.launcher.providers.local_chaos import claim
@@ -86,7 +87,7 @@ def test_checkpoints_are_0600_in_0700_folders(tmp_path: Path) -> None:
 def test_metrics_files_are_0600_in_0700_folders(tmp_path: Path) -> None:
     target = tmp_path / "metrics" / "run" / "m.jsonl"
     writer = MetricsWriter(target, rank=0)
-    writer.write({"step": 1, "step_time": 0.1}, flush=True)
+    writer.write(StepRecord(step=1, step_time=0.1), flush=True)
     writer.close()
     path = rank_path(target, 0)
     assert json.loads(path.read_text().splitlines()[0])["step"] == 1

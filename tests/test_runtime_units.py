@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kplan.core.errors import InputError
-from kplan.core.records import STEP_KEYS
+from kplan.core.records import STEP_KEYS, StepRecord
 from kplan.runtime import env
 from kplan.runtime.config import RuntimeConfig
 from kplan.runtime.gns import GnsEstimator, GnsSample, adascale_gain, estimate
@@ -336,7 +336,7 @@ def test_metrics_writer_file_and_directory(tmp_path: Path) -> None:
     shared = tmp_path / "all.jsonl"
     for rank in (0, 1):
         w = MetricsWriter(shared, rank, "job")
-        w.write(dict.fromkeys(STEP_KEYS, 1.0) | {"loss": float("nan")})
+        w.step(StepRecord.from_dict(dict.fromkeys(STEP_KEYS, 1.0) | {"loss": float("nan")}))
         w.event("done", step=3)
         w.close()
     records = read_records(shared)

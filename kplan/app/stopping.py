@@ -5,12 +5,13 @@ run), found through the state database, else the job's launch journal, else by t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kplan.core.errors import InputError
 
 if TYPE_CHECKING:
+    from kplan.launcher.down import DownResult
     from kplan.launcher.provider import ClusterSpec
     from kplan.launcher.providers import Backend
     from kplan.launcher.state import StateDB
@@ -28,6 +29,15 @@ class DownRequest:
     forget: bool = False  # remove the job's record once nothing of it is alive
 
 
+@dataclass(frozen=True)
+class Forgotten:
+    """``kplan down --forget``'s answer (its ``--json`` is this record's fields)."""
+
+    job_id: str
+    forgotten: bool
+    spend_usd: float  # what the job spent, kept in its journal
+
+
 def check(req: DownRequest) -> None:
     if (req.job is None) == (not req.all_jobs):
         raise InputError("give a job id or --all", hint="kplan down kp-... or kplan down --all")
@@ -41,9 +51,9 @@ def take_down(
     req: DownRequest,
     open_db: Callable[[], StateDB],
     backend_for: Callable[[str, str | None, str | None], Backend],
-) -> list[dict[str, Any]]:
-    """Each job's ``down_job`` result (as a dict); with ``forget``, the one forgotten job's
-    ``{"job_id", "forgotten", "spend_usd"}``. ``backend_for(cloud, region, storage)``."""
+) -> list[DownResult] | Forgotten:
+    """Each job's ``down_job`` result; with ``forget``, the one forgotten job.
+    ``backend_for(cloud, region, storage)``."""
     check(req)
     with open_db() as db:
         return _take_down(req, db, backend_for)
@@ -51,7 +61,7 @@ def take_down(
 
 def _take_down(
     req: DownRequest, db: StateDB, backend_for: Callable[[str, str | None, str | None], Backend]
-) -> list[dict[str, Any]]:
+) -> list[DownResult] | Forgotten:
     from kplan.launcher.clock import SystemClock
     from kplan.launcher.down import down_job, forget_job, leftover_jobs
     from kplan.launcher.jobspec import check_job_id
@@ -61,17 +71,17 @@ def _take_down(
         targets = [check_job_id(db.resolve_job_id(req.job, known_only=False))]
     else:
         targets = leftover_jobs(db)
-    results = []
+    results: list[DownResult] = []
     for job_id in targets:
         which, where, storage, cluster = _locate(req, db, job_id)
         backend = backend_for(which, where, storage)
         if req.forget:
             spent = forget_job(job_id, backend, db, SystemClock())
-            return [{"job_id": job_id, "forgotten": True, "spend_usd": spent}]
+            return Forgotten(job_id, True, spent)
         result = down_job(
             job_id, backend, db, SystemClock(), wait_launcher_s=req.wait_s, cluster=cluster
         )
-        results.append(asdict(result))
+        results.append(result)
     return results
 
 

@@ -285,30 +285,32 @@ def down_command(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    from kplan.app.stopping import DownRequest, take_down
+    from dataclasses import asdict
+
+    from kplan.app.stopping import DownRequest, Forgotten, take_down
     from kplan.cli.render.launch import render_down
 
     req = DownRequest(job, all_jobs, cloud, region, wait, forget)
     results = take_down(req, _db, _backend)
-    if forget:
-        (doc,) = results
+    if isinstance(results, Forgotten):
         typer.echo(
-            json.dumps(doc, indent=1)
+            json.dumps(asdict(results), indent=1)
             if as_json
-            else f"{doc['job_id']}: forgotten (spent ${doc['spend_usd']:,.4f}; kept in its journal)"
+            else f"{results.job_id}: forgotten (spent ${results.spend_usd:,.4f}; kept in its "
+            "journal)"
         )
         return
     if as_json:
-        typer.echo(json.dumps(results, indent=1))
+        typer.echo(json.dumps([asdict(r) for r in results], indent=1))
     else:
         render_down(results)
-    unrecorded = [r for r in results if not r["recorded"]]
+    unrecorded = [r for r in results if not r.recorded]
     if unrecorded:
         first = unrecorded[0]
         raise JobError(
-            f"job {first['job_id']}: its instances are gone but the state database could not "
-            f"record it ({first['note']})",
-            hint=f"run `kplan down {first['job_id']}` again once the database is writable",
+            f"job {first.job_id}: its instances are gone but the state database could not "
+            f"record it ({first.note})",
+            hint=f"run `kplan down {first.job_id}` again once the database is writable",
         )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-from dataclasses import asdict
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from kplan.cli.launch_flags import LAUNCH_FLAGS, launch_request, takes_flags
 from kplan.core.errors import InputError, JobError
 
 if TYPE_CHECKING:
+    from kplan.cli.render.live import Started
     from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.providers import Backend
 
@@ -166,11 +166,10 @@ def _run(spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False) ->
         for sig, old in previous.items():
             signal.signal(sig, old)
         db.close()
-    doc = asdict(outcome)
     if isinstance(view, JsonView):
-        view.finished(doc)
+        view.finished(outcome)
     else:
-        render_outcome(doc)
+        render_outcome(outcome)
     if outcome.status != "succeeded":
         raise JobError(
             f"job {outcome.job_id} {outcome.status}: {outcome.reason}",
@@ -178,20 +177,22 @@ def _run(spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False) ->
         )
 
 
-def _started(spec: JobSpec) -> dict[str, Any]:
+def _started(spec: JobSpec) -> Started:
     """The ``started`` event of ``--json``: the job and its cluster."""
-    return {
-        "job_id": spec.job_id,
-        "cloud": spec.cloud,
-        "region": spec.region,
-        "script": spec.script,
-        "args": list(spec.args),
-        "nodes": len(spec.nodes),
-        "workers": sum(n.gpus for n in spec.nodes),
-        "usd_per_hour": spec.usd_per_hour,
-        "budget_usd": spec.budget_usd,
-        "deadline_h": spec.deadline_h,
-    }
+    from kplan.cli.render.live import Started
+
+    return Started(
+        job_id=spec.job_id,
+        cloud=spec.cloud,
+        region=spec.region,
+        script=spec.script,
+        args=list(spec.args),
+        nodes=len(spec.nodes),
+        workers=sum(n.gpus for n in spec.nodes),
+        usd_per_hour=spec.usd_per_hour,
+        budget_usd=spec.budget_usd,
+        deadline_h=spec.deadline_h,
+    )
 
 
 def register(app: typer.Typer) -> None:

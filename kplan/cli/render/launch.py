@@ -14,6 +14,9 @@ from kplan.launcher.jobspec import place
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from kplan.launcher.down import DownResult
+    from kplan.launcher.lifecycle import JobOutcome
+
 
 def _money(x: float | None) -> str:
     if x is None:
@@ -83,12 +86,12 @@ def render_dry_run(doc: dict[str, Any]) -> None:
         console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
 
 
-def render_outcome(outcome: dict[str, Any]) -> None:
+def render_outcome(outcome: JobOutcome) -> None:
     typer.echo(
-        f"job {clean(outcome['job_id'])}: {clean(outcome['status'])} "
-        f"({clean(outcome['reason'])}); "
-        f"spent {_money(outcome['spend_usd'])} in {_hours(outcome['seconds'] / 3600)}, "
-        f"{outcome['preemptions']} preemption(s)"
+        f"job {clean(outcome.job_id)}: {clean(outcome.status)} "
+        f"({clean(outcome.reason)}); "
+        f"spent {_money(outcome.spend_usd)} in {_hours(outcome.seconds / 3600)}, "
+        f"{outcome.preemptions} preemption(s)"
     )
 
 
@@ -220,10 +223,10 @@ class _Lines:
             self.parts.append(item)
 
 
-def render_down(results: list[dict[str, Any]]) -> None:
+def render_down(results: list[DownResult]) -> None:
     if not results:
         typer.echo("nothing to take down")
     for r in results:
-        what = f"terminated {', '.join(r['terminated'])}" if r["terminated"] else "nothing running"
-        status = f" (job {r['status']})" if r["status"] else ""
-        typer.echo(clean(f"{r['job_id']}: {what}{status}"))
+        what = f"terminated {', '.join(r.terminated)}" if r.terminated else "nothing running"
+        status = f" (job {r.status})" if r.status else ""
+        typer.echo(clean(f"{r.job_id}: {what}{status}"))

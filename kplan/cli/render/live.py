@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.live import Live
 
+    from kplan.launcher.lifecycle import JobOutcome
     from kplan.launcher.progress import Progress
     from kplan.launcher.state import EventRecord
     from kplan.launcher.storage import Storage
@@ -182,8 +184,24 @@ def _bar(fraction: float | None, width: int) -> str:
 # --- views ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Started:
+    """The job and its cluster as a run starts (``--json``'s ``started`` event: these fields)."""
+
+    job_id: str
+    cloud: str
+    region: str
+    script: str
+    args: list[str]
+    nodes: int
+    workers: int
+    usd_per_hour: float
+    budget_usd: float
+    deadline_h: float | None
+
+
 class View(Protocol):
-    def start(self, info: dict[str, Any]) -> None: ...
+    def start(self, info: Started) -> None: ...
 
     def on_event(self, event: EventRecord) -> None: ...
 
@@ -195,7 +213,7 @@ class View(Protocol):
 class QuietView:
     """``--quiet``: nothing while the job runs."""
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: Started) -> None:
         pass
 
     def on_event(self, event: EventRecord) -> None:
@@ -225,7 +243,7 @@ class PlainView:
             out.write(line + "\n")
             out.flush()
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: Started) -> None:
         pass
 
     def on_event(self, event: EventRecord) -> None:
@@ -261,8 +279,8 @@ class JsonView:
             out.write(json.dumps(doc, separators=(",", ":")) + "\n")
             out.flush()
 
-    def start(self, info: dict[str, Any]) -> None:
-        self.emit({"event": "started", "time": time.time(), **info})
+    def start(self, info: Started) -> None:
+        self.emit({"event": "started", "time": time.time(), **asdict(info)})
 
     def on_event(self, event: EventRecord) -> None:
         base = {"time": event.time, "kind": event.kind, "message": event.message}
@@ -295,8 +313,8 @@ class JsonView:
                 doc.pop(key)
             self.emit({"event": "progress", "time": p.time, **doc})
 
-    def finished(self, outcome: dict[str, Any]) -> None:
-        self.emit({"event": "finished", "time": time.time(), **outcome})
+    def finished(self, outcome: JobOutcome) -> None:
+        self.emit({"event": "finished", "time": time.time(), **asdict(outcome)})
 
     def close(self) -> None:
         pass
@@ -312,12 +330,12 @@ class LiveView:
         self.title = title
         self.live: Live | None = None
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: Started) -> None:
         from rich.live import Live
         from rich.text import Text
 
         self.live = Live(
-            Text(f"starting {info.get('job_id', '')} ..."),
+            Text(f"starting {info.job_id} ..."),
             console=self.console,
             refresh_per_second=2,
             transient=False,
