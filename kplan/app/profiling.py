@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kplan.profiler.job import Progress
     from kplan.profiler.run import ProfileRequest
+    from kplan.profiler.summary import ProfileSummary
 
 # A progress display for one job (its label): yields the callback the job reports to.
 ProgressDisplay = Callable[[str], AbstractContextManager[Callable[["Progress"], None]]]
@@ -78,13 +79,13 @@ def run_profiles(
     jobs: Sequence[ProfileJob],
     *,
     progress: ProgressDisplay | None = None,
-    on_summary: Callable[[dict[str, Any]], None] = lambda s: None,
-) -> list[dict[str, Any]]:
+    on_summary: Callable[[ProfileSummary], None] = lambda s: None,
+) -> list[ProfileSummary]:
     """Profile each job in turn and write its files; each job's summary (``on_summary`` sees
     it as soon as the job is done). ``progress``: a display per job (None: none)."""
     from kplan.profiler.output import write_measurements, write_profile
     from kplan.profiler.run import run_profile
-    from kplan.profiler.summary import summary_dict
+    from kplan.profiler.summary import summarize
 
     out = []
     for job in jobs:
@@ -97,7 +98,7 @@ def run_profiles(
         write_profile(job.out, result.profile)
         if job.measurements is not None:
             write_measurements(job.measurements, result.profile.measurements)
-        summary = summary_dict(result, job.out, job.measurements)
+        summary = summarize(result, job.out, job.measurements)
         on_summary(summary)
         out.append(summary)
     return out
@@ -111,9 +112,9 @@ def profile(
     out: Path | None,
     measurements: Path | None,
     progress: ProgressDisplay | None = None,
-    on_summary: Callable[[dict[str, Any]], None] = lambda s: None,
+    on_summary: Callable[[ProfileSummary], None] = lambda s: None,
     **options: Any,
-) -> list[dict[str, Any]]:
+) -> list[ProfileSummary]:
     """``kplan profile``: resolve and check every job, then run them (``profile_jobs``,
     ``run_profiles``); the summaries, one per precision."""
     jobs = profile_jobs(

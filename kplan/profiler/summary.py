@@ -1,7 +1,9 @@
-"""The summary of a profile run as plain data (``kplan profile --json`` prints it)."""
+"""The summary of a profile run as a typed record (``kplan profile`` renders it, ``--json`` prints
+it)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,71 +12,147 @@ from kplan.profiler.device import DeviceFacts
 from kplan.profiler.run import ProfileResult
 
 
-def summary_dict(
+@dataclass(frozen=True)
+class SummaryDevice:
+    gpu: str
+    description: str | None
+    fp32_tflops: float | None
+    mem_bw_gbs: float | None
+    memory_gb: float | None
+
+
+@dataclass(frozen=True)
+class SummaryModel:
+    gradient_bytes: int
+    parameters: int
+    forward_share: float | None
+
+
+@dataclass(frozen=True)
+class SummarySize:
+    """One swept local batch: its median times (seconds) and throughput over all workers."""
+
+    local_batch: int
+    steps: int
+    step_time: float
+    compute_time: float
+    sync_time: float
+    backward_time: float | None
+    step_time_stdev: float
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class SummaryFit:
+    """The compute line T_c(b) = a_c + b_c * b and its R²."""
+
+    a_c: float
+    b_c: float
+    r2: float
+
+
+@dataclass(frozen=True)
+class SummaryGns:
+    noise_scale: float | None
+    steps: int
+    local_batch: int | None
+
+
+@dataclass(frozen=True)
+class SummaryAllReduce:
+    nbytes: int
+    seconds: float
+    workers: int
+    backend: str | None
+    bus_gbs: float
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """What one profile run found, for its reader (``kplan profile`` renders it; ``--json``
+    prints :meth:`to_dict`: these fields in this order)."""
+
+    name: str
+    profile: str | None
+    measurements: str | None
+    wall_s: float
+    job_wall_s: float
+    workers: int
+    precision: str
+    device: SummaryDevice
+    model: SummaryModel
+    sweep: tuple[SummarySize, ...]
+    compute_fit: SummaryFit
+    oom_local_batch: int | None
+    max_local_batch: int
+    gns: SummaryGns
+    allreduce: SummaryAllReduce | None
+    workdir: str | None
+    max_local_limit: str
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON (tuples as lists)."""
+        doc = asdict(self)
+        doc["sweep"] = list(doc["sweep"])
+        doc["warnings"] = list(doc["warnings"])
+        return doc
+
+
+def summarize(
     result: ProfileResult, out: Path | None = None, measurements: Path | None = None
-) -> dict[str, Any]:
+) -> ProfileSummary:
     a = result.analysis
     fit = a.compute_fit
     facts = result.device
-    allreduce = a.allreduce
-    doc: dict[str, Any] = {
-        "name": result.profile.name,
-        "profile": str(out) if out else None,
-        "measurements": str(measurements) if measurements else None,
-        "wall_s": round(result.wall_s, 3),
-        "job_wall_s": round(result.job_wall_s, 3),
-        "workers": result.workers,
-        "precision": result.profile.precision,
-        "device": {
-            "gpu": result.profile.gpu,
-            "description": facts.description if facts else None,
-            "fp32_tflops": facts.fp32_tflops if facts else None,
-            "mem_bw_gbs": facts.mem_bw_gbs if facts else None,
-            "memory_gb": facts.memory_gb if facts else None,
-        },
-        "model": {
-            "gradient_bytes": a.gradient_bytes,
-            "parameters": a.parameters,
-            "forward_share": a.forward_share,
-        },
-        "sweep": [
-            {
-                "local_batch": s.local_batch,
-                "steps": s.steps,
-                "step_time": s.step_time,
-                "compute_time": s.compute_time,
-                "sync_time": s.sync_time,
-                "backward_time": s.backward_time,
-                "step_time_stdev": s.step_time_stdev,
-                "samples_per_s": s.local_batch * result.workers / s.step_time,
-            }
+    return ProfileSummary(
+        name=result.profile.name,
+        profile=str(out) if out else None,
+        measurements=str(measurements) if measurements else None,
+        wall_s=round(result.wall_s, 3),
+        job_wall_s=round(result.job_wall_s, 3),
+        workers=result.workers,
+        precision=result.profile.precision,
+        device=SummaryDevice(
+            gpu=result.profile.gpu,
+            description=facts.description if facts else None,
+            fp32_tflops=facts.fp32_tflops if facts else None,
+            mem_bw_gbs=facts.mem_bw_gbs if facts else None,
+            memory_gb=facts.memory_gb if facts else None,
+        ),
+        model=SummaryModel(a.gradient_bytes, a.parameters, a.forward_share),
+        sweep=tuple(
+            SummarySize(
+                local_batch=s.local_batch,
+                steps=s.steps,
+                step_time=s.step_time,
+                compute_time=s.compute_time,
+                sync_time=s.sync_time,
+                backward_time=s.backward_time,
+                step_time_stdev=s.step_time_stdev,
+                samples_per_s=s.local_batch * result.workers / s.step_time,
+            )
             for s in a.sizes
-        ],
-        "compute_fit": {"a_c": fit.intercept, "b_c": fit.slope, "r2": fit.r2},
-        "oom_local_batch": a.oom_batch,
-        "max_local_batch": a.max_local_batch,
-        "gns": {
-            "noise_scale": a.gns,
-            "steps": a.gns_steps,
-            "local_batch": result.schedule.gns_batch,
-        },
-        "allreduce": None,
-        "workdir": str(result.workdir) if result.workdir else None,
-        "max_local_limit": a.max_local_limit,
-        "warnings": warnings(a, facts),
-    }
-    if allreduce is not None:
-        k = allreduce.world_size
-        # Ring all-reduce moves 2(k-1)/k of the buffer through each link: the "bus bandwidth".
-        bus = 2 * (k - 1) / k * allreduce.nbytes / allreduce.seconds / 1e9
-        doc["allreduce"] = {
-            "nbytes": allreduce.nbytes,
-            "seconds": allreduce.seconds,
-            "workers": k,
-            "backend": allreduce.backend,
-            "bus_gbs": bus,
-        }
-    return doc
+        ),
+        compute_fit=SummaryFit(fit.intercept, fit.slope, fit.r2),
+        oom_local_batch=a.oom_batch,
+        max_local_batch=a.max_local_batch,
+        gns=SummaryGns(a.gns, a.gns_steps, result.schedule.gns_batch),
+        allreduce=_allreduce(a),
+        workdir=str(result.workdir) if result.workdir else None,
+        max_local_limit=a.max_local_limit,
+        warnings=tuple(warnings(a, facts)),
+    )
+
+
+def _allreduce(a: Analysis) -> SummaryAllReduce | None:
+    ar = a.allreduce
+    if ar is None or ar.nbytes is None or ar.seconds is None or ar.world_size is None:
+        return None
+    k = ar.world_size
+    # Ring all-reduce moves 2(k-1)/k of the buffer through each link: the "bus bandwidth".
+    bus = 2 * (k - 1) / k * ar.nbytes / ar.seconds / 1e9
+    return SummaryAllReduce(ar.nbytes, ar.seconds, k, ar.backend, bus)
 
 
 FIT_RMS_WARN = 0.10  # the compute line misses the swept times by more than this (relative RMS)

@@ -161,7 +161,8 @@ def profile(
         allreduce_bench=allreduce_bench, keep_workdir=keep_logs,
     )  # fmt: skip
     if as_json:
-        typer.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
+        docs = [s.to_dict() for s in summaries]
+        typer.echo(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
 
 
 def register(app: typer.Typer) -> None:

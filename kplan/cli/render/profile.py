@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kplan.cli.render.text import safe
 from kplan.core.text import clean
 from kplan.profiler.job import Progress
+
+if TYPE_CHECKING:
+    from kplan.profiler.summary import ProfileSummary
 
 _PHASES = {
     "starting": "starting workers",
@@ -61,62 +64,61 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def render_summary(summary: dict[str, Any]) -> None:
+def render_summary(summary: ProfileSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"kplan profile: {safe(summary['name'])} ({summary['workers']} workers)")
+    table = Table(title=f"kplan profile: {safe(summary.name)} ({summary.workers} workers)")
     for column in ("local batch", "step", "compute", "sync", "samples/s"):
         table.add_column(column, justify="right")
-    for row in summary["sweep"]:
+    for row in summary.sweep:
         table.add_row(
-            str(row["local_batch"]),
-            _fmt_s(row["step_time"]),
-            _fmt_s(row["compute_time"]),
-            _fmt_s(row["sync_time"]),
-            f"{row['samples_per_s']:.0f}",
+            str(row.local_batch),
+            _fmt_s(row.step_time),
+            _fmt_s(row.compute_time),
+            _fmt_s(row.sync_time),
+            f"{row.samples_per_s:.0f}",
         )
     console.print(table)
-    fit, dev, gns = summary["compute_fit"], summary["device"], summary["gns"]
+    fit, dev, gns, model = summary.compute_fit, summary.device, summary.gns, summary.model
     lines = [
-        f"compute time  T_c(b) = {fit['a_c'] * 1e3:.2f} ms + {fit['b_c'] * 1e3:.3f} ms * b"
-        f"  (R² {fit['r2']:.3f})",
-        f"gradient      {summary['model']['gradient_bytes'] / 1e6:.2f} MB "
-        f"({summary['model']['parameters']:,} parameters)",
-        f"max batch     {summary['max_local_batch']} per worker"
+        f"compute time  T_c(b) = {fit.a_c * 1e3:.2f} ms + {fit.b_c * 1e3:.3f} ms * b"
+        f"  (R² {fit.r2:.3f})",
+        f"gradient      {model.gradient_bytes / 1e6:.2f} MB ({model.parameters:,} parameters)",
+        f"max batch     {summary.max_local_batch} per worker"
         + (
-            f" (out of memory at {summary['oom_local_batch']})"
-            if summary["oom_local_batch"]
+            f" (out of memory at {summary.oom_local_batch})"
+            if summary.oom_local_batch
             else " (largest swept)"
         ),
     ]
-    share = summary["model"].get("forward_share")
+    share = model.forward_share
     if share is not None:
         lines.append(
             f"forward       {share:.0%} of the compute (with the input; backward timed apart): "
             "what no gradient exchange overlaps"
         )
-    if gns["noise_scale"] is not None:
-        lines.append(f"noise scale   {gns['noise_scale']:.1f} samples ({gns['steps']} steps)")
-    if summary["allreduce"]:
-        ar = summary["allreduce"]
+    if gns.noise_scale is not None:
+        lines.append(f"noise scale   {gns.noise_scale:.1f} samples ({gns.steps} steps)")
+    ar = summary.allreduce
+    if ar:
         lines.append(
-            f"all-reduce    {ar['nbytes'] / 1e6:.2f} MB in {_fmt_s(ar['seconds'])} over "
-            f"{ar['workers']} {ar['backend']} workers (bus {ar['bus_gbs']:.2f} GB/s)"
+            f"all-reduce    {ar.nbytes / 1e6:.2f} MB in {_fmt_s(ar.seconds)} over "
+            f"{ar.workers} {ar.backend} workers (bus {ar.bus_gbs:.2f} GB/s)"
         )
-    if dev["fp32_tflops"] is not None:
+    if dev.fp32_tflops is not None:
         lines.append(
-            f"device        {dev['gpu']}: {dev['fp32_tflops']:.2f} fp32 TFLOP/s, "
-            f"{dev['mem_bw_gbs']:.1f} GB/s copy"
+            f"device        {dev.gpu}: {dev.fp32_tflops:.2f} fp32 TFLOP/s, "
+            f"{dev.mem_bw_gbs:.1f} GB/s copy"
         )
     lines.append(
-        f"wrote         {summary['profile']}"
-        + (f" and {summary['measurements']}" if summary["measurements"] else "")
+        f"wrote         {summary.profile}"
+        + (f" and {summary.measurements}" if summary.measurements else "")
     )
-    lines.append(f"took          {summary['wall_s']:.1f} s")
+    lines.append(f"took          {summary.wall_s:.1f} s")
     for line in lines:
         console.print(clean(line), highlight=False, markup=False)
     warn = Console(stderr=True)
-    for line in summary.get("warnings", ()):
+    for line in summary.warnings:
         warn.print(f"warning: {clean(line)}", highlight=False, markup=False)
