@@ -151,23 +151,23 @@ def main() -> None:
                     except InputError as err:
                         print(f"  skip {example} on {nodes} x {itype}: {err.message}")
                         continue
-                    rep, so = out.get("replayed"), out["spot_only"]
-                    if rep is None:
+                    rep, so = out.replayed, out.spot_only
+                    if rep is None or so is None:
                         continue
-                    hours = np.array(out["samples"]["hours"])
-                    cost = np.array(out["samples"]["cost_usd"])
+                    hours = np.array(out.samples_hours)
+                    cost = np.array(out.samples_cost_usd)
                     old = _old_model(job, risk.rate_per_hour)
                     row = (
-                        rep["above_spot_only_hours_p90"],
-                        rep["above_spot_only_cost_p90"],
-                        rep["hours"] / so["hours"],
-                        rep["cost_usd"] / so["cost_usd"],
+                        rep.above_spot_only_hours_p90,
+                        rep.above_spot_only_cost_p90,
+                        rep.hours / so.hours,
+                        rep.cost_usd / so.cost_usd,
                         float(np.mean(hours > old[1])),
                         float(np.mean(cost > old[3])),
-                        rep["hours"] / old[0],
-                        rep["cost_usd"] / old[2],
-                        rep["above_plan_hours_p90"],
-                        out["failed"] / max(out["runs"] - out["truncated"], 1),
+                        rep.hours / old[0],
+                        rep.cost_usd / old[2],
+                        rep.above_plan_hours_p90,
+                        out.failed / max(out.runs - out.truncated, 1),
                     )
                     rows.append(row)
                     keys.append((case.family, nodes))
@@ -175,7 +175,7 @@ def main() -> None:
                         f"{case.family:10} {example:18} {str(nodes) + ' x ' + itype:22} "
                         f"{job.hours:5.2f} | {row[0]:6.0%} {row[1]:6.0%} {row[2]:7.2f} "
                         f"{row[3]:7.2f} | {row[4]:6.0%} {row[5]:6.0%} {row[6]:6.2f} {row[7]:6.2f}"
-                        f" | {row[8]:7.0%} {row[9]:4.0%} {out['runs'] - out['truncated']:4d}",
+                        f" | {row[8]:7.0%} {row[9]:4.0%} {out.runs - out.truncated:4d}",
                         flush=True,
                     )
     a = np.array(rows)

@@ -112,5 +112,5 @@ def test_replays_of_one_plan_are_seeded(tmp_path: Path) -> None:
     a = simulating.replay_plan(job, trace, runs=40, seed=3, samples=True)
     b = simulating.replay_plan(job, trace, runs=40, seed=3, samples=True)
     c = simulating.replay_plan(job, trace, runs=40, seed=4, samples=True)
-    assert a["samples"] == b["samples"]
-    assert not np.array_equal(a["samples"]["hours"], c["samples"]["hours"])
+    assert a.samples_hours == b.samples_hours and a.samples_cost_usd == b.samples_cost_usd
+    assert not np.array_equal(a.samples_hours, c.samples_hours)

@@ -13,7 +13,7 @@ same Monte-Carlo with the step time held at its expected value).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,78 @@ from kplan.planner.spottrace import SpotTrace
 
 FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
 EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: kplan/planner/traces/<name>.csv (Bamboo, MIT)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A run's mean and p90 time and cost (the plan's own, or a prediction's)."""
+
+    hours: float
+    hours_p90: float
+    cost_usd: float
+    cost_p90_usd: float
+
+
+@dataclass(frozen=True)
+class SpotOnly(Figures):
+    """The plan's Monte-Carlo with the step time held at its expected value."""
+
+    losses: float
+    fail_prob: float
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The finished replays: their time and cost, and the shares above the predictions' p90."""
+
+    hours: float
+    hours_p50: float
+    hours_p90: float
+    cost_usd: float
+    cost_p90_usd: float
+    losses: float
+    above_plan_hours_p90: float
+    above_plan_cost_p90: float
+    above_spot_only_hours_p90: float | None = None  # with a spot-only prediction
+    above_spot_only_cost_p90: float | None = None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """``kplan simulate``'s answer: the replays of a plan against a trace (``--json`` prints
+    :meth:`to_dict`: the optional parts only where they apply)."""
+
+    job: str
+    trace: str
+    trace_source: str
+    trace_hours: float
+    runs: int
+    truncated: int  # replays that ran past the trace's end (left out)
+    failed: int
+    notes: tuple[str, ...]
+    plan: Figures
+    replayed: Replayed | None  # None: no replay finished inside the trace
+    samples_hours: tuple[float, ...] | None = None  # each finished replay's, when asked
+    samples_cost_usd: tuple[float, ...] | None = None
+    spot_only: SpotOnly | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {f: getattr(self, f) for f in _REPLAY_KEYS}
+        doc["notes"] = list(self.notes)
+        doc["plan"] = asdict(self.plan)
+        if self.replayed is not None:
+            doc["replayed"] = {k: v for k, v in asdict(self.replayed).items() if v is not None}
+        if self.samples_hours is not None and self.samples_cost_usd is not None:
+            doc["samples"] = {
+                "hours": list(self.samples_hours),
+                "cost_usd": list(self.samples_cost_usd),
+            }
+        if self.spot_only is not None:
+            doc["spot_only"] = asdict(self.spot_only)
+        return doc
+
+
+_REPLAY_KEYS = ("job", "trace", "trace_source", "trace_hours", "runs", "truncated", "failed")
 
 
 def example_trace(name: str) -> SpotTrace:
@@ -161,7 +233,7 @@ def job_from_plan(plan: Plan, row: int | None = None, catalog: Catalog | None = 
     )
 
 
-def spot_only_prediction(job: Job, risk: SpotRisk, *, runs: int, seed: int) -> dict[str, float]:
+def spot_only_prediction(job: Job, risk: SpotRisk, *, runs: int, seed: int) -> SpotOnly:
     """The plan's Monte-Carlo with the step time held at its expected value."""
     from kplan.planner import spotsim
 
@@ -178,14 +250,14 @@ def spot_only_prediction(job: Job, risk: SpotRisk, *, runs: int, seed: int) -> d
         billing_min_s=job.billing_min_s,
         billing_increment_s=job.billing_increment_s,
     )
-    return {
-        "hours": float(res.hours_mean[0]),
-        "hours_p90": float(res.hours_p90[0]),
-        "cost_usd": float(res.cost_mean[0]),
-        "cost_p90_usd": float(res.cost_p90[0]),
-        "losses": float(res.losses_mean[0]),
-        "fail_prob": float(res.fail_prob[0]),
-    }
+    return SpotOnly(
+        hours=float(res.hours_mean[0]),
+        hours_p90=float(res.hours_p90[0]),
+        cost_usd=float(res.cost_mean[0]),
+        cost_p90_usd=float(res.cost_p90[0]),
+        losses=float(res.losses_mean[0]),
+        fail_prob=float(res.fail_prob[0]),
+    )
 
 
 def replay_plan(
@@ -196,7 +268,7 @@ def replay_plan(
     seed: int,
     risk: SpotRisk | None = None,
     samples: bool = False,
-) -> dict[str, Any]:
+) -> Replay:
     """Replay ``job`` from ``runs`` random starts of ``trace``; the distribution against the
     plan (and, given the plan's ``risk``, against its spot-only prediction)."""
     from kplan.planner import spotsim
@@ -237,55 +309,54 @@ def replay_plan(
         seed=seed,
     )
     out, hours, cost = _distribution(job, trace, outs, samples)
-    if risk is not None:
-        pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
-        out["spot_only"] = pred
-        if "replayed" in out:
-            out["replayed"]["above_spot_only_hours_p90"] = float(np.mean(hours > pred["hours_p90"]))
-            out["replayed"]["above_spot_only_cost_p90"] = float(
-                np.mean(cost > pred["cost_p90_usd"])
-            )
-    return out
+    if risk is None:
+        return out
+    pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
+    rep = out.replayed
+    if rep is not None:
+        rep = replace(
+            rep,
+            above_spot_only_hours_p90=float(np.mean(hours > pred.hours_p90)),
+            above_spot_only_cost_p90=float(np.mean(cost > pred.cost_p90_usd)),
+        )
+    return replace(out, replayed=rep, spot_only=pred)
 
 
 def _distribution(
     job: Job, trace: SpotTrace, outs: list[Any], samples: bool
-) -> tuple[dict[str, Any], NDArray[np.float64], NDArray[np.float64]]:
+) -> tuple[Replay, NDArray[np.float64], NDArray[np.float64]]:
     """The replays' time and cost against the plan's, and the finished replays' hours and
     costs."""
     kept = [o for o in outs if not o.truncated]
     hours = np.array([o.hours for o in kept])
     cost = np.array([o.cost_usd for o in kept])
     losses = np.array([o.losses for o in kept], dtype=float)
-    out: dict[str, Any] = {
-        "job": job.label,
-        "trace": trace.name,
-        "trace_source": trace.source,
-        "trace_hours": trace.end_s / 3600.0,
-        "runs": len(outs),
-        "truncated": len(outs) - len(kept),
-        "failed": int(sum(o.failed for o in kept)),
-        "notes": list(job.notes),
-        "plan": {
-            "hours": job.hours,
-            "hours_p90": job.hours_p90,
-            "cost_usd": job.cost_usd,
-            "cost_p90_usd": job.cost_p90_usd,
-        },
-    }
+    replayed = None
     if kept:
-        out["replayed"] = {
-            "hours": float(hours.mean()),
-            "hours_p50": float(np.median(hours)),
-            "hours_p90": float(np.quantile(hours, 0.9)),
-            "cost_usd": float(cost.mean()),
-            "cost_p90_usd": float(np.quantile(cost, 0.9)),
-            "losses": float(losses.mean()),
-            "above_plan_hours_p90": float(np.mean(hours > job.hours_p90)),
-            "above_plan_cost_p90": float(np.mean(cost > job.cost_p90_usd)),
-        }
-    if samples:
-        out["samples"] = {"hours": hours.tolist(), "cost_usd": cost.tolist()}
+        replayed = Replayed(
+            hours=float(hours.mean()),
+            hours_p50=float(np.median(hours)),
+            hours_p90=float(np.quantile(hours, 0.9)),
+            cost_usd=float(cost.mean()),
+            cost_p90_usd=float(np.quantile(cost, 0.9)),
+            losses=float(losses.mean()),
+            above_plan_hours_p90=float(np.mean(hours > job.hours_p90)),
+            above_plan_cost_p90=float(np.mean(cost > job.cost_p90_usd)),
+        )
+    out = Replay(
+        job=job.label,
+        trace=trace.name,
+        trace_source=trace.source,
+        trace_hours=trace.end_s / 3600.0,
+        runs=len(outs),
+        truncated=len(outs) - len(kept),
+        failed=int(sum(o.failed for o in kept)),
+        notes=tuple(job.notes),
+        plan=Figures(job.hours, job.hours_p90, job.cost_usd, job.cost_p90_usd),
+        replayed=replayed,
+        samples_hours=tuple(hours.tolist()) if samples else None,
+        samples_cost_usd=tuple(cost.tolist()) if samples else None,
+    )
     return out, hours, cost
 
 

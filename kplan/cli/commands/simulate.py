@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from kplan.core.errors import InputError
+
+if TYPE_CHECKING:
+    from kplan.app.simulating import Replay
 
 
 def register(app: typer.Typer) -> None:
@@ -64,46 +67,50 @@ def simulate_command(
     risk = simulating.plan_risk(typed, row, catalog=catalog)
     result = simulating.replay_plan(job, tr, runs=runs, seed=seed, risk=risk)
     if as_json:
-        typer.echo(json.dumps(result, indent=1))
+        typer.echo(json.dumps(result.to_dict(), indent=1))
         return
     _render(result)
 
 
-def _render(r: dict[str, Any]) -> None:
+def _render(r: Replay) -> None:
     from kplan.core.text import clean
 
-    p, rep = r["plan"], r.get("replayed")
-    typer.echo(f"plan: {clean(r['job'])}")
-    typer.echo(f"trace: {clean(r['trace'])}, {r['trace_hours']:.1f} h ({clean(r['trace_source'])})")
+    p, rep, so = r.plan, r.replayed, r.spot_only
+    typer.echo(f"plan: {clean(r.job)}")
+    typer.echo(f"trace: {clean(r.trace)}, {r.trace_hours:.1f} h ({clean(r.trace_source)})")
     typer.echo(
-        f"replays: {r['runs']} from random start times; {r['truncated']} ran past the trace's "
-        f"end (left out); {r['failed']} failed (no capacity within the wait, or too many lost "
+        f"replays: {r.runs} from random start times; {r.truncated} ran past the trace's "
+        f"end (left out); {r.failed} failed (no capacity within the wait, or too many lost "
         "nodes)"
     )
-    for note in r["notes"]:
+    for note in r.notes:
         typer.echo(f"note: {clean(note)}")
     if rep is None:
         typer.echo("no replay finished inside the trace: give a longer trace")
         return
-    so = r.get("spot_only", {})
+    nan = float("nan")
+
+    def known(x: float | None) -> float:
+        return nan if x is None else x
+
     typer.echo("")
     typer.echo(
         f"{'':16}{'replayed mean':>14}{'replayed p90':>14}{'plan mean':>11}{'plan p90':>10}"
         f"{'spot-only p90':>15}{'> plan p90':>12}{'> spot-only':>13}"
     )
     typer.echo(
-        f"{'hours':16}{rep['hours']:>14.2f}{rep['hours_p90']:>14.2f}{p['hours']:>11.2f}"
-        f"{p['hours_p90']:>10.2f}{so.get('hours_p90', float('nan')):>15.2f}"
-        f"{rep['above_plan_hours_p90']:>12.0%}"
-        f"{rep.get('above_spot_only_hours_p90', float('nan')):>13.0%}"
+        f"{'hours':16}{rep.hours:>14.2f}{rep.hours_p90:>14.2f}{p.hours:>11.2f}"
+        f"{p.hours_p90:>10.2f}{nan if so is None else so.hours_p90:>15.2f}"
+        f"{rep.above_plan_hours_p90:>12.0%}"
+        f"{known(rep.above_spot_only_hours_p90):>13.0%}"
     )
     typer.echo(
-        f"{'cost USD':16}{rep['cost_usd']:>14.2f}{rep['cost_p90_usd']:>14.2f}"
-        f"{p['cost_usd']:>11.2f}{p['cost_p90_usd']:>10.2f}"
-        f"{so.get('cost_p90_usd', float('nan')):>15.2f}{rep['above_plan_cost_p90']:>12.0%}"
-        f"{rep.get('above_spot_only_cost_p90', float('nan')):>13.0%}"
+        f"{'cost USD':16}{rep.cost_usd:>14.2f}{rep.cost_p90_usd:>14.2f}"
+        f"{p.cost_usd:>11.2f}{p.cost_p90_usd:>10.2f}"
+        f"{nan if so is None else so.cost_p90_usd:>15.2f}{rep.above_plan_cost_p90:>12.0%}"
+        f"{known(rep.above_spot_only_cost_p90):>13.0%}"
     )
-    typer.echo(f"{'loss events':16}{rep['losses']:>14.1f}")
+    typer.echo(f"{'loss events':16}{rep.losses:>14.1f}")
     typer.echo("")
     typer.echo(
         "The plan's p90 includes the step-time model's error; a replay runs the expected step "
