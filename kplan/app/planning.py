@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -121,22 +121,35 @@ def estimate(
     )
 
 
-def example_rows() -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ExampleRow:
+    """One built-in example as ``--list-examples`` shows it (``--json``: these fields)."""
+
+    name: str
+    model: str
+    dataset_size: int
+    epochs: float
+    base_batch: int
+    measured_on: str
+    description: str
+
+
+def example_rows() -> list[ExampleRow]:
     """One row per built-in example: name, model/dataset, epochs, B0, measured on, description."""
     rows = []
     for name in example_names():
         p = load_example(name)
         info = EXAMPLE_INFO.get(name, ExampleInfo("", p.provenance.split(";")[0]))
         rows.append(
-            {
-                "name": name,
-                "model": info.model,
-                "dataset_size": p.dataset_size,
-                "epochs": p.epochs,
-                "base_batch": p.base_global_batch,
-                "measured_on": measured_on(p),
-                "description": info.description,
-            }
+            ExampleRow(
+                name=name,
+                model=info.model,
+                dataset_size=p.dataset_size,
+                epochs=p.epochs,
+                base_batch=p.base_global_batch,
+                measured_on=measured_on(p),
+                description=info.description,
+            )
         )
     return rows
 
@@ -147,7 +160,58 @@ def measured_on(p: Profile) -> str:
     return f"{p.instance_type} ({gpus})" if p.instance_type else gpus
 
 
-def assumptions(est: Estimate, options: SearchOptions, source: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SearchScope:
+    """What an estimate searched and how it chose (the flags, as the search read them)."""
+
+    clouds: tuple[str, ...]
+    regions: tuple[str, ...]  # empty: every region
+    gpus: tuple[str, ...]
+    instance_types: tuple[str, ...]
+    markets: tuple[str, ...]
+    nodes: tuple[int, int]  # (fewest, most)
+    global_batch: tuple[int, int]
+    accum_steps: tuple[int, int]
+    mixed: bool
+    opt_in_zones: bool
+    objective: str
+    tie_tolerance: float
+    budget_usd: float | None
+    deadline_hours: float | None
+    compression: str | None  # None: dense, and the defaults on multi-node
+    compression_steps: tuple[tuple[str, float, float], ...]  # (spec, step multiple, sigma)
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What an estimate assumed: the workload, where it was measured, what was searched
+    (``kplan estimate`` renders it; the plan file holds :meth:`to_dict` as ``assumptions``)."""
+
+    profile: str
+    source: str
+    model: str
+    dataset_size: int
+    epochs: float
+    base_batch: int
+    measured_on: str
+    measured_nodes: int
+    measured_gpus: int
+    profile_precision: str
+    precision: str
+    precision_basis: str
+    gns: bool
+    search: SearchScope
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON (tuples as lists)."""
+        doc = asdict(self)
+        search = {k: list(v) if isinstance(v, tuple) else v for k, v in doc["search"].items()}
+        search["compression_steps"] = [list(m) for m in self.search.compression_steps]
+        doc["search"] = search
+        return doc
+
+
+def assumptions(est: Estimate, options: SearchOptions, source: str) -> Assumptions:
     """What the estimate assumed: the workload, where it was measured, what was searched."""
     from kplan.planner.search import batch_grid
 
@@ -156,39 +220,40 @@ def assumptions(est: Estimate, options: SearchOptions, source: str) -> dict[str,
     info = EXAMPLE_INFO.get(p.name) if source.startswith("example") else None
     nodes = max((m.nodes for m in p.measurements), default=1)
     gpus = max((m.workers for m in p.measurements), default=1)
-    return {
-        "profile": p.name,
-        "source": source,
-        "model": info.model if info else "",
-        "dataset_size": est.dataset_size,
-        "epochs": est.epochs,
-        "base_batch": w.base_batch,
-        "measured_on": measured_on(p),
-        "measured_nodes": nodes,
-        "measured_gpus": gpus,
-        "profile_precision": w.precision,
-        "precision": est.plan.precision,
-        "precision_basis": est.plan.precision_basis,
-        "gns": bool(w.gns),
-        "search": {
-            "clouds": list(options.clouds) or sorted({o.cloud for o in est.catalog.offers}),
-            "regions": list(options.regions),
-            "gpus": list(options.gpus),
-            "instance_types": list(options.instance_types),
-            "markets": list(options.markets),
-            "nodes": [options.min_nodes, options.max_nodes],
-            "global_batch": [int(grid.min()), int(grid.max())],
-            "accum_steps": [min(options.accum_steps), max(options.accum_steps)],
-            "mixed": options.mixed,
-            "opt_in_zones": options.opt_in_zones,
-            "objective": options.objective,
-            "tie_tolerance": options.tie_tolerance,
-            "budget_usd": options.budget_usd,
-            "deadline_hours": options.deadline_hours,
-            "compression": options.compression,  # None: dense, and the defaults on multi-node
-            "compression_steps": [list(m) for m in options.compression_stats],
-        },
-    }
+    scope = SearchScope(
+        clouds=options.clouds or tuple(sorted({o.cloud for o in est.catalog.offers})),
+        regions=options.regions,
+        gpus=options.gpus,
+        instance_types=options.instance_types,
+        markets=options.markets,
+        nodes=(options.min_nodes, options.max_nodes),
+        global_batch=(int(grid.min()), int(grid.max())),
+        accum_steps=(min(options.accum_steps), max(options.accum_steps)),
+        mixed=options.mixed,
+        opt_in_zones=options.opt_in_zones,
+        objective=options.objective,
+        tie_tolerance=options.tie_tolerance,
+        budget_usd=options.budget_usd,
+        deadline_hours=options.deadline_hours,
+        compression=options.compression,
+        compression_steps=options.compression_stats,
+    )
+    return Assumptions(
+        profile=p.name,
+        source=source,
+        model=info.model if info else "",
+        dataset_size=est.dataset_size,
+        epochs=est.epochs,
+        base_batch=w.base_batch,
+        measured_on=measured_on(p),
+        measured_nodes=nodes,
+        measured_gpus=gpus,
+        profile_precision=w.precision,
+        precision=est.plan.precision,
+        precision_basis=est.plan.precision_basis,
+        gns=bool(w.gns),
+        search=scope,
+    )
 
 
 def script_for(p: Profile) -> str | None:

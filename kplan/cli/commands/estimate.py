@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -243,7 +243,7 @@ def _run(a: _Args) -> None:
     if a.list_examples:
         rows = planning.example_rows()
         if a.as_json:
-            typer.echo(json.dumps(rows, indent=1))
+            typer.echo(json.dumps([asdict(r) for r in rows], indent=1))
         else:
             from kplan.cli.render.estimate import render_examples
 
@@ -272,7 +272,8 @@ def _run(a: _Args) -> None:
     doc = result.plan.to_dict()
     doc["profile"] = prof.name
     doc["catalog"] = result.catalog.version
-    doc["assumptions"] = planning.assumptions(result, options, source)
+    assumed = planning.assumptions(result, options, source)
+    doc["assumptions"] = assumed.to_dict()
     doc["next_command"] = launch
     if a.out is not None:
         from kplan.core.files import write_json
@@ -284,7 +285,7 @@ def _run(a: _Args) -> None:
     from kplan.cli.render.estimate import NextStep, render_plan
 
     step = NextStep(launch, a.out, planning.script_for(prof) is None)
-    render_plan(result.plan, doc["assumptions"], result.catalog.version, step, wide=a.wide)
+    render_plan(result.plan, assumed, result.catalog.version, step, wide=a.wide)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kplan.cli.render.text import safe
 from kplan.planner import fmt
@@ -18,6 +18,8 @@ from kplan.planner.plan import Plan, PlanRow
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+
+    from kplan.app.planning import Assumptions, ExampleRow
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _table(title: str, gap: int = 2) -> Table:
 
 def render_plan(
     plan: Plan,
-    assumed: dict[str, Any],
+    assumed: Assumptions,
     catalog_version: str,
     step: NextStep,
     *,
@@ -95,7 +97,7 @@ def render_plan(
     console = console or Console()
     console.print(_assumptions(assumed))
     console.print()
-    console.print(_plans(plan, str(assumed.get("profile", "")), wide))
+    console.print(_plans(plan, assumed.profile, wide))
     if plan.order:
         console.print(f"order: {safe(plan.order)}", style="dim", highlight=False)
     console.print()
@@ -120,64 +122,62 @@ def render_plan(
     _next(console, step)
 
 
-def _assumptions(a: dict[str, Any]) -> Table:
+def _assumptions(a: Assumptions) -> Table:
     from rich.table import Table
 
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    src = a["source"]
-    what = f"{a['profile']} (built-in example)" if src.startswith("example ") else f"{src}"
-    if not src.startswith("example ") and a["profile"] not in src:
-        what = f"{a['profile']} (profile {src})"
-    if a.get("model"):
-        what += f": {a['model']}"
+    src = a.source
+    what = f"{a.profile} (built-in example)" if src.startswith("example ") else f"{src}"
+    if not src.startswith("example ") and a.profile not in src:
+        what = f"{a.profile} (profile {src})"
+    if a.model:
+        what += f": {a.model}"
     grid.add_row(
         "workload",
         safe(
-            f"{what}; {a['dataset_size']:,} samples x {a['epochs']:g} epochs, "
-            f"base batch B0 = {a['base_batch']:,}"
-            + ("" if a["gns"] else " (kept: no gradient noise scale)")
+            f"{what}; {a.dataset_size:,} samples x {a.epochs:g} epochs, "
+            f"base batch B0 = {a.base_batch:,}"
+            + ("" if a.gns else " (kept: no gradient noise scale)")
         ),
     )
-    prec = a["precision"] + (
-        "" if a["precision_basis"] == "measured" else f" ({a['precision_basis']})"
-    )
+    prec = a.precision + ("" if a.precision_basis == "measured" else f" ({a.precision_basis})")
     grid.add_row(
         "measured",
         safe(
-            f"on {a['measured_on']}, up to {a['measured_gpus']} GPUs on "
-            f"{a['measured_nodes']} node(s), in {a['profile_precision']}; planned in {prec}"
+            f"on {a.measured_on}, up to {a.measured_gpus} GPUs on "
+            f"{a.measured_nodes} node(s), in {a.profile_precision}; planned in {prec}"
         ),
     )
-    s = a["search"]
+    s = a.search
     parts = [
-        ", ".join(s["clouds"]),
-        ", ".join(s["regions"]) if s["regions"] else "every region",
-        " and ".join(s["markets"]),
+        ", ".join(s.clouds),
+        ", ".join(s.regions) if s.regions else "every region",
+        " and ".join(s.markets),
     ]
-    if s["gpus"]:
-        parts.append("GPUs " + ", ".join(s["gpus"]))
-    if s["instance_types"]:
-        parts.append(", ".join(s["instance_types"]))
-    lo, hi = s["nodes"]
+    if s.gpus:
+        parts.append("GPUs " + ", ".join(s.gpus))
+    if s.instance_types:
+        parts.append(", ".join(s.instance_types))
+    lo, hi = s.nodes
     parts.append(f"{lo} node(s)" if lo == hi else f"{lo}-{hi} nodes")
-    b_lo, b_hi = s["global_batch"]
+    b_lo, b_hi = s.global_batch
     parts.append(f"global batch {b_lo}" if b_lo == b_hi else f"global batch {b_lo}-{b_hi}")
-    a_lo, a_hi = s["accum_steps"]
+    a_lo, a_hi = s.accum_steps
     parts.append(f"accumulation {a_lo}-{a_hi}" if a_lo != a_hi else f"accumulation {a_lo}")
-    if s["mixed"]:
+    if s.mixed:
         parts.append("two-type mixes")
-    comp = s.get("compression")
+    comp = s.compression
     if comp is not None:
         parts.append("dense" if comp == "none" else f"compression {comp}")
     elif hi >= 2:
         parts.append("multi-node also " + ", ".join(DEFAULT_OPTIONS))
-    for spec, mult, sigma in s.get("compression_steps", []):
+    for spec, mult, sigma in s.compression_steps:
         parts.append(f"{spec} measured at x{mult:g} dense's steps (sigma {sigma:g})")
     parts.append(
         "opt-in zones included"
-        if s["opt_in_zones"]
+        if s.opt_in_zones
         else "no opt-in zones (AWS Local/Wavelength: --opt-in-zones)"
     )
     grid.add_row("searched", safe("; ".join(parts)))
@@ -185,14 +185,14 @@ def _assumptions(a: dict[str, Any]) -> Table:
         "cost": "the cheapest plan",
         "time": "the fastest plan",
         "knee": "the knee of the time/cost frontier",
-    }[s["objective"]]
+    }[s.objective]
     limits = []
-    if s["budget_usd"] is not None:
-        limits.append(f"p90 cost within {fmt.money(s['budget_usd'])}")
-    if s["deadline_hours"] is not None:
-        limits.append(f"p90 time within {s['deadline_hours']:g} h")
+    if s.budget_usd is not None:
+        limits.append(f"p90 cost within {fmt.money(s.budget_usd)}")
+    if s.deadline_hours is not None:
+        limits.append(f"p90 time within {s.deadline_hours:g} h")
     goal += (" with " + " and ".join(limits)) if limits else ""
-    tie = fmt.percent(s["tie_tolerance"])
+    tie = fmt.percent(s.tie_tolerance)
     grid.add_row("choosing", safe(f"{goal}; times within {tie} are tied: the cheaper wins"))
     return grid
 
@@ -303,7 +303,7 @@ def _spot_line(r: PlanRow) -> str:
     )
 
 
-def render_examples(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+def render_examples(rows: list[ExampleRow], console: Console | None = None) -> None:
     """``--list-examples``: one line per built-in profile."""
     from rich.console import Console
 
@@ -316,11 +316,11 @@ def render_examples(rows: list[dict[str, Any]], console: Console | None = None) 
     table.add_column("measured on", no_wrap=True)
     for r in rows:
         table.add_row(
-            safe(r["name"]),
-            safe(r["model"]) + f"\n[dim]{safe(r['description'])}[/dim]",
-            f"{r['epochs']:g}",
-            str(r["base_batch"]),
-            safe(r["measured_on"]),
+            safe(r.name),
+            safe(r.model) + f"\n[dim]{safe(r.description)}[/dim]",
+            f"{r.epochs:g}",
+            str(r.base_batch),
+            safe(r.measured_on),
         )
     console.print(table)
 
