@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -43,13 +43,6 @@ from kplan.planner.profile import GnsPoint, Measurement
 
 Array = NDArray[np.float64]
 OnlineObjective = Literal["cost", "time"]
-
-# Parameter groups that only rows of a kind can identify: kept from the prior without such rows.
-_INTRA = ("intra_alpha", "intra_beta", "intra_lat")
-_INTER = ("inter_alpha", "inter_beta", "inter_lat", "two_node", "inter_gamma")
-# Time-valued parameters: scaling all of them by r scales every predicted step time by r.
-_TIMES = ("compute_a", "compute_b", "intra_alpha", "intra_beta", "inter_alpha", "inter_beta")
-_LATS = ("intra_lat", "inter_lat")
 
 
 @dataclass(frozen=True)
@@ -234,15 +227,22 @@ class OnlineModel:
             gpu=self.prior.gpu,
             gpus_per_node=self.gpus_per_node,
         )
-        keep: dict[str, Any] = {}
-        multi = d.workers > 1
-        if not (multi & (d.nodes == 1)).any():
-            keep.update({n: getattr(self.prior, n) for n in _INTRA})
-        if not (multi & (d.nodes > 1)).any():
-            keep.update({n: getattr(self.prior, n) for n in _INTER})
+        multi, p = d.workers > 1, self.prior
+        if not (multi & (d.nodes == 1)).any():  # no row inside one node: keep the prior's
+            fitted = replace(
+                fitted, intra_alpha=p.intra_alpha, intra_beta=p.intra_beta, intra_lat=p.intra_lat
+            )
+        if not (multi & (d.nodes > 1)).any():  # no row across nodes: keep the prior's
+            fitted = replace(
+                fitted,
+                inter_alpha=p.inter_alpha,
+                inter_beta=p.inter_beta,
+                inter_lat=p.inter_lat,
+                two_node=p.two_node,
+                inter_gamma=p.inter_gamma,
+            )
         self._params = replace(
             fitted,
-            **keep,
             max_nodes_measured=max(fitted.max_nodes_measured, self.prior.max_nodes_measured),
             nodes_measured=_union(fitted.nodes_measured, self.prior.nodes_measured),
             max_workers_measured=max(fitted.max_workers_measured, self.prior.max_workers_measured),
@@ -256,8 +256,18 @@ class OnlineModel:
         r = float(np.median(ratios))
         resid = np.log(np.asarray(ratios) / r)
         sigma = math.hypot(p.log_sigma, float(np.sqrt(np.mean(resid**2))))
-        changes: dict[str, Any] = {n: getattr(p, n) * r for n in (*_TIMES, *_LATS)}
-        return replace(p, **changes, log_sigma=sigma)
+        return replace(  # every time-valued parameter: every predicted step time scales by r
+            p,
+            compute_a=p.compute_a * r,
+            compute_b=p.compute_b * r,
+            intra_alpha=p.intra_alpha * r,
+            intra_beta=p.intra_beta * r,
+            inter_alpha=p.inter_alpha * r,
+            inter_beta=p.inter_beta * r,
+            intra_lat=p.intra_lat * r,
+            inter_lat=p.inter_lat * r,
+            log_sigma=sigma,
+        )
 
     def _predict_prior(self, m: Measurement) -> float:
         step = perfmodel.step_time(
