@@ -13,13 +13,15 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+
+from kplan.core.records import ModelEvent, RecordError
 
 BENCH_PORT_ENV = "KPLAN_PROFILE_BENCH_PORT"
 
 
-def model_record(metrics: Path) -> dict[str, Any] | None:
-    """The runtime's last ``model`` record in ``metrics`` (None: no file or no such record)."""
+def model_record(metrics: Path) -> ModelEvent | None:
+    """The runtime's last ``model`` record in ``metrics`` (None: no file or no such record; a
+    line that does not parse as one is passed over)."""
     try:
         lines = metrics.read_text().splitlines()
     except FileNotFoundError:
@@ -30,15 +32,18 @@ def model_record(metrics: Path) -> dict[str, Any] | None:
         except ValueError:
             continue
         if isinstance(raw, dict) and raw.get("event") == "model":
-            return raw
+            try:
+                return ModelEvent.from_dict(raw)
+            except RecordError:
+                continue
     return None
 
 
 def gradient_bytes_from(metrics: Path) -> int | None:
     """The gradient size the runtime reported in its ``model`` record, if any."""
-    raw = model_record(metrics)
-    value = None if raw is None else raw.get("gradient_bytes")
-    return int(value) if isinstance(value, int | float) and value > 0 else None
+    rec = model_record(metrics)
+    value = None if rec is None else rec.gradient_bytes
+    return value if value is not None and value > 0 else None
 
 
 def time_allreduce(nbytes: int, repeats: int | None = None) -> float:

@@ -149,8 +149,8 @@ def _shapes_from(metrics: Path) -> tuple[tuple[int, ...], ...] | None:
     """Every parameter's shape from the runtime's last ``model`` record, if it has them."""
     from kplan.profiler.allreduce import model_record
 
-    raw = model_record(metrics)
-    pairs = None if raw is None else raw.get("gradient_shapes")
+    rec = model_record(metrics)
+    pairs = None if rec is None else rec.gradient_shapes
     if not isinstance(pairs, list):
         return None
     return tuple(tuple(int(d) for d in s) for s, n in pairs for _ in range(int(n)))

@@ -114,12 +114,21 @@ def on_shutdown(release: Callable[[], None]) -> None:
     _RELEASE.append(release)
 
 
-_EXIT: dict[str, Any] = {"completed": False, "failed": False, "code": None}
+@dataclass
+class _ExitState:
+    """How training ended, as the exit hooks saw it (the process's exit code follows it)."""
+
+    completed: bool = False
+    failed: bool = False
+    code: int | None = None
+
+
+_EXIT = _ExitState()
 
 
 def mark_completed() -> None:
     """Training has finished (final checkpoint and ``done`` event written)."""
-    _EXIT["completed"] = True
+    _EXIT.completed = True
 
 
 def _watch_for_failure() -> None:
@@ -128,15 +137,15 @@ def _watch_for_failure() -> None:
     previous_exit = sys.exit
 
     def hook(*exc: Any) -> None:
-        _EXIT["failed"] = True
+        _EXIT.failed = True
         if not issubclass(exc[0], KeyboardInterrupt):  # Python exits 1 after the traceback
-            _EXIT["code"] = 1
+            _EXIT.code = 1
         previous_hook(*exc)
 
     def exit_(code: Any = 0) -> None:
         if code not in (None, 0):
-            _EXIT["failed"] = True
-            _EXIT["code"] = code if isinstance(code, int) else 1  # a message: Python exits 1
+            _EXIT.failed = True
+            _EXIT.code = code if isinstance(code, int) else 1  # a message: Python exits 1
         previous_exit(code)
 
     sys.excepthook = hook
@@ -161,10 +170,10 @@ def _shutdown() -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    if _EXIT["completed"] and not _EXIT["failed"]:
+    if _EXIT.completed and not _EXIT.failed:
         _end(0)
-    if _EXIT["failed"] and _EXIT["code"] is not None:
-        _end(int(_EXIT["code"]))
+    if _EXIT.failed and _EXIT.code is not None:
+        _end(int(_EXIT.code))
 
 
 def _end(code: int) -> None:
