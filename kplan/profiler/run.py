@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kplan import __version__
+from kplan.core import flags
 from kplan.core.errors import InputError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.planner.profile import CodecTimes, Profile
@@ -69,9 +70,41 @@ class ProfileResult:
     pids: dict[int, int] = field(default_factory=dict)
 
 
-def _positive(name: str, value: float | None, low: float = 1) -> None:
-    if value is not None and value < low:
-        raise InputError(f"{name}={value:g} must be >= {low:g}", hint=f"pass {name} >= {low:g}")
+def check_options(
+    *,
+    workers: int | None,
+    min_local_batch: int,
+    max_local_batch: int | None,
+    warmup_steps: int,
+    steps_per_batch: int,
+    gns_steps: int,
+    gns_batch: int | None,
+    base_batch: int | None,
+    dataset_size: int | None,
+    epochs: float | None,
+    name: str | None,
+    example: str | None,
+    timeouts: Sequence[tuple[str, float]],
+) -> None:
+    """The one check of ``kplan profile``'s numbers and names (flag names in the messages)."""
+    for flag, seconds in timeouts:
+        flags.number(flag, seconds, low=1, low_open=False, high=flags.MAX_SECONDS,
+                     hint="seconds, e.g. 600")  # fmt: skip
+    flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 1")
+    flags.integer("--workers", workers, high=1024, hint="local workers, e.g. 2")
+    for flag, count, low in (
+        ("--min-local-batch", min_local_batch, 1),
+        ("--max-local-batch", max_local_batch, 1),
+        ("--gns-batch", gns_batch, 1),
+        ("--base-batch", base_batch, 1),
+        ("--steps", steps_per_batch, 1),
+        ("--warmup-steps", warmup_steps, 0),
+        ("--gns-steps", gns_steps, 0),
+    ):
+        flags.integer(flag, count, low=low, high=flags.MAX_BATCH)
+    flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
+    flags.text("--name", name, hint="a short profile name")
+    flags.text("--example", example, hint="see kplan profile --help")
 
 
 def resolve(
@@ -100,29 +133,29 @@ def resolve(
     precision: str = DEFAULT_PRECISION,
 ) -> ProfileRequest:
     """Validate the inputs of ``kplan profile``; InputError naming the bad one."""
+    check_options(
+        workers=workers,
+        min_local_batch=min_local_batch,
+        max_local_batch=max_local_batch,
+        warmup_steps=warmup_steps,
+        steps_per_batch=steps_per_batch,
+        gns_steps=gns_steps,
+        gns_batch=gns_batch,
+        base_batch=base_batch,
+        dataset_size=dataset_size,
+        epochs=epochs,
+        name=name,
+        example=example,
+        timeouts=(
+            ("--timeout", timeout_s),
+            ("--startup-timeout", startup_timeout_s),
+            ("--step-timeout", step_timeout_s),
+        ),
+    )
     path, ex, args = _script(
         script, example, args, dataset_size=dataset_size, base_batch=base_batch
     )
     checked = _device_precision(device, precision)
-    for flag, value, low in (
-        ("--workers", workers, 1),
-        ("--min-local-batch", min_local_batch, 1),
-        ("--max-local-batch", max_local_batch, 1),
-        ("--warmup-steps", warmup_steps, 0),
-        ("--steps", steps_per_batch, 1),
-        ("--gns-steps", gns_steps, 0),
-        ("--gns-batch", gns_batch, 1),
-        ("--base-batch", base_batch, 1),
-        ("--dataset-size", dataset_size, 1),
-        ("--startup-timeout", startup_timeout_s, 1),
-        ("--step-timeout", step_timeout_s, 1),
-        ("--timeout", timeout_s, 1),
-    ):
-        _positive(flag, value, low)
-    if epochs is not None and not epochs > 0:
-        raise InputError(
-            f"--epochs={epochs:g} must be > 0", hint="epochs the job trains, e.g. --epochs 90"
-        )
     max_b = (
         max_local_batch
         if max_local_batch is not None

@@ -118,31 +118,9 @@ def profile(
     keep_logs: _KeepLogs = False,
     as_json: _Json = False,
 ) -> None:
-    from kplan.core import flags
     from kplan.core.extras import require_torch
 
     require_torch("profile")  # before anything imports it: one line and the install command
-    for flag, seconds in (
-        ("--timeout", timeout),
-        ("--startup-timeout", startup_timeout),
-        ("--step-timeout", step_timeout),
-    ):
-        flags.number(flag, seconds, high=flags.MAX_SECONDS, hint="seconds, e.g. 600")
-    flags.number("--epochs", epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 1")
-    flags.integer("--workers", workers, high=1024, hint="local workers, e.g. 2")
-    for flag, count, low in (
-        ("--min-local-batch", min_local_batch, 1),
-        ("--max-local-batch", max_local_batch, 1),
-        ("--gns-batch", gns_batch, 1),
-        ("--base-batch", base_batch, 1),
-        ("--steps", steps, 1),
-        ("--warmup-steps", warmup_steps, 0),
-        ("--gns-steps", gns_steps, 0),
-    ):
-        flags.integer(flag, count, low=low, high=flags.MAX_BATCH)
-    flags.integer("--dataset-size", dataset_size, high=flags.MAX_SAMPLES, hint="samples per epoch")
-    flags.text("--name", name, hint="a short profile name")
-    flags.text("--example", example, hint="see kplan profile --help")
     from kplan.app import profiling
     from kplan.cli.render.profile import progress_bar, render_summary
     from kplan.core.precision import check_precision
