@@ -144,7 +144,7 @@ class StepRecord(_Record):
         "global_batch": 1,
         "accum_steps": 1,
         "compute_time": 0.0,
-        "step_time": 0.0,
+        STEP_TIME_KEY: 0.0,
     }
 
     step: int

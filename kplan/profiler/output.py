@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -11,10 +12,9 @@ from pathlib import Path
 from kplan.core.errors import InputError
 from kplan.planner.profile import Measurement, Profile, profile_from_dict, profile_to_dict
 
-MEASUREMENT_COLUMNS = (
-    "nodes", "workers", "local_batch", "step_time",
-    "sync_time", "accum_steps", "instance_type", "gpu",
-)  # fmt: skip
+MEASUREMENT_COLUMNS = tuple(f.name for f in dataclasses.fields(Measurement))
+"""The measurements CSV's columns: the measurement record's fields, in its order (the keys of
+the profile JSON's measurement rows are the same names)."""
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -46,18 +46,15 @@ def write_profile(path: Path, profile: Profile) -> None:
 def measurements_csv(rows: Sequence[Measurement]) -> str:
     lines = [",".join(MEASUREMENT_COLUMNS)]
     for m in rows:
-        values = {
-            "nodes": m.nodes,
-            "workers": m.workers,
-            "local_batch": m.local_batch,
-            "step_time": f"{m.step_time:.6g}",
-            "sync_time": "" if m.sync_time is None else f"{m.sync_time:.6g}",
-            "accum_steps": m.accum_steps,
-            "instance_type": m.instance_type or "",
-            "gpu": m.gpu or "",
-        }
-        lines.append(",".join(str(values[c]) for c in MEASUREMENT_COLUMNS))
+        lines.append(",".join(_cell(getattr(m, c)) for c in MEASUREMENT_COLUMNS))
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: object) -> str:
+    """A CSV cell: times to 6 significant digits, an absent value empty."""
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def write_measurements(path: Path, rows: Sequence[Measurement]) -> None:
