@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from kplan.core.errors import JobError
 from kplan.runtime import checkpoint as ckpt
 from kplan.runtime import distributed as rdist
+from kplan.runtime.compression.compressor import CompressorState
 from kplan.runtime.sampler import Position
 from kplan.runtime.state import JobState
 
@@ -54,11 +55,25 @@ def runtime_state(st: JobState) -> dict[str, Any]:
     }
 
 
-def local_state(st: JobState) -> dict[str, Any]:
-    """This rank's own part besides its RNG: the error-feedback state of compression and, once
+class LocalState(TypedDict):
+    """A rank's own file of a checkpoint (see :func:`local_state`)."""
+
+    rng: ckpt.RngState
+    rank: int
+    world_size: int
+    compressor: NotRequired[CompressorState]
+    replica: NotRequired[dict[str, dict[str, Any]]]  # "model", "optimizer": torch state_dicts
+
+
+def local_state(st: JobState) -> LocalState:
+    """This rank's own part: its RNG, the error-feedback state of compression and, once
     SelSync has skipped a step (replicas and their optimizer states differ), its own model and
     optimizer (rank 0's are the shared ones)."""
-    out: dict[str, Any] = {}
+    out: LocalState = {
+        "rng": ckpt.capture_rng(),
+        "rank": st.ctx.rank,
+        "world_size": st.ctx.world_size,
+    }
     if st.compressor is not None:
         out["compressor"] = st.compressor.state_dict()
     if st.selsync.skipped_steps > 0 and st.ctx.rank > 0:
@@ -126,8 +141,7 @@ def save_checkpoint(st: JobState, reason: str) -> None:
         return
     start = time.perf_counter()
     shared = runtime_state(st) if st.ctx.rank == 0 else None
-    local = {"rng": ckpt.capture_rng(), "rank": st.ctx.rank, "world_size": st.ctx.world_size}
-    local.update(local_state(st))
+    local = local_state(st)
     path, size = st.store.save(st.step_count, shared, local, lambda: rdist.barrier(st.ctx))
     if st.ctx.rank == 0:
         st.metrics.event(
