@@ -25,10 +25,12 @@ from kplan.cli.main import app
 from kplan.cli.render.live import (
     JsonView,
     PlainView,
+    Started,
     progress_line,
     progress_panel,
     training_text,
 )
+from kplan.launcher.lifecycle import JobOutcome
 from kplan.launcher.progress import LastEvent, NodeState, Progress, ProgressTracker
 from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
 from kplan.launcher.storage import LocalStorage
@@ -142,7 +144,7 @@ def test_plain_view_prints_progress_at_its_interval_and_on_status_changes() -> N
 def test_json_view_emits_node_changes_once_and_progress_when_it_moves() -> None:
     out = io.StringIO()
     view = JsonView(out, interval=5.0)
-    view.start({"job_id": JOB, "nodes": 2})
+    view.start(Started(JOB, "aws", "us-east-1", "train.py", [], 2, 2, 0.3156, 5.0, None))
     view.on_progress(_snapshot(time=T0, step=1))
     view.on_progress(_snapshot(time=T0 + 1, step=2))  # same nodes; progress within 5 s
     moved = (NodeState(0, "i-0aa", "running", "g4dn.xlarge", "spot", 0.1578),
@@ -151,7 +153,7 @@ def test_json_view_emits_node_changes_once_and_progress_when_it_moves() -> None:
     data = {"instance": "i-0bb", "node_rank": 1, "reason": "spot interruption"}
     view.on_event(EventRecord(9, JOB, T0 + 7, "preempted", "node 1: i-0bb preempted", data))
     view.on_event(EventRecord(10, JOB, T0 + 8, "launch", "node 1: i-0cc", None))
-    view.finished({"job_id": JOB, "status": "succeeded", "spend_usd": 0.5})
+    view.finished(JobOutcome(JOB, "succeeded", None, 0.5, 60.0, 0))
     docs = [json.loads(line) for line in out.getvalue().splitlines()]
     kinds = [d["event"] for d in docs]
     assert kinds == [
