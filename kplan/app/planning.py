@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from kplan.catalogs.current import load_current, staleness_note
 from kplan.catalogs.device_model import load_device_model
@@ -185,7 +184,7 @@ class SearchScope:
 @dataclass(frozen=True)
 class Assumptions:
     """What an estimate assumed: the workload, where it was measured, what was searched
-    (``kplan estimate`` renders it; the plan file holds :meth:`to_dict` as ``assumptions``)."""
+    (``kplan estimate`` renders it; the plan file holds its fields as ``assumptions``)."""
 
     profile: str
     source: str
@@ -201,14 +200,6 @@ class Assumptions:
     precision_basis: str
     gns: bool
     search: SearchScope
-
-    def to_dict(self) -> dict[str, Any]:
-        """As JSON (tuples as lists)."""
-        doc = asdict(self)
-        search = {k: list(v) if isinstance(v, tuple) else v for k, v in doc["search"].items()}
-        search["compression_steps"] = [list(m) for m in self.search.compression_steps]
-        doc["search"] = search
-        return doc
 
 
 def assumptions(est: Estimate, options: SearchOptions, source: str) -> Assumptions:

@@ -3,9 +3,8 @@ it)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kplan.profiler.analyze import Analysis, fit_quality
 from kplan.profiler.device import DeviceFacts
@@ -70,7 +69,7 @@ class SummaryAllReduce:
 @dataclass(frozen=True)
 class ProfileSummary:
     """What one profile run found, for its reader (``kplan profile`` renders it; ``--json``
-    prints :meth:`to_dict`: these fields in this order)."""
+    prints its fields in this order, ``dataclasses.asdict``)."""
 
     name: str
     profile: str | None
@@ -90,13 +89,6 @@ class ProfileSummary:
     workdir: str | None
     max_local_limit: str
     warnings: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as JSON (tuples as lists)."""
-        doc = asdict(self)
-        doc["sweep"] = list(doc["sweep"])
-        doc["warnings"] = list(doc["warnings"])
-        return doc
 
 
 def summarize(

@@ -273,7 +273,7 @@ def _run(a: _Args) -> None:
     doc["profile"] = prof.name
     doc["catalog"] = result.catalog.version
     assumed = planning.assumptions(result, options, source)
-    doc["assumptions"] = assumed.to_dict()
+    doc["assumptions"] = asdict(assumed)  # tuples write as JSON lists
     doc["next_command"] = launch
     if a.out is not None:
         from kplan.core.files import write_json

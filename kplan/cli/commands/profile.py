@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -139,7 +140,7 @@ def profile(
         allreduce_bench=allreduce_bench, keep_workdir=keep_logs,
     )  # fmt: skip
     if as_json:
-        docs = [s.to_dict() for s in summaries]
+        docs = [asdict(s) for s in summaries]  # tuples print as JSON lists
         typer.echo(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
 
 
