@@ -20,38 +20,71 @@ from kplan.core.errors import JobError
 from kplan.runtime import checkpoint as ckpt
 from kplan.runtime import distributed as rdist
 from kplan.runtime.compression.compressor import CompressorState
+from kplan.runtime.gns import GnsState
+from kplan.runtime.lr_scaling import LrState
+from kplan.runtime.momentum import MomentumState
+from kplan.runtime.pid import ControllerState
 from kplan.runtime.sampler import Position
+from kplan.runtime.selsync import SelSyncState
 from kplan.runtime.state import JobState
 
 FORMAT = 1
 
 
+class RuntimePart(TypedDict):
+    """The kplan-built part of the shared checkpoint (``state.pt``'s ``runtime``): where the
+    data and the batch stand and each part's own state. Fields marked NotRequired are absent
+    from checkpoints of earlier versions."""
+
+    step: int
+    epoch: int
+    offset: int
+    world_size: int
+    configured_global_batch: int | None
+    global_batch: int
+    accum_steps: int
+    controller: ControllerState
+    gns: GnsState
+    lr: LrState
+    momentum: NotRequired[MomentumState]
+    batch_schedule_index: NotRequired[int]
+    control_seq: NotRequired[int]
+    precision: NotRequired[str]
+    scaler: NotRequired[dict[str, Any] | None]  # torch's GradScaler state_dict (fp16)
+    selsync: NotRequired[SelSyncState]
+
+
 def runtime_state(st: JobState) -> dict[str, Any]:
-    """The shared part of a checkpoint of ``st`` at the end of its current step."""
-    pos = st.position
+    """The shared part of a checkpoint of ``st`` at the end of its current step: torch's
+    state_dicts of the model, optimizer and extras, and the :class:`RuntimePart`."""
     return {
         "format": FORMAT,
         "model": st.module.state_dict(),
         "optimizer": st.optimizer.state_dict(),
         "extras": {name: obj.state_dict() for name, obj in st.extras.items()},
-        "runtime": {
-            "step": st.step_count,
-            "epoch": pos.epoch,
-            "offset": pos.offset,
-            "world_size": st.ctx.world_size,
-            "configured_global_batch": st.config.global_batch,
-            "global_batch": st.global_batch,
-            "accum_steps": st.accum_steps,
-            "controller": st.controller.state_dict(),
-            "gns": st.gns.state_dict(),
-            "lr": st.lr.state_dict(),
-            "momentum": st.momentum.state_dict(),
-            "batch_schedule_index": st.schedule_index,
-            "control_seq": st.runner.control_seq,
-            "precision": st.amp.precision,
-            "scaler": st.amp.state_dict(),
-            "selsync": st.selsync.state_dict(),
-        },
+        "runtime": _runtime_part(st),
+    }
+
+
+def _runtime_part(st: JobState) -> RuntimePart:
+    pos = st.position
+    return {
+        "step": st.step_count,
+        "epoch": pos.epoch,
+        "offset": pos.offset,
+        "world_size": st.ctx.world_size,
+        "configured_global_batch": st.config.global_batch,
+        "global_batch": st.global_batch,
+        "accum_steps": st.accum_steps,
+        "controller": st.controller.state_dict(),
+        "gns": st.gns.state_dict(),
+        "lr": st.lr.state_dict(),
+        "momentum": st.momentum.state_dict(),
+        "batch_schedule_index": st.schedule_index,
+        "control_seq": st.runner.control_seq,
+        "precision": st.amp.precision,
+        "scaler": st.amp.state_dict(),
+        "selsync": st.selsync.state_dict(),
     }
 
 
@@ -95,7 +128,7 @@ def load_into(st: JobState, path: Path) -> None:
     for name, obj in st.extras.items():
         if name in shared["extras"]:
             obj.load_state_dict(shared["extras"][name])
-    rt = shared["runtime"]
+    rt: RuntimePart = shared["runtime"]
     st.step_count = int(rt["step"])
     # The micro-step counter restarts at a step boundary (accumulation may differ now).
     st.position = Position(int(rt["epoch"]), int(rt["offset"]), st.step_count * st.accum_steps)
