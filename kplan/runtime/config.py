@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kplan.core.compression_spec import Compression, parse_compression
 from kplan.core.errors import InputError
@@ -142,40 +142,51 @@ class RuntimeConfig:
     ) -> RuntimeConfig:
         """``base`` (the script's settings, or the defaults) with every set variable applied."""
         base = base or cls()
-        values: dict[str, Any] = {
-            "global_batch": env.global_batch(environ),
-            "accum_steps": env.accum_steps(environ),
-            "max_local_batch": env.max_local_batch(environ),
-            "lr_scaling": env.lr_scaling(environ),
-            "lr_ramp_steps": env.lr_ramp_steps(environ),
-            "gns": env.gns_mode(environ),
-            "checkpoint_dir": env.checkpoint_dir(environ),
-            "checkpoint_interval": env.checkpoint_interval(environ),
-            "checkpoint_steps": env.checkpoint_steps(environ),
-            "metrics_path": env.metrics_path(environ),
-            "seed": env.seed(environ),
-            "max_steps": env.max_steps(environ),
-            "profile": env.profile_schedule(environ),
-            "epochs_by": env.epochs_by(environ),
-            "control_path": env.control_path(environ),
-            "precision": env.precision(environ),
-            "batch_schedule": env.batch_schedule(environ),
-            "momentum": env.momentum_compensation(environ),
-            "compression": env.compression(environ),
-            "sync_policy": env.sync_policy(environ),
-        }
-        if env.is_set(env.JOB_ID, environ):
-            values["job_id"] = env.job_id(environ)
-        changes = {k: v for k, v in values.items() if v is not None}
-        extra = env.policies(environ)
-        if extra:
-            changes["policies"] = (*base.policies, *extra)
-        pid = env.pid_enabled(environ)
-        if pid is False:
-            changes["pid"] = None
-        elif pid is True and base.pid is None:
-            changes["pid"] = PidConfig()
-        return dataclasses.replace(base, **changes)
+        return dataclasses.replace(
+            base,
+            global_batch=_or(env.global_batch(environ), base.global_batch),
+            accum_steps=_or(env.accum_steps(environ), base.accum_steps),
+            max_local_batch=_or(env.max_local_batch(environ), base.max_local_batch),
+            lr_scaling=_or(env.lr_scaling(environ), base.lr_scaling),
+            lr_ramp_steps=_or(env.lr_ramp_steps(environ), base.lr_ramp_steps),
+            gns=_or(env.gns_mode(environ), base.gns),
+            checkpoint_dir=_or(env.checkpoint_dir(environ), base.checkpoint_dir),
+            checkpoint_interval=_or(env.checkpoint_interval(environ), base.checkpoint_interval),
+            checkpoint_steps=_or(env.checkpoint_steps(environ), base.checkpoint_steps),
+            metrics_path=_or(env.metrics_path(environ), base.metrics_path),
+            seed=_or(env.seed(environ), base.seed),
+            max_steps=_or(env.max_steps(environ), base.max_steps),
+            profile=_or(env.profile_schedule(environ), base.profile),
+            epochs_by=_or(env.epochs_by(environ), base.epochs_by),
+            control_path=_or(env.control_path(environ), base.control_path),
+            precision=_or(env.precision(environ), base.precision),
+            batch_schedule=_or(env.batch_schedule(environ), base.batch_schedule),
+            momentum=_or(env.momentum_compensation(environ), base.momentum),
+            compression=_or(env.compression(environ), base.compression),
+            sync_policy=_or(env.sync_policy(environ), base.sync_policy),
+            job_id=_or(env.job_id(environ), base.job_id)
+            if env.is_set(env.JOB_ID, environ)
+            else base.job_id,
+            policies=(*base.policies, *(env.policies(environ) or ())),
+            pid=_pid(env.pid_enabled(environ), base.pid),
+        )
+
+
+T = TypeVar("T")
+
+
+def _or(value: T | None, current: T) -> T:
+    """A variable's value where it is set (not None), else the script's setting."""
+    return current if value is None else value
+
+
+def _pid(enabled: bool | None, current: PidConfig | None) -> PidConfig | None:
+    """``KPLAN_PID``: off drops the controller, on adds the default one where there is none."""
+    if enabled is False:
+        return None
+    if enabled is True and current is None:
+        return PidConfig()
+    return current
 
 
 def _positive(name: str, value: int | None, allow_none: bool = False) -> None:
