@@ -140,6 +140,8 @@ def _assumptions(a: dict[str, Any]) -> Table:
             + ("" if a["gns"] else " (kept: no gradient noise scale)")
         ),
     )
+    if a.get("epochs_basis"):
+        grid.add_row("epochs", safe(a["epochs_basis"]["text"]))
     prec = a["precision"] + (
         "" if a["precision_basis"] == "measured" else f" ({a['precision_basis']})"
     )
