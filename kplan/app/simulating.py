@@ -179,13 +179,28 @@ def spot_only_prediction(job: Job, risk: SpotRisk, *, runs: int, seed: int) -> d
         billing_increment_s=job.billing_increment_s,
     )
     return {
-        "hours": float(res.hours_mean[0]),
-        "hours_p90": float(res.hours_p90[0]),
-        "cost_usd": float(res.cost_mean[0]),
-        "cost_p90_usd": float(res.cost_p90[0]),
+        **central_and_p90(res.samples.hours[0], res.samples.cost_usd[0]),
         "losses": float(res.losses_mean[0]),
         "fail_prob": float(res.fail_prob[0]),
     }
+
+
+def central_and_p90(hours: NDArray[np.float64], cost: NDArray[np.float64]) -> dict[str, Any]:
+    """The median and p90 of one distribution of runs (``hours``, ``cost_usd`` and their
+    ``_p90``: never a p90 below its central value), with the mean beside them and ``heavy_tail``
+    when rare long runs (a preemption of a short job) put a mean above its p90."""
+    out: dict[str, Any] = {
+        "hours": float(np.median(hours)),
+        "hours_p90": float(np.quantile(hours, 0.9)),
+        "hours_mean": float(hours.mean()),
+        "cost_usd": float(np.median(cost)),
+        "cost_p90_usd": float(np.quantile(cost, 0.9)),
+        "cost_mean_usd": float(cost.mean()),
+    }
+    out["heavy_tail"] = bool(
+        out["hours_mean"] > out["hours_p90"] or out["cost_mean_usd"] > out["cost_p90_usd"]
+    )
+    return out
 
 
 def replay_plan(
@@ -275,11 +290,7 @@ def _distribution(
     }
     if kept:
         out["replayed"] = {
-            "hours": float(hours.mean()),
-            "hours_p50": float(np.median(hours)),
-            "hours_p90": float(np.quantile(hours, 0.9)),
-            "cost_usd": float(cost.mean()),
-            "cost_p90_usd": float(np.quantile(cost, 0.9)),
+            **central_and_p90(hours, cost),
             "losses": float(losses.mean()),
             "above_plan_hours_p90": float(np.mean(hours > job.hours_p90)),
             "above_plan_cost_p90": float(np.mean(cost > job.cost_p90_usd)),
