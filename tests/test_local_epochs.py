@@ -94,3 +94,25 @@ def test_a_launch_predicts_the_epochs_after_the_double_dash(
     plan = build_spec(req).plan
     assert plan is not None
     assert plan.chosen.steps == math.ceil(3 * 20000 / 256)
+
+
+def test_a_start_the_profile_measured_is_used_and_said_so() -> None:
+    from dataclasses import replace
+
+    from kplan.planner.profile import profile_from_dict, profile_to_dict
+
+    prof = replace(load_profile(PROFILE), startup_s=20.0)
+    again = profile_from_dict(profile_to_dict(prof), "round trip")
+    assert again.startup_s == 20.0 and again == prof
+    start = lp.start_of(prof)
+    assert start.seconds == 20.0 + lp.LAUNCHER_START_S
+    assert start.log_sigma == lp.MEASURED_START_LOG_SIGMA < lp.LOCAL_START_LOG_SIGMA
+    doc = lp.local_plan(
+        prof, nodes=2, workers_per_node=1, dataset_size=20000, facts=CPU,
+        script_args=("--epochs", "1"),
+    ).to_dict()  # fmt: skip
+    row = doc["chosen"]
+    assert doc["local"]["start_s"] == 25.0
+    assert row["hours"] * 3600 == pytest.approx(row["steps"] * row["step_time_s"] + 25.0, rel=0.01)
+    assert "measured by the profile (20 s)" in doc["uncertainty"]
+    assert row["hours_p90"] * 3600 >= row["steps"] * row["step_time_p90_s"] + start.p90_s - 1e-6

@@ -39,6 +39,12 @@ LOCAL_START_S = 10.0
 # the disk cache and the machine's load; a README launch on a busy 2-core machine started in
 # about 35 s). p90 = 10 s x exp(1.28 x 0.9) = 32 s.
 LOCAL_START_LOG_SIGMA = 0.9
+# A start the profile measured (Profile.startup_s: its torchrun, imports and rendezvous to the
+# first step, on this machine) plus the launcher's own part, the elastic rendezvous's last call
+# (JobSpec.local: rdzv_last_call_s, assumed to be all of it). Its sigma is narrower than the
+# assumption's, but not small: one measurement, on a machine whose load varies (assumed).
+LAUNCHER_START_S = 5.0
+MEASURED_START_LOG_SIGMA = 0.35
 # The convention of the scripts kplan ships (kplan/examples/*.py, docs/profile.md): the epochs
 # to train are the script's own ``--epochs N`` (argparse: ``--epochs N`` or ``--epochs=N``, the
 # last one wins). A script that states none runs its own default, which kplan cannot see.
@@ -141,7 +147,8 @@ def local_plan(
         )
     n_epochs, source = _epochs_to_run(profile, epochs, script_args, notes)
     w = _workload(profile, n_epochs, dataset_size)
-    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes)
+    start = start_of(profile)
+    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes, start)
     work = (
         f"{w.samples_at_base:,.0f} samples at batch {w.base_batch} "
         f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
@@ -167,10 +174,9 @@ def local_plan(
         notes=tuple(notes),
         uncertainty=(
             f"step time p90 is +{math.exp(costs.Z90 * pred.sigma) - 1:.0%} over the expected "
-            f"value (fit residuals{more}); the start ({LOCAL_START_S:g} s: torchrun, imports, "
-            "rendezvous) is assumed, not measured: its p90 is "
-            f"{LOCAL_START_S * math.exp(costs.Z90 * LOCAL_START_LOG_SIGMA):.0f} s (log sigma "
-            f"{LOCAL_START_LOG_SIGMA:g}), added to the time's p90"
+            f"value (fit residuals{more}); the start ({start.seconds:.3g} s: torchrun, imports, "
+            f"rendezvous) is {start.basis}: its p90 is {start.p90_s:.3g} s (log sigma "
+            f"{start.log_sigma:g}), added to the time's p90"
         ),
         precision=w.precision,
         precision_basis="measured",
@@ -181,10 +187,39 @@ def local_plan(
             cores=int(facts["cores"]),
             gpus=tuple(facts["gpus"]),
             work=work,
-            start_s=LOCAL_START_S,
+            start_s=start.seconds,
             log_sigma=pred.sigma,
         ),
     )
+
+
+@dataclass(frozen=True)
+class Start:
+    """A local job's start before its first step: seconds, their log-space sigma, and whether
+    they were measured (by the profile) or assumed, in words."""
+
+    seconds: float
+    log_sigma: float
+    basis: str
+
+    @property
+    def p90_s(self) -> float:
+        from kplan.planner.costs import Z90
+
+        return self.seconds * math.exp(Z90 * self.log_sigma)
+
+
+def start_of(profile: Profile) -> Start:
+    """The start the profile measured (plus the launcher's rendezvous last call), else the
+    assumed ``LOCAL_START_S`` with its wide sigma."""
+    if profile.startup_s is not None:
+        return Start(
+            profile.startup_s + LAUNCHER_START_S,
+            MEASURED_START_LOG_SIGMA,
+            f"measured by the profile ({profile.startup_s:.3g} s) plus the launcher's "
+            f"rendezvous ({LAUNCHER_START_S:g} s, assumed)",
+        )
+    return Start(LOCAL_START_S, LOCAL_START_LOG_SIGMA, "assumed, not measured")
 
 
 def script_epochs(args: Sequence[str]) -> float | None:
@@ -258,7 +293,12 @@ class _Prediction:
 
 
 def _predict(
-    w: Workload, nodes: int, workers_per_node: int, usd_per_hour: float, notes: list[str]
+    w: Workload,
+    nodes: int,
+    workers_per_node: int,
+    usd_per_hour: float,
+    notes: list[str],
+    start_at: Start,
 ) -> _Prediction:
     """The chosen row: the planner's step-time model on one node of every worker, its
     statistical efficiency at the base batch, and the closed-form time and cost."""
@@ -283,7 +323,6 @@ def _predict(
     samples = w.samples_at_base * factor
     steps = math.ceil(samples / batch)
     # the start's p90 with the training's p90 (their sum: an upper bound of the sum's p90)
-    start_p90_s = LOCAL_START_S * math.exp(costs.Z90 * LOCAL_START_LOG_SIGMA)
     tc, tc90 = (
         costs.time_and_cost(
             train_seconds=steps * step,
@@ -298,7 +337,7 @@ def _predict(
             billing_increment_s=1.0,
             overheads=costs.Overheads(provisioning_s=start),
         )
-        for start in (LOCAL_START_S, start_p90_s)
+        for start in (start_at.seconds, start_at.p90_s)
     )
     device = w.ref_gpu.name
     group = Group("local", "on-demand", "local", nodes, workers_per_node, device, local,
