@@ -6,6 +6,7 @@ its network priced at 0, "two-node factor 0.00"), says when a row is past what w
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,11 @@ def test_the_two_node_factor_is_a_multiplier_never_zero() -> None:
     p = params_from_dict(base["fit"], "yolov3")
     factor, fitted = fit.two_node_factor(p)
     assert factor >= 1.0 and factor == pytest.approx(1.0 + p.two_node)
-    assert fitted == (
-        p.inter_measured and 2 in (p.nodes_measured or ()) and p.max_nodes_measured > 2
-    )
+    # an example's fit names no nodes_measured: every count up to its largest (4) was measured
+    assert p.nodes_measured is None and p.max_nodes_measured == 4
+    assert fitted is True
+    blind = replace(p, inter_measured=False)
+    assert fit.two_node_factor(blind) == (factor, False)
 
 
 def test_unknown_link_is_refused_in_the_library_too(tmp_path: Path) -> None:
@@ -113,8 +116,6 @@ def test_unknown_link_is_refused_in_the_library_too(tmp_path: Path) -> None:
         "yolov3",
     )
     assert fit.unknown_link(p, 4, 16) is None  # measured across nodes
-    from dataclasses import replace
-
     blind = replace(
         p, inter_measured=False, inter_beta=0.0, max_nodes_measured=1, nodes_measured=(1,)
     )
