@@ -160,12 +160,12 @@ def main() -> None:
                     row = (
                         rep.above_spot_only_hours_p90,
                         rep.above_spot_only_cost_p90,
-                        rep.hours / so.hours,
-                        rep.cost_usd / so.cost_usd,
+                        rep.hours_mean / so.hours_mean,
+                        rep.cost_mean_usd / so.cost_mean_usd,
                         float(np.mean(hours > old[1])),
                         float(np.mean(cost > old[3])),
-                        rep.hours / old[0],
-                        rep.cost_usd / old[2],
+                        rep.hours_mean / old[0],
+                        rep.cost_mean_usd / old[2],
                         rep.above_plan_hours_p90,
                         out.failed / max(out.runs - out.truncated, 1),
                     )

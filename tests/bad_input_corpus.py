@@ -994,6 +994,24 @@ def _issue24_cases() -> list[Case]:
     return [replace(c, id=f"i24-{c.id}") for c in rows]
 
 
+def _issue25_cases() -> list[Case]:
+    """Issue 25: `kplan model predict` refuses a row across a link the model knows nothing of
+    (a one-node fit with no network speed priced the network at 0: 2 nodes of 8 workers came
+    out 3x faster than the 1 node of 2 measured); a row past what was measured is answered,
+    and says it is extrapolated."""
+    predict = ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv")
+    one_node = Mut("model", ("inter_measured",), False, more=(
+        (("inter_beta",), 0.0), (("max_nodes_measured",), 1), (("nodes_measured",), [1]),
+    ))  # fmt: skip
+    return [
+        Case("i25-model-predict-across-unmeasured-nodes", predict, 2, "cannot predict 2 nodes",
+             files={"model.json": one_node, "c.csv": CONFIGS}),
+        Case("i25-model-predict-past-measured-workers", predict, 0, "",
+             files={"model.json": Mut("model"),
+                    "c.csv": "nodes,workers,local_batch\n64,512,32\n"}),
+    ]  # fmt: skip
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -1005,4 +1023,5 @@ CASES: list[Case] = [
     *_catalog_cases(),
     *_plan_cases(),
     *_issue24_cases(),
+    *_issue25_cases(),
 ]

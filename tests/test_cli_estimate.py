@@ -164,9 +164,10 @@ def test_model_fit_and_predict_round_trip(tmp_path: Path) -> None:
         "compute_time",
         "sync_time",
         "transferred_from",
+        "extrapolated",
     ]
     assert float(first.split(",")[4]) == pytest.approx(0.05 + 0.004 * 32, rel=0.1)
-    assert first.split(",")[-1] == ""  # no gpu named: the model's own device
+    assert first.split(",")[-2:] == ["", ""]  # no gpu named (own device); not extrapolated
     rows = json.loads(
         _ok(["model", "predict", "--model", str(model), "--configs", str(c), "--json"])
     )

@@ -83,7 +83,10 @@ def test_local_plan_predicts_the_profiled_configuration_with_its_uncertainty() -
     for usd, hours in ((row["cost_usd"], row["hours"]), (row["cost_p90_usd"], row["hours_p90"])):
         assert usd == pytest.approx(0.36 * math.ceil(hours * 3600 - 1e-6) / 3600)
     assert [g["usd_per_hour"] for g in row["groups"]] == [0.18]
-    assert "6,000 per epoch x 2 epochs, as given" in doc["local"]["work"]
+    assert (
+        "6,000 per epoch x 2 epochs; epochs: as given; samples per epoch: as given"
+        in (doc["local"]["work"])
+    )
     assert "+" in doc["uncertainty"] and "more workers" not in doc["uncertainty"]
 
     # More workers than the profile measured: the same machine, a wider band, said so.
@@ -91,7 +94,11 @@ def test_local_plan_predicts_the_profiled_configuration_with_its_uncertainty() -
     assert wide["local"]["log_sigma"] > sigma
     assert "more workers than the profile measured" in wide["uncertainty"]
     assert wide["chosen"]["cost_usd"] == 0.0 == wide["chosen"]["cost_p90_usd"]
-    assert "200,000 per epoch x 20 epochs, the profile's" in wide["local"]["work"]
+    assert (
+        "200,000 per epoch x 20 epochs; epochs: the profile's; the script's own are unknown"
+        in (wide["local"]["work"])
+    )
+    assert any("the script's arguments state no --epochs" in n for n in wide["notes"])
 
 
 def test_local_plan_refuses_a_profile_of_another_kind_of_device() -> None:
@@ -304,7 +311,7 @@ def test_local_demo_report_has_predicted_and_actual_time_and_cost(
     assert doc["predicted_step_p90_s"] > doc["predicted_step_s"] > 0
     assert doc["predicted_cost_usd"] == 0.0 == doc["total_usd"]  # free: no --price
     assert doc["plan"]["profile"] == "mlp_regression"
-    assert "20,000 per epoch x 1 epoch, the profile's" in doc["plan"]["work"]
+    assert "20,000 per epoch x 1 epoch; epochs: the script's --epochs" in doc["plan"]["work"]
     # The runtime trains whole batches: 6000 // 256 steps per epoch; the plan rounds up.
     assert doc["predicted_steps"] == 79 and doc["metrics"]["steps"] == 20000 // 256
     assert doc["metrics"]["loss"] and doc["metrics"]["throughput"]

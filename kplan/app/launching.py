@@ -160,6 +160,7 @@ def local_prediction(req: LaunchRequest, plan: Plan | None) -> Plan | None:
         epochs=req.epochs,
         dataset_size=req.dataset_size,
         precision=req.precision,
+        script_args=req.args,
     )
 
 

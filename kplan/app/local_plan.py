@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -34,6 +35,20 @@ if TYPE_CHECKING:
 # elastic rendezvous's last call (JobSpec.local: rdzv_last_call_s 5 s). An assumption, as the
 # cloud's provisioning_s is; the report shows the actual start.
 LOCAL_START_S = 10.0
+# Its log-space sigma: wide, since it is not measured (torch's imports alone take 2-30 s with
+# the disk cache and the machine's load; a README launch on a busy 2-core machine started in
+# about 35 s). p90 = 10 s x exp(1.28 x 0.9) = 32 s.
+LOCAL_START_LOG_SIGMA = 0.9
+# A start the profile measured (Profile.startup_s: its torchrun, imports and rendezvous to the
+# first step, on this machine) plus the launcher's own part, the elastic rendezvous's last call
+# (JobSpec.local: rdzv_last_call_s, assumed to be all of it). Its sigma is narrower than the
+# assumption's, but not small: one measurement, on a machine whose load varies (assumed).
+LAUNCHER_START_S = 5.0
+MEASURED_START_LOG_SIGMA = 0.35
+# The convention of the scripts kplan ships (kplan/examples/*.py, docs/profile.md): the epochs
+# to train are the script's own ``--epochs N`` (argparse: ``--epochs N`` or ``--epochs=N``, the
+# last one wins). A script that states none runs its own default, which kplan cannot see.
+SCRIPT_EPOCHS_FLAG = "--epochs"
 # Uncertainty added per doubling of the worker count past the profile's (the CPU cores and
 # memory bandwidth are shared by every worker of a local job: contention the fit never saw).
 WORKER_EXTRAPOLATION_LOG_SIGMA = 0.15
@@ -115,9 +130,12 @@ def local_plan(
     dataset_size: int | None = None,
     precision: str | None = None,
     facts: MachineFacts | None = None,
+    script_args: Sequence[str] = (),
 ) -> Plan:
     """The plan of a local job of ``nodes`` groups of ``workers_per_node`` workers at
-    ``usd_per_hour`` for the machine, trained at the profile's base global batch."""
+    ``usd_per_hour`` for the machine, trained at the profile's base global batch, for the
+    epochs the script will run: its own ``--epochs`` in ``script_args`` (``script_epochs``),
+    else ``epochs``, else the profile's with a note that the script's are unknown."""
     from kplan.planner import costs
 
     facts = machine_facts() if facts is None else facts
@@ -127,14 +145,16 @@ def local_plan(
             f"--precision {precision}: the profile was measured in {profile.precision}",
             hint=f"profile in {precision} (kplan profile --precision {precision}) or drop it",
         )
-    w = _workload(profile, epochs, dataset_size)
-    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes)
-    n_epochs = epochs or profile.epochs
+    n_epochs, source = _epochs_to_run(profile, epochs, script_args, notes)
+    w = _workload(profile, n_epochs, dataset_size)
+    start = start_of(profile)
+    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes, start)
     work = (
         f"{w.samples_at_base:,.0f} samples at batch {w.base_batch} "
         f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
         + ("epoch" if n_epochs == 1 else "epochs")
-        + (", as given" if epochs or dataset_size else ", the profile's")
+        + f"; epochs: {source}; samples per epoch: "
+        + ("as given" if dataset_size else "the profile's")
         + ")"
     )
     more = "; more workers than the profile measured" if pred.extrapolated else ""
@@ -154,8 +174,9 @@ def local_plan(
         notes=tuple(notes),
         uncertainty=(
             f"step time p90 is +{math.exp(costs.Z90 * pred.sigma) - 1:.0%} over the expected "
-            f"value (fit residuals{more}); the start ({LOCAL_START_S:g} s: torchrun, imports, "
-            "rendezvous) is assumed"
+            f"value (fit residuals{more}); the start ({start.seconds:.3g} s: torchrun, imports, "
+            f"rendezvous) is {start.basis}: its p90 is {start.p90_s:.3g} s (log sigma "
+            f"{start.log_sigma:g}), added to the time's p90"
         ),
         precision=w.precision,
         precision_basis="measured",
@@ -166,10 +187,83 @@ def local_plan(
             cores=int(facts["cores"]),
             gpus=tuple(facts["gpus"]),
             work=work,
-            start_s=LOCAL_START_S,
+            start_s=start.seconds,
             log_sigma=pred.sigma,
         ),
     )
+
+
+@dataclass(frozen=True)
+class Start:
+    """A local job's start before its first step: seconds, their log-space sigma, and whether
+    they were measured (by the profile) or assumed, in words."""
+
+    seconds: float
+    log_sigma: float
+    basis: str
+
+    @property
+    def p90_s(self) -> float:
+        from kplan.planner.costs import Z90
+
+        return self.seconds * math.exp(Z90 * self.log_sigma)
+
+
+def start_of(profile: Profile) -> Start:
+    """The start the profile measured (plus the launcher's rendezvous last call), else the
+    assumed ``LOCAL_START_S`` with its wide sigma."""
+    if profile.startup_s is not None:
+        return Start(
+            profile.startup_s + LAUNCHER_START_S,
+            MEASURED_START_LOG_SIGMA,
+            f"measured by the profile ({profile.startup_s:.3g} s) plus the launcher's "
+            f"rendezvous ({LAUNCHER_START_S:g} s, assumed)",
+        )
+    return Start(LOCAL_START_S, LOCAL_START_LOG_SIGMA, "assumed, not measured")
+
+
+def script_epochs(args: Sequence[str]) -> float | None:
+    """The epochs the script's own arguments state (``--epochs N`` or ``--epochs=N``, the last
+    one wins, as argparse reads them); None when they state none or not as a positive number."""
+    found: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break  # past it, the script's own positional arguments
+        if arg == SCRIPT_EPOCHS_FLAG and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(SCRIPT_EPOCHS_FLAG + "="):
+            found = arg.partition("=")[2]
+    if found is None:
+        return None
+    try:
+        value = float(found)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _epochs_to_run(
+    profile: Profile, epochs: float | None, script_args: Sequence[str], notes: list[str]
+) -> tuple[float, str]:
+    """(epochs to predict, where they come from): the script's own ``--epochs`` (what it will
+    run), else kplan's ``--epochs``, else the profile's, with a note (appended to ``notes``)
+    where the two disagree or where the script's are unknown."""
+    own = script_epochs(script_args)
+    if own is not None:
+        if epochs is not None and epochs != own:
+            notes.append(
+                f"kplan launch --epochs {epochs:g}, but the script's arguments say --epochs "
+                f"{own:g}: predicted for {own:g}, what the script will run"
+            )
+        return own, "the script's --epochs"
+    if epochs is not None:
+        return epochs, "as given"
+    notes.append(
+        f"the script's arguments state no --epochs: it runs its own default, which kplan cannot "
+        f"know; predicted for the profile's {profile.epochs:g} (give `-- --epochs N` to the "
+        "script, as the kplan examples take it, or --epochs N to kplan launch)"
+    )
+    return profile.epochs, "the profile's; the script's own are unknown"
 
 
 def _workload(profile: Profile, epochs: float | None, dataset_size: int | None) -> Workload:
@@ -199,7 +293,12 @@ class _Prediction:
 
 
 def _predict(
-    w: Workload, nodes: int, workers_per_node: int, usd_per_hour: float, notes: list[str]
+    w: Workload,
+    nodes: int,
+    workers_per_node: int,
+    usd_per_hour: float,
+    notes: list[str],
+    start_at: Start,
 ) -> _Prediction:
     """The chosen row: the planner's step-time model on one node of every worker, its
     statistical efficiency at the base batch, and the closed-form time and cost."""
@@ -223,17 +322,22 @@ def _predict(
     factor = float(efficiency.sample_factor(w.gns, batch, np.array([batch]))[0])
     samples = w.samples_at_base * factor
     steps = math.ceil(samples / batch)
-    overheads = costs.Overheads(provisioning_s=LOCAL_START_S)
-    tc = costs.time_and_cost(
-        train_seconds=steps * step,
-        instances=nodes,
-        usd_per_hour=usd_per_hour / nodes,
-        preempt_per_hour=0.0,
-        log_sigma=sigma,
-        checkpoint_s=costs.checkpoint_seconds(3.0 * w.gradient_bytes, overheads),
-        billing_min_s=0.0,
-        billing_increment_s=1.0,
-        overheads=overheads,
+    # the start's p90 with the training's p90 (their sum: an upper bound of the sum's p90)
+    tc, tc90 = (
+        costs.time_and_cost(
+            train_seconds=steps * step,
+            instances=nodes,
+            usd_per_hour=usd_per_hour / nodes,
+            preempt_per_hour=0.0,
+            log_sigma=sigma,
+            checkpoint_s=costs.checkpoint_seconds(
+                3.0 * w.gradient_bytes, costs.Overheads(provisioning_s=start)
+            ),
+            billing_min_s=0.0,
+            billing_increment_s=1.0,
+            overheads=costs.Overheads(provisioning_s=start),
+        )
+        for start in (start_at.seconds, start_at.p90_s)
     )
     device = w.ref_gpu.name
     group = Group("local", "on-demand", "local", nodes, workers_per_node, device, local,
@@ -256,9 +360,9 @@ def _predict(
         statistical_efficiency=min(1.0, w.samples_at_base / samples),
         throughput_samples_s=batch / step,
         hours=float(tc.hours),
-        hours_p90=float(tc.hours_p90),
+        hours_p90=float(tc90.hours_p90),
         cost_usd=float(tc.cost_usd),
-        cost_p90_usd=float(tc.cost_p90_usd),
+        cost_p90_usd=float(tc90.cost_p90_usd),
         usd_per_hour=usd_per_hour,
         expected_preemptions=0.0,
         checkpoint_interval_s=float(tc.checkpoint_interval_s),

@@ -13,7 +13,7 @@ import numpy as np
 
 from kplan.core.errors import DataFileError, InputError
 from kplan.core.files import cell_number, read_csv_rows, read_json
-from kplan.planner import perfmodel
+from kplan.planner import fit, perfmodel
 from kplan.planner.fit import fit_perf_params
 from kplan.planner.perfmodel import PerfParams, params_from_dict
 from kplan.planner.profile import (
@@ -157,16 +157,26 @@ def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
     out = []
     for i, r in enumerate(rows):
         p, source = per_row[i]
+        refused = fit.unknown_link(p, nodes[i], workers[i])
+        if refused is not None:
+            raise DataFileError(
+                f"{configs}, line {i + 2}: cannot predict {refused}",
+                hint="fit the model on measurements that include such rows, or give "
+                "`kplan model fit` the link: --gradient-bytes with --inter-gbps / --intra-gbps",
+            )
         step = float(perfmodel.step_time(p, [nodes[i]], [workers[i]], [local[i]], [accum[i]])[0])
+        # the fit's sigma, widened where the row is outside what was measured
+        sigma = fit.extrapolated_log_sigma(p, nodes[i], workers[i])
         out.append(
             {
                 **r,
                 "step_time": step,
-                "step_time_p90": step * math.exp(_Z90 * p.log_sigma),
-                "step_time_log_sigma": float(p.log_sigma),
+                "step_time_p90": step * math.exp(_Z90 * sigma),
+                "step_time_log_sigma": sigma,
                 "compute_time": float(perfmodel.compute_time(p, [local[i]])[0]),
                 "sync_time": float(perfmodel.sync_time(p, [nodes[i]], [workers[i]])[0]),
                 "transferred_from": source,
+                "extrapolated": fit.extrapolation(p, nodes[i], workers[i]),
             }
         )
     return out

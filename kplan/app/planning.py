@@ -15,7 +15,7 @@ from kplan.planner.catalog import Catalog, nic_fabric
 from kplan.planner.plan import Plan
 from kplan.planner.profile import Profile, profile_from_dict
 from kplan.planner.search import SearchOptions, search
-from kplan.planner.workload import Workload, workload_from_profile
+from kplan.planner.workload import Workload, epochs_at_batch, workload_from_profile
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,63 @@ class Estimate:
     profile: Profile
     epochs: float = 0.0  # what was planned (the profile's unless --epochs)
     dataset_size: int = 0
+    basis: EpochsBasis | None = None  # what the epochs mean (None: not worked out)
+
+
+@dataclass(frozen=True)
+class EpochsBasis:
+    """What ``epochs`` means in a plan. ``at_batch``: the global batch the epochs are passes at
+    (the pinned one, with --epochs and --global-batch), or the base batch B0 whose epochs other
+    batches scale by statistical efficiency (``scaled``). ``efficiency_epochs``: the epochs at a
+    pinned batch that statistical efficiency would suggest for the progress of the epochs at B0
+    (None: no pinned batch, or no gradient noise scale to say)."""
+
+    meaning: str  # "passes_at_batch" | "scaled_from_base_batch" | "passes_at_every_batch"
+    at_batch: int
+    text: str  # one line for the output
+    efficiency_epochs: float | None = None
+
+
+def epochs_basis(
+    workload: Workload, epochs: float, pinned: int | None, user_epochs: bool
+) -> EpochsBasis:
+    """What ``epochs`` will mean for the search: E passes at a pinned --global-batch when the
+    user gave both; else E epochs at B0, scaled to other batches by statistical efficiency (the
+    GNS model's samples for the same progress); without a gradient noise scale, passes at B0."""
+    import math
+
+    from kplan.planner.efficiency import sample_factor
+
+    b0 = workload.base_batch
+    suggest = None
+    if pinned is not None and workload.gns:
+        factor = float(sample_factor(workload.gns, b0, [pinned])[0])
+        suggest = epochs * factor if math.isfinite(factor) else None
+    if pinned is not None and user_epochs:
+        text = f"{epochs:g} passes over the data at the pinned global batch {pinned:,}"
+        if suggest is not None:
+            text += (
+                f"; statistical efficiency (the gradient noise scale) would suggest "
+                f"{suggest:.3g} epochs at {pinned:,} for the progress of {epochs:g} epochs at "
+                f"the base batch {b0:,} (--epochs {suggest:.3g} plans that)"
+            )
+        return EpochsBasis("passes_at_batch", pinned, text, suggest)
+    if not workload.gns:
+        at = pinned if pinned is not None else b0
+        text = f"{epochs:g} passes over the data at batch {at:,} (no gradient noise scale)"
+        return EpochsBasis("passes_at_every_batch", at, text, None)
+    text = (
+        f"{epochs:g} epochs at the base batch {b0:,}; another global batch trains the samples "
+        "statistical efficiency says reach the same progress"
+    )
+    if pinned is not None:
+        text += (
+            f" ({suggest:.3g} epochs at the pinned {pinned:,}; give --epochs to plan that many "
+            "passes at it instead)"
+            if suggest is not None
+            else ""
+        )
+    return EpochsBasis("scaled_from_base_batch", b0, text, suggest)
 
 
 def estimate(
@@ -107,17 +164,18 @@ def estimate(
         other=other,
         ref_fabric=ref_fabric,
     )
+    n_epochs = epochs if epochs is not None else profile.epochs
+    n_samples = dataset_size if dataset_size is not None else profile.dataset_size
+    basis = epochs_basis(workload, n_epochs, options.global_batch, epochs is not None)
+    if basis.meaning == "passes_at_batch" and workload.gns:
+        workload = epochs_at_batch(workload, basis.at_batch, float(n_samples) * n_epochs)
     plan = search(workload, catalog, dm, options)
+    notes = [f"epochs: {basis.text}"] if basis.meaning == "passes_at_batch" else []
     if (stale := staleness_note(catalog.version)) is not None:
-        plan = replace(plan, notes=(*plan.notes, stale))
-    return Estimate(
-        plan,
-        workload,
-        catalog,
-        profile,
-        epochs if epochs is not None else profile.epochs,
-        dataset_size if dataset_size is not None else profile.dataset_size,
-    )
+        notes.append(stale)
+    if notes:
+        plan = replace(plan, notes=(*plan.notes, *notes))
+    return Estimate(plan, workload, catalog, profile, n_epochs, n_samples, basis)
 
 
 @dataclass(frozen=True)
@@ -191,7 +249,8 @@ class Assumptions:
     model: str
     dataset_size: int
     epochs: float
-    base_batch: int
+    epochs_basis: EpochsBasis | None  # what the epochs mean (passes at a pinned batch, or scaled)
+    base_batch: int  # the profile's B0 (a pinned batch's passes do not move it)
     measured_on: str
     measured_nodes: int
     measured_gpus: int
@@ -235,7 +294,8 @@ def assumptions(est: Estimate, options: SearchOptions, source: str) -> Assumptio
         model=info.model if info else "",
         dataset_size=est.dataset_size,
         epochs=est.epochs,
-        base_batch=w.base_batch,
+        epochs_basis=est.basis,
+        base_batch=p.base_global_batch,
         measured_on=measured_on(p),
         measured_nodes=nodes,
         measured_gpus=gpus,

@@ -41,7 +41,18 @@ class Figures:
 
 
 @dataclass(frozen=True)
-class SpotOnly(Figures):
+class Spread(Figures):
+    """The median (``hours``, ``cost_usd``) and p90 of one distribution of runs, never a p90
+    below its central value, with the mean beside them; ``heavy_tail`` when rare long runs (a
+    preemption of a short job) put a mean above its p90."""
+
+    hours_mean: float
+    cost_mean_usd: float
+    heavy_tail: bool
+
+
+@dataclass(frozen=True)
+class SpotOnly(Spread):
     """The plan's Monte-Carlo with the step time held at its expected value."""
 
     losses: float
@@ -49,14 +60,9 @@ class SpotOnly(Figures):
 
 
 @dataclass(frozen=True)
-class Replayed:
+class Replayed(Spread):
     """The finished replays: their time and cost, and the shares above the predictions' p90."""
 
-    hours: float
-    hours_p50: float
-    hours_p90: float
-    cost_usd: float
-    cost_p90_usd: float
     losses: float
     above_plan_hours_p90: float
     above_plan_cost_p90: float
@@ -251,12 +257,24 @@ def spot_only_prediction(job: Job, risk: SpotRisk, *, runs: int, seed: int) -> S
         billing_increment_s=job.billing_increment_s,
     )
     return SpotOnly(
-        hours=float(res.hours_mean[0]),
-        hours_p90=float(res.hours_p90[0]),
-        cost_usd=float(res.cost_mean[0]),
-        cost_p90_usd=float(res.cost_p90[0]),
+        **asdict(central_and_p90(res.samples.hours[0], res.samples.cost_usd[0])),
         losses=float(res.losses_mean[0]),
         fail_prob=float(res.fail_prob[0]),
+    )
+
+
+def central_and_p90(hours: NDArray[np.float64], cost: NDArray[np.float64]) -> Spread:
+    """The :class:`Spread` of one distribution of runs."""
+    hours_p90, cost_p90 = float(np.quantile(hours, 0.9)), float(np.quantile(cost, 0.9))
+    hours_mean, cost_mean = float(hours.mean()), float(cost.mean())
+    return Spread(
+        hours=float(np.median(hours)),
+        hours_p90=hours_p90,
+        cost_usd=float(np.median(cost)),
+        cost_p90_usd=cost_p90,
+        hours_mean=hours_mean,
+        cost_mean_usd=cost_mean,
+        heavy_tail=hours_mean > hours_p90 or cost_mean > cost_p90,
     )
 
 
@@ -334,11 +352,7 @@ def _distribution(
     replayed = None
     if kept:
         replayed = Replayed(
-            hours=float(hours.mean()),
-            hours_p50=float(np.median(hours)),
-            hours_p90=float(np.quantile(hours, 0.9)),
-            cost_usd=float(cost.mean()),
-            cost_p90_usd=float(np.quantile(cost, 0.9)),
+            **asdict(central_and_p90(hours, cost)),
             losses=float(losses.mean()),
             above_plan_hours_p90=float(np.mean(hours > job.hours_p90)),
             above_plan_cost_p90=float(np.mean(cost > job.cost_p90_usd)),

@@ -413,7 +413,9 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         float | None,
         None,
         typer.Option(
-            "--epochs", help="Planning now: epochs to predict for (default: the profile's)."
+            "--epochs",
+            help="Planning now: epochs to predict for (default: the profile's; a local launch "
+            "predicts the script's own --epochs after --).",
         ),
     ),
     Flag(

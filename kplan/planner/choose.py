@@ -19,6 +19,7 @@ from kplan.planner.table import Table, within
 from kplan.planner.workload import Workload
 
 Array = NDArray[np.float64]
+SAME_TIME = 0.01  # relative: frontier times closer than this are the same time
 
 
 def choose(
@@ -113,6 +114,10 @@ def rank(
         return None
     idx = np.flatnonzero(ok)
     front = idx[pareto_front(t.hours[idx], t.cost[idx])]
+    # times within 1% are one time, the cheaper stays: below any step-time model's resolution
+    # (fit.MIN_LOG_SIGMA, 5%), and a spot row's median run is its clean run (one instance in two
+    # regions then differs by Monte-Carlo noise alone)
+    front = front[merge_near_times(t.hours[front], SAME_TIME)]
     tol = opts.tie_tolerance
     if opts.objective == "cost":
         order = idx[np.lexsort((t.hours[idx], t.cost[idx]))]

@@ -81,6 +81,10 @@ PRIOR_ALPHA = 1e-3
 MIN_LOG_SIGMA = 0.05  # never claim better than 5% accuracy
 # The step time's sigma grows by this per doubling of nodes past the largest the profile measured.
 EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.05
+# ... and by this per doubling of workers past the most measured (`kplan model predict`): an
+# assumption, as the local plan's (kplan/app/local_plan.py: workers contend for what the fit
+# never saw them share).
+WORKERS_EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING = 0.15
 
 _NAMES = perfmodel.FITTED
 _LOWER = np.array([0.0, 1e-12, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
@@ -363,3 +367,56 @@ def _params(x: NDArray[np.float64], **meta: Any) -> PerfParams:
         two_node=v[9],
         **meta,
     )
+
+
+def unknown_link(p: PerfParams, nodes: int, workers: int) -> str | None:
+    """Why ``p`` cannot predict ``nodes`` x ``workers`` at all (None: it can): an all-reduce
+    over a link no row measured and no bandwidth was given for, whose prior cost is therefore
+    0 (``_priors``: no gradient bytes or no link speed). Predicting it would price the link as
+    free: a 2-node, 8-worker row came out 3x faster than the measured 1 node of 2."""
+    if nodes > 1 and not p.inter_measured and p.inter_beta <= 0.0:
+        return (
+            f"{nodes} nodes: the model measured {p.max_nodes_measured} node(s) and knows no "
+            "network between nodes (no row across nodes, no --inter-gbps and --gradient-bytes)"
+        )
+    per_node = workers / nodes
+    if per_node > 1 and p.max_workers_measured <= 1 and p.intra_beta <= 0.0:
+        return (
+            f"{per_node:g} workers per node: the model measured one worker and knows no link "
+            "between a node's GPUs (no row with several, no --intra-gbps and --gradient-bytes)"
+        )
+    return None
+
+
+def extrapolated_log_sigma(p: PerfParams, nodes: int, workers: int) -> float:
+    """``prior_log_sigma`` of one row, widened by ``WORKERS_EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING``
+    per doubling of workers past the most measured."""
+    doublings = math.log2(max(workers / max(p.max_workers_measured, 1), 1.0))
+    return math.hypot(
+        float(prior_log_sigma(p, [nodes], [workers])[0]),
+        WORKERS_EXTRAPOLATION_LOG_SIGMA_PER_DOUBLING * doublings,
+    )
+
+
+def extrapolation(p: PerfParams, nodes: int, workers: int) -> str:
+    """What of ``nodes`` x ``workers`` lies outside what ``p`` was fitted on ("" when nothing):
+    more nodes or workers than measured, or inter-node terms that are a prior. Its sigma is
+    widened by ``prior_log_sigma``."""
+    parts = []
+    if nodes > p.max_nodes_measured:
+        parts.append(f"{nodes} nodes > {p.max_nodes_measured} measured")
+    if workers > p.max_workers_measured:
+        parts.append(f"{workers} workers > {p.max_workers_measured} measured")
+    if nodes > 1 and not p.inter_measured:
+        parts.append("inter-node all-reduce from a prior")
+    return "; ".join(parts)
+
+
+def two_node_factor(p: PerfParams) -> tuple[float, bool]:
+    """(the multiplier of the inter-node sync time at exactly two nodes, 1 + ``two_node``,
+    whether it was fitted): fitted only with rows at two nodes and at more (``_free_mask``);
+    otherwise held at 1 (no two-node effect), a prior, never a factor of 0."""
+    # a model without nodes_measured (before 1.x) measured every count up to its largest
+    counts = p.nodes_measured or tuple(range(1, p.max_nodes_measured + 1))
+    fitted = p.inter_measured and 2 in counts and max(counts) > 2
+    return 1.0 + p.two_node, fitted

@@ -131,7 +131,13 @@ def _spot_terms(s: spotplan.SpotPricing | None, market: str) -> SpotTerms:
     if s is None:
         return SpotTerms("closed form" if market != "on-demand" else "on demand: no preemptions")
     return SpotTerms(
-        basis=f"Monte-Carlo, {s.runs} runs of the spot model",
+        basis=f"Monte-Carlo, {s.runs} runs of the spot model (median and p90)"
+        + (
+            f"; a heavy tail puts the mean ({s.hours_mean:.3g} h, ${s.cost_mean_usd:.3g}) "
+            "above the p90"
+            if s.heavy_tail
+            else ""
+        ),
         fail_prob=s.fail_prob,
         model=s.source,
         on_demand_cost_usd=s.on_demand_cost_usd,
@@ -199,7 +205,7 @@ def uncertainty_text(chosen: PlanRow, workload: Workload) -> str:
         )
     return (
         f"step time p90 is +{spread:.0%} over the expected value ({basis}){work}; for spot "
-        "plans the p90 time and cost come from a Monte-Carlo of the trace-fitted preemption "
-        "model (lifetimes, nodes lost together, capacity outages) with the launcher's recovery "
-        "rules"
+        "plans the time and cost are the median and p90 of a Monte-Carlo of the trace-fitted "
+        "preemption model (lifetimes, nodes lost together, capacity outages) with the "
+        "launcher's recovery rules"
     )

@@ -45,6 +45,9 @@ both (kplan/planner/compression.py); without them it assumes square matrices and
 measured in the profile's sweep by timing the backward passes apart: the part of a step no
 gradient exchange overlaps. Without it the planner assumes a third (backward costs about twice
 forward).
+``device.startup_s`` (optional, no schema bump: older readers ignore it) is the seconds from the
+profiled job's start (torchrun, the workers' imports, the rendezvous) to its first step's record,
+measured by ``kplan profile``; a local launch's prediction starts from it (kplan/app/local_plan.py).
 """
 
 from __future__ import annotations
@@ -147,6 +150,9 @@ class Profile:
     codec: CodecTimes | None = None
     # Forward's (and the input's) share of the compute time, measured (profile 1.3). None: not.
     forward_share: float | None = None
+    # Seconds from the job's start (torchrun, imports, rendezvous) to its first step's record,
+    # measured by kplan profile on its machine (optional "device.startup_s"). None: not.
+    startup_s: float | None = None
 
     def shapes(self) -> tuple[Shape, ...] | None:
         """Every trainable parameter's shape (the pairs expanded), or None when not recorded."""
@@ -360,6 +366,7 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         gradient_shapes=_shapes(model, source),
         codec=_codec(doc.get("codec_seconds"), source),
         forward_share=_share(model.get("forward_share"), source, "model.forward_share"),
+        startup_s=_opt(device, "startup_s", source, "device", MAX_SECONDS),
     )
 
 
@@ -556,6 +563,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         doc["device"]["fp32_tflops"] = p.measured_fp32_tflops
     if p.measured_mem_bw_gbs is not None:
         doc["device"]["mem_bw_gbs"] = p.measured_mem_bw_gbs
+    if p.startup_s is not None:
+        doc["device"]["startup_s"] = p.startup_s
     memory = {
         k: v
         for k, v in {

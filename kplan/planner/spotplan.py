@@ -76,7 +76,8 @@ def replacement_limit(lost_nodes_p99: float) -> int:
 
 @dataclass(frozen=True)
 class SpotPricing:
-    """What the Monte-Carlo says about one spot configuration."""
+    """What the Monte-Carlo says about one spot configuration: the median and p90 of its runs
+    (as the closed form's, whose central value is the median step time's), and their mean."""
 
     hours: float
     hours_p90: float
@@ -90,6 +91,15 @@ class SpotPricing:
     runs: int
     on_demand_hours: float | None = None  # the same configuration on demand (closed form)
     on_demand_cost_usd: float | None = None
+    hours_mean: float | None = None
+    cost_mean_usd: float | None = None
+
+    @property
+    def heavy_tail(self) -> bool:
+        """The mean above the p90 (rare long runs: a preemption of a short job)."""
+        return (self.hours_mean or 0.0) > self.hours_p90 or (
+            self.cost_mean_usd or 0.0
+        ) > self.cost_p90_usd
 
 
 def simulate_rows(
@@ -141,10 +151,12 @@ def simulate_rows(
         p99 = float(res.lost_nodes_p99[j])
         out.append(
             SpotPricing(
-                hours=float(res.hours_mean[j]),
+                hours=float(res.hours_median[j]),
                 hours_p90=float(res.hours_p90[j]),
-                cost_usd=float(res.cost_mean[j]),
+                cost_usd=float(res.cost_median[j]),
                 cost_p90_usd=float(res.cost_p90[j]),
+                hours_mean=float(res.hours_mean[j]),
+                cost_mean_usd=float(res.cost_mean[j]),
                 losses=float(res.losses_mean[j]),
                 lost_nodes_p99=p99,
                 fail_prob=float(res.fail_prob[j]),

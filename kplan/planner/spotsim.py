@@ -73,7 +73,9 @@ class SimSamples:
 
 @dataclass(frozen=True)
 class SimResult:
-    """Summaries over runs, one value per configuration."""
+    """Summaries over runs, one value per configuration. A plan shows the median and the p90
+    (one distribution: the p90 is never below it); a short job's rare preemption can put the
+    mean above the p90 (a heavy tail)."""
 
     hours_mean: Array
     hours_p90: Array
@@ -86,6 +88,8 @@ class SimResult:
     wait_hours_mean: Array
     on_demand_hours_mean: Array
     samples: SimSamples
+    hours_median: Array
+    cost_median: Array
 
 
 def _draw_regimes(
@@ -491,6 +495,8 @@ def _summary(results: tuple[Array, ...], shp: tuple[int, int]) -> SimResult:
         wait_hours_mean=s.wait_hours.mean(axis=1),
         on_demand_hours_mean=s.on_demand_hours.mean(axis=1),
         samples=s,
+        hours_median=np.quantile(s.hours, 0.5, axis=1),
+        cost_median=np.quantile(s.cost_usd, 0.5, axis=1),
     )
 
 

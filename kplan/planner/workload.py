@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from kplan.core.errors import InputError
@@ -65,6 +65,14 @@ class Workload:
             raise ValueError(f"base_batch={self.base_batch} must be >= 1")
         if not self.samples_at_base > 0:
             raise ValueError(f"samples_at_base={self.samples_at_base} must be > 0")
+
+
+def epochs_at_batch(w: Workload, global_batch: int, samples: float) -> Workload:
+    """``w`` with its epochs stated at ``global_batch`` (``--epochs`` with a pinned
+    ``--global-batch``): ``samples`` (dataset x epochs) are the passes to train at that batch.
+    B0 moves to it, so the statistical-efficiency factor ``(Bn + B) / (Bn + B0)`` is exactly 1
+    there (and its forecast spread 0): the planner trains the samples the user asked for."""
+    return replace(w, base_batch=global_batch, samples_at_base=samples)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class JobOutcome:
     pids: dict[int, int]  # every process the job ran: pid -> start ticks
     stderr_path: Path
     wall_s: float
+    first_record_s: float | None = None  # the job's start to its first record (rank 0's step)
 
 
 def free_port() -> int:
@@ -113,6 +114,7 @@ class _Tracker:
         self.oom: int | None = None
         self.local_batch: int | None = None
         self.phase = "starting"
+        self.first_record_s: float | None = None
 
     def add(self, record: Record) -> None:
         if isinstance(record, OomEvent):
@@ -204,7 +206,9 @@ def run_job(
         )
     tracker.phase = "finished"
     on_progress(tracker.progress())
-    return JobOutcome(records, dict(tree.seen), stderr_path, time.monotonic() - start)
+    return JobOutcome(
+        records, dict(tree.seen), stderr_path, time.monotonic() - start, tracker.first_record_s
+    )
 
 
 def _follow(
@@ -229,6 +233,8 @@ def _follow(
             for record in new:
                 tracker.add(record)
             on_progress(tracker.progress())
+            if not seen_any:
+                tracker.first_record_s = now - start
             last_record, seen_any = now, True
         tree.refresh()
         rc = tree.poll()

@@ -398,4 +398,5 @@ def build_profile(
         gradient_shapes=a.gradient_shapes,
         codec=codec,
         forward_share=a.forward_share,
+        startup_s=outcome.first_record_s,
     )

@@ -53,7 +53,12 @@ _LIST_EXAMPLES = typer.Option(
     False, "--list-examples", help="List the built-in examples (with --json: as JSON)."
 )
 
-_EPOCHS = typer.Option(None, help="Epochs to train (default: the profile's).")
+_EPOCHS = typer.Option(
+    None,
+    help="Epochs to train (default: the profile's). With --global-batch: passes over the data "
+    "at that batch; else epochs at the profile's base batch, other batches scaled by "
+    "statistical efficiency.",
+)
 
 _DATASET_SIZE = typer.Option(
     None, "--dataset-size", help="Samples per epoch (default: the profile's)."

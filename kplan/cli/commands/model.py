@@ -37,6 +37,7 @@ def fit_command(
     """Fit compute, all-reduce and overlap parameters (robust, log-space least squares)."""
     from kplan.app.modelio import fit_file
     from kplan.core.files import check_writable, write_json
+    from kplan.planner.fit import two_node_factor
     from kplan.planner.perfmodel import params_to_dict
 
     check_writable(out, "--out")
@@ -57,10 +58,22 @@ def fit_command(
         f"fitted {report.rows} rows: MAPE {report.mape_percent:.1f}% on the fitted rows "
         f"(log sigma {p.log_sigma:.3f}); wrote {out}"
     )
+    two, fitted = two_node_factor(p)
     typer.echo(
         f"compute {p.compute_a * 1e3:.2f} ms + {p.compute_b * 1e3:.3f} ms/sample; "
-        f"overlap gamma {p.gamma:.2f}; two-node factor {p.two_node:.2f}"
+        f"overlap gamma {p.gamma:.2f}; two-node sync factor x{two:.2f}"
+        + ("" if fitted else " (not fitted: needs rows at 2 nodes and at more; held at x1)")
     )
+    if not p.inter_measured:
+        typer.echo(
+            f"measured {p.max_nodes_measured} node(s), up to {p.max_workers_measured} workers: "
+            + (
+                "rows across nodes are predicted from a prior (wider sigma)"
+                if p.inter_beta > 0
+                else "rows across nodes are refused by `kplan model predict` (give --inter-gbps "
+                "and --gradient-bytes for a prior)"
+            )
+        )
 
 
 @app.command("predict")
@@ -78,7 +91,10 @@ def predict_command(
     """Answer each configuration with step_time, its p90 and log sigma, compute_time and
     sync_time. A row whose gpu or instance_type names another GPU than the model's is
     transferred through the device model (wider sigma; transferred_from names the model's GPU);
-    an unknown GPU or type, or a model that does not name its GPU, is refused."""
+    an unknown GPU or type, or a model that does not name its GPU, is refused. A row outside
+    what was measured (more nodes or workers) says so in `extrapolated`, with a wider sigma; a
+    row across a link the model knows nothing of (nodes when no row crossed nodes and no
+    --inter-gbps was given) is refused."""
     from kplan.app.modelio import load_model, predict_file, to_csv
     from kplan.core.files import check_writable, write_atomic
 

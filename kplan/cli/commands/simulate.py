@@ -95,7 +95,7 @@ def _render(r: Replay) -> None:
 
     typer.echo("")
     typer.echo(
-        f"{'':16}{'replayed mean':>14}{'replayed p90':>14}{'plan mean':>11}{'plan p90':>10}"
+        f"{'':16}{'replayed p50':>14}{'replayed p90':>14}{'plan':>11}{'plan p90':>10}"
         f"{'spot-only p90':>15}{'> plan p90':>12}{'> spot-only':>13}"
     )
     typer.echo(
@@ -111,8 +111,14 @@ def _render(r: Replay) -> None:
         f"{known(rep.above_spot_only_cost_p90):>13.0%}"
     )
     typer.echo(f"{'loss events':16}{rep.losses:>14.1f}")
+    if rep.heavy_tail:
+        typer.echo(
+            f"note: a heavy tail puts the replayed mean ({rep.hours_mean:.2f} h, "
+            f"${rep.cost_mean_usd:.2f}) above its p90: a few replays ran much longer"
+        )
     typer.echo("")
     typer.echo(
+        "p50: the median; 'plan' is the plan's central value (its median run). "
         "The plan's p90 includes the step-time model's error; a replay runs the expected step "
         "time, so 'spot-only p90' (the plan's Monte-Carlo with the step time fixed) is the "
         "like-for-like check: about 10% of replays above it means the spot model is calibrated "

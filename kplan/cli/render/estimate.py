@@ -142,6 +142,8 @@ def _assumptions(a: Assumptions) -> Table:
             + ("" if a.gns else " (kept: no gradient noise scale)")
         ),
     )
+    if a.epochs_basis is not None:
+        grid.add_row("epochs", safe(a.epochs_basis.text))
     prec = a.precision + ("" if a.precision_basis == "measured" else f" ({a.precision_basis})")
     grid.add_row(
         "measured",
