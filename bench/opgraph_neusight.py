@@ -49,12 +49,17 @@ def _models(rows: fit.Rows) -> dict[str, OpModel]:
     return out
 
 
-def run() -> list[dict[str, object]]:
+def run(
+    transfers: list[dict[str, object]] | None = None,
+) -> list[dict[str, object]]:
+    """Every labelled step predicted outright; with ``transfers``, also every step moved from
+    another labelled GPU's measurement by the model's ratio (appended to it)."""
     rows = fit.build_rows(nd.TRAIN_GPUS)
     models = _models(rows)
     graphs: dict[str, OpGraph] = {}
     results = []
-    for label in nd.labels():
+    labels = list(nd.labels())
+    for label in labels:
         if label.workload not in graphs:
             path = nd.root() / "opgraph" / f"{label.workload}.csv"
             graphs[label.workload] = nd.read_opgraph(path, label.num_layer)
@@ -76,7 +81,58 @@ def run() -> list[dict[str, object]]:
                 "below_p90": log_err <= Z90 * step.log_sigma,
             }
         )
+    if transfers is not None:
+        transfers.extend(_transfers(labels, graphs, models))
     return results
+
+
+def _transfers(
+    labels: Sequence[nd.Label], graphs: dict[str, OpGraph], models: dict[str, OpModel]
+) -> list[dict[str, object]]:
+    """Measured on src, moved to dst by the ratio of the model fitted without dst's kernels;
+    beside it, the ratio of FP32 peaks (the naive answer)."""
+    out = []
+    for src in labels:
+        for dst in labels:
+            if src.workload != dst.workload or src.gpu == dst.gpu:
+                continue
+            a, b = nd.device(src.gpu), nd.device(dst.gpu)
+            ratio, sigma = models[dst.gpu].ratio(graphs[src.workload], a, b)
+            log_err = math.log(dst.seconds / (src.seconds * ratio))
+            naive = src.seconds * a.fp32_tflops / b.fp32_tflops
+            out.append(
+                {
+                    "pair": f"{nd.SHORT[src.gpu]}->{nd.SHORT[dst.gpu]}",
+                    "dst": nd.SHORT[dst.gpu],
+                    "error": math.expm1(log_err),
+                    "peak_error": dst.seconds / naive - 1.0,
+                    "sigma": sigma,
+                    "in_1sigma": abs(log_err) <= sigma,
+                    "below_p90": log_err <= Z90 * sigma,
+                }
+            )
+    return out
+
+
+def transfer_report(rows: Sequence[dict[str, object]]) -> str:
+    out = [
+        "Measured on one GPU, moved to another by the model's ratio (fitted without dst):",
+        "| destination | pairs | mean abs error | FP32 peak ratio's | mean sigma "
+        "| within +-1 sigma | <= p90 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_dst: dict[str, list[dict[str, object]]] = defaultdict(list)
+    for r in rows:
+        by_dst[str(r["dst"])].append(r)
+    for name, rs in [*by_dst.items(), ("all", list(rows))]:
+        err = statistics.fmean(abs(float(str(r["error"]))) for r in rs)
+        peak = statistics.fmean(abs(float(str(r["peak_error"]))) for r in rs)
+        sig = statistics.fmean(float(str(r["sigma"])) for r in rs)
+        inside = sum(bool(r["in_1sigma"]) for r in rs) / len(rs)
+        p90 = sum(bool(r["below_p90"]) for r in rs) / len(rs)
+        cells = f"{err:.1%} | {peak:.1%} | {sig:.3f} | {inside:.0%} | {p90:.0%}"
+        out.append(f"| {name} | {len(rs)} | {cells} |")
+    return "\n".join(out)
 
 
 def _line(name: str, rs: Sequence[dict[str, object]]) -> str:
@@ -131,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--rows", action="store_true", help="also print every prediction")
     args = parser.parse_args(argv)
-    results = run()
+    moved: list[dict[str, object]] = []
+    results = run(moved)
     if args.rows:
         for r in results:
             print(
@@ -140,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"sigma {float(r['sigma']):.3f}"  # type: ignore[arg-type]
             )
     print(report(results))
+    print()
+    print(transfer_report(moved))
     return 0
 
 
