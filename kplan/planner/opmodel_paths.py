@@ -1,0 +1,94 @@
+"""Measured where measured, modelled where not: which path moves a profiled step to a GPU.
+
+A profile measured a step's time on one device (a GPU, or the CPU); where it also carries the
+step's operator graph (``kplan.planner.opgraph``), the op-level model (``opmodel``) can time
+that graph on any GPU. ``speed_from_graph`` chooses, and says which it chose:
+
+- ``measured``: the destination is the GPU (and precision) the profile ran on: factor 1,
+  sigma 0 (the profile's own sigma is all there is).
+- ``op-graph ratio`` or ``device model``: another GPU. Both give a factor on the measured time
+  with a held-out sigma: the op model's ratio of the graph's times (sigma: both steps' sigmas
+  in quadrature) and the device model's roofline over the whole step
+  (``devices.compute_scale``). The one with the smaller held-out sigma is used; the note names
+  the other. Without a graph, the device model is the only path.
+- ``op-graph outright``: a CPU profile (no GPU time measured): the graph's time on the GPU is
+  predicted outright, with the op model's sigma. Without a graph there is nothing here to
+  predict from (the caller keeps its own CPU path).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from kplan.planner.catalog import GpuSpec
+from kplan.planner.devices import DeviceModel, compute_scale, effective_precision
+from kplan.planner.opgraph import OpGraph
+from kplan.planner.opmodel import OpModel, device_from_gpu
+
+PATHS = ("measured", "op-graph ratio", "device model", "op-graph outright")
+
+
+@dataclass(frozen=True)
+class GraphSpeed:
+    """How a profiled step maps to ``dst``: ``factor`` times the measured time, or, on the
+    ``op-graph outright`` path, ``seconds`` of device time a step (factor is then 0)."""
+
+    path: str
+    factor: float
+    seconds: float
+    log_sigma: float
+    note: str
+
+
+def speed_from_graph(
+    op_model: OpModel,
+    device_model: DeviceModel,
+    graph: OpGraph | None,
+    src: GpuSpec | None,
+    dst: GpuSpec,
+    *,
+    src_precision: str = "fp32",
+    dst_precision: str = "fp32",
+) -> GraphSpeed:
+    """The path, factor (or outright seconds) and held-out sigma of a profile's step on ``dst``.
+
+    ``src`` is the GPU the profile measured on, None for a CPU profile. Raises ValueError for a
+    CPU profile without a graph (no GPU time to move and none to predict from)."""
+    if src is None:
+        if graph is None:
+            raise ValueError("a CPU profile without an operator graph has no GPU time to move")
+        timed = _as_precision(graph, dst_precision)
+        step = op_model.step_time(timed, device_from_gpu(dst))
+        note = step.note
+        if timed.precision != graph.precision:
+            note = f"graph traced in {graph.precision}, timed in {timed.precision}; {note}"
+        return GraphSpeed("op-graph outright", 0.0, step.seconds, step.log_sigma, note.strip("; "))
+    ps, pd = effective_precision(src, src_precision), effective_precision(dst, dst_precision)
+    if src.name == dst.name and ps == pd:
+        return GraphSpeed("measured", 1.0, 0.0, 0.0, "")
+    device = compute_scale(
+        device_model, src, dst, src_precision=src_precision, dst_precision=dst_precision
+    )
+    if graph is None or not (src.sm_count and dst.sm_count):
+        why = "no operator graph" if graph is None else "a GPU without an SM count"
+        return GraphSpeed("device model", device.factor, 0.0, device.log_sigma, why)
+    a = op_model.step_time(_as_precision(graph, ps), device_from_gpu(src))
+    b = op_model.step_time(_as_precision(graph, pd), device_from_gpu(dst))
+    ratio, sigma = b.seconds / a.seconds, math.hypot(a.log_sigma, b.log_sigma)
+    if sigma < device.log_sigma:
+        note = f"device model's sigma {device.log_sigma:.2f} is larger"
+        return GraphSpeed("op-graph ratio", ratio, 0.0, sigma, note)
+    note = f"op-graph ratio's sigma {sigma:.2f} is larger"
+    return GraphSpeed("device model", device.factor, 0.0, device.log_sigma, note)
+
+
+def _as_precision(graph: OpGraph, precision: str) -> OpGraph:
+    """The graph timed in ``precision`` where only the math mode differs (fp32 <-> tf32: the
+    same FP32 tensors); a 16-bit graph keeps its own dtypes."""
+    if {graph.precision, precision} <= {"fp32", "tf32"}:
+        return dataclasses.replace(graph, precision=precision)
+    return graph

@@ -1,0 +1,236 @@
+"""The operator-level time model: work formulas, the shipped fit, its sigma and its loader."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kplan.catalogs.loader import shipped_catalog
+from kplan.catalogs.op_model import SHIPPED, load_op_model
+from kplan.core.errors import CatalogError, DataFileError, SchemaVersionError
+from kplan.planner.opgraph import OpCall, OpGraph
+from kplan.planner.opmodel import (
+    CLASSES,
+    OpDevice,
+    OpModel,
+    conv_out,
+    conv_work,
+    device_from_gpu,
+    features,
+    matmul_work,
+    vector_work,
+)
+
+MODEL = load_op_model()
+GPUS = shipped_catalog().gpus
+
+
+def dev(name: str) -> OpDevice:
+    return device_from_gpu(GPUS[name])
+
+
+def fp32(name: str) -> OpDevice:
+    d = dev(name)
+    return OpDevice(d.name, d.fp32_tflops, d.mem_bw_gbs, d.sm_count, {})
+
+
+def mm(b: int, m: int, n: int, k: int, dtype: str = "fp32", count: int = 1) -> OpCall:
+    size = 2 if dtype in ("fp16", "bf16") else 4
+    return OpCall(
+        "matmul",
+        "aten.bmm",
+        "forward",
+        dtype,
+        (b, m, n, k),
+        *matmul_work((b, m, n, k), size),
+        count,
+    )
+
+
+def graph(*calls: OpCall, precision: str = "fp32") -> OpGraph:
+    return OpGraph(calls, local_batch=1, precision=precision, how="test")
+
+
+@pytest.mark.parametrize(
+    ("dims", "itemsize", "flops", "nbytes"),
+    [
+        ((1, 2, 3, 4), 4, 48.0, 4 * (2 * 4 + 4 * 3 + 2 * 3)),
+        ((2, 2, 3, 4), 2, 96.0, 2 * 2 * (8 + 12 + 6)),
+        ((1, 1024, 1024, 1024), 4, 2 * 1024**3, 4 * 3 * 1024**2),
+    ],
+)
+def test_matmul_work(dims: tuple[int, ...], itemsize: int, flops: float, nbytes: float) -> None:
+    assert matmul_work(dims, itemsize) == (flops, nbytes)
+
+
+@pytest.mark.parametrize(
+    ("size", "kernel", "stride", "padding", "out"),
+    [(224, 7, 2, 3, 112), (56, 3, 1, 1, 56), (56, 1, 2, 0, 28), (7, 3, 1, 0, 5), (1, 3, 1, 0, 1)],
+)
+def test_conv_out(size: int, kernel: int, stride: int, padding: int, out: int) -> None:
+    assert conv_out(size, kernel, stride, padding) == out
+
+
+def test_conv_work_is_its_implicit_gemm() -> None:
+    flops, nbytes = conv_work((8, 64, 128, 3, 56, 1, 1))
+    assert flops == 2 * (8 * 56 * 56) * 128 * (64 * 9)
+    assert nbytes == 4 * (8 * 64 * 56 * 56 + 128 * 64 * 9 + 8 * 128 * 56 * 56)
+
+
+@pytest.mark.parametrize(
+    ("op", "flops", "nbytes"),
+    [
+        ("add", 100.0, 1200.0),
+        ("addu", 100.0, 800.0),
+        ("softmax", 500.0, 800.0),
+        ("ln", 800.0, 800.0),
+    ],
+)
+def test_vector_work(op: str, flops: float, nbytes: float) -> None:
+    assert vector_work(op, (10, 10)) == (flops, nbytes)
+
+
+def test_shipped_file_is_small_and_says_what_it_was_fitted_on() -> None:
+    path = Path(__file__).resolve().parents[1] / "kplan" / "catalogs" / SHIPPED
+    assert path.stat().st_size < 200_000
+    doc = MODEL.doc
+    assert doc["fitted_on"]["gpus"] == ["P4", "P100", "T4", "V100", "A100-40GB"]
+    assert set(doc["held_out"]["leave_one_gpu_out"]) == set(CLASSES)
+
+
+def test_shipped_sigmas_are_the_held_out_errors() -> None:
+    """Each class's bias sigma is the RMS of its held-out GPUs' errors, as stored."""
+    for cls in CLASSES:
+        per_gpu = MODEL.doc["held_out"]["leave_one_gpu_out"][cls]
+        assert len(per_gpu) == 5
+        rms = math.sqrt(sum(v["bias_log_error"] ** 2 for v in per_gpu.values()) / len(per_gpu))
+        assert MODEL.classes[cls].sigma_bias == pytest.approx(rms, abs=1e-3)
+
+
+@pytest.mark.parametrize("gpu", ["T4", "V100", "A100", "L4", "H100"])
+def test_large_fp32_matmul_runs_at_a_physical_share_of_peak(gpu: str) -> None:
+    """A 4096^3 sgemm between 20% and 100% of the FP32 peak on every GPU."""
+    d = fp32(gpu)
+    sec = MODEL.call_seconds(
+        "matmul", "mm", (1, 4096, 4096, 4096), *matmul_work((1, 4096, 4096, 4096)), d, "fp32"
+    )
+    share = 2 * 4096**3 / sec / (d.fp32_tflops * 1e12)
+    assert 0.2 < share <= 1.0
+
+
+def test_tiny_kernels_cost_a_launch_floor() -> None:
+    """A 1x1 add costs microseconds (the floor), far above its roofline time."""
+    d = fp32("A100")
+    sec = MODEL.call_seconds("elementwise", "add", (1, 1), *vector_work("add", (1, 1)), d, "fp32")
+    t_roof, _ = features("elementwise", "add", (1, 1), *vector_work("add", (1, 1)), d, "fp32")
+    assert 1e-6 < sec < 1e-4
+    assert sec > 100 * t_roof
+
+
+def test_step_time_sums_calls_times_count() -> None:
+    d = fp32("V100")
+    one = MODEL.step_time(graph(mm(1, 2048, 2048, 2048)), d).seconds
+    three = MODEL.step_time(graph(mm(1, 2048, 2048, 2048, count=3)), d).seconds
+    assert three == pytest.approx(3 * one)
+
+
+def test_bigger_work_takes_longer_and_faster_gpus_take_less() -> None:
+    g = graph(mm(16, 1024, 4096, 1024))
+    assert (
+        MODEL.step_time(graph(mm(32, 1024, 4096, 1024)), fp32("T4")).seconds
+        > MODEL.step_time(g, fp32("T4")).seconds
+    )
+    t4, h100 = MODEL.step_time(g, fp32("T4")).seconds, MODEL.step_time(g, fp32("H100")).seconds
+    assert h100 < t4 / 3
+
+
+def test_ratio_is_one_on_the_same_gpu_and_inverts() -> None:
+    g = graph(
+        mm(8, 512, 512, 512),
+        OpCall(
+            "softmax",
+            "softmax",
+            "forward",
+            "fp32",
+            (4096, 512),
+            *vector_work("softmax", (4096, 512)),
+        ),
+    )
+    assert MODEL.ratio(g, fp32("V100"), fp32("V100")) == (1.0, 0.0)
+    ab, s_ab = MODEL.ratio(g, fp32("V100"), fp32("A100"))
+    ba, s_ba = MODEL.ratio(g, fp32("A100"), fp32("V100"))
+    assert ab * ba == pytest.approx(1.0)
+    assert s_ab == pytest.approx(s_ba) and s_ab > 0
+
+
+def test_tensor_core_precisions_are_faster_and_widen_the_sigma() -> None:
+    calls = (mm(1, 4096, 4096, 4096),)
+    a100 = dev("A100")
+    full = MODEL.step_time(graph(*calls, precision="fp32"), a100)
+    tf32 = MODEL.step_time(graph(*calls, precision="tf32"), a100)
+    half = MODEL.step_time(graph(mm(1, 4096, 4096, 4096, "fp16")), a100)
+    assert tf32.seconds < full.seconds and half.seconds < full.seconds
+    assert tf32.log_sigma > full.log_sigma and "tensor-core" in tf32.note
+    assert full.note == ""
+    # A T4 has no TF32 tensor cores: a tf32 step runs as fp32 there.
+    t4 = dev("T4")
+    assert MODEL.step_time(graph(*calls, precision="tf32"), t4).seconds == pytest.approx(
+        MODEL.step_time(graph(*calls), t4).seconds
+    )
+
+
+def test_other_kinds_are_timed_as_memory_passes() -> None:
+    d = fp32("A100")
+    for kind, dims in (("embedding", (4096, 1024)), ("optimizer", (10**8,)), ("other", (10**6,))):
+        call = OpCall(kind, "x", "forward", "fp32", dims, 0.0, 8.0 * math.prod(dims))
+        cls, sec = MODEL.time_call(call, d)
+        assert cls == "elementwise"
+        assert call.bytes / (d.mem_bw_gbs * 1e9) < sec < 1.0
+    att = OpCall("attention", "sdpa", "forward", "fp32", (32, 512, 512, 64), 1e9, 1e7)
+    assert MODEL.time_call(att, d)[1] > 0
+
+
+def test_p90_is_above_the_expected_value() -> None:
+    step = MODEL.step_time(graph(mm(4, 1024, 1024, 1024)), fp32("L4"))
+    assert step.p90 > step.seconds
+
+
+def _doc() -> dict[str, object]:
+    return json.loads(json.dumps(MODEL.doc))  # type: ignore[no-any-return]
+
+
+def test_from_dict_refuses_other_schemas_and_bad_classes() -> None:
+    doc = _doc()
+    doc["schema"] = "kplan.op-model/2.0"
+    with pytest.raises(SchemaVersionError):
+        OpModel.from_dict(doc)
+    doc = _doc()
+    doc["classes"]["matmul"]["coef"] = [1.0]  # type: ignore[index]
+    with pytest.raises(DataFileError, match="matmul"):
+        OpModel.from_dict(doc)
+    doc = _doc()
+    del doc["classes"]["conv"]  # type: ignore[attr-defined]
+    with pytest.raises(DataFileError, match="conv"):
+        OpModel.from_dict(doc)
+
+
+def test_loader_names_a_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "op.json"
+    bad.write_text("{not json")
+    with pytest.raises(CatalogError, match="not valid JSON"):
+        load_op_model(bad)
+    with pytest.raises(CatalogError, match="cannot read"):
+        load_op_model(tmp_path / "missing.json")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(MODEL.doc))
+    assert load_op_model(good).classes == MODEL.classes
+
+
+def test_device_needs_positive_specs() -> None:
+    with pytest.raises(ValueError, match="sm_count"):
+        OpDevice("x", 10.0, 100.0, 0, {})
+    with pytest.raises(ValueError, match="mem_bw_gbs"):
+        OpDevice("x", 10.0, 0.0, 10, {})
