@@ -45,6 +45,9 @@ both (kplan/planner/compression.py); without them it assumes square matrices and
 measured in the profile's sweep by timing the backward passes apart: the part of a step no
 gradient exchange overlaps. Without it the planner assumes a third (backward costs about twice
 forward).
+``opgraph`` (1.4) is the operator graph of one training step at a local batch (forward, backward,
+optimizer: each operator's kind, shape, dtype, FLOPs and bytes, identical calls folded), traced at
+the dispatcher by kplan/profiler/opgraph_trace.py; the shape is kplan/planner/opgraph.py's.
 """
 
 from __future__ import annotations
@@ -56,10 +59,11 @@ from typing import Any
 from kplan.core.compression_spec import parse_compression
 from kplan.core.errors import DataFileError, InputError, SchemaVersionError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
+from kplan.planner.opgraph import OpGraph, opgraph_from_dict
 
 # 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds";
-# 1.3: optional "model.forward_share"
-PROFILE_SCHEMA = "kplan.profile/1.3"
+# 1.3: optional "model.forward_share"; 1.4: optional "opgraph"
+PROFILE_SCHEMA = "kplan.profile/1.4"
 _PROFILE_KIND = "kplan.profile"
 _SUPPORTED_MAJOR = 1
 
@@ -147,6 +151,8 @@ class Profile:
     codec: CodecTimes | None = None
     # Forward's (and the input's) share of the compute time, measured (profile 1.3). None: not.
     forward_share: float | None = None
+    # The operator graph of one step (profile 1.4). None: not traced.
+    opgraph: OpGraph | None = field(default=None, compare=False)
 
     def shapes(self) -> tuple[Shape, ...] | None:
         """Every trainable parameter's shape (the pairs expanded), or None when not recorded."""
@@ -360,6 +366,7 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         gradient_shapes=_shapes(model, source),
         codec=_codec(doc.get("codec_seconds"), source),
         forward_share=_share(model.get("forward_share"), source, "model.forward_share"),
+        opgraph=None if doc.get("opgraph") is None else opgraph_from_dict(doc["opgraph"], source),
     )
 
 
@@ -583,4 +590,6 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
             "device": p.codec.device,
             "how": p.codec.how,
         }
+    if p.opgraph is not None:
+        doc["opgraph"] = p.opgraph.to_dict()
     return doc
