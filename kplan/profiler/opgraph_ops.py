@@ -1,4 +1,4 @@
-"""One dispatcher call -> one ``OpCall`` (kplan/planner/opgraph.py): its kind, dims, FLOPs and bytes.
+"""One dispatcher call -> one ``OpCall`` (kplan/planner/opgraph.py): kind, dims, FLOPs, bytes.
 
 Imported only when a step is traced (it imports torch). The classes and their ``dims`` are the
 ones opgraph.py documents. FLOPs count a multiply-add as two; for the memory-bound classes they
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch  # noqa: TID253 (imported only when a step is traced)
-import torch.utils._python_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: TID253
 
 from kplan.planner.opgraph import OpCall
 
@@ -223,12 +223,11 @@ def _conv(
     return "conv", (int(x.shape[0]), c_in, c_out, k_side, side, s, p), flops
 
 
-
-class Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Appends an ``OpCall`` for every kept aten call; tracks the step's phase."""
 
     def __init__(self, tf32: bool) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.calls: list[OpCall] = []
         self.phase = "forward"
         self.tf32 = tf32

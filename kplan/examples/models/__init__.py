@@ -70,7 +70,10 @@ def _frames(model: torch.nn.Module, batch: Any) -> torch.Tensor:
 
 def _yolo(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     # The YOLO loss is elementwise over the three prediction maps: a squared error stands in.
-    return sum((p.float() - t).pow(2).mean() for p, t in zip(model(batch[0]), batch[1], strict=True))  # type: ignore[return-value]
+    total = torch.zeros(())
+    for p, t in zip(model(batch[0]), batch[1], strict=True):
+        total = total + (p.float() - t).pow(2).mean()
+    return total
 
 
 def _yolo_batch(b: int, side: int = 416, classes: int = 80) -> Any:
@@ -110,7 +113,8 @@ MODELS: dict[str, ExampleModel] = {
                      _ncf, lambda p: torch.optim.Adam(p, lr=1e-3, foreach=True), 31.8e6, None,
                      "(user, item) pairs of MovieLens-20M, binary cross-entropy; Adam"),
         ExampleModel("gpt2-small", Gpt2,
-                     lambda b: (torch.randint(0, 50257, (b, 1024)), torch.randint(0, 50257, (b, 1024))),
+                     lambda b: (torch.randint(0, 50257, (b, 1024)),
+                                torch.randint(0, 50257, (b, 1024))),
                      _lm, _adamw, 124.4e6, None,
                      "1024-token sequences, next-token cross-entropy; AdamW"),
     )

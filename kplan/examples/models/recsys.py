@@ -3,6 +3,8 @@ branch over user and item embeddings, one logit per (user, item) pair. For traci
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -15,7 +17,7 @@ class NeuMF(nn.Module):
         self.mlp_user = nn.Embedding(users, mlp[0] // 2)
         self.mlp_item = nn.Embedding(items, mlp[0] // 2)
         self.mlp = nn.Sequential(
-            *[m for a, b in zip(mlp, mlp[1:], strict=False) for m in (nn.Linear(a, b), nn.ReLU())]
+            *[m for a, b in itertools.pairwise(mlp) for m in (nn.Linear(a, b), nn.ReLU())]
         )
         self.out = nn.Linear(factors + mlp[-1], 1)
 
@@ -23,4 +25,5 @@ class NeuMF(nn.Module):
         user, item = pairs[:, 0], pairs[:, 1]
         mf = self.mf_user(user) * self.mf_item(item)
         deep = self.mlp(torch.cat([self.mlp_user(user), self.mlp_item(item)], 1))
-        return self.out(torch.cat([mf, deep], 1)).squeeze(1)
+        logits: torch.Tensor = self.out(torch.cat([mf, deep], 1))
+        return logits.squeeze(1)

@@ -10,12 +10,18 @@ from torch.nn import functional as F
 
 
 class DeepSpeech2(nn.Module):
-    def __init__(self, freq: int = 161, hidden: int = 768, layers: int = 5, chars: int = 29) -> None:
+    def __init__(
+        self, freq: int = 161, hidden: int = 768, layers: int = 5, chars: int = 29
+    ) -> None:
         super().__init__()
         self.conv = nn.Sequential(
-            nn.Conv2d(1, 32, (41, 11), (2, 2), (20, 5)), nn.BatchNorm2d(32), nn.Hardtanh(0, 20, inplace=True),
-            nn.Conv2d(32, 32, (21, 11), (2, 1), (10, 5)), nn.BatchNorm2d(32), nn.Hardtanh(0, 20, inplace=True),
-        )  # fmt: skip
+            nn.Conv2d(1, 32, (41, 11), (2, 2), (20, 5)),
+            nn.BatchNorm2d(32),
+            nn.Hardtanh(0, 20, inplace=True),
+            nn.Conv2d(32, 32, (21, 11), (2, 1), (10, 5)),
+            nn.BatchNorm2d(32),
+            nn.Hardtanh(0, 20, inplace=True),
+        )
         rows = ((freq + 40 - 41) // 2 + 1 + 20 - 21) // 2 + 1
         self.rnns = nn.ModuleList(
             nn.GRU(32 * rows if i == 0 else hidden, hidden, bidirectional=True, batch_first=True)

@@ -11,7 +11,9 @@ from torch.nn import functional as F
 class Block(nn.Module):
     """Multi-head self-attention and a 4x MLP with GELU; post-norm (BERT) or pre-norm (GPT-2)."""
 
-    def __init__(self, d: int, heads: int, causal: bool, pre_norm: bool, dropout: float = 0.1) -> None:
+    def __init__(
+        self, d: int, heads: int, causal: bool, pre_norm: bool, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.heads, self.causal, self.pre_norm, self.dropout = heads, causal, pre_norm, dropout
         self.qkv = nn.Linear(d, 3 * d)
@@ -34,7 +36,8 @@ class Block(nn.Module):
             x = x + self.attend(self.norm1(x))
             return x + self.mlp(self.norm2(x))
         x = self.norm1(x + self.attend(x))
-        return self.norm2(x + self.mlp(x))
+        y: torch.Tensor = self.norm2(x + self.mlp(x))
+        return y
 
 
 class Bert(nn.Module):
@@ -55,7 +58,8 @@ class Bert(nn.Module):
         where = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.words(tokens) + self.positions(where) + self.types(torch.zeros_like(tokens))
         x = F.dropout(self.norm(x), 0.1, self.training)
-        return self.span(self.blocks(x))
+        logits: torch.Tensor = self.span(self.blocks(x))
+        return logits
 
 
 class Gpt2(nn.Module):

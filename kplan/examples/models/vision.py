@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
-def conv_bn(cin: int, cout: int, k: int, stride: int = 1, act: nn.Module | None = None) -> nn.Sequential:
+def conv_bn(
+    cin: int, cout: int, k: int, stride: int = 1, act: nn.Module | None = None
+) -> nn.Sequential:
     layers: list[nn.Module] = [
         nn.Conv2d(cin, cout, k, stride, k // 2, bias=False),
         nn.BatchNorm2d(cout),
@@ -25,9 +28,7 @@ class Basic(nn.Module):
         self.body = nn.Sequential(
             conv_bn(cin, width, 3, stride, nn.ReLU(inplace=True)), conv_bn(width, width, 3)
         )
-        self.skip = (
-            conv_bn(cin, width, 1, stride) if stride != 1 or cin != width else nn.Identity()
-        )
+        self.skip = conv_bn(cin, width, 1, stride) if stride != 1 or cin != width else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.body(x) + self.skip(x))
@@ -75,7 +76,8 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        logits: torch.Tensor = self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return logits
 
 
 def _leaky() -> nn.Module:
@@ -85,10 +87,13 @@ def _leaky() -> nn.Module:
 class DarkResidual(nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(conv_bn(c, c // 2, 1, 1, _leaky()), conv_bn(c // 2, c, 3, 1, _leaky()))
+        self.body = nn.Sequential(
+            conv_bn(c, c // 2, 1, 1, _leaky()), conv_bn(c // 2, c, 3, 1, _leaky())
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.body(x)
+        y: torch.Tensor = x + self.body(x)
+        return y
 
 
 class Darknet53(nn.Module):
