@@ -112,3 +112,29 @@ def test_job_tracer_writes_the_step_it_wraps(tmp_path: Path) -> None:
     assert g is not None and g.local_batch == B
     assert {o.phase for o in g.ops} == {"forward", "backward", "optimizer"}
     assert read_traced(tmp_path / "missing.json") is None
+
+
+@pytest.mark.slow
+def test_kplan_profile_records_the_jobs_graph() -> None:
+    from kplan.profiler.run import resolve, run_profile
+
+    req = resolve(
+        None,
+        "mlp-regression",
+        workers=1,
+        max_local_batch=8,
+        warmup_steps=0,
+        steps_per_batch=1,
+        gns_steps=1,
+        allreduce_bench=False,
+        measure_device=False,
+    )
+    profile = run_profile(req).profile
+    g = profile.opgraph
+    assert (
+        g is not None
+        and g.local_batch == 8
+        and "operator graph of one step" in (profile.provenance)
+    )
+    assert {o.phase for o in g.ops} == {"forward", "backward", "optimizer"}
+    assert any(o.kind == "matmul" and o.dims[1] == 8 for o in g.ops if o.phase == "forward")

@@ -77,6 +77,10 @@ def test_the_examples_ship_their_traced_graphs() -> None:
         fwd = sum(o.flops * o.count for o in g.ops if o.phase == "forward" and o.kind in heavy)
         bwd = sum(o.flops * o.count for o in g.ops if o.phase == "backward" and o.kind in heavy)
         assert 1.5 < bwd / fwd < 2.1, name
+    bert = planning.load_example("bert-squad").opgraph
+    assert bert is not None  # one fused attention per layer: 12 sequences x 12 heads, 384 tokens
+    attention = [o for o in bert.ops if o.kind == "attention" and o.phase == "forward"]
+    assert [(o.dims, o.count) for o in attention] == [((144, 384, 384, 64), 12)]
     r50 = planning.load_example("imagenet-resnet50").opgraph
     assert r50 is not None
     macs = sum(o.flops * o.count for o in r50.ops if o.phase == "forward" and o.kind in heavy) / 2

@@ -25,7 +25,10 @@ class Block(nn.Module):
         b, length, d = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=self.causal)
+        # Attention dropout runs inside the fused kernel a GPU trains with; the CPU and meta
+        # backends have no fused kernel with dropout (they would trace the unfused math), so
+        # the traced call is the fused kernel without it.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return F.dropout(self.proj(y.transpose(1, 2).reshape(b, length, d)), drop, self.training)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
