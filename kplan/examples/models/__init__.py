@@ -102,7 +102,8 @@ MODELS: dict[str, ExampleModel] = {
                      lambda b: (torch.randn(b, 1, 161, 700), torch.randint(1, 29, (b, 350))),
                      _frames, _sgd, 38.0e6, None,
                      "161 x 700-frame spectrograms (7 s); a per-frame NLL stands in for CTC "
-                     "(no shape-only CTC kernel); SGD with momentum"),
+                     "(no shape-only CTC kernel); the GRUs as the CPU kernels run them, one cell "
+                     "per time step; SGD with momentum"),
         ExampleModel("yolov3", YoloV3, _yolo_batch, _yolo, _sgd, 61.95e6, 32.8,
                      "3x416x416 images, 80 classes; squared error on the 3 prediction maps "
                      "(stands in for the elementwise YOLO loss); SGD with momentum"),
