@@ -48,6 +48,9 @@ forward).
 ``device.startup_s`` (optional, no schema bump: older readers ignore it) is the seconds from the
 profiled job's start (torchrun, the workers' imports, the rendezvous) to its first step's record,
 measured by ``kplan profile``; a local launch's prediction starts from it (kplan/app/local_plan.py).
+``opgraph`` (1.4) is the operator graph of one training step at a local batch (forward, backward,
+optimizer: each operator's kind, shape, dtype, FLOPs and bytes, identical calls folded), traced at
+the dispatcher by kplan/profiler/opgraph_trace.py; the shape is kplan/planner/opgraph.py's.
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ from typing import Any
 from kplan.core.compression_spec import parse_compression
 from kplan.core.errors import DataFileError, InputError, SchemaVersionError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
+from kplan.planner.opgraph import OpGraph, opgraph_from_dict
 
 # 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds";
-# 1.3: optional "model.forward_share"
-PROFILE_SCHEMA = "kplan.profile/1.3"
+# 1.3: optional "model.forward_share"; 1.4: optional "opgraph"
+PROFILE_SCHEMA = "kplan.profile/1.4"
 _PROFILE_KIND = "kplan.profile"
 _SUPPORTED_MAJOR = 1
 
@@ -153,6 +157,8 @@ class Profile:
     # Seconds from the job's start (torchrun, imports, rendezvous) to its first step's record,
     # measured by kplan profile on its machine (optional "device.startup_s"). None: not.
     startup_s: float | None = None
+    # The operator graph of one step (profile 1.4). None: not traced.
+    opgraph: OpGraph | None = field(default=None, compare=False)
 
     def shapes(self) -> tuple[Shape, ...] | None:
         """Every trainable parameter's shape (the pairs expanded), or None when not recorded."""
@@ -367,6 +373,7 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         codec=_codec(doc.get("codec_seconds"), source),
         forward_share=_share(model.get("forward_share"), source, "model.forward_share"),
         startup_s=_opt(device, "startup_s", source, "device", MAX_SECONDS),
+        opgraph=None if doc.get("opgraph") is None else opgraph_from_dict(doc["opgraph"], source),
     )
 
 
@@ -592,4 +599,6 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
             "device": p.codec.device,
             "how": p.codec.how,
         }
+    if p.opgraph is not None:
+        doc["opgraph"] = p.opgraph.to_dict()
     return doc

@@ -19,6 +19,7 @@ from kplan.core.errors import JobError
 from kplan.core.precision import DEFAULT_PRECISION, Precision
 from kplan.profiler.allreduce import BENCH_PORT_ENV
 from kplan.profiler.errlines import last_error_line
+from kplan.profiler.opgraph_trace import OPGRAPH_PATH_ENV, opgraph_path
 from kplan.profiler.procs import ProcessTree
 from kplan.profiler.records import DoneEvent, MetricsTail, OomEvent, Record, StepRecord
 from kplan.profiler.schedule import ProfileSchedule
@@ -37,6 +38,7 @@ class JobSpec:
     step_timeout_s: float  # longest silence between two records
     timeout_s: float  # the whole job
     precision: Precision = DEFAULT_PRECISION  # what the job trains in (KPLAN_PRECISION)
+    trace_opgraph: bool = True  # rank 0 traces one step's operator graph (opgraph_trace.py)
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,11 @@ def free_port() -> int:
 
 
 def job_argv(spec: JobSpec) -> list[str]:
-    """One worker: the script itself. Several: torchrun (c10d on 127.0.0.1) and the wrapper."""
+    """One worker: the script itself (through the wrapper when it traces the operator graph).
+    Several: torchrun (c10d on 127.0.0.1) and the wrapper."""
     if spec.workers == 1:
-        return [sys.executable, str(spec.script), *spec.args]
+        wrapper = ["-m", "kplan.profiler.worker"] if spec.trace_opgraph else []
+        return [sys.executable, *wrapper, str(spec.script), *spec.args]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes=1", f"--nproc-per-node={spec.workers}",
@@ -96,6 +100,8 @@ def job_env(spec: JobSpec, metrics: Path) -> dict[str, str]:
         )
     )
     env["PYTHONUNBUFFERED"] = "1"
+    if spec.trace_opgraph:
+        env[OPGRAPH_PATH_ENV] = str(opgraph_path(metrics.parent))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if spec.allreduce_bench and spec.workers > 1:
         env[BENCH_PORT_ENV] = str(free_port())

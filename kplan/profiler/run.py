@@ -23,6 +23,7 @@ from kplan.profiler.codec import CODEC_REPEATS
 from kplan.profiler.device import DeviceFacts, measure_device
 from kplan.profiler.examples import Example, get_example
 from kplan.profiler.job import JobOutcome, JobSpec, Progress, run_job
+from kplan.profiler.opgraph_trace import with_opgraph
 from kplan.profiler.procs import ProcessTree
 from kplan.profiler.schedule import ProfileSchedule, sweep_sizes
 
@@ -315,6 +316,7 @@ def run_profile(
         profile = build_profile(
             req=req, a=analysis, facts=facts, outcome=outcome, schedule=schedule, gpus=gpus
         )
+        profile = with_opgraph(profile, workdir)
         keep = req.keep_workdir
     finally:
         if not keep:

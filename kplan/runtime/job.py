@@ -51,9 +51,12 @@ class _StepContext:
         self.job = job
         self._cast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         self._probe: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        self._trace: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
     def __enter__(self) -> _StepContext:
         self.job._enter_step()
+        self._trace = profile_steps.trace_probe(self.job._state)
+        self._trace.__enter__()
         self._probe = activation_probe(self.job._state)
         self._probe.__enter__()
         self._cast = self.job.autocast()
@@ -63,7 +66,10 @@ class _StepContext:
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
         self._cast.__exit__(type(exc) if exc is not None else None, exc, None)
         self._probe.__exit__(None, None, None)
-        return self.job._exit_step(exc)
+        try:
+            return self.job._exit_step(exc)
+        finally:
+            self._trace.__exit__(None, None, None)
 
 
 class Job:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import torch  # noqa: TID253 (torch is the runtime's core dependency)
@@ -120,3 +121,23 @@ def enter_profile_phase(st: JobState) -> None:
 def reset_peak_memory(st: JobState) -> None:
     if st.ctx.is_cuda:
         torch.cuda.reset_peak_memory_stats(st.ctx.device)
+
+
+# A factory the profiler's worker registers (kplan/profiler/opgraph_trace.py): called with the
+# local batch, its context is held around one whole step (forward, backward, optimizer).
+_STEP_TRACERS: list[Callable[[int], contextlib.AbstractContextManager[Any]]] = []
+
+
+def set_step_tracer(factory: Callable[[int], contextlib.AbstractContextManager[Any]]) -> None:
+    """Trace one step of the profile: the first of its GNS phase (the base local batch), rank 0."""
+    _STEP_TRACERS[:] = [factory]
+
+
+def trace_probe(st: JobState) -> contextlib.AbstractContextManager[Any]:
+    """The registered tracer's context for this step (once), or a no-op context."""
+    profile = st.profile
+    if not _STEP_TRACERS or profile is None or profile.done or st.ctx.rank != 0:
+        return contextlib.nullcontext()
+    if profile.phase.name != "gns" or profile.steps_in_phase != 0 or st.micro_in_step != 0:
+        return contextlib.nullcontext()
+    return _STEP_TRACERS.pop()(profile.phase.local_batch)
