@@ -278,12 +278,47 @@ def sync_time(
     rounds the hook waits for (module notes) plus ``skew_s`` once where one is a barrier
     (``step_time``)."""
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
+    t_bytes, t_hops, t_wait, colls = _sync_terms(p, c, shapes, n, k, part, skew_s)
     pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
     alpha, per_byte, lat, two = _link(p, n, pbytes)
     if part == "blocking":
         alpha = np.zeros_like(alpha)
-    nb = buckets(p, shapes)
+    hops = t_hops * (buckets(p, shapes) if c.kind != "none" else 1)
+    out: Array = np.where(
+        k > 1, two * (alpha + per_byte * t_bytes * fraction + lat * hops) + t_wait, 0.0
+    )
+    return out, colls
+
+
+def _sync_terms(
+    p: PerfParams,
+    c: Compression,
+    shapes: Sequence[tuple[int, ...]],
+    n: Array,
+    k: Array,
+    part: Literal["all", "overlapped", "blocking"],
+    skew_s: float,
+) -> tuple[Array, Array, Array, list[str]]:
+    """(bytes, hops per bucket, barrier wait, collective) of ``part`` per entry. An option whose
+    traffic depends on the worker count alone (all but top-k's ``auto``) reads it from columns
+    indexed by that count, filled once per (layout, option): no per-entry work in Python."""
     shape_key = tuple(tuple(sh) for sh in shapes)
+    whole = bool(k.size) and bool(np.all(k == np.round(k))) and float(k.min()) >= 0
+    if whole and not (c.sparse and c.collective == "auto"):
+        cols = _columns(shape_key, c, k.astype(np.intp))
+        ki = k.astype(np.intp)
+        if part == "all":
+            b, h = cols.bytes[ki], cols.hops[ki]
+            wait = np.zeros(k.shape)
+        elif part == "blocking":
+            b, h = cols.blocking_bytes[ki], cols.blocking_hops[ki]
+            wait = np.where(cols.barrier[ki], skew_s, 0.0)  # once a step (module notes)
+        else:
+            b = cols.bytes[ki] - cols.blocking_bytes[ki]
+            h = cols.hops[ki] - cols.blocking_hops[ki]
+            wait = np.zeros(k.shape)
+        return b, h, wait, [_COLLECTIVES[int(j)] for j in cols.collective[ki].ravel()]
+    pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
     memo = _traffic_table(shape_key)
     keys = np.stack([k.ravel(), (n.ravel() > 1).astype(float)], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
@@ -308,12 +343,53 @@ def sync_time(
             t_bytes[j], t_hops[j] = t.bytes - t.blocking_bytes, t.hops - t.blocking_hops
         names.append(t.collective)
     inv = inverse.reshape(k.shape)
-    hops = t_hops[inv] * (nb if c.kind != "none" else 1)
-    out: Array = np.where(
-        k > 1, two * (alpha + per_byte * t_bytes[inv] * fraction + lat * hops) + t_wait[inv], 0.0
-    )
-    colls = [names[int(j)] for j in inv.ravel()]
-    return out, colls
+    return t_bytes[inv], t_hops[inv], t_wait[inv], [names[int(j)] for j in inv.ravel()]
+
+
+@dataclass
+class _Columns:
+    """``traffic`` of one option on one gradient layout, indexed by the worker count (the
+    counts asked for so far; ``filled`` marks them)."""
+
+    filled: NDArray[np.bool_]
+    bytes: Array
+    hops: Array
+    blocking_bytes: Array
+    blocking_hops: Array
+    barrier: NDArray[np.bool_]
+    collective: NDArray[np.int8]  # index into _COLLECTIVES
+
+
+_COLUMNS: dict[tuple[Shapes, Compression], _Columns] = {}
+_COLLECTIVES = ("", "ar", "ag")
+
+
+def _columns(shape_key: Shapes, c: Compression, k: NDArray[np.intp]) -> _Columns:
+    """The option's traffic columns with every count in ``k`` filled (grown as needed)."""
+    key = (shape_key, c)
+    cols = _COLUMNS.get(key)
+    top = int(k.max()) + 1
+    if cols is None or cols.filled.size < top:
+        size = max(top, 64 if cols is None else 2 * cols.filled.size)
+        grown = _Columns(
+            np.zeros(size, dtype=bool), *(np.zeros(size) for _ in range(4)),
+            np.zeros(size, dtype=bool), np.zeros(size, dtype=np.int8),
+        )  # fmt: skip
+        if cols is not None:
+            for name in _Columns.__dataclass_fields__:
+                getattr(grown, name)[: cols.filled.size] = getattr(cols, name)
+        if len(_COLUMNS) >= 256:
+            _COLUMNS.clear()
+        cols = _COLUMNS[key] = grown
+    asked = np.zeros(top, dtype=bool)
+    asked[k.ravel()] = True
+    for kk in np.flatnonzero(asked & ~cols.filled[:top]).tolist():
+        t = traffic(c, shape_key, kk, 0.0, 0.0)  # the link plays no part here
+        cols.bytes[kk], cols.hops[kk] = t.bytes, t.hops
+        cols.blocking_bytes[kk], cols.blocking_hops[kk] = t.blocking_bytes, t.blocking_hops
+        cols.barrier[kk], cols.filled[kk] = t.barrier, True
+        cols.collective[kk] = _COLLECTIVES.index(t.collective)
+    return cols
 
 
 def _steady(c: Compression) -> str:
