@@ -21,15 +21,30 @@ def pareto_front(hours: Array, cost: Array) -> NDArray[np.int64]:
 
 def front_mask(hours: Array, cost: Array, finite: NDArray[np.bool_]) -> NDArray[np.bool_]:
     """Per row of 2-d arrays, the ``finite`` points on that row's frontier: the rows
-    ``pareto_front`` keeps for each row alone (the same points, ties to the first), at once."""
+    ``pareto_front`` keeps for each row alone (the same points, ties to the first). Rows with
+    the same hours (the on-demand regions of a type: only the price differs) share one sort
+    where their costs rank the same within every tie of hours; else a row sorts on its own."""
     h = np.where(finite, hours, np.inf)
     c = np.where(finite, cost, np.inf)
-    order = np.lexsort((c, h), axis=-1)
-    sorted_cost = np.take_along_axis(c, order, axis=-1)
-    best = np.minimum.accumulate(sorted_cost, axis=-1)
-    best_before = np.concatenate([np.full((c.shape[0], 1), np.inf), best[:, :-1]], axis=-1)
     mask = np.zeros(c.shape, dtype=bool)
-    np.put_along_axis(mask, order, sorted_cost < best_before, axis=-1)
+    groups: dict[bytes, list[int]] = {}
+    for r in range(h.shape[0]):
+        groups.setdefault(h[r].tobytes(), []).append(r)
+    for rows in groups.values():
+        shared = np.lexsort((c[rows[0]], h[rows[0]]))
+        hs = h[rows[0]][shared]
+        tied = np.flatnonzero(hs[1:] == hs[:-1])  # positions whose next has the same hours
+        for r in rows:
+            order = shared
+            sc = c[r][order]
+            if r != rows[0] and tied.size:
+                a, b = sc[tied], sc[tied + 1]
+                if not np.all((b > a) | ((b == a) & (order[tied + 1] > order[tied]))):
+                    order = np.lexsort((c[r], h[r]))  # ranks differ inside a tie: its own
+                    sc = c[r][order]
+            best = np.minimum.accumulate(sc)
+            best_before = np.concatenate([[np.inf], best[:-1]])
+            mask[r, order] = sc < best_before
     return mask
 
 
