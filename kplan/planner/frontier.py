@@ -31,20 +31,23 @@ def front_mask(hours: Array, cost: Array, finite: NDArray[np.bool_]) -> NDArray[
     for r in range(h.shape[0]):
         groups.setdefault(h[r].tobytes(), []).append(r)
     for rows in groups.values():
-        shared = np.lexsort((c[rows[0]], h[rows[0]]))
-        hs = h[rows[0]][shared]
+        first = rows[0]
+        order = np.lexsort((c[first], h[first]))
+        sc = c[rows][:, order]
+        hs = h[first][order]
         tied = np.flatnonzero(hs[1:] == hs[:-1])  # positions whose next has the same hours
-        for r in rows:
-            order = shared
-            sc = c[r][order]
-            if r != rows[0] and tied.size:
-                a, b = sc[tied], sc[tied + 1]
-                if not np.all((b > a) | ((b == a) & (order[tied + 1] > order[tied]))):
-                    order = np.lexsort((c[r], h[r]))  # ranks differ inside a tie: its own
-                    sc = c[r][order]
-            best = np.minimum.accumulate(sc)
-            best_before = np.concatenate([[np.inf], best[:-1]])
-            mask[r, order] = sc < best_before
+        alike = np.ones(len(rows), dtype=bool)
+        if tied.size:
+            a, b = sc[:, tied], sc[:, tied + 1]
+            alike = np.all((b > a) | ((b == a) & (order[tied + 1] > order[tied])), axis=1)
+        best = np.minimum.accumulate(sc, axis=1)
+        best_before = np.concatenate([np.full((len(rows), 1), np.inf), best[:, :-1]], axis=1)
+        same = np.asarray(rows)[alike]
+        mask[same[:, None], order[None, :]] = (sc < best_before)[alike]
+        for r in np.asarray(rows)[~alike].tolist():  # ranks differ inside a tie: its own sort
+            own = np.lexsort((c[r], h[r]))
+            own_c = c[r][own]
+            mask[r, own] = own_c < np.concatenate([[np.inf], np.minimum.accumulate(own_c)[:-1]])
     return mask
 
 
