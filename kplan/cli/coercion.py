@@ -93,7 +93,7 @@ def install() -> None:
     """Put ``PlainFirst`` in front of typer's runtime coercion (once; nothing on a typer that
     has no such hook)."""
     try:
-        import typer.core as core
+        from typer import core
     except ImportError:  # pragma: no cover - typer is a dependency
         return
     build = getattr(core, "build_runtime_param", None)
@@ -104,4 +104,4 @@ def install() -> None:
         return PlainFirst(descriptor, build)
 
     plain_first.kplan_plain_first = True  # type: ignore[attr-defined]
-    core.build_runtime_param = plain_first
+    setattr(core, "build_runtime_param", plain_first)  # noqa: B010 (typer does not export it)

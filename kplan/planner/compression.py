@@ -372,8 +372,8 @@ def _columns(shape_key: Shapes, c: Compression, k: NDArray[np.intp]) -> _Columns
     if cols is None or cols.filled.size < top:
         size = max(top, 64 if cols is None else 2 * cols.filled.size)
         grown = _Columns(
-            np.zeros(size, dtype=bool), *(np.zeros(size) for _ in range(4)),
-            np.zeros(size, dtype=bool), np.zeros(size, dtype=np.int8),
+            np.zeros(size, dtype=bool), np.zeros(size), np.zeros(size), np.zeros(size),
+            np.zeros(size), np.zeros(size, dtype=bool), np.zeros(size, dtype=np.int8),
         )  # fmt: skip
         if cols is not None:
             for name in _Columns.__dataclass_fields__:
