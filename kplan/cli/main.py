@@ -158,6 +158,9 @@ def build_app(command: str | None = None) -> typer.Typer:
     """The command line. With ``command`` (one of the top-level commands), only that command is
     registered: a run of it parses, helps and fails exactly as in the whole CLI, without importing
     the other commands' modules or building their parameters (start-up time)."""
+    from kplan.cli import coercion
+
+    coercion.install()  # plain option values without pydantic (start-up time)
     app = typer.Typer(
         cls=_KplanGroup,
         name="kplan",

@@ -163,15 +163,25 @@ def top_distinct(
     seen: set[tuple[str, str, str]] = set()
     rows: list[PlanRow] = []
     for i in order:
-        row = plan_row(int(i), t, cands, workload)
-        key = (row.cloud, row.instance_type, row.market)
+        key = shown_key(int(i), t, cands)
         if key in seen:
             continue
         seen.add(key)
-        rows.append(row)
+        rows.append(plan_row(int(i), t, cands, workload))
         if len(rows) >= top:
             break
     return rows
+
+
+def shown_key(i: int, t: Table, cands: list[Candidate]) -> tuple[str, str, str]:
+    """(cloud, instance type(s), market) of the row ``plan_row`` would build (a mix of one
+    market shows that market), without building it."""
+    if t.cand[i] >= 0:
+        return row_key(i, t, cands)
+    mix = t.mixes[-1 - int(t.cand[i])]
+    markets = {g.market for g in mix.groups}
+    market = markets.pop() if len(markets) == 1 else "mixed"
+    return (mix.cloud, "+".join(g.instance_type for g in mix.groups), market)
 
 
 def spot_notes(r: PlanRow) -> list[str]:

@@ -103,6 +103,7 @@ from numpy.typing import ArrayLike, NDArray
 from kplan.core import compression_spec as rc
 from kplan.core.compression_spec import Compression
 from kplan.planner import perfmodel
+from kplan.planner.commtraffic import Traffic, sync_terms, traffic
 from kplan.planner.compstats import (
     MEASURED_SIGMA,
     MIN_MEASURED_SIGMA,
@@ -123,10 +124,12 @@ __all__ = [
     "MIN_MEASURED_SIGMA",
     "TOPK_PRIOR_SIGMA",
     "StatCost",
+    "Traffic",
     "parse",
     "parse_measured",
     "prior",
     "stat_for",
+    "traffic",
 ]
 
 Array = NDArray[np.float64]
@@ -161,86 +164,6 @@ def assumed_shapes(gradient_bytes: float, element_bytes: int = 4) -> Shapes:
     if rest:
         shapes.append((rest,))
     return tuple(shapes)
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """One synchronised step's communication for one worker (per bucket: ``hops``)."""
-
-    bytes: float  # sent by one worker over the step (the bottleneck link's load)
-    rounds: int  # collective rounds per bucket (their hops are counted in ``hops``)
-    hops: float  # sequential messages per bucket (each pays the per-hop latency)
-    collective: str  # "ar"/"ag" for top-k, "" otherwise
-    blocking_bytes: float = 0.0  # of ``bytes``: in rounds the hook waits for (not overlapped)
-    blocking_hops: float = 0.0  # of ``hops``: the same rounds' messages, per bucket
-    barrier: bool = False  # the blocking round needs every worker's part (skew is paid)
-
-
-def traffic(
-    c: Compression, shapes: Sequence[tuple[int, ...]], workers: int, bandwidth_Bps: float,
-    latency_s: float,
-) -> Traffic:  # fmt: skip
-    """Bytes, rounds and hops of ``c`` on ``workers`` (the AR/AG of ``auto`` by the runtime's
-    cost function at ``bandwidth_Bps`` and ``latency_s`` per hop)."""
-    k = workers
-    if k <= 1:
-        return Traffic(0.0, 0, 0.0, "")
-    if c.kind in ("none", "fp16", "bf16"):
-        return Traffic(rc.wire_bytes(c, shapes, k), 1, 2.0 * (k - 1), "")
-    if c.kind == "powersgd":
-        # P's round is waited for inside the hook (Q = M^T P needs the summed P)
-        p_elems, _, _ = rc.powersgd_elements(c.rank, shapes)
-        p_bytes = rc.ring_allreduce_bytes(rc.VALUE_BYTES * p_elems, k)
-        hops = 2.0 * (k - 1)
-        return Traffic(rc.wire_bytes(c, shapes, k), 2, 2 * hops, "", p_bytes, hops, True)
-    coll: Literal["ar", "ag"]
-    if c.collective == "auto":
-        numel = sum(math.prod(s) for s in shapes)
-        coll = rc.topk_collective(numel, c.ratio, k, bandwidth_Bps, latency_s).choice
-    else:
-        coll = "ar" if c.collective == "ar" else "ag"
-    if coll == "ag":
-        return Traffic(rc.wire_bytes(c, shapes, k, "ag"), 2, float(2 * (k - 1)), "ag")
-    # AR: the broadcast's critical path is ceil(log2 k) sends of all K indices (a tree), as in
-    # the runtime's cost function; then the ring all-reduce of the K values.
-    # The broadcast is waited for inside the hook (the values sent depend on the indices), but
-    # it is no barrier: the others wait for the designated worker's selection (its codec time),
-    # and it waits for no one.
-    kk = sum(rc.topk_count(math.prod(s), c.ratio) for s in shapes)
-    tree = math.ceil(math.log2(k))
-    bcast = tree * rc.INDEX_BYTES * kk
-    nbytes = bcast + rc.ring_allreduce_bytes(rc.VALUE_BYTES * kk, k)
-    return Traffic(nbytes, 2, tree + 2.0 * (k - 1), "ar", bcast, float(tree))
-
-
-# traffic() per gradient layout, then per (option, workers, bandwidth, latency): the layout
-# (a model's hundreds of shapes) is hashed once per sync_time call, not once per entry
-_TRAFFIC: dict[Shapes, dict[tuple[Compression, int, float, float], Traffic]] = {}
-
-
-def _traffic_table(shapes: Shapes) -> dict[tuple[Compression, int, float, float], Traffic]:
-    if shapes not in _TRAFFIC:
-        if len(_TRAFFIC) >= 64:
-            _TRAFFIC.clear()
-        _TRAFFIC[shapes] = {}
-    return _TRAFFIC[shapes]
-
-
-def _traffic_cached(
-    table: dict[tuple[Compression, int, float, float], Traffic],
-    c: Compression,
-    shapes: Shapes,
-    k: int,
-    bw: float,
-    lat: float,
-) -> Traffic:
-    if c.kind in ("none", "fp16", "bf16", "powersgd") or c.collective != "auto":
-        bw, lat = 0.0, 0.0  # the link matters only to a sparse option's auto choice
-    key = (c, k, bw, lat)
-    t = table.get(key)
-    if t is None:
-        t = table[key] = traffic(c, shapes, k, bw, lat)
-    return t
 
 
 def _link(p: PerfParams, n: Array, gradient_bytes: float) -> tuple[Array, Array, Array, Array]:
@@ -278,41 +201,15 @@ def sync_time(
     rounds the hook waits for (module notes) plus ``skew_s`` once where one is a barrier
     (``step_time``)."""
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
+    t_bytes, t_hops, t_wait, colls = sync_terms(p, c, shapes, n, k, part, skew_s)
     pbytes = float(p.gradient_bytes or 4 * sum(math.prod(s) for s in shapes))
     alpha, per_byte, lat, two = _link(p, n, pbytes)
     if part == "blocking":
         alpha = np.zeros_like(alpha)
-    nb = buckets(p, shapes)
-    shape_key = tuple(tuple(sh) for sh in shapes)
-    memo = _traffic_table(shape_key)
-    keys = np.stack([k.ravel(), (n.ravel() > 1).astype(float)], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    t_bytes, t_hops, t_wait = np.zeros(len(uniq)), np.zeros(len(uniq)), np.zeros(len(uniq))
-    names: list[str] = []
-    for j, (kk, inter) in enumerate(uniq):
-        pb = float(p.inter_beta if inter else p.intra_beta) / pbytes
-        t = _traffic_cached(
-            memo,
-            c,
-            shape_key,
-            int(kk),
-            1.0 / pb if pb > 0 else 1e18,
-            p.inter_lat if inter else p.intra_lat,
-        )
-        if part == "all":
-            t_bytes[j], t_hops[j] = t.bytes, t.hops
-        elif part == "blocking":
-            t_bytes[j], t_hops[j] = t.blocking_bytes, t.blocking_hops
-            t_wait[j] = skew_s if t.barrier else 0.0  # once a step (module notes)
-        else:
-            t_bytes[j], t_hops[j] = t.bytes - t.blocking_bytes, t.hops - t.blocking_hops
-        names.append(t.collective)
-    inv = inverse.reshape(k.shape)
-    hops = t_hops[inv] * (nb if c.kind != "none" else 1)
+    hops = t_hops * (buckets(p, shapes) if c.kind != "none" else 1)
     out: Array = np.where(
-        k > 1, two * (alpha + per_byte * t_bytes[inv] * fraction + lat * hops) + t_wait[inv], 0.0
+        k > 1, two * (alpha + per_byte * t_bytes * fraction + lat * hops) + t_wait, 0.0
     )
-    colls = [names[int(j)] for j in inv.ravel()]
     return out, colls
 
 

@@ -21,15 +21,33 @@ def pareto_front(hours: Array, cost: Array) -> NDArray[np.int64]:
 
 def front_mask(hours: Array, cost: Array, finite: NDArray[np.bool_]) -> NDArray[np.bool_]:
     """Per row of 2-d arrays, the ``finite`` points on that row's frontier: the rows
-    ``pareto_front`` keeps for each row alone (the same points, ties to the first), at once."""
+    ``pareto_front`` keeps for each row alone (the same points, ties to the first). Rows with
+    the same hours (the on-demand regions of a type: only the price differs) share one sort
+    where their costs rank the same within every tie of hours; else a row sorts on its own."""
     h = np.where(finite, hours, np.inf)
     c = np.where(finite, cost, np.inf)
-    order = np.lexsort((c, h), axis=-1)
-    sorted_cost = np.take_along_axis(c, order, axis=-1)
-    best = np.minimum.accumulate(sorted_cost, axis=-1)
-    best_before = np.concatenate([np.full((c.shape[0], 1), np.inf), best[:, :-1]], axis=-1)
     mask = np.zeros(c.shape, dtype=bool)
-    np.put_along_axis(mask, order, sorted_cost < best_before, axis=-1)
+    groups: dict[bytes, list[int]] = {}
+    for r in range(h.shape[0]):
+        groups.setdefault(h[r].tobytes(), []).append(r)
+    for rows in groups.values():
+        first = rows[0]
+        order = np.lexsort((c[first], h[first]))
+        sc = c[rows][:, order]
+        hs = h[first][order]
+        tied = np.flatnonzero(hs[1:] == hs[:-1])  # positions whose next has the same hours
+        alike = np.ones(len(rows), dtype=bool)
+        if tied.size:
+            a, b = sc[:, tied], sc[:, tied + 1]
+            alike = np.all((b > a) | ((b == a) & (order[tied + 1] > order[tied])), axis=1)
+        best = np.minimum.accumulate(sc, axis=1)
+        best_before = np.concatenate([np.full((len(rows), 1), np.inf), best[:, :-1]], axis=1)
+        same = np.asarray(rows)[alike]
+        mask[same[:, None], order[None, :]] = (sc < best_before)[alike]
+        for r in np.asarray(rows)[~alike].tolist():  # ranks differ inside a tie: its own sort
+            own = np.lexsort((c[r], h[r]))
+            own_c = c[r][own]
+            mask[r, own] = own_c < np.concatenate([[np.inf], np.minimum.accumulate(own_c)[:-1]])
     return mask
 
 

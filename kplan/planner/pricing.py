@@ -42,7 +42,62 @@ def type_grid(
     grid: NDArray[np.int64],
     factors: Array,
     work_sigma: Array,
+    dense: TypeGrid | None = None,
 ) -> TypeGrid | None:
+    """The candidate's configurations with its compression option (``dense``: the same
+    type's dense grid, when already built: the options share it)."""
+    base = dense if dense is not None else _dense_grid(c, workload, opts, grid, factors, work_sigma)
+    if base is None or c.compression == "none":
+        return base
+    # The option's step time and samples; unless pinned, only where it saves more than the
+    # tie tolerance over dense on the same multi-node configuration.
+    nodes, accum, batch, local = base.nodes, base.accum, base.batch, base.local
+    workers = nodes * c.inst.gpu_count
+    p = c.pred.params
+    comp = compression.parse(c.compression)
+    stat = c.compression_stat or compression.prior(comp)
+    dense_s = base.train_s
+    inputs = compression.variant_inputs(
+        comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
+    )
+    step = np.minimum.reduce(  # auto: the faster of AR's and AG's
+        [
+            compression.step_time(
+                p,
+                cc,
+                shapes,
+                nodes,
+                workers,
+                local,
+                accum,
+                codec,
+                forward_share=workload.forward_share,
+            )
+            for cc, shapes, (codec, _) in inputs
+        ]
+    )
+    samples = base.samples * stat.multiplier
+    steps = np.ceil(samples / batch)
+    sigma = np.hypot(base.sigma, stat.log_sigma)
+    if opts.compression is None:
+        keep = (nodes >= 2) & (steps * step < (1.0 - opts.tie_tolerance) * dense_s)
+        if not keep.any():
+            return None
+        nodes, accum, batch, local, step, samples, steps, sigma = (
+            a[keep] for a in (nodes, accum, batch, local, step, samples, steps, sigma)
+        )
+    return TypeGrid(nodes, accum, batch, local, step, samples, steps * step, sigma)
+
+
+def _dense_grid(
+    c: Candidate,
+    workload: Workload,
+    opts: SearchOptions,
+    grid: NDArray[np.int64],
+    factors: Array,
+    work_sigma: Array,
+) -> TypeGrid | None:
+    """Every (nodes, accumulation, global batch) the type can run, dense."""
     g = c.inst.gpu_count
     nodes, accum, gi = (
         a.ravel()
@@ -72,41 +127,6 @@ def type_grid(
     samples = workload.samples_at_base * factors[gi]
     steps = np.ceil(samples / batch)
     sigma = np.hypot(fit.prior_log_sigma(p, nodes, workers), work_sigma[gi])
-    if c.compression != "none":
-        # The option's step time and samples; unless pinned, only where it saves more than the
-        # tie tolerance over dense on the same multi-node configuration.
-        comp = compression.parse(c.compression)
-        stat = c.compression_stat or compression.prior(comp)
-        dense_s = steps * step
-        inputs = compression.variant_inputs(
-            comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
-        )
-        step = np.minimum.reduce(  # auto: the faster of AR's and AG's
-            [
-                compression.step_time(
-                    p,
-                    cc,
-                    shapes,
-                    nodes,
-                    workers,
-                    local,
-                    accum,
-                    codec,
-                    forward_share=workload.forward_share,
-                )
-                for cc, shapes, (codec, _) in inputs
-            ]
-        )
-        samples = samples * stat.multiplier
-        steps = np.ceil(samples / batch)
-        sigma = np.hypot(sigma, stat.log_sigma)
-        if opts.compression is None:
-            keep = (nodes >= 2) & (steps * step < (1.0 - opts.tie_tolerance) * dense_s)
-            if not keep.any():
-                return None
-            nodes, accum, batch, local, step, samples, steps, sigma = (
-                a[keep] for a in (nodes, accum, batch, local, step, samples, steps, sigma)
-            )
     return TypeGrid(nodes, accum, batch, local, step, samples, steps * step, sigma)
 
 
@@ -144,8 +164,13 @@ def price_candidates(
         by_grid.setdefault((c.offer.cloud, c.offer.instance_type, c.compression), []).append(i)
     parts: dict[int, dict[str, Array]] = {}
     considered = feasible = 0
+    dense: dict[tuple[str, str], TypeGrid | None] = {}  # each type's, shared by its options
     for members in by_grid.values():
-        tg = type_grid(cands[members[0]], workload, opts, grid, factors, work_sigma)
+        c = cands[members[0]]
+        key = (c.offer.cloud, c.offer.instance_type)
+        if key not in dense:
+            dense[key] = _dense_grid(c, workload, opts, grid, factors, work_sigma)
+        tg = type_grid(c, workload, opts, grid, factors, work_sigma, dense[key])
         if tg is None:
             continue
         tc = _closed_form([cands[i] for i in members], tg, opts, checkpoint_s)

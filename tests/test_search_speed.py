@@ -1,0 +1,120 @@
+"""The planner's shortcuts give the values of the direct computation (issue 24, item 5): the
+frontier mask shared by rows of equal hours, the traffic columns of ``compression.sync_time``,
+a compression option's grid built on its type's shared dense grid, and the shown rows told apart
+before a PlanRow is built. Timing is measured in bench/estimate_speed.py, not here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kplan.planner import compression, efficiency, perfmodel
+from kplan.planner.candidates import batch_grid, candidates, with_compression
+from kplan.planner.choose import shown_key, top_distinct
+from kplan.planner.frontier import front_mask, pareto_front
+from kplan.planner.pricing import _dense_grid, price_candidates, type_grid
+from kplan.planner.searchopts import SearchOptions
+from kplan.planner.table import Table
+from tests.planner_fixtures import catalog, device_model, workload
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_front_mask_with_shared_hours_is_pareto_front_per_row(seed: int) -> None:
+    """Rows with the same hours and costs scaled by a price (a type's on-demand regions), with
+    exact ties in hours and in cost, and one row whose costs rank otherwise inside a tie: each
+    row keeps the points ``pareto_front`` keeps for it alone (ties to the first)."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    base_h = rng.choice([1.0, 1.5, 2.0, 2.5, 3.0], size=n)  # many ties in hours
+    base_c = np.round(rng.uniform(1, 4, n), 1)  # and in cost
+    hours = np.tile(base_h, (6, 1))
+    price = np.array([[1.0], [2.0], [1.0], [0.5], [3.0], [1.0]])
+    cost = base_c[None, :] * price
+    cost[5] = np.round(rng.uniform(1, 4, n), 1)  # same hours, costs ranked otherwise
+    hours[2] = np.round(rng.uniform(1, 3, n), 1)  # its own hours
+    finite = np.ones((6, n), dtype=bool)
+    finite[3] = rng.random(n) > 0.3  # another row's hours once masked
+    mask = front_mask(hours, cost, finite)
+    for r in range(6):
+        idx = np.flatnonzero(finite[r])
+        want = np.zeros(n, dtype=bool)
+        want[idx[pareto_front(hours[r, idx], cost[r, idx])]] = True
+        assert np.array_equal(mask[r], want), r
+
+
+def _params(gradient_bytes: float, bucket: float | None) -> perfmodel.PerfParams:
+    return perfmodel.PerfParams(
+        0.01, 1e-3, 2.0, 1e-3, 0.02, 1e-5, 2e-3, 0.2, 3e-5, 0.1, 0.1,
+        gradient_bytes=gradient_bytes, bucket_bytes=bucket,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "powersgd:4", "topk:0.01:ar", "topk:0.05:ag"])
+@pytest.mark.parametrize("part", ["all", "overlapped", "blocking"])
+def test_sync_time_columns_are_traffic_per_entry(spec: str, part: str) -> None:
+    """``sync_time`` from the worker-count columns equals the formula applied to each entry's
+    own ``traffic`` (single nodes and single workers included), collectives too."""
+    p = _params(1e8, 25e6)
+    c = compression.parse(spec)
+    shapes = compression.assumed_shapes(1e8)
+    rng = np.random.default_rng(2)
+    nodes = np.concatenate([[1.0, 1.0, 2.0], rng.integers(1, 65, 30).astype(float)])
+    workers = nodes * np.concatenate([[1.0, 4.0, 1.0], rng.choice([1.0, 2.0, 4.0, 8.0], 30)])
+    got, colls = compression.sync_time(p, c, shapes, nodes, workers, 0.4, part, 0.01)  # type: ignore[arg-type]
+    nb = compression.buckets(p, shapes) if c.kind != "none" else 1
+    for j, (n, k) in enumerate(zip(nodes, workers, strict=True)):
+        t = compression.traffic(c, shapes, int(k), 0.0, 0.0)
+        inter = n > 1
+        alpha = 0.0 if part == "blocking" else (p.inter_alpha if inter else p.intra_alpha)
+        beta = (p.inter_beta if inter else p.intra_beta) / 1e8
+        lat = p.inter_lat if inter else p.intra_lat
+        two = 1.0 + p.two_node if n == 2 else 1.0
+        if part == "all":
+            b, h, wait = t.bytes, t.hops, 0.0
+        elif part == "blocking":
+            b, h, wait = t.blocking_bytes, t.blocking_hops, 0.01 if t.barrier else 0.0
+        else:
+            b, h, wait = t.bytes - t.blocking_bytes, t.hops - t.blocking_hops, 0.0
+        want = two * (alpha + beta * b * 0.4 + lat * h * nb) + wait if k > 1 else 0.0
+        assert math.isclose(got[j], want, rel_tol=1e-12, abs_tol=1e-15), (n, k)
+        assert colls[j] == t.collective
+
+
+def test_compression_grid_on_the_shared_dense_grid_is_the_same() -> None:
+    """A compression option's grid built on its type's dense grid equals the one built alone."""
+    wl = workload()
+    opts = SearchOptions(max_nodes=8)
+    cands, _ = candidates(wl, catalog(), device_model(), opts)
+    cands = with_compression(cands, opts)
+    grid = batch_grid(wl, opts)
+    factors = efficiency.sample_factor(wl.gns, wl.base_batch, grid)
+    sigma = efficiency.log_sigma(wl.gns, wl.base_batch, grid)
+    compared = 0
+    for c in cands:
+        dense = _dense_grid(c, wl, opts, grid, factors, sigma)
+        alone = type_grid(c, wl, opts, grid, factors, sigma)
+        shared = type_grid(c, wl, opts, grid, factors, sigma, dense)
+        assert (alone is None) == (shared is None)
+        if alone is not None and shared is not None:
+            for f in ("nodes", "accum", "batch", "local", "step", "samples", "train_s", "sigma"):
+                assert np.array_equal(getattr(alone, f), getattr(shared, f)), (c.compression, f)
+            compared += c.compression != "none"
+    assert compared > 0
+
+
+def test_shown_key_is_the_plan_rows_key() -> None:
+    """The key told before building a row is the built row's (cloud, type, market), and the
+    distinct rows are the first of each key in order."""
+    wl = workload()
+    opts = SearchOptions(max_nodes=8)
+    cands, _ = candidates(wl, catalog(), device_model(), opts)
+    grid = batch_grid(wl, opts)
+    table: Table = price_candidates(cands, wl, opts, grid, 10.0).table
+    order = np.argsort(table.cost, kind="stable")
+    rows = top_distinct(order, table, cands, wl, 1000)
+    keys = [(r.cloud, r.instance_type, r.market) for r in rows]
+    assert len(set(keys)) == len(keys) > 1
+    want = list(dict.fromkeys(shown_key(int(i), table, cands) for i in order))
+    assert keys == want
