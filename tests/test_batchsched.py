@@ -174,17 +174,17 @@ def test_the_plans_schedule_reaches_the_workers_and_the_estimate_output(tmp_path
     spec = build_spec(req)
     assert spec.plan is not None
     row = spec.plan.chosen
-    assert row.schedule is not None and spec.batch_schedule is not None
+    assert row.schedule is not None and spec.batch.schedule is not None
     workers = worker_env(spec, "/opt/kplan")
     assert env.epochs_by(workers) == "progress"  # the schedule's phases are of this target
     sched = env.batch_schedule(workers)
     assert sched is not None and sched.trigger == "progress"
     assert [p.global_batch for p in sched.phases] == [p.global_batch for p in row.schedule.phases]
-    assert spec.predicted_hours == row.schedule.hours < row.hours
-    assert spec.predicted_cost_p90_usd == row.schedule.cost_p90_usd
+    assert spec.predicted.hours == row.schedule.hours < row.hours
+    assert spec.predicted.cost_p90_usd == row.schedule.cost_p90_usd
     plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
     without = replace(spec.plan, chosen=replace(row, schedule=None))
-    assert spec_from_plan(plain, without, "aws").batch_schedule is None
+    assert spec_from_plan(plain, without, "aws").batch.schedule is None
     doc = spec.plan.to_dict()
     doc["chosen"]["batch_schedule"]["phases"][-1]["progress"] = 2
     with pytest.raises(DataFileError, match=r"progress 2 is not a finite number in \[0, 1\]"):

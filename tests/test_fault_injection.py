@@ -14,7 +14,7 @@ import errno
 import shutil
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ def _spec(script: str) -> JobSpec:
         NodeSpec(0, "g4dn.xlarge", "on-demand", "us-east-1a", 1, 0.5),
         NodeSpec(1, "g4dn.xlarge", "spot", "us-east-1a", 1, 0.2),
     )
-    return JobSpec(
+    return JobSpec.build(
         job_id=JOB,
         cloud="aws",
         region="us-east-1",
@@ -290,7 +290,9 @@ def test_down_terminates_first_even_when_every_database_write_fails(
         try:
             with pytest.raises(Died):  # the guard stops it at the deadline; teardown "dies"
                 run_job(
-                    JobSpec(**{**spec.__dict__, "check_interval_s": 60.0, "deadline_h": 0.2}),
+                    replace(
+                        spec, timing=replace(spec.timing, check_interval_s=60.0), deadline_h=0.2
+                    ),
                     Backend(sim, store),
                     db,
                     clock=clock,
@@ -328,11 +330,11 @@ def test_the_guard_refuses_before_anything_is_uploaded_and_files_are_private(
     store.uri = "s3://bucket/kplan"
     sim = SimProvider(clock, store, boot_s=60.0, finish_at=clock.now() + 600.0)
     with StateDB.open(folder / "kplan.db", clock=clock) as db:
-        poor = JobSpec(**{**_spec(str(script)).__dict__, "budget_usd": 0.001})
+        poor = replace(_spec(str(script)), budget_usd=0.001)
         out = run_job(poor, Backend(sim, store), db, clock=clock, billing=AWS)
         assert out.status == "stopped" and store.list_keys("") == []
         assert "prepare" not in sim.calls and "run_instances" not in sim.calls
-        rich = JobSpec(**{**_spec(str(script)).__dict__, "job_id": "kp-fault-2"})
+        rich = replace(_spec(str(script)), job_id="kp-fault-2")
         assert run_job(rich, Backend(sim, store), db, clock=clock, billing=AWS).status == (
             "succeeded"
         )

@@ -245,7 +245,7 @@ def test_exploring_with_a_deadline_no_trial_meets_hands_over_to_the_replanner(
 
     events: list[tuple[str, str, dict[str, Any]]] = []
     priced = (NodeSpec(0, "local", "on-demand", "local", 1, 3.0),)
-    spec = replace(_spec(), nodes=priced, deadline_h=1e-3, explore=True, adapt=True)
+    spec = replace(_spec(explore=True, adapt=True), nodes=priced, deadline_h=1e-3)
     adapter = Adapter(spec, LocalStorage(tmp_path), lambda k, m, d: events.append((k, m, d)), 0.0)
     replans: list[float] = []
 

@@ -43,7 +43,7 @@ def _cloud_spec(tmp_path: Path, cloud: str, nodes: int = 2) -> JobSpec:
     script.parent.mkdir(exist_ok=True)
     if not script.exists():
         script.write_text("print('hi')\n")
-    return JobSpec(
+    return JobSpec.build(
         job_id="kp-boot-1",
         cloud=cloud,
         region="r1",

@@ -172,7 +172,7 @@ def recorded(home: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> dict[
     monkeypatch.setitem(providers.FACTORIES, "aws", "tests.launcher_fakes:current_backend")
     monkeypatch.setitem(launcher_fakes.CURRENT, "backend", backend)
     nodes = (NodeSpec(0, "g4dn.xlarge", "spot", "a", 1, 0.4),)
-    done = JobSpec("kp-cli-done", "aws", "r", str(script), nodes, 5.0, check_interval_s=60)
+    done = JobSpec.build("kp-cli-done", "aws", "r", str(script), nodes, 5.0, check_interval_s=60)
     with StateDB.open() as db:
         run_job(done, backend, db, clock=clock)
     storage.put_bytes("kp-cli-done/logs/node-0.log", b"epoch 1 loss 0.5\n")
@@ -180,7 +180,7 @@ def recorded(home: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> dict[
     from kplan.launcher.bootstrap import instance_spec, rendezvous
     from kplan.launcher.state import InstanceRecord, JobRecord
 
-    orphan = JobSpec("kp-cli-orphan", "aws", "r", str(script), nodes, 5.0)
+    orphan = JobSpec.build("kp-cli-orphan", "aws", "r", str(script), nodes, 5.0)
     sim.finish_at = None
     (inst,) = sim.run_instances(
         None,  # type: ignore[arg-type]

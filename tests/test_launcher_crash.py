@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +213,7 @@ def _orphan(home: Path, script: Path, job: str, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(providers.FACTORIES, "aws", "tests.launcher_fakes:current_backend")
     monkeypatch.setitem(launcher_fakes.CURRENT, "backend", Backend(sim, storage))
     nodes = tuple(NodeSpec(r, "g4dn.xlarge", "spot", "a", 1, 0.4) for r in range(2))
-    spec = JobSpec(job, "aws", "r", str(script), nodes, 5.0, storage_uri=storage.uri)
+    spec = JobSpec.build(job, "aws", "r", str(script), nodes, 5.0, storage_uri=storage.uri)
     specs = [
         instance_spec(spec, n, f"{job}-n{n.node_rank}-r0", rendezvous(spec, 0, None), "s3://b")
         for n in nodes
@@ -286,7 +287,7 @@ def test_logs_follow_returns_when_the_launcher_is_gone(home: Path) -> None:
 
     job = "kp-logs-gone-1"
     spec = JobSpec.local("train.py", (), nodes=1)
-    spec = JobSpec(**{**spec.__dict__, "job_id": job})
+    spec = replace(spec, job_id=job)
     with StateDB.open() as db:
         db.create_job(
             JobRecord(

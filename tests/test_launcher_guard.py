@@ -158,7 +158,7 @@ def test_no_run_ends_over_budget_or_with_a_live_instance(
     nodes: tuple[NodeSpec, ...] = sc["nodes"]  # type: ignore[assignment]
     per_hour = sum(n.usd_per_hour for n in nodes)
     top = max(n.usd_per_hour for n in nodes)
-    spec = JobSpec(
+    spec = JobSpec.build(
         job_id=f"kp-prop-{next(_ids)}",
         cloud="aws",
         region="r",

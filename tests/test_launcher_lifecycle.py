@@ -62,7 +62,7 @@ def _spec(
         ),
     }
     options.update(kw)
-    return JobSpec(**options)
+    return JobSpec.build(**options)
 
 
 def _sim(env: dict[str, Any], **kw: Any) -> SimProvider:

@@ -124,7 +124,7 @@ def _launch_like(
 def test_an_injected_outage_waits_fails_over_and_bills_what_the_replay_bills(
     env: dict[str, Any],
 ) -> None:
-    spec = JobSpec(
+    spec = JobSpec.build(
         job_id=JOB,
         cloud="aws",
         region="us-east-1",
@@ -225,7 +225,7 @@ def test_an_on_demand_fallback_bills_what_the_replay_bills_plus_the_spot_boot(
     replay ends the on-demand node when capacity returns (training down while the spot node
     boots); the launcher keeps it training until its spot successor runs, so its on-demand row
     is longer by the spot node's boot (``restart_s``). Everything else matches as above."""
-    spec = JobSpec(
+    spec = JobSpec.build(
         job_id=JOB,
         cloud="aws",
         region="us-east-1",

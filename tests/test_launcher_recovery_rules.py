@@ -9,6 +9,7 @@ back to spot once spot capacity returns); with no capacity anywhere the job wait
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,7 +74,7 @@ def _spec(env: dict[str, Any], markets: tuple[str, ...] = ("spot", "spot"), **kw
         ),
     }
     options.update(kw)
-    return JobSpec(**options)
+    return JobSpec.build(**options)
 
 
 def _sim(env: dict[str, Any], preempt: dict[str, float], **kw: Any) -> SimProvider:
@@ -265,12 +266,13 @@ def test_the_guard_stops_a_wait_the_budget_cannot_pay(env: dict[str, Any]) -> No
 
 
 def test_job_specs_stored_before_the_recovery_fields_still_load(env: dict[str, Any]) -> None:
-    doc = _spec(env).to_dict()
+    doc = json.loads(json.dumps(_spec(env).to_dict()))
     for name in ("capacity_wait_s", "spot_probe_interval_s"):
-        doc.pop(name)
+        doc["recovery"].pop(name)
     old = JobSpec.from_dict(doc)
-    assert (old.capacity_wait_s, old.spot_probe_interval_s) == (900.0, None)
-    assert JobSpec.from_dict(_spec(env, capacity_wait_s=60.0).to_dict()).capacity_wait_s == 60.0
+    assert (old.recovery.capacity_wait_s, old.recovery.spot_probe_interval_s) == (900.0, None)
+    again = JobSpec.from_dict(_spec(env, capacity_wait_s=60.0).to_dict())
+    assert again.recovery.capacity_wait_s == 60.0
     with pytest.raises(Exception, match="capacity_wait_s -1"):
         _spec(env, capacity_wait_s=-1.0)
 
@@ -375,10 +377,10 @@ def test_no_outage_run_ends_over_budget_or_with_a_live_instance(
             if status == "failed" and "max_replacements" in reason:
                 # it fails at the check that first sees more than the limit: nodes lost
                 # together in that check may take the count past limit + 1, none before it
-                assert lost > spec.max_replacements
-                assert sum(t < max(losses) for t in losses) <= spec.max_replacements
+                assert lost > spec.recovery.max_replacements
+                assert sum(t < max(losses) for t in losses) <= spec.recovery.max_replacements
             else:
-                assert lost <= spec.max_replacements
+                assert lost <= spec.recovery.max_replacements
             inst = {i.id: i for i in db.instances(JOB)}
             for row in rows:  # every row at its own instance's price
                 assert row.usd == pytest.approx(

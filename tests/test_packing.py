@@ -467,7 +467,9 @@ def test_a_job_the_guard_refuses_uploads_nothing_through_run_job(tmp_path: Path)
     clock = FakeClock()
     sim = SimProvider(clock, storage)
     node = NodeSpec(0, "g4dn.xlarge", "on-demand", "us-east-1a", 1, 5.0)
-    spec = JobSpec("kp-pack-guard", "aws", "us-east-1", str(_project(tmp_path)), (node,), 0.001)
+    spec = JobSpec.build(
+        "kp-pack-guard", "aws", "us-east-1", str(_project(tmp_path)), (node,), 0.001
+    )
     try:
         with StateDB.open(folder / "kplan.db") as db:
             billing = Billing("aws", 60.0, 1.0, "test")
@@ -508,7 +510,7 @@ def test_the_uploaded_code_object_holds_no_secret(
     )  # fmt: skip
     backend = Backend(AwsProvider(config), S3Storage(f"s3://{BUCKET}/jobs", config))
     script = _project(tmp_path)
-    spec = JobSpec(
+    spec = JobSpec.build(
         job_id=new_job_id(), cloud="aws", region=REGION, script=str(script),
         nodes=(NodeSpec(0, "g5.xlarge", "spot", ZONE, gpus=1, usd_per_hour=0.45),),
         budget_usd=20.0, check_interval_s=0.1, grace_s=1.0, teardown_s=10.0,

@@ -289,17 +289,19 @@ def test_the_plan_precision_reaches_the_workers(tmp_path: Path) -> None:
         storage_uri="s3://bucket/kplan",
     )
     spec = build_spec(req)
-    assert spec.precision == "fp16"
+    assert spec.training.precision == "fp16"
     assert worker_env(spec, "/opt/kplan")["KPLAN_PRECISION"] == "fp16"
     local = build_spec(LaunchRequest(script=script, budget_usd=0.0, precision="bf16"))
-    assert local.precision == "bf16" and worker_env(local, "/x")["KPLAN_PRECISION"] == "bf16"
-    assert build_spec(LaunchRequest(script=script, budget_usd=0.0)).precision == "fp32"
+    assert (
+        local.training.precision == "bf16" and worker_env(local, "/x")["KPLAN_PRECISION"] == "bf16"
+    )
+    assert build_spec(LaunchRequest(script=script, budget_usd=0.0)).training.precision == "fp32"
     assert spec.plan is not None
     old = spec.plan.to_dict()
     chosen = {k: v for k, v in old["chosen"].items() if k != "precision"}
     legacy = {k: v for k, v in old.items() if k != "precision"} | {"chosen": chosen}
     plain = LaunchRequest(script=script, budget_usd=5000.0, cloud="aws")
-    assert spec_from_plan(plain, Plan.from_dict(legacy), "aws").precision == "fp32"
+    assert spec_from_plan(plain, Plan.from_dict(legacy), "aws").training.precision == "fp32"
     bad = legacy | {"chosen": chosen | {"precision": "fp8"}}
     with pytest.raises(DataFileError, match="precision 'fp8' is not one of"):
         Plan.from_dict(bad)

@@ -228,7 +228,10 @@ def test_the_ledger_bills_the_catalog_price_of_an_edited_plan(
     spec = build_spec(
         LaunchRequest(script=script, budget_usd=1000.0, plan_file=path, job_id="kp-price-1")
     )
-    assert spec.price_notes and JobSpec.from_dict(spec.to_dict()).price_notes == spec.price_notes
+    assert (
+        spec.predicted.price_notes
+        and JobSpec.from_dict(spec.to_dict()).predicted.price_notes == spec.predicted.price_notes
+    )
     catalog_usd = honest_plan["chosen"]["groups"][0]["usd_per_hour"]
     assert {n.usd_per_hour for n in spec.nodes} == {catalog_usd}
     folder = fast_dir(tmp_path, "ledger")
@@ -246,6 +249,6 @@ def test_the_ledger_bills_the_catalog_price_of_an_edited_plan(
             assert {i.price for i in db.instances("kp-price-1")} == {catalog_usd}
             assert out.spend_usd == pytest.approx(len(rows) * catalog_usd, rel=0.02)
             events = [e for e in db.events("kp-price-1") if e.kind == "price"]
-            assert [e.message for e in events] == list(spec.price_notes)
+            assert [e.message for e in events] == list(spec.predicted.price_notes)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

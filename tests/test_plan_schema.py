@@ -182,8 +182,11 @@ def test_old_plan_files_launch_and_simulate(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     spec = build_spec(LaunchRequest(script, 10.0, plan_file=Path(spot)))
-    assert spec.allow_on_demand and spec.max_replacements == 20
-    assert spec.capacity_wait_s == _fixture("plan_v1_yolov3_spot.json")["chosen"]["capacity_wait_s"]
+    assert spec.allow_on_demand and spec.recovery.max_replacements == 20
+    assert (
+        spec.recovery.capacity_wait_s
+        == _fixture("plan_v1_yolov3_spot.json")["chosen"]["capacity_wait_s"]
+    )
     local = str(FIXTURES / "plan_v1_local.json")
     res = runner.invoke(app, ["launch", str(script), "--plan", local, "--budget", "1", "--dry-run"])
     assert res.exit_code == 0, res.output

@@ -69,7 +69,7 @@ def job(tmp_path: Path) -> JobSpec:
     script.parent.mkdir()
     script.write_text("print('training')\n")
     node = NodeSpec(0, "g5.xlarge", "spot", ZONE, gpus=1, usd_per_hour=0.45)
-    return JobSpec(
+    return JobSpec.build(
         job_id=new_job_id(),
         cloud="aws",
         region=REGION,

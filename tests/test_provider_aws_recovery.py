@@ -125,7 +125,7 @@ def _job(tmp_path: Path, **kw: Any) -> JobSpec:
         ),
     }
     options.update(kw)
-    return JobSpec(**options)
+    return JobSpec.build(**options)
 
 
 def _finish(backend: Backend, moto: MotoAws, job_id: str) -> None:

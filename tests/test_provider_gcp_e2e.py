@@ -58,7 +58,7 @@ def job_spec(tmp_path: Path, **options: float) -> JobSpec:
     script.write_text("print('training')\n")
     node = NodeSpec(0, T4, "spot", ZONE, gpus=1, usd_per_hour=0.16)
     settings = {"check_interval_s": 1.0, "grace_s": 5.0, "teardown_s": 30.0, **options}
-    return JobSpec(
+    return JobSpec.build(
         job_id=new_job_id(),
         cloud="gcp",
         region="us-central1",

@@ -118,7 +118,7 @@ def _spec(home: Path, **kw: Any) -> JobSpec:
         "python": sys.executable,
     }
     options.update(kw)
-    return JobSpec(**options)
+    return JobSpec.build(**options)
 
 
 def _run(home: Path, spec: JobSpec, chaos: ChaosConfig) -> tuple[JobOutcome, StateDB]:

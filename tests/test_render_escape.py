@@ -70,7 +70,7 @@ def nasty_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setitem(providers.FACTORIES, "aws", "tests.launcher_fakes:current_backend")
     monkeypatch.setitem(launcher_fakes.CURRENT, "backend", backend)
     nodes = (NodeSpec(0, "g4dn.xlarge[/i]", "spot", "zone-\x1b[1m[/b]", 1, 0.4),)
-    spec = JobSpec(JOB, "aws", "r[/x]", str(script), nodes, 5.0, check_interval_s=60)
+    spec = JobSpec.build(JOB, "aws", "r[/x]", str(script), nodes, 5.0, check_interval_s=60)
     with StateDB.open() as db:
         run_job(spec, backend, db, clock=clock)
         db.set_status(JOB, "stopped", clock.now(), NASTY)

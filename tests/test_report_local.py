@@ -126,25 +126,25 @@ def test_a_local_launch_with_a_profile_is_predicted_and_priced(
     spec = build_spec(req)
     row = spec.plan.to_dict()["chosen"] if spec.plan else {}
     assert spec.cloud == "local" and row["cloud"] == "local"
-    assert spec.predicted_hours == row["hours"] and spec.predicted_cost_usd == row["cost_usd"]
-    assert spec.predicted_cost_p90_usd == row["cost_p90_usd"] > 0
+    assert spec.predicted.hours == row["hours"] and spec.predicted.cost_usd == row["cost_usd"]
+    assert spec.predicted.cost_p90_usd == row["cost_p90_usd"] > 0
     assert [n.usd_per_hour for n in spec.nodes] == [0.18, 0.18]  # the machine's price, shared
-    assert spec.global_batch == 256  # the batch predicted is the batch run
+    assert spec.batch.global_batch == 256  # the batch predicted is the batch run
     # Free without --price; the plan file form of the same prediction runs the same job.
     free = build_spec(replace(req, price_usd_per_hour=None))
-    assert free.predicted_cost_usd == 0.0 and all(n.usd_per_hour == 0 for n in free.nodes)
+    assert free.predicted.cost_usd == 0.0 and all(n.usd_per_hour == 0 for n in free.nodes)
     plan = tmp_path / "local.plan.json"
     plan.write_text(json.dumps(spec.plan.to_dict() if spec.plan else None))
     again = build_spec(LaunchRequest(script=SCRIPT, budget_usd=1.0, plan_file=plan))
     assert again.cloud == "local" and len(again.nodes) == 2
-    assert again.predicted_hours == spec.predicted_hours
+    assert again.predicted.hours == spec.predicted.hours
     assert [n.usd_per_hour for n in again.nodes] == [0.0, 0.0]  # no --price given
     with pytest.raises(InputError, match="the local plan was priced at"):
         build_spec(LaunchRequest(script=SCRIPT, budget_usd=1.0, plan_file=plan,
                                  price_usd_per_hour=1.0))  # fmt: skip
     # Without a profile or a plan a local job runs unpredicted, as before.
     bare = build_spec(LaunchRequest(script=SCRIPT, budget_usd=1.0, nodes=2))
-    assert bare.plan is None and bare.predicted_hours is None
+    assert bare.plan is None and bare.predicted.hours is None
 
 
 @pytest.mark.parametrize(

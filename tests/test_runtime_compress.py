@@ -95,12 +95,17 @@ def test_launcher_passes_the_plans_options_to_the_workers(tmp_path: Path) -> Non
     spec = JobSpec.local(str(script), job_id="kp-compress", rdzv_port=29500)
     plain = worker_env(spec, str(tmp_path))
     assert env.COMPRESSION not in plain and env.SYNC_POLICY not in plain  # the script decides
-    chosen = dataclasses.replace(spec, compression="topk:0.01:ar", sync_policy="selective:0.1")
+    chosen = dataclasses.replace(
+        spec,
+        training=dataclasses.replace(
+            spec.training, compression="topk:0.01:ar", sync_policy="selective:0.1"
+        ),
+    )
     got = worker_env(chosen, str(tmp_path))
     assert env.compression(got) == Compression("topk", ratio=0.01, collective="ar")
     assert got[env.SYNC_POLICY] == "selective:0.1"
     with pytest.raises(InputError, match="the plan's compression='topk:7'"):
-        dataclasses.replace(spec, compression="topk:7")
+        dataclasses.replace(spec, training=dataclasses.replace(spec.training, compression="topk:7"))
 
 
 # --- the cost model ----------------------------------------------------------------------------

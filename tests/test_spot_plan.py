@@ -170,14 +170,14 @@ def test_the_launch_spec_carries_the_plans_recovery_rules(tmp_path: Path) -> Non
     assert spec.plan is not None
     row, rec = spec.plan.chosen, spec.plan.chosen.spot.recovery
     assert row.market == "spot" and rec is not None
-    assert spec.max_replacements == rec.max_replacements >= 20
-    assert spec.capacity_wait_s == rec.capacity_wait_s >= 900
+    assert spec.recovery.max_replacements == rec.max_replacements >= 20
+    assert spec.recovery.capacity_wait_s == rec.capacity_wait_s >= 900
     policy = spec.recovery_policy()
-    assert policy.max_replacements == spec.max_replacements
+    assert policy.max_replacements == spec.recovery.max_replacements
     override = build_spec(
         LaunchRequest(**{**req.__dict__, "max_replacements": 7, "capacity_wait_s": 60.0})
     )
-    assert override.max_replacements == 7 and override.capacity_wait_s == 60.0
+    assert override.recovery.max_replacements == 7 and override.recovery.capacity_wait_s == 60.0
 
 
 def test_pruning_keeps_every_rows_own_frontier() -> None:

@@ -185,14 +185,14 @@ def spec_from_plan(
         opts.setdefault("capacity_wait_s", rec.capacity_wait_s)
     import json
 
-    return JobSpec(
-        job_id=req.job_id or _new_id(),
-        cloud=cloud,
-        region=row.region,
-        script=str(req.script.resolve()),
-        args=req.args,
-        nodes=nodes,
-        budget_usd=req.budget_usd,
+    return JobSpec.build(
+        req.job_id or _new_id(),
+        cloud,
+        row.region,
+        str(req.script.resolve()),
+        nodes,
+        req.budget_usd,
+        req.args,
         deadline_h=req.deadline_h,
         allow_on_demand=req.allow_on_demand or row.spot.allow_on_demand,
         offers=zone_offers(
@@ -235,15 +235,16 @@ def with_node_install(spec: JobSpec, req: LaunchRequest) -> JobSpec:
     from kplan.launcher.wheel import build_wheel, node_requirements
 
     wheel = build_wheel()
-    return replace(
-        spec,
-        kplan_wheel=str(wheel.path),
-        kplan_wheel_sha256=wheel.sha256,
-        node_requirements=node_requirements(),
+    install = replace(
+        spec.install,
+        wheel=str(wheel.path),
+        wheel_sha256=wheel.sha256,
+        requirements=node_requirements(),
         pip_index_url=req.node_install.pip_index_url,
         install_deps=req.node_install.install_deps,
-        image=req.node_install.image or spec.image,
+        image=req.node_install.image or spec.install.image,
     )
+    return replace(spec, install=install)
 
 
 def _new_id() -> str:

@@ -105,11 +105,11 @@ def candidates(
 ) -> list[Config]:
     """Node counts 1..max_nodes of the job's first node type, times the batch grid."""
     node = spec.nodes[0]
-    accum = spec.accum_steps or 1
+    accum = spec.batch.accum_steps or 1
     out = []
     for n in range(1, max_nodes + 1):
         workers = n * node.gpus
-        cap = spec.max_local_batch * workers * accum if spec.max_local_batch else None
+        cap = spec.batch.max_local_batch * workers * accum if spec.batch.max_local_batch else None
         for b in batch_grid(base_batch, current_batch, cap, accum):
             if b < workers * accum:
                 continue
@@ -244,12 +244,12 @@ class Adapter:
         self.model: OnlineModel | None = None
         self.objective = objective_for(spec)
         self.last_replan = now
-        self.max_nodes = max(spec.max_nodes or len(spec.nodes), len(spec.nodes))
+        self.max_nodes = max(spec.adaptation.max_nodes or len(spec.nodes), len(spec.nodes))
         self.restart_s = spec.restart_estimate_s
         self.restart_asked: float | None = None
         self.pending: Action | None = None  # an action carried out, waiting for its first step
         self.measured: dict[tuple[int, int, int, int], Measurement] = {}
-        self.explore = spec.explore
+        self.explore = spec.adaptation.explore
         self.explorer: Explorer | None = None
         self.trial: Trial | None = None
         self.trial_seconds = 0.0
@@ -284,15 +284,18 @@ class Adapter:
             return None  # a change is under way
         if self.explore:
             return self._explore_step(now, spend_usd)
-        if self.spec.adapt and self._gns_left_forecast():
+        if self.spec.adaptation.enabled and self._gns_left_forecast():
             self.last_replan = now
-            if self.spec.explore and self.reexplored < MAX_REEXPLORE:
+            if self.spec.adaptation.explore and self.reexplored < MAX_REEXPLORE:
                 self.reexplored += 1
                 self.explore, self.explorer, self.trial = True, None, None
                 self.trial_seconds, self.explore_started = 0.0, now
                 return self._explore_step(now, spend_usd)
             return self._replan(now, spend_usd)
-        if self.spec.adapt and now - self.last_replan >= self.spec.replan_interval_s:
+        if (
+            self.spec.adaptation.enabled
+            and now - self.last_replan >= self.spec.adaptation.replan_interval_s
+        ):
             self.last_replan = now
             return self._replan(now, spend_usd)
         return None
@@ -355,7 +358,7 @@ class Adapter:
             nodes=nodes,
             workers=v.world_size,
             global_batch=v.global_batch,
-            accum_steps=self.spec.accum_steps or 1,
+            accum_steps=self.spec.batch.accum_steps or 1,
             instance_type=node.instance_type,
             market=node.market,
             usd_per_hour=nodes * node.usd_per_hour,
@@ -394,12 +397,12 @@ class Adapter:
             **gv.kwargs(),
             objective=self.objective,
             restart_s=self.restart_s,
-            margin=self.spec.replan_margin,
+            margin=self.spec.adaptation.replan_margin,
             budget_left_usd=budget_left,
             deadline_left_s=deadline_left,
             # the loop re-plans again after this long: a config may keep the deadline by a
             # fallback from then (planner.replan.deadline_safe), as in bench/online_sim.py
-            recheck_s=self.spec.replan_interval_s,
+            recheck_s=self.spec.adaptation.replan_interval_s,
         )
         if not decision.switch:
             return None
@@ -536,9 +539,9 @@ class Adapter:
                 }
             )
             self.trial = None
-        budget_s = self.spec.explore_overhead * self._best_value_seconds(left, base, gns)
+        budget_s = self.spec.adaptation.explore_overhead * self._best_value_seconds(left, base, gns)
         nxt = self.explorer.suggest() if self.trial_seconds < budget_s else None
-        if nxt is not None and len(self.trials) < self.spec.explore_trials:
+        if nxt is not None and len(self.trials) < self.spec.adaptation.explore_trials:
             cfg = self.configs[nxt]
             self.trial = Trial(nxt, cfg, now)
             if cfg.nodes == current.nodes and cfg.global_batch == current.global_batch:

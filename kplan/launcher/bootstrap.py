@@ -55,7 +55,7 @@ def rendezvous(spec: JobSpec, generation: int, head_addr: str | None) -> Rendezv
 
     Each generation (a restart of all groups after the head was lost) has its own run id and,
     on the local cloud where every node shares 127.0.0.1, its own port."""
-    port = spec.rdzv_port + (generation if spec.cloud == "local" else 0)
+    port = spec.training.rdzv_port + (generation if spec.cloud == "local" else 0)
     run_id = f"{spec.job_id}-g{generation}"
     return Rendezvous(head_addr, port, run_id, head_addr is None)
 
@@ -86,26 +86,28 @@ def worker_env(spec: JobSpec, job_dir: str) -> dict[str, str]:
         job_id=spec.job_id,
         metrics_path=f"{job_dir}/metrics",
         checkpoint_dir=f"{job_dir}/ckpt",
-        checkpoint_interval=spec.checkpoint_interval_s,
-        global_batch=spec.global_batch,
-        accum_steps=spec.accum_steps,
-        max_local_batch=spec.max_local_batch,
-        batch_schedule=None if spec.batch_schedule is None else parse_schedule(spec.batch_schedule),
-        policies=spec.policies or None,
+        checkpoint_interval=spec.recovery.checkpoint_interval_s,
+        global_batch=spec.batch.global_batch,
+        accum_steps=spec.batch.accum_steps,
+        max_local_batch=spec.batch.max_local_batch,
+        batch_schedule=None if spec.batch.schedule is None else parse_schedule(spec.batch.schedule),
+        policies=spec.training.policies or None,
         # a batch change by the launcher or the plan's schedule keeps the job's statistical
         # target (the plan priced the samples to reach it at each batch)
-        epochs_by="progress" if spec.adapt or spec.explore or spec.batch_schedule else None,
+        epochs_by="progress"
+        if spec.adaptation.enabled or spec.adaptation.explore or spec.batch.schedule
+        else None,
         control_path=f"{job_dir}/control.json",
-        precision=check_precision(spec.precision, "precision"),
-        compression=None if spec.compression == "none" else spec.compression,
-        sync_policy=None if spec.sync_policy == "every" else spec.sync_policy,
+        precision=check_precision(spec.training.precision, "precision"),
+        compression=None if spec.training.compression == "none" else spec.training.compression,
+        sync_policy=None if spec.training.sync_policy == "every" else spec.training.sync_policy,
     )
     return {**env, **EXTRA_ENV}
 
 
 def torchrun_args(spec: JobSpec, node: NodeSpec, rdzv: Rendezvous, host_expr: str) -> list[str]:
     """torchrun's flags (``host_expr``: the rendezvous host, maybe a shell expansion)."""
-    conf = f"is_host={int(rdzv.is_host)},last_call_timeout={spec.rdzv_last_call_s:g}"
+    conf = f"is_host={int(rdzv.is_host)},last_call_timeout={spec.timing.rdzv_last_call_s:g}"
     return [
         "-m",
         "kplan.launcher.noderun",  # torchrun, exiting with the script's code (noderun.py)
@@ -115,7 +117,7 @@ def torchrun_args(spec: JobSpec, node: NodeSpec, rdzv: Rendezvous, host_expr: st
         f"--rdzv-endpoint={host_expr}:{rdzv.port}",
         f"--rdzv-id={rdzv.run_id}",
         f"--rdzv-conf={conf}",
-        f"--max-restarts={spec.max_restarts}",
+        f"--max-restarts={spec.recovery.max_restarts}",
     ]
 
 
@@ -145,7 +147,7 @@ def local_user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, 
     job_dir = root / spec.job_id
     script = Path(spec.script).resolve()
     host = rdzv.host or "127.0.0.1"
-    cmd = [spec.python, *torchrun_args(spec, node, rdzv, host), str(script), *spec.args]
+    cmd = [spec.install.python, *torchrun_args(spec, node, rdzv, host), str(script), *spec.args]
     status = job_dir / "status" / f"node-{node.node_rank}.json"
     log = job_dir / "logs" / f"node-{node.node_rank}.log"
     return (
@@ -154,7 +156,7 @@ def local_user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, 
         f"cd {q(str(script.parent))} || exit 1\n"
         f"{' '.join(q(a) for a in cmd)} >> {q(str(log))} 2>&1 < /dev/null &\n"
         f"{_FORWARD_AND_WAIT}"
-        f'{q(spec.python)} -c {q(_STATUS_PY)} {q(str(status))} "$code" '
+        f'{q(spec.install.python)} -c {q(_STATUS_PY)} {q(str(status))} "$code" '
         f"{node.node_rank} {q(name)}\n"
         'exit "$code"\n'
     )
@@ -242,28 +244,30 @@ poweroff
 
 def wheel_key(spec: JobSpec) -> str | None:
     """The bucket key (under the job's prefix) of the kplan wheel the nodes install."""
-    if spec.kplan_wheel is None:
+    if spec.install.wheel is None:
         return None
-    return f"code/{Path(spec.kplan_wheel).name}"
+    return f"code/{Path(spec.install.wheel).name}"
 
 
 def wheel_upload(spec: JobSpec) -> dict[str, Any] | None:
     """The wheel's upload as ``--dry-run`` shows it (None: the job ships none)."""
     key = wheel_key(spec)
-    if key is None or spec.kplan_wheel is None:
+    if key is None or spec.install.wheel is None:
         return None
     try:
-        size: int | None = Path(spec.kplan_wheel).stat().st_size
+        size: int | None = Path(spec.install.wheel).stat().st_size
     except OSError:
         size = None
     return {
         "call": "storage.put_bytes",
         "key": job_key(spec.job_id, key),
         "bytes": size,
-        "from": spec.kplan_wheel,
-        "sha256": spec.kplan_wheel_sha256,
-        "installs_with": list(spec.node_requirements) if spec.install_deps else ["--no-deps"],
-        "pip_index_url": spec.pip_index_url,
+        "from": spec.install.wheel,
+        "sha256": spec.install.wheel_sha256,
+        "installs_with": list(spec.install.requirements)
+        if spec.install.install_deps
+        else ["--no-deps"],
+        "pip_index_url": spec.install.pip_index_url,
     }
 
 
@@ -271,13 +275,13 @@ def ship_wheel(spec: JobSpec, storage: Storage) -> str | None:
     """Upload the job's kplan wheel to ``<job>/code/<name>`` after checking its sha256; the
     event text, or None when the job ships none (the nodes then fail with exit code 96)."""
     key = wheel_key(spec)
-    if key is None or spec.kplan_wheel is None or spec.kplan_wheel_sha256 is None:
+    if key is None or spec.install.wheel is None or spec.install.wheel_sha256 is None:
         return None
     from kplan.launcher.wheel import read_wheel
 
-    data = read_wheel(spec.kplan_wheel, spec.kplan_wheel_sha256)
+    data = read_wheel(spec.install.wheel, spec.install.wheel_sha256)
     storage.put_bytes(job_key(spec.job_id, key), data)
-    sha = spec.kplan_wheel_sha256[:12]
+    sha = spec.install.wheel_sha256[:12]
     return f"uploaded kplan's wheel {Path(key).name} ({len(data):,} bytes, sha256 {sha}...)"
 
 
@@ -290,15 +294,15 @@ def install_kplan(spec: JobSpec, cp: str) -> str:
     Exit codes: 96 the wheel is missing or does not match its sha256, 97 pip failed."""
     q = shlex.quote
     key = wheel_key(spec)
-    if key is None or spec.kplan_wheel_sha256 is None:
+    if key is None or spec.install.wheel_sha256 is None:
         return 'echo "kplan: this job ships no kplan wheel; launch it with kplan launch"; fail 96\n'
     pip_env = "export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore\n"
     # images whose python3 is the system's (PEP 668) refuse pip without it; older pip ignores it
     pip_env += "export PIP_BREAK_SYSTEM_PACKAGES=1\n"
-    if spec.pip_index_url is not None:
-        pip_env += f"export PIP_INDEX_URL={q(spec.pip_index_url)}\n"
-    if spec.install_deps:
-        deps = "".join(f" {q(r)}" for r in spec.node_requirements)
+    if spec.install.pip_index_url is not None:
+        pip_env += f"export PIP_INDEX_URL={q(spec.install.pip_index_url)}\n"
+    if spec.install.install_deps:
+        deps = "".join(f" {q(r)}" for r in spec.install.requirements)
     else:
         deps = " --no-deps"
     return (
@@ -314,7 +318,7 @@ def install_kplan(spec: JobSpec, cp: str) -> str:
         f'mkdir -p "$W/wheel"; WHEEL="$W/wheel/{Path(key).name}"\n'
         f'{cp} "$STORE/{key}" "$WHEEL" \\\n'
         '  || { echo "kplan: cannot fetch the kplan wheel from the bucket"; fail 96; }\n'
-        f'echo "{spec.kplan_wheel_sha256}  $WHEEL" | sha256sum --check --status \\\n'
+        f'echo "{spec.install.wheel_sha256}  $WHEEL" | sha256sum --check --status \\\n'
         '  || { echo "kplan: the kplan wheel does not match its sha256"; fail 96; }\n'
         f'python3 -m pip install --quiet "$WHEEL"{deps} || fail 97\n'
         # later installs (the code's requirements.txt) may not replace it with an index's kplan
@@ -346,13 +350,13 @@ def cluster_spec(spec: JobSpec, storage_uri: str) -> ClusterSpec:
         job_id=spec.job_id,
         cloud=spec.cloud,
         region=spec.region,
-        ports=(spec.rdzv_port, spec.rdzv_port + 200),
+        ports=(spec.training.rdzv_port, spec.training.rdzv_port + 200),
         placement_group=len(spec.nodes) > 1 and spec.cloud != "local",
         storage_uri=None if spec.cloud == "local" else storage_uri,
-        network=spec.network,
-        subnet=spec.subnet,
-        service_account=spec.service_account,
-        external_ip=spec.external_ip,
+        network=spec.placement.network,
+        subnet=spec.placement.subnet,
+        service_account=spec.placement.service_account,
+        external_ip=spec.placement.external_ip,
     )
 
 
@@ -375,7 +379,7 @@ def instance_spec(
         market=node.market,
         node_rank=node.node_rank,
         user_data=user_data(spec, node, name, rdzv, storage_uri),
-        image=spec.image,
+        image=spec.install.image,
         env=node_env(spec, storage_uri),
         tags={TAG_JOB: spec.job_id, TAG_NODE: str(node.node_rank), TAG_MANAGED: "true"},
     )

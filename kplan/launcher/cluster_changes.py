@@ -84,7 +84,7 @@ class ChangingRun(NodeRun):
         if not ranks:
             return
         now = self.clock.now()
-        every = self.spec.spot_probe_interval_s or self.spec.check_interval_s
+        every = self.spec.recovery.spot_probe_interval_s or self.spec.timing.check_interval_s
         if self.last_probe is not None and now - self.last_probe < every - 1e-9:
             return
         self.last_probe = now
@@ -127,7 +127,10 @@ class ChangingRun(NodeRun):
             if not rec.alive:
                 del self.returning[rank]
                 self._event("spot-return-failed", f"node {rank}: {iid} {rec.state} before use")
-            elif rec.state == "pending" and now - rec.launched_at > self.spec.provision_timeout_s:
+            elif (
+                rec.state == "pending"
+                and now - rec.launched_at > self.spec.timing.provision_timeout_s
+            ):
                 del self.returning[rank]
                 self.terminating.add(iid)
                 self.provider.terminate_instances([iid])
@@ -214,7 +217,7 @@ class ChangingRun(NodeRun):
         old = len(self.spec.nodes)
         template = self.spec.nodes[0]
         new_nodes = tuple(replace(template, node_rank=r) for r in range(nodes))
-        batch = global_batch or self.adapter.obs.view.global_batch or self.spec.global_batch
+        batch = global_batch or self.adapter.obs.view.global_batch or self.spec.batch.global_batch
         decision = self.guard.check(
             self.ledger.closed_spend(),
             self._live(),
@@ -240,7 +243,8 @@ class ChangingRun(NodeRun):
                 del self.current[rank]
         self.finished.clear()
         self.first_done = None
-        self.spec = replace(self.spec, nodes=new_nodes, global_batch=batch)
+        batch_plan = replace(self.spec.batch, global_batch=batch)
+        self.spec = replace(self.spec, nodes=new_nodes, batch=batch_plan)
         stored = replace(self.spec, storage_uri=self.storage.uri).to_dict()
         self.db.update_spec(self.spec.job_id, stored)
         self.generation += 1

@@ -97,5 +97,5 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, 
         "first_check_usd": first.projected_usd,
         "startable": not first.stop,
         "guard": first.message,
-        "price_notes": list(spec.price_notes),  # the plan's prices against the catalog's
+        "price_notes": list(spec.predicted.price_notes),  # the plan's prices against the catalog's
     }

@@ -4,6 +4,12 @@ A :class:`JobSpec` is built from a typed ``Plan`` (``kplan/app/launch_spec.py``:
 ``spec_from_plan``, its nodes from ``nodes_from_plan_row``) or for the local provider
 (``local``), validated at construction (bad values are echoed in an ``InputError``), and stored
 as JSON in the state database (its plan beside it, as ``Plan.to_dict()``).
+
+Beyond where it runs, its nodes and its limits, a job's settings are a few small records: the
+monitor's timing, the recovery rules, the batch, the workers' training settings, how nodes
+install kplan, the GCP placement, the online adaptation and the plan's prediction. The flat
+keyword form (:class:`JobOptions`: ``check_interval_s=``, ``global_batch=``, ...) is what the
+callers and the job.json of earlier kplan versions use; :func:`nest` routes it to the records.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
@@ -21,6 +27,8 @@ from kplan.launcher.provider import Market
 from kplan.launcher.wheel import check_index_url, check_node_install
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
     from kplan.planner.plan import Plan, PlanRow
     from kplan.planner.spot import RecoveryPolicy
 
@@ -88,6 +96,280 @@ def _positive(name: str, value: float, hint: str) -> None:
         raise InputError(f"{name} {value!r} must be > 0", hint=hint)
 
 
+def _at_least(name: str, value: float, hint: str = "seconds") -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise InputError(f"{name} {value!r} must be >= 0", hint=hint)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The monitor's clock: how often it looks, and how long each stage may take."""
+
+    check_interval_s: float = 30.0  # monitor tick
+    grace_s: float = 120.0  # SIGTERM to workers -> checkpoint -> exit
+    teardown_s: float = 120.0  # terminate request -> instance seen terminated
+    provision_timeout_s: float = 900.0  # one pending instance: not running after this -> lost
+    finish_grace_s: float = 120.0  # after the first node finished, wait this long for the rest
+    rdzv_last_call_s: float = 30.0  # torchrun waits this long for more nodes after the minimum
+
+    def __post_init__(self) -> None:
+        for name in ("check_interval_s", "provision_timeout_s", "rdzv_last_call_s"):
+            _positive(name, getattr(self, name), "seconds")
+        for name in ("grace_s", "teardown_s", "finish_grace_s"):
+            _at_least(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What the job survives: restarts, lost nodes, a region without capacity."""
+
+    max_restarts: int = 10  # torchrun --max-restarts (worker failures; joins do not count)
+    max_replacements: int = 20  # lost nodes replaced before the job fails (not returns to spot)
+    # With no capacity for a lost node anywhere in the region (every zone, and on demand when
+    # allowed), the job waits this long for capacity to return before it fails
+    # (kplan/planner/spot.py RecoveryPolicy.capacity_wait_s).
+    capacity_wait_s: float = 900.0
+    # A node that fell back to on demand goes back to spot when spot capacity returns: a spot
+    # launch is tried every this many seconds (None: at every monitor tick).
+    spot_probe_interval_s: float | None = None
+    checkpoint_interval_s: float | None = None  # None: the recovery policy's default
+
+    def __post_init__(self) -> None:
+        _at_least("capacity_wait_s", self.capacity_wait_s)
+        if self.max_restarts < 0 or self.max_replacements < 0:
+            raise InputError(
+                f"max_restarts {self.max_restarts} / max_replacements {self.max_replacements} "
+                "must be >= 0",
+                hint="use 0 to disable",
+            )
+        if self.checkpoint_interval_s is not None:
+            _positive("checkpoint interval", self.checkpoint_interval_s, "seconds")
+        if self.spot_probe_interval_s is not None:
+            _positive("spot probe interval", self.spot_probe_interval_s, "seconds")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The plan's batch: global, accumulation, the local cap, and its schedule."""
+
+    global_batch: int | None = None
+    accum_steps: int | None = None
+    max_local_batch: int | None = None
+    # The plan's global-batch schedule, as KPLAN_BATCH_SCHEDULE's JSON (runtime/batch_schedule.py)
+    schedule: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "accum_steps", "max_local_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"{name} {value} must be >= 1", hint="or leave it unset")
+        if self.schedule is not None:
+            from kplan.runtime.batch_schedule import parse
+
+            parse(self.schedule, "the plan's batch schedule")
+
+
+@dataclass(frozen=True)
+class Training:
+    """How the workers train: precision, gradient compression, sync policy, runtime policies."""
+
+    precision: str = "fp32"  # what the workers train in (KPLAN_PRECISION; the plan's precision)
+    # Communication-efficient training (core/compression_spec.py, runtime/selsync.py): the plan's
+    # choice, as KPLAN_COMPRESSION / KPLAN_SYNC_POLICY; the defaults leave the script's own.
+    compression: str = "none"
+    sync_policy: str = "every"
+    policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
+    rdzv_port: int = 29400
+
+    def __post_init__(self) -> None:
+        from kplan.core.compression_spec import parse_compression
+        from kplan.runtime.selsync import parse_sync_policy
+
+        check_precision(self.precision, "precision")
+        parse_compression(self.compression, "the plan's compression")
+        parse_sync_policy(self.sync_policy, "the plan's sync_policy")
+        if not 1 <= self.rdzv_port <= 65535:
+            raise InputError(f"rendezvous port {self.rdzv_port} out of range", hint="1-65535")
+
+
+@dataclass(frozen=True)
+class NodeInstall:
+    """How nodes get kplan (kplan/launcher/wheel.py): the wheel of the launcher's own kplan,
+    shipped through the bucket; its dependencies from the node's index, pinned, or the image."""
+
+    image: str | None = None
+    wheel: str | None = None  # the wheel file on the launcher's machine
+    wheel_sha256: str | None = None
+    requirements: tuple[str, ...] = ()  # pip requirements installed with it (pinned)
+    pip_index_url: str | None = None  # pip --index-url on the nodes (None: the node's default)
+    install_deps: bool = True  # False: the image has the dependencies (pip install --no-deps)
+    python: str = "python3"  # interpreter on the node (local: the launcher's own)
+
+    def __post_init__(self) -> None:
+        check_node_install(self.wheel, self.wheel_sha256, self.requirements)
+        if self.pip_index_url is not None:
+            check_index_url(self.pip_index_url)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """GCP placement and identity (ClusterSpec): None/True keep the provider's configuration."""
+
+    network: str | None = None
+    subnet: str | None = None
+    service_account: str | None = None
+    external_ip: bool = True
+
+
+@dataclass(frozen=True)
+class Adaptation:
+    """Online adaptation (kplan/launcher/adapt.py)."""
+
+    enabled: bool = False  # re-plan from the refitted model and resize (--adapt)
+    explore: bool = False  # short trials chosen by Bayesian optimisation first (--explore)
+    max_nodes: int | None = None  # largest node count a resize may reach (None: the plan's)
+    replan_interval_s: float = 60.0
+    replan_margin: float = 0.1  # hysteresis: switch only when better by more than this
+    restart_s: float | None = None  # a restart's cost in seconds (None: a default, then measured)
+    explore_trials: int = 6
+    explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
+
+    def __post_init__(self) -> None:
+        _positive("replan interval", self.replan_interval_s, "seconds")
+        if not (0.0 <= self.replan_margin < 10.0):
+            raise InputError(f"replan margin {self.replan_margin!r} must be in [0, 10)", "e.g. 0.1")
+        if self.restart_s is not None:
+            _at_least("restart cost", self.restart_s)
+        if self.explore_trials < 1:
+            raise InputError(f"--explore-trials {self.explore_trials} must be >= 1", hint="e.g. 6")
+        if not (0.0 < self.explore_overhead <= 1.0):
+            raise InputError(
+                f"--explore-overhead {self.explore_overhead!r} must be in (0, 1]",
+                hint="a fraction of the predicted time left, e.g. 0.1",
+            )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the plan predicted for the job, and where its prices differ from the catalog's."""
+
+    hours: float | None = None
+    cost_usd: float | None = None
+    cost_p90_usd: float | None = None
+    price_notes: tuple[str, ...] = ()
+
+
+# The settings records of a job: JobSpec's field name -> the record's class.
+GROUPS: dict[str, type] = {
+    "timing": Timing,
+    "recovery": Recovery,
+    "batch": Batch,
+    "training": Training,
+    "install": NodeInstall,
+    "placement": Placement,
+    "adaptation": Adaptation,
+    "predicted": Prediction,
+}
+# Flat option names whose record field is named otherwise (every other flat name is its field's).
+_RENAMED = {
+    "batch_schedule": "schedule",
+    "kplan_wheel": "wheel",
+    "kplan_wheel_sha256": "wheel_sha256",
+    "node_requirements": "requirements",
+    "adapt": "enabled",
+    "predicted_hours": "hours",
+    "predicted_cost_usd": "cost_usd",
+    "predicted_cost_p90_usd": "cost_p90_usd",
+}
+_TUPLES = {"policies", "requirements", "price_notes"}
+
+
+def _flat_names() -> dict[str, tuple[str, str]]:
+    by_field = {v: k for k, v in _RENAMED.items()}
+    return {
+        by_field.get(f.name, f.name): (group, f.name)
+        for group, cls in GROUPS.items()
+        for f in fields(cls)
+    }
+
+
+FLAT = _flat_names()  # flat option name -> (JobSpec's record field, the record's field)
+
+
+class JobOptions(TypedDict, total=False):
+    """A job's settings in the flat keyword form (``JobSpec.build``, ``JobSpec.local``; the
+    job.json of kplan before the nested records): each goes to its record by :data:`FLAT`."""
+
+    storage_uri: str | None
+    deadline_h: float | None
+    allow_on_demand: bool
+    offers: tuple[ZoneOffer, ...]
+    plan: Plan | None
+    check_interval_s: float
+    grace_s: float
+    teardown_s: float
+    provision_timeout_s: float
+    finish_grace_s: float
+    rdzv_last_call_s: float
+    max_restarts: int
+    max_replacements: int
+    capacity_wait_s: float
+    spot_probe_interval_s: float | None
+    checkpoint_interval_s: float | None
+    global_batch: int | None
+    accum_steps: int | None
+    max_local_batch: int | None
+    batch_schedule: str | None
+    precision: str
+    compression: str
+    sync_policy: str
+    policies: tuple[str, ...]
+    rdzv_port: int
+    image: str | None
+    kplan_wheel: str | None
+    kplan_wheel_sha256: str | None
+    node_requirements: tuple[str, ...]
+    pip_index_url: str | None
+    install_deps: bool
+    python: str
+    network: str | None
+    subnet: str | None
+    service_account: str | None
+    external_ip: bool
+    adapt: bool
+    explore: bool
+    max_nodes: int | None
+    replan_interval_s: float
+    replan_margin: float
+    restart_s: float | None
+    explore_trials: int
+    explore_overhead: float
+    price_notes: tuple[str, ...]
+    predicted_hours: float | None
+    predicted_cost_usd: float | None
+    predicted_cost_p90_usd: float | None
+
+
+def nest(flat: Mapping[str, object], strict: bool = True) -> dict[str, object]:
+    """``flat`` options as JobSpec keyword arguments: each settings option inside its record
+    (the rest of the records at their defaults). ``strict``: an unknown name is a TypeError
+    (a caller's typo); otherwise it is skipped (a job.json field this kplan no longer has)."""
+    top = {f.name for f in fields(JobSpec)} - set(GROUPS)
+    out: dict[str, object] = {}
+    parts: dict[str, dict[str, object]] = {group: {} for group in GROUPS}
+    for name, value in flat.items():
+        if name in FLAT:
+            group, key = FLAT[name]
+            parts[group][key] = tuple(cast("Iterable[str]", value)) if key in _TUPLES else value
+        elif name in top:
+            out[name] = value
+        elif strict:
+            raise TypeError(f"JobSpec has no option {name!r}")
+    for group, cls in GROUPS.items():
+        out[group] = cls(**parts[group])
+    return out
+
+
 @dataclass(frozen=True)
 class JobSpec:
     job_id: str
@@ -100,72 +382,19 @@ class JobSpec:
     deadline_h: float | None = None
     allow_on_demand: bool = False
     offers: tuple[ZoneOffer, ...] = ()  # where replacements may go (the region's zones)
-    check_interval_s: float = 30.0  # monitor tick
-    grace_s: float = 120.0  # SIGTERM to workers -> checkpoint -> exit
-    teardown_s: float = 120.0  # terminate request -> instance seen terminated
-    provision_timeout_s: float = 900.0  # one pending instance: not running after this -> lost
-    # With no capacity for a lost node anywhere in the region (every zone, and on demand when
-    # allowed), the job waits this long for capacity to return before it fails
-    # (kplan/planner/spot.py RecoveryPolicy.capacity_wait_s).
-    capacity_wait_s: float = 900.0
-    # A node that fell back to on demand goes back to spot when spot capacity returns: a spot
-    # launch is tried every this many seconds (None: at every monitor tick).
-    spot_probe_interval_s: float | None = None
-    finish_grace_s: float = 120.0  # after the first node finished, wait this long for the rest
-    max_restarts: int = 10  # torchrun --max-restarts (worker failures; joins do not count)
-    max_replacements: int = 20  # lost nodes replaced before the job fails (not returns to spot)
-    rdzv_port: int = 29400
-    rdzv_last_call_s: float = 30.0  # torchrun waits this long for more nodes after the minimum
-    global_batch: int | None = None
-    accum_steps: int | None = None
-    max_local_batch: int | None = None
-    # The plan's global-batch schedule, as KPLAN_BATCH_SCHEDULE's JSON (runtime/batch_schedule.py)
-    batch_schedule: str | None = None
-    checkpoint_interval_s: float | None = None
-    image: str | None = None
-    # How nodes get kplan (kplan/launcher/wheel.py): the wheel of the launcher's own kplan, shipped
-    # through the bucket; its dependencies from the node's index, pinned, or from the image.
-    kplan_wheel: str | None = None  # the wheel file on the launcher's machine
-    kplan_wheel_sha256: str | None = None
-    node_requirements: tuple[str, ...] = ()  # pip requirements installed with it (pinned)
-    pip_index_url: str | None = None  # pip --index-url on the nodes (None: the node's default)
-    install_deps: bool = True  # False: the image has the dependencies (pip install --no-deps)
     storage_uri: str | None = None  # where code, status and logs go (None: the cloud's default)
-    # GCP placement and identity (ClusterSpec): None/True keep the provider's configuration.
-    network: str | None = None
-    subnet: str | None = None
-    service_account: str | None = None
-    external_ip: bool = True
-    python: str = "python3"  # interpreter on the node (local: the launcher's own)
-    # Online adaptation (kplan/launcher/adapt.py)
-    adapt: bool = False  # re-plan from the refitted model and resize (--adapt)
-    explore: bool = False  # short trials chosen by Bayesian optimisation first (--explore)
-    max_nodes: int | None = None  # largest node count a resize may reach (None: the plan's)
-    replan_interval_s: float = 60.0
-    replan_margin: float = 0.1  # hysteresis: switch only when better by more than this
-    restart_s: float | None = None  # a restart's cost in seconds (None: a default, then measured)
-    explore_trials: int = 6
-    explore_overhead: float = 0.1  # trials stop at this fraction of the predicted time left
-    policies: tuple[str, ...] = ()  # runtime policies (KPLAN_POLICIES)
-    precision: str = "fp32"  # what the workers train in (KPLAN_PRECISION; the plan's precision)
-    # Communication-efficient training (core/compression_spec.py, runtime/selsync.py): the plan's
-    # choice, as KPLAN_COMPRESSION / KPLAN_SYNC_POLICY; the defaults leave the script's own.
-    compression: str = "none"
-    sync_policy: str = "every"
-    price_notes: tuple[str, ...] = ()  # where the plan's prices differ from the catalog's
-    predicted_hours: float | None = None
-    predicted_cost_usd: float | None = None
-    predicted_cost_p90_usd: float | None = None
+    timing: Timing = Timing()
+    recovery: Recovery = Recovery()
+    batch: Batch = Batch()
+    training: Training = Training()
+    install: NodeInstall = NodeInstall()
+    placement: Placement = Placement()
+    adaptation: Adaptation = Adaptation()
+    predicted: Prediction = Prediction()
     plan: Plan | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
-        check_precision(self.precision, "precision")
-        from kplan.core.compression_spec import parse_compression
-        from kplan.runtime.selsync import parse_sync_policy
-
-        parse_compression(self.compression, "the plan's compression")
-        parse_sync_policy(self.sync_policy, "the plan's sync_policy")
         if self.cloud not in CLOUDS:
             raise InputError(f"unknown cloud {self.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
         if not self.nodes:
@@ -177,66 +406,41 @@ class JobSpec:
             raise InputError(f"--budget {self.budget_usd!r} must be >= 0", hint="USD, e.g. 20")
         if self.deadline_h is not None:
             _positive("--deadline", self.deadline_h, "hours, e.g. 12")
-        for name in ("check_interval_s", "provision_timeout_s", "rdzv_last_call_s"):
-            _positive(name, getattr(self, name), "seconds")
-        for name in ("grace_s", "teardown_s", "finish_grace_s", "capacity_wait_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise InputError(f"{name} {value!r} must be >= 0", hint="seconds")
-        if self.max_restarts < 0 or self.max_replacements < 0:
+        max_nodes = self.adaptation.max_nodes
+        if max_nodes is not None and max_nodes < len(self.nodes):
             raise InputError(
-                f"max_restarts {self.max_restarts} / max_replacements {self.max_replacements} "
-                "must be >= 0",
-                hint="use 0 to disable",
-            )
-        if not 1 <= self.rdzv_port <= 65535:
-            raise InputError(f"rendezvous port {self.rdzv_port} out of range", hint="1-65535")
-        for name in ("global_batch", "accum_steps", "max_local_batch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InputError(f"{name} {value} must be >= 1", hint="or leave it unset")
-        if self.checkpoint_interval_s is not None:
-            _positive("checkpoint interval", self.checkpoint_interval_s, "seconds")
-        if self.batch_schedule is not None:
-            from kplan.runtime.batch_schedule import parse
-
-            parse(self.batch_schedule, "the plan's batch schedule")
-        if self.spot_probe_interval_s is not None:
-            _positive("spot probe interval", self.spot_probe_interval_s, "seconds")
-        if self.max_nodes is not None and self.max_nodes < len(self.nodes):
-            raise InputError(
-                f"--max-nodes {self.max_nodes} is below the job's {len(self.nodes)} node(s)",
+                f"--max-nodes {max_nodes} is below the job's {len(self.nodes)} node(s)",
                 hint="give at least the number of nodes the job starts with",
             )
-        _positive("replan interval", self.replan_interval_s, "seconds")
-        if not (0.0 <= self.replan_margin < 10.0):
-            raise InputError(f"replan margin {self.replan_margin!r} must be in [0, 10)", "e.g. 0.1")
-        if self.restart_s is not None and not (
-            math.isfinite(self.restart_s) and self.restart_s >= 0
-        ):
-            raise InputError(f"restart cost {self.restart_s!r} must be >= 0", hint="seconds")
-        check_node_install(self.kplan_wheel, self.kplan_wheel_sha256, self.node_requirements)
-        if self.pip_index_url is not None:
-            check_index_url(self.pip_index_url)
-        if self.explore_trials < 1:
-            raise InputError(f"--explore-trials {self.explore_trials} must be >= 1", hint="e.g. 6")
-        if not (0.0 < self.explore_overhead <= 1.0):
-            raise InputError(
-                f"--explore-overhead {self.explore_overhead!r} must be in (0, 1]",
-                hint="a fraction of the predicted time left, e.g. 0.1",
-            )
+
+    @classmethod
+    def build(
+        cls,
+        job_id: str,
+        cloud: str,
+        region: str,
+        script: str,
+        nodes: tuple[NodeSpec, ...],
+        budget_usd: float,
+        args: tuple[str, ...] = (),
+        **options: Unpack[JobOptions],
+    ) -> JobSpec:
+        """A job from its settings in the flat keyword form (:class:`JobOptions`)."""
+        values = nest(options)
+        return cls(job_id, cloud, region, script, nodes, budget_usd, tuple(args), **values)  # type: ignore[arg-type]
 
     @property
     def horizon_s(self) -> float:
         """From one guard check to the instances being gone if the next check stops the job."""
-        return self.check_interval_s + self.grace_s + self.teardown_s
+        t = self.timing
+        return t.check_interval_s + t.grace_s + t.teardown_s
 
     @property
     def restart_estimate_s(self) -> float:
         """What a checkpointed restart costs before one was measured: local processes start in
         seconds, cloud instances boot and install in minutes."""
-        if self.restart_s is not None:
-            return self.restart_s
+        if self.adaptation.restart_s is not None:
+            return self.adaptation.restart_s
         return 15.0 if self.cloud == "local" else 300.0
 
     @property
@@ -254,13 +458,14 @@ class JobSpec:
 
         policy = RecoveryPolicy()
         zones = {o.zone for o in self.offers if o.market == "spot"}
+        rec = self.recovery
         return RecoveryPolicy(
             restart_s=self.restart_estimate_s,
             provisioning_s=policy.provisioning_s,
-            checkpoint_interval_s=self.checkpoint_interval_s or policy.checkpoint_interval_s,
+            checkpoint_interval_s=rec.checkpoint_interval_s or policy.checkpoint_interval_s,
             checkpoint_s=policy.checkpoint_s,
-            max_replacements=self.max_replacements,
-            capacity_wait_s=self.capacity_wait_s,
+            max_replacements=rec.max_replacements,
+            capacity_wait_s=rec.capacity_wait_s,
             allow_on_demand=self.allow_on_demand,
             zone_failover=len(zones) > 1,
         )
@@ -280,28 +485,28 @@ class JobSpec:
                     out.append(cand)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
+        """The job.json form: the settings records nested by name, the plan apart."""
         doc = asdict(self)
         doc.pop("plan")
-        doc["nodes"] = [asdict(n) for n in self.nodes]
-        doc["args"] = list(self.args)
-        doc["policies"] = list(self.policies)
-        doc["node_requirements"] = list(self.node_requirements)
-        doc["price_notes"] = list(self.price_notes)
-        doc["offers"] = [asdict(o) for o in self.offers]
         return doc
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], plan: Plan | None = None) -> JobSpec:
-        known = {f.name for f in fields(cls)} - {"plan"}
-        values = {k: v for k, v in doc.items() if k in known}
-        values["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
-        values["args"] = tuple(doc.get("args", ()))
-        values["policies"] = tuple(doc.get("policies", ()))
-        values["node_requirements"] = tuple(doc.get("node_requirements", ()))
-        values["price_notes"] = tuple(doc.get("price_notes", ()))
-        values["offers"] = tuple(ZoneOffer(**o) for o in doc.get("offers", ()))
-        return cls(**values, plan=plan)
+    def from_dict(cls, doc: Mapping[str, Any], plan: Plan | None = None) -> JobSpec:
+        """A job from its job.json form, nested (``to_dict``) or the flat form of kplan before
+        the settings records; a field this kplan does not know is skipped."""
+        flat: dict[str, object] = {}
+        for group in GROUPS:
+            part = doc.get(group)
+            if isinstance(part, dict):
+                by_field = {key: name for name, (g, key) in FLAT.items() if g == group}
+                flat.update({by_field[k]: v for k, v in part.items() if k in by_field})
+        flat.update({k: v for k, v in doc.items() if k not in GROUPS})  # the flat form
+        flat["nodes"] = tuple(NodeSpec(**n) for n in doc["nodes"])
+        flat["args"] = tuple(doc.get("args", ()))
+        flat["offers"] = tuple(ZoneOffer(**o) for o in doc.get("offers", ()))
+        flat["plan"] = plan
+        return cls(**nest(flat, strict=False))  # type: ignore[arg-type]
 
     @classmethod
     def local(
@@ -313,7 +518,7 @@ class JobSpec:
         workers_per_node: int = 1,
         budget_usd: float = 0.0,
         job_id: str | None = None,
-        **options: Any,
+        **options: Unpack[JobOptions],
     ) -> JobSpec:
         """A job on the local provider: ``nodes`` worker groups on this machine, free."""
         if nodes < 1 or workers_per_node < 1:
@@ -329,15 +534,8 @@ class JobSpec:
         specs = tuple(
             NodeSpec(r, "local", "on-demand", "local", workers_per_node, 0.0) for r in range(nodes)
         )
-        return cls(
-            job_id=job_id or new_job_id(),
-            cloud="local",
-            region="local",
-            script=script,
-            args=tuple(args),
-            nodes=specs,
-            budget_usd=budget_usd,
-            **options,
+        return cls.build(
+            job_id or new_job_id(), "local", "local", script, specs, budget_usd, args, **options
         )
 
 

@@ -89,9 +89,9 @@ class _Run(ChangingRun):
                 plan=None if s.plan is None else s.plan.to_dict(),
                 budget_usd=s.budget_usd,
                 deadline_h=s.deadline_h,
-                predicted_hours=s.predicted_hours,
-                predicted_cost_usd=s.predicted_cost_usd,
-                predicted_cost_p90_usd=s.predicted_cost_p90_usd,
+                predicted_hours=s.predicted.hours,
+                predicted_cost_usd=s.predicted.cost_usd,
+                predicted_cost_p90_usd=s.predicted.cost_p90_usd,
                 launcher_pid=os.getpid(),
                 stop_requested=None,
                 created_at=now,
@@ -104,7 +104,7 @@ class _Run(ChangingRun):
             f"{place(s.cloud, s.region)}, budget ${s.budget_usd:,.2f}",
             {"usd_per_hour": s.usd_per_hour},
         )
-        for note in s.price_notes:
+        for note in s.predicted.price_notes:
             self._event("price", note)
 
     def run(self) -> JobOutcome:
@@ -180,7 +180,7 @@ class _Run(ChangingRun):
             if done >= ranks:
                 return "succeeded", "every node finished"
             if done:
-                if now - (self.first_done or now) >= self.spec.finish_grace_s:
+                if now - (self.first_done or now) >= self.spec.timing.finish_grace_s:
                     return "succeeded", f"node(s) {sorted(done)} finished"
             else:
                 self._check_pending(now)
@@ -190,4 +190,4 @@ class _Run(ChangingRun):
                     self._return_to_spot()
                     if not self.lost and not self.returning:
                         self._adapt()
-            self.clock.sleep(self.spec.check_interval_s - (self.clock.now() - t0))
+            self.clock.sleep(self.spec.timing.check_interval_s - (self.clock.now() - t0))

@@ -190,13 +190,14 @@ class NodeRun(TeardownRun):
                     # Wait for capacity (RecoveryPolicy), the first start included.
                     self._no_capacity([0], "provisioning" if self.generation == 0 else None)
                     self._tick()
-                    self.clock.sleep(self.spec.check_interval_s)
+                    self.clock.sleep(self.spec.timing.check_interval_s)
                     continue
                 self._capacity_back()
             rec = self.records[self.current[0]]
-            if self.clock.now() - rec.launched_at > self.spec.provision_timeout_s:
+            timeout_s = self.spec.timing.provision_timeout_s
+            if self.clock.now() - rec.launched_at > timeout_s:
                 raise CloudError(
-                    f"the head node is not running after {self.spec.provision_timeout_s:.0f} s",
+                    f"the head node is not running after {timeout_s:.0f} s",
                     hint="the cloud may lack capacity; try another zone, type or market",
                 )
             self._tick()
@@ -204,7 +205,7 @@ class NodeRun(TeardownRun):
             if rec.state == "running" and self.ips.get(rec.id):
                 self.head_addr = self.ips[rec.id]
             else:
-                self.clock.sleep(min(self.spec.check_interval_s, 5.0))
+                self.clock.sleep(min(self.spec.timing.check_interval_s, 5.0))
         self.lost.pop(0, None)
         self._event("head", f"head node running at {self.head_addr}")
         rest = list(nodes[1:])
@@ -260,8 +261,13 @@ class NodeRun(TeardownRun):
     def _check_pending(self, now: float) -> None:
         for rank, iid in self.current.items():
             rec = self.records[iid]
-            if rec.state == "pending" and now - rec.launched_at > self.spec.provision_timeout_s:
-                self._drop(rank, now, f"not running after {self.spec.provision_timeout_s:.0f} s")
+            if (
+                rec.state == "pending"
+                and now - rec.launched_at > self.spec.timing.provision_timeout_s
+            ):
+                self._drop(
+                    rank, now, f"not running after {self.spec.timing.provision_timeout_s:.0f} s"
+                )
 
     def _count_losses(self) -> None:
         """Count each lost node once (a rank that found no capacity at a restart is not one)."""
@@ -273,11 +279,11 @@ class NodeRun(TeardownRun):
     def _check_losses(self) -> None:
         self._check_crashes()
         self._count_losses()
-        if self.lost_nodes > self.spec.max_replacements:
+        if self.lost_nodes > self.spec.recovery.max_replacements:
             raise Finish(
                 "failed",
                 f"{self.lost_nodes} lost nodes exceed max_replacements "
-                f"{self.spec.max_replacements}",
+                f"{self.spec.recovery.max_replacements}",
             )
 
     def _markets(self) -> str:
@@ -294,16 +300,16 @@ class NodeRun(TeardownRun):
             self._status(status or "recovering", why)
             self._event(
                 "waiting",
-                f"{why}; retrying every {self.spec.check_interval_s:g} s for up to "
-                f"{self.spec.capacity_wait_s:g} s",
-                {"node_ranks": list(ranks), "capacity_wait_s": self.spec.capacity_wait_s},
+                f"{why}; retrying every {self.spec.timing.check_interval_s:g} s for up to "
+                f"{self.spec.recovery.capacity_wait_s:g} s",
+                {"node_ranks": list(ranks), "capacity_wait_s": self.spec.recovery.capacity_wait_s},
             )
         waited = now - self.waiting_since
-        if waited > self.spec.capacity_wait_s:
+        if waited > self.spec.recovery.capacity_wait_s:
             raise Finish(
                 "failed",
                 f"no capacity for node(s) {list(ranks)} in {where} for {waited:.0f} s "
-                f"(capacity_wait_s {self.spec.capacity_wait_s:g})",
+                f"(capacity_wait_s {self.spec.recovery.capacity_wait_s:g})",
             )
 
     def _capacity_back(self) -> None:
@@ -323,11 +329,11 @@ class NodeRun(TeardownRun):
         if alive:
             self.terminating.update(alive)
             self.provider.terminate_instances(alive)
-        limit = self.clock.now() + self.spec.grace_s + self.spec.teardown_s
+        limit = self.clock.now() + self.spec.timing.grace_s + self.spec.timing.teardown_s
         if alive:
             self._tick()  # look once even with no grace: a cloud may end them at once
         while any(self.records[i].alive for i in alive) and self.clock.now() < limit:
-            self.clock.sleep(min(self.spec.check_interval_s, 5.0))
+            self.clock.sleep(min(self.spec.timing.check_interval_s, 5.0))
             self._tick()
         left = [i for i in alive if self.records[i].alive]
         if left:

@@ -148,7 +148,10 @@ class RunState:
     def _not_listed_yet(self, rec: InstanceRecord, now: float) -> bool:
         """A new instance the provider does not list yet (AWS's describe is eventually
         consistent): not gone until it was listed once or ``provision_timeout_s`` passed."""
-        return rec.id not in self.listed and now - rec.launched_at < self.spec.provision_timeout_s
+        return (
+            rec.id not in self.listed
+            and now - rec.launched_at < self.spec.timing.provision_timeout_s
+        )
 
     def _read_status(self) -> None:
         """New ``status/node-<rank>.json`` files of the ranks' current instances."""

@@ -89,8 +89,8 @@ class TeardownRun(RunState):
         (instance ends, ledger rows, events) is best-effort, and the end of each instance is
         kept in memory and in the journal for :meth:`_settle_records` and ``kplan down``."""
         job_id = self.spec.job_id
-        poll = min(self.spec.check_interval_s, 5.0)
-        limit = self.clock.now() + self.spec.grace_s + self.spec.teardown_s
+        poll = min(self.spec.timing.check_interval_s, 5.0)
+        limit = self.clock.now() + self.spec.timing.grace_s + self.spec.timing.teardown_s
         stop = _Stopping(status, reason)
         known = sorted(r.id for r in self.records.values() if r.alive)
         if known:  # before any query: an instance the cloud does not list yet is still ended
