@@ -41,7 +41,7 @@ def test_job_env_carries_the_agreed_schedule(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("KPLAN_SEED", "7")  # kept
     schedule = ProfileSchedule((2, 4), warmup_steps=1, steps_per_batch=3, gns_batch=4, gns_steps=5)
     assert sweep_steps(schedule) == 8
-    spec = JobSpec.build(
+    spec = JobSpec(
         script=Path("train.py"), args=(), workers=2, schedule=schedule, cpu_only=True,
         allreduce_bench=True, startup_timeout_s=1, step_timeout_s=1, timeout_s=1,
     )  # fmt: skip
