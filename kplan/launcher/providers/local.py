@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 from urllib.parse import unquote, urlparse
 
 from kplan.core.errors import CapacityError, CloudError, InputError
@@ -58,6 +58,9 @@ from kplan.launcher.providers.local_agent import (
     RUN_FILE,
     TERMINATE_FILE,
     AgentConfig,
+    ExitRecord,
+    LocalInstanceEntry,
+    LocalJobState,
     create_json,
     read_json,
     write_json,
@@ -141,31 +144,30 @@ class LocalProvider:
         return self.instance_dir(instance_id) / OUTPUT_LOG
 
     @contextlib.contextmanager
-    def _locked(self, job_id: str) -> Iterator[dict[str, Any]]:
+    def _locked(self, job_id: str) -> Iterator[LocalJobState]:
         """The job's state under an exclusive lock; written back if the caller changed it."""
         folder = self.job_dir(job_id)
         make_dirs(folder)
         with os.fdopen(open_private(folder / ".lock", os.O_RDWR | os.O_APPEND), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            state = read_json(folder / STATE_FILE)
-            if state is None:
-                state = {"schema": STATE_SCHEMA, "job_id": job_id, "created_at": time.time()}
-                state.update(next_index=0, chaos_epoch=None, instances=[])
-            elif state.get("schema") != STATE_SCHEMA:
+            doc = read_json(folder / STATE_FILE)
+            if doc is not None and doc.get("schema") != STATE_SCHEMA:
                 raise CloudError(
-                    f"{folder / STATE_FILE} has schema {state.get('schema')!r}, "
+                    f"{folder / STATE_FILE} has schema {doc.get('schema')!r}, "
                     f"this kplan reads {STATE_SCHEMA}",
                     "end its processes with the kplan that started them",
                 )
+            # this kplan's own file, of its schema
+            state = cast(LocalJobState, doc) if doc is not None else _new_state(job_id)
             before = repr(state)
             yield state
             if repr(state) != before or not (folder / STATE_FILE).exists():
                 write_json(folder / STATE_FILE, state)
 
-    def _entries(self, job_id: str) -> list[dict[str, Any]]:
+    def _entries(self, job_id: str) -> list[LocalInstanceEntry]:
         """The job's instance records (none if the job has no folder; creates nothing)."""
         state = read_json(self.job_dir(job_id) / STATE_FILE)
-        return [] if state is None else list(state.get("instances", []))
+        return [] if state is None else list(cast(LocalJobState, state).get("instances", []))
 
     # --- verbs ------------------------------------------------------------------------------
 
@@ -184,9 +186,10 @@ class LocalProvider:
         started: list[Instance] = []
         failure: tuple[str, OSError] | None = None
         with self._locked(cluster.job_id) as state:
-            if state["chaos_epoch"] is None:
-                state["chaos_epoch"] = time.time()
-            refused = self._refusal(specs, time.time() - float(state["chaos_epoch"]))
+            epoch = state["chaos_epoch"]
+            if epoch is None:
+                epoch = state["chaos_epoch"] = time.time()
+            refused = self._refusal(specs, time.time() - float(epoch))
             for spec in specs if refused is None else ():
                 try:
                     entry = self._start(cluster, spec, state)
@@ -235,14 +238,14 @@ class LocalProvider:
         """SIGTERM each instance's bootstrap through its supervisor, which SIGKILLs what is
         left ``grace_s`` later. Returns at once unless a supervisor is gone (then this call
         does its work, waiting up to ``grace_s``). Unknown or ended instances are skipped."""
-        orphans: list[dict[str, Any]] = []
+        orphans: list[LocalInstanceEntry] = []
         for entry in self._known(ids):
             folder = self.instance_dir(entry["id"])
             if (folder / EXIT_FILE).exists():
                 continue
             create_json(folder / TERMINATE_FILE, {"time": time.time()})
             if procs.alive(entry["agent_pid"], entry["agent_ticks"]):
-                procs.signal_all({entry["agent_pid"]: entry["agent_ticks"]}, signal.SIGTERM)
+                procs.signal_all(_agent(entry), signal.SIGTERM)
             else:
                 orphans.append(entry)
         if orphans:
@@ -272,10 +275,9 @@ class LocalProvider:
             marker = f"{entry['id']}:{entry['token']}"
             now = time.time()
             procs.kill_all(lambda: procs.marked(marker))
-            record = {"state": "preempted", "reason": REASON, "exit_code": None}
-            create_json(
-                folder / EXIT_FILE, {**record, "time": now, "stop_at": now, "killed_at": now}
-            )
+            preempted: ExitRecord = {"state": "preempted", "reason": REASON, "exit_code": None}
+            preempted.update({"time": now, "stop_at": now, "killed_at": now})
+            create_json(folder / EXIT_FILE, preempted)
         return True
 
     def cleanup(self, cluster: ClusterSpec) -> None:
@@ -344,8 +346,8 @@ class LocalProvider:
             )
 
     def _start(
-        self, cluster: ClusterSpec, spec: InstanceSpec, state: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, cluster: ClusterSpec, spec: InstanceSpec, state: LocalJobState
+    ) -> LocalInstanceEntry:
         index = state["next_index"]
         state["next_index"] = index + 1
         instance_id = f"{NAME}-{cluster.job_id}-{index}"
@@ -361,7 +363,7 @@ class LocalProvider:
             boot_delay_s=self.boot_delay_s,
             grace_s=self.grace_s,
             chaos=self.chaos,
-            chaos_epoch=float(state["chaos_epoch"]),
+            chaos_epoch=float(state["chaos_epoch"] or 0.0),
             chaos_dir=str(self.job_dir(cluster.job_id) / "chaos"),
         )
         write_json(folder / AGENT_FILE, cfg.to_dict())
@@ -391,7 +393,7 @@ class LocalProvider:
         }
 
     def _instance(
-        self, entry: dict[str, Any], state: InstanceState, reason: str | None
+        self, entry: LocalInstanceEntry, state: InstanceState, reason: str | None
     ) -> Instance:
         job = job_of(entry["id"]) or ""
         return Instance(
@@ -411,10 +413,10 @@ class LocalProvider:
             reason=reason,
         )
 
-    def _observe(self, entry: dict[str, Any]) -> tuple[InstanceState, str | None]:
+    def _observe(self, entry: LocalInstanceEntry) -> tuple[InstanceState, str | None]:
         folder = self.instance_dir(entry["id"])
         self._reap()
-        agent = {entry["agent_pid"]: entry["agent_ticks"]}
+        agent = _agent(entry)
         for attempt in range(2):  # the supervisor may write exit.json and end in between
             record = read_json(folder / EXIT_FILE)
             if record is not None:
@@ -432,17 +434,17 @@ class LocalProvider:
         asked = (folder / TERMINATE_FILE).exists()
         if procs.marked(f"{entry['id']}:{entry['token']}"):
             return ("stopping", "terminated") if asked else ("running", None)
-        record = {
+        lost: ExitRecord = {
             "state": "terminated",
             "reason": "terminated" if asked else "lost",
             "exit_code": None,
             "time": time.time(),
         }
-        create_json(folder / EXIT_FILE, record)
-        final = read_json(folder / EXIT_FILE) or record
+        create_json(folder / EXIT_FILE, lost)
+        final = read_json(folder / EXIT_FILE) or lost
         return final["state"], final["reason"]
 
-    def _known(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+    def _known(self, ids: Sequence[str]) -> list[LocalInstanceEntry]:
         by_job: dict[str, list[str]] = {}
         for instance_id in ids:
             job = job_of(instance_id)
@@ -460,7 +462,7 @@ class LocalProvider:
             found[entry["id"]] = self._instance(entry, state, reason)
         return found
 
-    def _end_orphans(self, entries: list[dict[str, Any]]) -> None:
+    def _end_orphans(self, entries: list[LocalInstanceEntry]) -> None:
         """End instances whose supervisor is gone: SIGTERM the bootstrap, SIGKILL after grace."""
         stop_at = time.time()
         groups = {e["id"]: procs.marked(f"{e['id']}:{e['token']}") for e in entries}
@@ -485,16 +487,32 @@ class LocalProvider:
                 f"{', '.join(e['id'] for e in entries)} survived SIGKILL",
                 "end them by pid (kill -9) and check for stuck I/O",
             )
-        record: dict[str, Any] = {"state": "terminated", "reason": "terminated", "exit_code": None}
-        record.update(stop_at=stop_at, killed_at=killed_at)
         for entry in entries:
-            create_json(self.instance_dir(entry["id"]) / EXIT_FILE, {**record, "time": time.time()})
+            ended: ExitRecord = {"state": "terminated", "reason": "terminated", "exit_code": None}
+            ended.update({"stop_at": stop_at, "killed_at": killed_at, "time": time.time()})
+            create_json(self.instance_dir(entry["id"]) / EXIT_FILE, ended)
 
     def _reap(self) -> None:
         """Collect the exit status of supervisors this process started (no zombies)."""
         for pid, agent in list(_AGENTS.items()):
             if agent.poll() is not None:
                 del _AGENTS[pid]
+
+
+def _agent(entry: LocalInstanceEntry) -> dict[int, int]:
+    """The supervisor's pid and start ticks (None, read at its start: any start, as before)."""
+    return cast("dict[int, int]", {entry["agent_pid"]: entry["agent_ticks"]})
+
+
+def _new_state(job_id: str) -> LocalJobState:
+    return {
+        "schema": STATE_SCHEMA,
+        "job_id": job_id,
+        "created_at": time.time(),
+        "next_index": 0,
+        "chaos_epoch": None,
+        "instances": [],
+    }
 
 
 def create(settings: ProviderSettings) -> Backend:

@@ -30,11 +30,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from kplan.launcher.provider import InstanceState, Market
 from kplan.launcher.providers import local_procs as procs
 from kplan.launcher.providers.local_chaos import REASON, ChaosConfig, claim, claim_preemption
 from kplan.runtime.private import UMASK, open_private, write_private
@@ -50,14 +52,53 @@ AGENT_LOG = "agent.log"  # the supervisor's own stderr
 POLL_S = 0.1
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+class LocalInstanceEntry(TypedDict):
+    """One instance in a local job's ``state.json``."""
+
+    id: str
+    name: str
+    node_rank: int
+    instance_type: str
+    market: Market
+    zone: NotRequired[str]  # absent in state files of older versions (then "local")
+    token: str
+    agent_pid: int
+    agent_ticks: int | None
+    launched_at: float
+    tags: dict[str, str]
+
+
+class LocalJobState(TypedDict):
+    """A local job's ``state.json``: its instances, and the next instance's index."""
+
+    schema: int
+    job_id: str
+    created_at: float
+    next_index: int
+    chaos_epoch: float | None
+    instances: list[LocalInstanceEntry]
+
+
+class ExitRecord(TypedDict, total=False):
+    """``exit.json``: how an instance ended."""
+
+    state: InstanceState
+    reason: str
+    exit_code: int | None
+    time: float
+    stop_at: float | None  # the notice (preempted) or the SIGTERM (terminated)
+    killed_at: float | None  # what was left got SIGKILL here
+    survivors: list[int]
+
+
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     """Replace ``path`` atomically."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     write_private(tmp, json.dumps(data, sort_keys=True).encode())
     os.replace(tmp, path)
 
 
-def create_json(path: Path, data: dict[str, Any]) -> bool:
+def create_json(path: Path, data: Mapping[str, object]) -> bool:
     """Create ``path`` atomically unless it exists; True if this call created it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     write_private(tmp, json.dumps(data, sort_keys=True).encode())
@@ -302,19 +343,20 @@ class Supervisor:
                 self.child.wait(timeout=5.0)
                 code = self.child.returncode
                 self.code = 128 - code if code < 0 else code
+        state: InstanceState
         if self.mode == "preempt":
             state, reason = "preempted", REASON
         elif self.mode == "terminate" or self.code is None:
             state, reason = "terminated", "terminated"
         else:
             state, reason = "terminated", exit_reason(self.code, self.folder / OUTPUT_LOG)
-        record: dict[str, Any] = {
+        record: ExitRecord = {
             "state": state,
             "reason": reason,
             "exit_code": self.code,
             "time": time.time(),
-            "stop_at": self.stop_at,  # the notice (preempted) or the SIGTERM (terminated)
-            "killed_at": killed_at,  # what was left got SIGKILL here
+            "stop_at": self.stop_at,
+            "killed_at": killed_at,
         }
         if left:
             record["survivors"] = sorted(left)
