@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kplan.core.errors import CloudError, InputError, KplanError
@@ -37,6 +38,9 @@ from kplan.launcher.providers.aws_common import (
 )
 from kplan.launcher.providers.aws_secrets import CredentialGuard
 from kplan.launcher.providers.aws_shapes import (
+    CreateGroupRequest,
+    DescribeRequest,
+    Filter,
     group_name,
     ingress_rules,
     instance_tags,
@@ -119,7 +123,7 @@ class AwsProvider:
             ) from err
 
     def _create_security_group(self, job_id: str) -> str:
-        kwargs: dict[str, Any] = {
+        kwargs: CreateGroupRequest = {
             "GroupName": group_name(job_id),
             "Description": f"kplan job {job_id}: rendezvous and collectives between its nodes",
             "TagSpecifications": [job_tag_spec("security-group", job_id)],
@@ -357,11 +361,11 @@ class AwsProvider:
 
     # -- reading instances ------------------------------------------------------------------
 
-    def _describe(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _describe(self, filters: list[Filter]) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
+            kwargs: DescribeRequest = {"Filters": filters, "MaxResults": 1000}
             if token:
                 kwargs["NextToken"] = token
             page = self._call("describe instances", "describe_instances", **kwargs)
@@ -383,7 +387,7 @@ class AwsProvider:
     def _to_instance(self, raw: Mapping[str, Any]) -> Instance:
         return to_instance(raw, self.config.region)
 
-    def _instances(self, filters: list[dict[str, Any]]) -> list[Instance]:
+    def _instances(self, filters: list[Filter]) -> list[Instance]:
         instances = [self._to_instance(raw) for raw in self._describe(filters)]
         return sorted(instances, key=lambda i: (i.node_rank, i.launched_at or 0.0, i.id))
 
@@ -416,18 +420,17 @@ def config_from_env(region: str | None, environ: Mapping[str, str] | None = None
             hint="set KPLAN_AWS_PLACEMENT_GROUPS=0 to launch without a placement group, or "
             "unset it",
         )
-    optional: dict[str, Any] = {
-        "endpoint_url": setting("KPLAN_AWS_ENDPOINT_URL", env),
-        "instance_profile": setting("KPLAN_AWS_INSTANCE_PROFILE", env),
-        "vpc_id": setting("KPLAN_AWS_VPC", env),
-        "subnet_id": setting("KPLAN_AWS_SUBNET", env),
-        "key_name": setting("KPLAN_AWS_KEY_NAME", env),
-        "placement_groups": flag in ("1", "true", "yes"),
-    }
+    config = AwsConfig(
+        region=chosen,
+        endpoint_url=setting("KPLAN_AWS_ENDPOINT_URL", env),
+        instance_profile=setting("KPLAN_AWS_INSTANCE_PROFILE", env),
+        vpc_id=setting("KPLAN_AWS_VPC", env),
+        subnet_id=setting("KPLAN_AWS_SUBNET", env),
+        key_name=setting("KPLAN_AWS_KEY_NAME", env),
+        placement_groups=flag in ("1", "true", "yes"),
+    )
     image = setting("KPLAN_AWS_IMAGE", env)
-    if image is not None:
-        optional["image_id"] = image
-    return AwsConfig(region=chosen, **optional)
+    return config if image is None else replace(config, image_id=image)
 
 
 def create(settings: ProviderSettings) -> Backend:

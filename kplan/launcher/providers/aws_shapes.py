@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from kplan.core.errors import InputError
 from kplan.launcher.provider import (
@@ -45,11 +45,101 @@ def group_name(job_id: str) -> str:
     return f"kplan-{job_id}"
 
 
-def tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
+# The EC2 request shapes kplan builds (the boto3 keyword arguments, as the API names them).
+class Tag(TypedDict):
+    Key: str
+    Value: str
+
+
+class TagSpec(TypedDict):
+    ResourceType: str
+    Tags: list[Tag]
+
+
+class GroupPair(TypedDict):
+    GroupId: str
+    Description: str
+
+
+class IpRange(TypedDict):
+    CidrIp: str
+    Description: str
+
+
+class Ipv6Range(TypedDict):
+    CidrIpv6: str
+    Description: str
+
+
+class IngressRule(TypedDict):
+    """One IpPermissions entry of AuthorizeSecurityGroupIngress."""
+
+    IpProtocol: str
+    FromPort: int
+    ToPort: int
+    UserIdGroupPairs: NotRequired[list[GroupPair]]
+    IpRanges: NotRequired[list[IpRange]]
+    Ipv6Ranges: NotRequired[list[Ipv6Range]]
+
+
+class SpotOptions(TypedDict):
+    SpotInstanceType: str
+    InstanceInterruptionBehavior: str
+
+
+class MarketOptions(TypedDict):
+    MarketType: str
+    SpotOptions: SpotOptions
+
+
+class Ec2Placement(TypedDict, total=False):
+    AvailabilityZone: str
+    GroupName: str
+
+
+class RunInstancesRequest(TypedDict):
+    """RunInstances' arguments for one node (the provider adds SecurityGroupIds)."""
+
+    ImageId: str
+    InstanceType: str
+    MinCount: int
+    MaxCount: int
+    UserData: str
+    InstanceInitiatedShutdownBehavior: str
+    MetadataOptions: dict[str, str]
+    TagSpecifications: list[TagSpec]
+    ClientToken: str
+    InstanceMarketOptions: NotRequired[MarketOptions]
+    Placement: NotRequired[Ec2Placement]
+    SubnetId: NotRequired[str]
+    IamInstanceProfile: NotRequired[dict[str, str]]
+    KeyName: NotRequired[str]
+    SecurityGroupIds: NotRequired[list[str]]
+
+
+class Filter(TypedDict):
+    Name: str
+    Values: list[str]
+
+
+class DescribeRequest(TypedDict):
+    Filters: list[Filter]
+    MaxResults: int
+    NextToken: NotRequired[str]
+
+
+class CreateGroupRequest(TypedDict):
+    GroupName: str
+    Description: str
+    TagSpecifications: list[TagSpec]
+    VpcId: NotRequired[str]
+
+
+def tag_list(tags: Mapping[str, str]) -> list[Tag]:
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
-def job_tag_spec(kind: str, job_id: str) -> dict[str, Any]:
+def job_tag_spec(kind: str, job_id: str) -> TagSpec:
     """TagSpecifications entry for a job-wide resource (security group, placement group, rule)."""
     tags = {TAG_JOB: job_id, TAG_MANAGED: "true", "Name": group_name(job_id)}
     return {"ResourceType": kind, "Tags": tag_list(tags)}
@@ -71,7 +161,7 @@ def ssh_network(cidr: str | None) -> IpNetwork | None:
         ) from None
 
 
-def ingress_rules(cluster: ClusterSpec, group_id: str) -> list[dict[str, Any]]:
+def ingress_rules(cluster: ClusterSpec, group_id: str) -> list[IngressRule]:
     """The job's port range (TCP and UDP) from the group itself; SSH only from ``ssh_cidr``."""
     low, high = cluster.ports
     if not 0 < low <= high < 65536:
@@ -79,7 +169,7 @@ def ingress_rules(cluster: ClusterSpec, group_id: str) -> list[dict[str, Any]]:
             f"port range {cluster.ports} of job {cluster.job_id!r} is not valid",
             hint="give two ports LOW <= HIGH in 1..65535",
         )
-    rules: list[dict[str, Any]] = [
+    rules: list[IngressRule] = [
         {
             "IpProtocol": proto,
             "FromPort": low,
@@ -90,11 +180,12 @@ def ingress_rules(cluster: ClusterSpec, group_id: str) -> list[dict[str, Any]]:
     ]
     ssh = ssh_network(cluster.ssh_cidr)
     if ssh is not None:
+        rule: IngressRule = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
         if ssh.version == 4:
-            ranges: dict[str, Any] = {"IpRanges": [{"CidrIp": str(ssh), "Description": "ssh"}]}
+            rule["IpRanges"] = [{"CidrIp": str(ssh), "Description": "ssh"}]
         else:
-            ranges = {"Ipv6Ranges": [{"CidrIpv6": str(ssh), "Description": "ssh"}]}
-        rules.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges})
+            rule["Ipv6Ranges"] = [{"CidrIpv6": str(ssh), "Description": "ssh"}]
+        rules.append(rule)
     return rules
 
 
@@ -146,7 +237,7 @@ def client_token(spec: InstanceSpec) -> str:
 
 def run_request(
     config: AwsConfig, cluster: ClusterSpec, spec: InstanceSpec, placement_group: str | None
-) -> dict[str, Any]:
+) -> RunInstancesRequest:
     """The run_instances arguments for one spec (the caller adds SecurityGroupIds)."""
     if spec.job_id != cluster.job_id or spec.cloud != "aws":
         raise InputError(
@@ -167,7 +258,7 @@ def run_request(
             hint="keep the bootstrap short: fetch the rest from storage",
         )
     tags = tag_list(instance_tags(spec))
-    request: dict[str, Any] = {
+    request: RunInstancesRequest = {
         "ImageId": spec.image or config.image_id,
         "InstanceType": spec.instance_type,
         "MinCount": 1,
@@ -192,7 +283,7 @@ def run_request(
         request["TagSpecifications"].append(
             {"ResourceType": "spot-instances-request", "Tags": tags}
         )
-    placement: dict[str, str] = {}
+    placement: Ec2Placement = {}
     if spec.zone and config.subnet_id is None:  # a subnet fixes the zone itself
         placement["AvailabilityZone"] = spec.zone
     if placement_group is not None:
