@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from kplan.launcher.bootstrap import job_key
 from kplan.launcher.jobspec import JobSpec
@@ -55,6 +55,28 @@ BATCH_GRID = (1, 2, 4, 8, 16, 32, 64)  # global batches considered: B0 times the
 # --- the control file (launcher -> runtime) -------------------------------------------------
 
 
+class GnsKwargs(TypedDict):
+    """The noise-scale arguments of a re-plan (``GnsView.kwargs``)."""
+
+    gns: tuple[GnsPoint, ...]
+    done_fraction: float
+    forecast: bool
+
+
+class ControlDoc(TypedDict):
+    """The control file the workers read (``kplan.runtime.env``'s ``CONTROL_SCHEMA``)."""
+
+    schema: str
+    seq: int
+    time: float
+    spend_usd: float
+    budget_usd: float | None
+    usd_per_hour: float
+    deadline_time: float | None
+    global_batch: int | None
+    stop: str | None
+
+
 @dataclass
 class Control:
     """The launcher's side of the control file; ``write`` bumps ``seq`` when a request changes."""
@@ -69,7 +91,7 @@ class Control:
         self.global_batch = batch
         self.seq += 1
 
-    def doc(self, now: float, spend_usd: float, usd_per_hour: float) -> dict[str, Any]:
+    def doc(self, now: float, spend_usd: float, usd_per_hour: float) -> ControlDoc:
         return {
             "schema": CONTROL_SCHEMA,
             "seq": self.seq,
@@ -83,7 +105,7 @@ class Control:
         }
 
 
-def write_control(storage: Storage, job_id: str, doc: dict[str, Any]) -> None:
+def write_control(storage: Storage, job_id: str, doc: ControlDoc) -> None:
     storage.put_bytes(job_key(job_id, CONTROL_KEY), json.dumps(doc).encode())
 
 
@@ -141,7 +163,7 @@ class GnsView:
     done_fraction: float = 0.0
     forecast: bool = False
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> GnsKwargs:
         return {"gns": self.gns, "done_fraction": self.done_fraction, "forecast": self.forecast}
 
 
@@ -218,7 +240,16 @@ def objective_for(spec: JobSpec) -> str:
     return "cost" if priced and spec.deadline_h is not None else "time"
 
 
-EventFn = Callable[[str, str, dict[str, Any]], None]
+EventFn = Callable[[str, str, Mapping[str, object]], None]
+
+
+class TrialRecord(TypedDict):
+    """One exploration trial, as the ``explored`` event reports it."""
+
+    config: str
+    step_time_s: float
+    value: float
+    seconds: float
 
 
 @dataclass
@@ -253,7 +284,7 @@ class Adapter:
         self.explorer: Explorer | None = None
         self.trial: Trial | None = None
         self.trial_seconds = 0.0
-        self.trials: list[dict[str, Any]] = []
+        self.trials: list[TrialRecord] = []
         self.explore_started = now
         self.configs: list[Config] = []
         # the GNS forecast of the last re-plan, and since when (job fraction) the measured

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -96,11 +96,12 @@ class RunState:
         self.requested = False  # run_instances was called at least once (something may exist)
         self.adapter = Adapter(spec, self.storage, self._event, self.started)
 
-    def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    def _event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         now = self.clock.now()
         seq = self.db.add_event(self.spec.job_id, now, kind, message, data)
         if self.on_event is not None:
-            self.on_event(EventRecord(seq, self.spec.job_id, now, kind, message, data))
+            stored = None if data is None else dict(data)
+            self.on_event(EventRecord(seq, self.spec.job_id, now, kind, message, stored))
 
     def _status(self, status: str, reason: str | None = None) -> None:
         self.db.set_status(self.spec.job_id, status, self.clock.now(), reason)

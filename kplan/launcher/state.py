@@ -14,7 +14,7 @@ import os
 import re
 import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -512,7 +512,7 @@ class StateDB:
         time: float,
         kind: str,
         message: str,
-        data: dict[str, Any] | None = None,
+        data: Mapping[str, object] | None = None,
     ) -> int:
         with self.transaction():
             cur = self._conn.execute(
