@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kplan.core.errors import KplanError
 
@@ -108,7 +108,20 @@ class JournalInstance:
     state: str | None  # the state seen at ``gone_at`` (terminated / preempted)
 
 
-def instance_doc(rec: InstanceRecord) -> dict[str, Any]:
+class InstanceDoc(TypedDict):
+    """One instance of a ``created`` line."""
+
+    id: str
+    name: str
+    node_rank: int
+    zone: str
+    type: str
+    market: str
+    price: float
+    launched_at: float
+
+
+def instance_doc(rec: InstanceRecord) -> InstanceDoc:
     """What a ``created`` line holds about one instance."""
     return {
         "id": rec.id,

@@ -440,7 +440,7 @@ class StateDB:
             (status, reason, time, job_id),
         )
 
-    def update_spec(self, job_id: str, spec: dict[str, Any]) -> None:
+    def update_spec(self, job_id: str, spec: Mapping[str, object]) -> None:
         """The job's spec after the launcher changed it (a resize)."""
         self._write("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(spec), job_id))
 

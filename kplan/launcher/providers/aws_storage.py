@@ -9,7 +9,7 @@ public access blocked and the ``kplan-managed`` tag.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from kplan.core.errors import CloudError, InputError
 from kplan.launcher.provider import TAG_MANAGED
@@ -48,6 +48,25 @@ def default_storage_uri(config: AwsConfig, client_factory: ClientFactory | None 
         Retry(config.max_attempts, config.backoff_s), "read the account id", sts.get_caller_identity
     )
     return f"s3://kplan-{identity['Account']}-{config.region}/jobs"
+
+
+# The S3 requests kplan builds (the boto3 keyword arguments, as the API names them).
+class PutObjectRequest(TypedDict):
+    Bucket: str
+    Key: str
+    Body: bytes
+
+
+class ListRequest(TypedDict):
+    Bucket: str
+    Prefix: str
+    MaxKeys: int
+    ContinuationToken: NotRequired[str]
+
+
+class CreateBucketRequest(TypedDict):
+    Bucket: str
+    CreateBucketConfiguration: NotRequired[dict[str, str]]
 
 
 class S3Storage:
@@ -98,7 +117,7 @@ class S3Storage:
     def put_bytes(self, key: str, data: bytes) -> None:
         full = self._key(key)
         tolerate = (_MISSING_BUCKET,) if self._create_bucket else ()
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "Body": data}
+        kwargs: PutObjectRequest = {"Bucket": self.bucket, "Key": full, "Body": data}
         result = call(
             self._retry,
             f"write {self._where(full)}",
@@ -135,7 +154,7 @@ class S3Storage:
         keys: list[str] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "MaxKeys": self._page}
+            kwargs: ListRequest = {"Bucket": self.bucket, "Prefix": full, "MaxKeys": self._page}
             if token:
                 kwargs["ContinuationToken"] = token
             page = call(
@@ -177,7 +196,7 @@ class S3Storage:
 
     def _make_bucket(self) -> None:
         """The default bucket, private and tagged (only when ``create_bucket``)."""
-        kwargs: dict[str, Any] = {"Bucket": self.bucket}
+        kwargs: CreateBucketRequest = {"Bucket": self.bucket}
         if self._config.region != "us-east-1":  # us-east-1 refuses its own LocationConstraint
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self._config.region}
         call(

@@ -38,7 +38,13 @@ from typing import Any, NotRequired, TypedDict
 
 from kplan.launcher.provider import InstanceState, Market
 from kplan.launcher.providers import local_procs as procs
-from kplan.launcher.providers.local_chaos import REASON, ChaosConfig, claim, claim_preemption
+from kplan.launcher.providers.local_chaos import (
+    REASON,
+    ChaosConfig,
+    ChaosDoc,
+    claim,
+    claim_preemption,
+)
 from kplan.runtime.private import UMASK, open_private, write_private
 
 AGENT_FILE = "agent.json"  # the supervisor's configuration (written by the provider)
@@ -142,6 +148,22 @@ def _last_line(path: Path, limit: int = 200) -> str | None:
     return lines[-1] if len(lines[-1]) <= limit else lines[-1][: limit - 3] + "..."
 
 
+class AgentDoc(TypedDict):
+    """``agent.json``: the supervisor's configuration as the provider writes it."""
+
+    instance_id: str
+    token: str
+    node_rank: int
+    user_data: str
+    env: dict[str, str]
+    cwd: str
+    boot_delay_s: float
+    grace_s: float
+    chaos: ChaosDoc | None
+    chaos_epoch: float
+    chaos_dir: str
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """What the provider tells one supervisor (``agent.json``)."""
@@ -162,7 +184,7 @@ class AgentConfig:
     def marker(self) -> str:
         return f"{self.instance_id}:{self.token}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AgentDoc:
         return {
             "instance_id": self.instance_id,
             "token": self.token,

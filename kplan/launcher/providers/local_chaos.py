@@ -40,7 +40,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kplan.core.errors import InputError
 from kplan.runtime.private import make_dirs, open_private
@@ -79,6 +79,29 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+class OutageDoc(TypedDict):
+    """An outage in the JSON form ``Outage.from_dict`` reads."""
+
+    from_s: float
+    until_s: float | None
+    zone: str | None
+    market: str | None
+
+
+class ChaosDoc(TypedDict):
+    """The chaos configuration in the JSON form ``ChaosConfig.from_dict`` reads."""
+
+    at_s: list[float]
+    targets: list[int | None] | None
+    nodes: list[int] | None
+    rate_per_hour: float
+    seed: int
+    max_preemptions: int | None
+    notice_s: float
+    notice_factor: float
+    outages: list[OutageDoc]
+
+
 @dataclass(frozen=True)
 class Outage:
     """No capacity for ``zone`` / ``market`` (None: any) from ``from_s`` until ``until_s``."""
@@ -107,7 +130,7 @@ class Outage:
             return False
         return self.from_s <= t_s and (self.until_s is None or t_s < self.until_s)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OutageDoc:
         return {
             "from_s": self.from_s,
             "until_s": self.until_s,
@@ -206,7 +229,7 @@ class ChaosConfig:
         """Delay before an instance claims untargeted event ``event``: seeded, per node rank."""
         return _STAGGER_S * random.Random(f"{self.seed}:{event}:{node_rank}").random()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ChaosDoc:
         return {
             "at_s": list(self.at_s),
             "targets": None if self.targets is None else list(self.targets),
