@@ -48,7 +48,7 @@ def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
 def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, Any]:
     """The requests, in order, and what the guard would allow (nothing is sent)."""
     requests: list[dict[str, Any]] = []
-    code: dict[str, Any] | None = None
+    code: dict[str, object] | None = None
     if spec.cloud != "local":  # local runs the script in place: nothing is uploaded
         packed = pack_code(Path(spec.script))
         code = packed.to_dict()

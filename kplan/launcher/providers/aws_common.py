@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from kplan.core.errors import CapacityError, CloudError, InputError, QuotaError
 
@@ -84,6 +84,16 @@ AUTH_CODES = frozenset(
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 
 
+class BotoOptions(TypedDict):
+    """The botocore client configuration kplan sets."""
+
+    retries: dict[str, int]
+    connect_timeout: int
+    read_timeout: int
+    user_agent_extra: str
+    s3: NotRequired[dict[str, str]]
+
+
 @dataclass(frozen=True)
 class AwsConfig:
     """Settings of the ``aws`` provider (all but ``region`` optional)."""
@@ -141,7 +151,7 @@ def make_client_factory(config: AwsConfig) -> ClientFactory:
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError
 
-        options: dict[str, Any] = {
+        options: BotoOptions = {
             "retries": {"total_max_attempts": 1},  # :func:`call` retries, by name
             "connect_timeout": 10,
             "read_timeout": 60,

@@ -34,7 +34,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from kplan.catalogs.update import Record, Refresh, offer_record
 from kplan.core.errors import CloudError
@@ -73,9 +73,19 @@ def fetch_gcp(tables: dict[str, list[Record]], regions: tuple[str, ...], today: 
     return build_refresh(base, machines, accelerators, skus, regions, today)
 
 
+class MachineType(TypedDict):
+    """A Compute API machine type, as the refresh uses it."""
+
+    zones: set[str]
+    vcpus: int
+    memory_gib: float
+    gpu_type: str  # "" without GPUs
+    gpu_count: int
+
+
 def build_refresh(
     base: dict[str, Record],
-    machines: dict[str, dict[str, Any]],
+    machines: dict[str, MachineType],
     accelerators: dict[str, set[str]],
     skus: SkuPrices,
     regions: tuple[str, ...],
@@ -109,7 +119,7 @@ def build_refresh(
 def _shape(
     name: str,
     base: Record,
-    machines: dict[str, dict[str, Any]],
+    machines: dict[str, MachineType],
     accelerators: dict[str, set[str]],
 ) -> tuple[Shape | None, set[str]]:
     if m := N1_HOST.fullmatch(name):
@@ -181,7 +191,7 @@ def _offer(name: str, region: str, zone: str, market: str, usd: float, src: str)
 
 def compute_inventory(
     regions: tuple[str, ...],
-) -> tuple[dict[str, dict[str, Any]], dict[str, set[str]]]:
+) -> tuple[dict[str, MachineType], dict[str, set[str]]]:
     """Machine types with GPUs (and N1 standard hosts), and accelerator types, by zone."""
     from kplan.launcher.clock import SystemClock
     from kplan.launcher.providers.gcp_api import ComputeApi
@@ -194,7 +204,7 @@ def compute_inventory(
         credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
     api = ComputeApi(GcpConfig.from_env(), credentials, SystemClock())
     wanted = tuple(r + "-" for r in regions)
-    machines: dict[str, dict[str, Any]] = {}
+    machines: dict[str, MachineType] = {}
     pages = api.call(
         lambda: list(
             api.client("MachineTypesClient").aggregated_list(
