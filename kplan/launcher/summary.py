@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypedDict
 
 from kplan.launcher.state import EventRecord, JobRecord, StateDB
 
@@ -61,10 +61,21 @@ def job_summary(db: StateDB, job: JobRecord, now: float, events: int = 15) -> di
     }
 
 
+class ModelSummary(TypedDict):
+    """The online model's error, as ``kplan jobs`` shows it (values from the event's JSON)."""
+
+    configs_measured: int
+    mape: object
+    last_error: object
+    last_config: dict[str, object]
+    last_step_time_s: object
+    message: str
+
+
 ADAPT_EVENTS = ("resize", "batch", "replan", "explore", "restarted")
 
 
-def model_summary(events: list[EventRecord]) -> dict[str, Any] | None:
+def model_summary(events: list[EventRecord]) -> ModelSummary | None:
     """The online model's error against what the job measured (the newest ``model`` event).
 
     ``error`` is the relative error of the prediction for the newest measured configuration,

@@ -20,7 +20,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kplan.core.errors import CloudError, InputError, KplanError
 from kplan.launcher.clock import Clock, SystemClock
@@ -451,6 +451,19 @@ def create(settings: ProviderSettings) -> Backend:
     return Backend(AwsProvider(config, client_factory=factory), storage)
 
 
+class AwsTarget(TypedDict):
+    """Where an AWS job would go, as ``--dry-run`` shows it."""
+
+    account: str
+    storage_uri: str
+    placeholders: list[str]
+    instance_profile: str | None
+    vpc: str
+    subnet: str | None
+    security_group: str
+    needs: str
+
+
 ACCOUNT_PLACEHOLDER = "<aws-account-id>"
 
 
@@ -471,7 +484,7 @@ def offline_target(
     settings: ProviderSettings,
     cluster: ClusterSpec | None = None,
     environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> AwsTarget:
     """What ``kplan launch --dry-run`` shows for AWS, with no SDK, credentials or network: the
     account is a marked placeholder, the storage the one given or the default bucket's name."""
     from kplan.launcher.providers.aws_storage import parse_s3_uri

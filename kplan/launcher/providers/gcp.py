@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kplan.core.errors import CloudError, InputError
 from kplan.launcher.clock import Clock, SystemClock
@@ -327,6 +327,20 @@ def create(settings: ProviderSettings) -> Backend:
     return Backend(GcpProvider(config, credentials=credentials), storage)
 
 
+class GcpTarget(TypedDict):
+    """Where a GCP job would go, as ``--dry-run`` shows it."""
+
+    project: str
+    storage_uri: str
+    placeholders: list[str]
+    service_account: str | None
+    scopes: list[str]
+    network: str | None
+    subnet: str | None
+    external_ip: bool
+    needs: str
+
+
 PROJECT_PLACEHOLDER = "<gcp-project>"
 BUCKET_PLACEHOLDER = "gs://<your-bucket>/kplan"
 
@@ -335,7 +349,7 @@ def offline_target(
     settings: ProviderSettings,
     cluster: ClusterSpec | None = None,
     environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> GcpTarget:
     """What ``kplan launch --dry-run`` shows for GCP, with no SDK, credentials or network: the
     project and bucket from the environment or as marked placeholders, and the instances'
     identity and network as a launch would set them."""
