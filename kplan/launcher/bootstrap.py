@@ -23,7 +23,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 from urllib.parse import unquote, urlparse
 
 from kplan.core.errors import InputError
@@ -249,7 +249,22 @@ def wheel_key(spec: JobSpec) -> str | None:
     return f"code/{Path(spec.install.wheel).name}"
 
 
-def wheel_upload(spec: JobSpec) -> dict[str, Any] | None:
+# The wheel's upload as ``--dry-run`` lists it ("from" is a keyword: the functional form).
+WheelUpload = TypedDict(
+    "WheelUpload",
+    {
+        "call": str,
+        "key": str,
+        "bytes": int | None,
+        "from": str,
+        "sha256": str | None,
+        "installs_with": list[str],
+        "pip_index_url": str | None,
+    },
+)
+
+
+def wheel_upload(spec: JobSpec) -> WheelUpload | None:
     """The wheel's upload as ``--dry-run`` shows it (None: the job ships none)."""
     key = wheel_key(spec)
     if key is None or spec.install.wheel is None:

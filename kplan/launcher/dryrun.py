@@ -9,6 +9,7 @@ the secret-looking files and the links left out).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ from kplan.launcher.provider import InstanceSpec
 HEAD_PLACEHOLDER = "<head-private-ip>"
 
 
-def _instance_doc(spec: InstanceSpec) -> dict[str, Any]:
-    doc = asdict(spec)
+def _instance_doc(spec: InstanceSpec) -> dict[str, object]:
+    doc: dict[str, object] = asdict(spec)
     doc["env"] = dict(spec.env)
     doc["tags"] = dict(spec.tags)
     return doc
@@ -47,7 +48,7 @@ def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
 
 def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, Any]:
     """The requests, in order, and what the guard would allow (nothing is sent)."""
-    requests: list[dict[str, Any]] = []
+    requests: list[Mapping[str, object]] = []
     code: dict[str, object] | None = None
     if spec.cloud != "local":  # local runs the script in place: nothing is uploaded
         packed = pack_code(Path(spec.script))
