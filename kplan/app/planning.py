@@ -12,10 +12,17 @@ from kplan.catalogs.device_model import load_device_model
 from kplan.core.errors import InputError
 from kplan.core.files import read_json
 from kplan.planner.catalog import Catalog, nic_fabric
+from kplan.planner.devices import DeviceModel
 from kplan.planner.plan import Plan
 from kplan.planner.profile import Profile, profile_from_dict
 from kplan.planner.search import SearchOptions, search
-from kplan.planner.workload import Workload, epochs_at_batch, workload_from_profile
+from kplan.planner.workload import (
+    DEVICE_MODEL,
+    Workload,
+    compute_speed,
+    epochs_at_batch,
+    workload_from_profile,
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class Estimate:
     epochs: float = 0.0  # what was planned (the profile's unless --epochs)
     dataset_size: int = 0
     basis: EpochsBasis | None = None  # what the epochs mean (None: not worked out)
+    compute_basis: str = DEVICE_MODEL  # how the chosen plan's compute left the profiled device
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,11 @@ def estimate(
         if inst is not None:
             ref_links = (inst.interconnect_gbps, inst.network_gbps)
             ref_fabric = nic_fabric(inst)
+    op_model = None
+    if profile.gpu.lower() == "cpu" and profile.opgraph is not None:
+        from kplan.catalogs.op_model import load_op_model
+
+        op_model = load_op_model()
     workload = workload_from_profile(
         profile,
         catalog.gpus,
@@ -163,6 +176,7 @@ def estimate(
         ref_link_gbps=ref_links,
         other=other,
         ref_fabric=ref_fabric,
+        op_model=op_model,
     )
     n_epochs = epochs if epochs is not None else profile.epochs
     n_samples = dataset_size if dataset_size is not None else profile.dataset_size
@@ -175,7 +189,23 @@ def estimate(
         notes.append(stale)
     if notes:
         plan = replace(plan, notes=(*plan.notes, *notes))
-    return Estimate(plan, workload, catalog, profile, n_epochs, n_samples, basis)
+    compute = chosen_compute_basis(plan, workload, catalog, dm)
+    return Estimate(plan, workload, catalog, profile, n_epochs, n_samples, basis, compute)
+
+
+def chosen_compute_basis(plan: Plan, workload: Workload, catalog: Catalog, dm: DeviceModel) -> str:
+    """How the chosen plan's compute was moved from the profiled device to its GPU(s): the
+    device model, or (a CPU profile with an operator graph) the op model; one basis per GPU of
+    a two-type mix where they differ."""
+    bases: list[str] = []
+    for itype in plan.chosen.instance_type.split("+"):
+        inst = catalog.instances.get((plan.chosen.cloud, itype))
+        if inst is None or inst.gpu not in catalog.gpus:
+            continue
+        got = compute_speed(workload, catalog.gpus[inst.gpu], dm, plan.precision).basis
+        if got not in bases:
+            bases.append(got)
+    return "; ".join(bases) or DEVICE_MODEL
 
 
 @dataclass(frozen=True)
@@ -257,6 +287,7 @@ class Assumptions:
     profile_precision: str
     precision: str
     precision_basis: str
+    compute_basis: str  # Estimate.compute_basis: "device model", or "op-graph: ..."
     gns: bool
     search: SearchScope
 
@@ -302,6 +333,7 @@ def assumptions(est: Estimate, options: SearchOptions, source: str) -> Assumptio
         profile_precision=w.precision,
         precision=est.plan.precision,
         precision_basis=est.plan.precision_basis,
+        compute_basis=est.compute_basis,
         gns=bool(w.gns),
         search=scope,
     )

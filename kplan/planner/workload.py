@@ -6,13 +6,18 @@ through the device-speed model, all-reduce through the catalog's link bandwidths
 largest local batch through a memory model. A second profile of the same job on the same GPU in
 the other precision family (fp32/tf32 against fp16/bf16) gives ``precision_ratio``: how much the
 job gains from tensor cores tells the device model its own compute share across GPUs.
+
+A CPU profile that carries its step's operator graph (profile 1.4) is moved to a GPU by the
+op model instead (``compute_speed``: the ``op-graph`` basis): the graph's predicted time on the
+GPU over the profile's own fitted compute time at the graph's local batch, with the op model's
+held-out sigma in place of the device model's plus ``CPU_TO_GPU_EXTRA_LOG_SIGMA``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kplan.core.errors import InputError
@@ -20,6 +25,9 @@ from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.planner import fit, perfmodel
 from kplan.planner.catalog import GpuSpec, InstanceType, nic_fabric
 from kplan.planner.devices import DeviceModel, compute_scale, precision_family
+from kplan.planner.opgraph import OpGraph
+from kplan.planner.opmodel import OpModel
+from kplan.planner.opmodel_paths import speed_from_graph
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import CodecTimes, GnsPoint, Profile
 
@@ -30,6 +38,26 @@ USABLE_MEMORY_FRACTION = 0.9  # leave room for the CUDA context, allocator fragm
 # Predicting a GPU from a CPU profile crosses architectures: the GPU-fitted device model is
 # far less certain there. Added (in quadrature) to the device model's own log error.
 CPU_TO_GPU_EXTRA_LOG_SIGMA = 0.7
+DEVICE_MODEL = "device model"  # the compute basis of a GPU profile
+OP_GRAPH = "op-graph"  # a CPU profile's graph timed by the op model (``compute_speed``)
+
+
+@dataclass(frozen=True)
+class GraphTiming:
+    """A CPU profile's operator graph and the op model that times it on a GPU."""
+
+    graph: OpGraph
+    model: OpModel
+
+
+@dataclass(frozen=True)
+class ComputeSpeed:
+    """How the profile's compute moves to a GPU: ``factor`` on its time, the sigma of that
+    factor's log, and the basis in words (starting ``device model`` or ``op-graph``)."""
+
+    factor: float
+    log_sigma: float
+    basis: str
 
 
 @dataclass(frozen=True)
@@ -59,6 +87,9 @@ class Workload:
     # The NIC fabric of the profiled instance (catalog.nic_fabric), when known: measured
     # inter-node terms transfer only to instances of the same fabric.
     ref_fabric: Literal["rdma", "tcp"] | None = None
+    # A CPU profile's operator graph with the op model (``compute_speed``); None: a GPU
+    # profile, no graph, or no op model given (the device model moves the compute).
+    graph_timing: GraphTiming | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.base_batch < 1:
@@ -85,6 +116,7 @@ class InstancePrediction:
     # rank-r products stream the gradient) scales by the memory bandwidths, reference GPU's
     # over the target's; None (a CPU profile, a bandwidth unknown): compute_factor.
     memory_factor: float | None = None
+    compute_basis: str = DEVICE_MODEL  # ComputeSpeed.basis
 
     @property
     def codec_factor(self) -> float:
@@ -102,9 +134,11 @@ def workload_from_profile(
     ref_link_gbps: tuple[float | None, float | None] = (None, None),
     other: Profile | None = None,
     ref_fabric: Literal["rdma", "tcp"] | None = None,
+    op_model: OpModel | None = None,
 ) -> Workload:
     """Build a Workload; fits the profile's measurements when no model is given. ``other``: the
-    same job profiled on the same GPU in another precision family (see ``precision_ratio``)."""
+    same job profiled on the same GPU in another precision family (see ``precision_ratio``).
+    ``op_model``: times a CPU profile's operator graph on each GPU (``compute_speed``)."""
     is_cpu = profile.gpu.lower() == "cpu"
     if is_cpu:
         if not (profile.measured_fp32_tflops and profile.measured_mem_bw_gbs):
@@ -152,6 +186,11 @@ def workload_from_profile(
         codec=profile.codec,
         forward_share=profile.forward_share,
         ref_fabric=ref_fabric,
+        graph_timing=(
+            GraphTiming(profile.opgraph, op_model)
+            if is_cpu and profile.opgraph is not None and op_model is not None
+            else None
+        ),
     )
 
 
@@ -276,15 +315,8 @@ def for_instance(
     projecting to another precision than the profile's carries that projection's uncertainty.
     """
     dst_precision = w.precision if precision is None else check_precision(precision)
-    speed = compute_scale(
-        dm,
-        w.ref_gpu,
-        gpu,
-        src_precision=w.precision,
-        dst_precision=dst_precision,
-        precision_ratio=w.precision_ratio,
-    )
-    extra = math.hypot(speed.log_sigma, CPU_TO_GPU_EXTRA_LOG_SIGMA if w.ref_is_cpu else 0.0)
+    speed = compute_speed(w, gpu, dm, dst_precision)
+    extra = speed.log_sigma
     params = perfmodel.transfer(
         w.params,
         compute_factor=speed.factor,
@@ -342,4 +374,59 @@ def for_instance(
     memory = None
     if not w.ref_is_cpu and w.ref_gpu.mem_bw_gbs > 0 and gpu.mem_bw_gbs > 0:
         memory = w.ref_gpu.mem_bw_gbs / gpu.mem_bw_gbs
-    return InstancePrediction(params, max_local_batch(w, gpu), speed.factor, extra, memory)
+    return InstancePrediction(
+        params, max_local_batch(w, gpu), speed.factor, extra, memory, speed.basis
+    )
+
+
+def compute_speed(w: Workload, gpu: GpuSpec, dm: DeviceModel, precision: str) -> ComputeSpeed:
+    """The factor (and its log sigma) that moves the profile's compute to ``gpu`` in
+    ``precision``, and the basis it rests on.
+
+    A GPU profile: the device model (``devices.compute_scale``). A CPU profile with an operator
+    graph: the op model's time of the graph on ``gpu`` over the profile's own fitted compute time
+    at the graph's local batch, with the op model's held-out sigma (``op-graph``). Otherwise
+    (no graph, a GPU without an SM count, a 16-bit plan from a full-precision graph): the device
+    model, widened by ``CPU_TO_GPU_EXTRA_LOG_SIGMA``."""
+    why = "no operator graph"
+    if w.ref_is_cpu and w.graph_timing is not None:
+        graph = w.graph_timing.graph
+        measured = float(perfmodel.compute_time(w.params, graph.local_batch))
+        if not gpu.sm_count:
+            why = f"{gpu.name} has no SM count for the op model"
+        elif precision_family(precision) != precision_family(graph.precision):
+            why = f"the graph was traced in {graph.precision}, not timed in {precision}"
+        elif not measured > 0:
+            why = "the profile's fitted compute time is not positive"
+        else:
+            got = speed_from_graph(
+                w.graph_timing.model,
+                dm,
+                graph,
+                None,
+                gpu,
+                src_precision=w.precision,
+                dst_precision=precision,
+            )
+            basis = (
+                f"{OP_GRAPH}: the profile's operator graph (local batch {graph.local_batch}) timed "
+                f"on {gpu.name} by the op model, over the CPU's fitted compute time "
+                f"(held-out sigma {got.log_sigma:.2f})"
+            )
+            return ComputeSpeed(got.seconds / measured, got.log_sigma, basis)
+    speed = compute_scale(
+        dm,
+        w.ref_gpu,
+        gpu,
+        src_precision=w.precision,
+        dst_precision=precision,
+        precision_ratio=w.precision_ratio,
+    )
+    if not w.ref_is_cpu:
+        return ComputeSpeed(speed.factor, math.hypot(speed.log_sigma, 0.0), DEVICE_MODEL)
+    sigma = math.hypot(speed.log_sigma, CPU_TO_GPU_EXTRA_LOG_SIGMA)
+    basis = (
+        f"{DEVICE_MODEL} from a CPU profile ({why}; sigma widened by "
+        f"{CPU_TO_GPU_EXTRA_LOG_SIGMA:g} to {sigma:.2f})"
+    )
+    return ComputeSpeed(speed.factor, sigma, basis)

@@ -152,6 +152,8 @@ def _assumptions(a: Assumptions) -> Table:
             f"{a.measured_nodes} node(s), in {a.profile_precision}; planned in {prec}"
         ),
     )
+    if a.compute_basis != "device model":  # a CPU profile: say how it reached the GPU
+        grid.add_row("compute", safe(a.compute_basis))
     s = a.search
     parts = [
         ", ".join(s.clouds),
