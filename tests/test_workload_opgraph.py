@@ -115,10 +115,10 @@ def test_estimate_says_the_op_graph_basis(tmp_path: Path) -> None:
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(profile_to_dict(_cpu_profile())), "utf-8")
     runner = CliRunner()
-    result = runner.invoke(app, ["estimate", str(path), "--json", "--top", "3"])
+    result = runner.invoke(app, ["estimate", "--profile", str(path), "--json", "--top", "3"])
     assert result.exit_code == 0, result.output
     basis = json.loads(result.output)["assumptions"]["compute_basis"]
     assert basis.startswith("op-graph") and "held-out sigma 0." in basis
-    text = runner.invoke(app, ["estimate", str(path), "--top", "3"])
+    text = runner.invoke(app, ["estimate", "--profile", str(path), "--top", "3"])
     assert text.exit_code == 0, text.output
     assert "op-graph" in text.output
