@@ -20,6 +20,7 @@ from kplan.cli.main import app
 from kplan.planner import perfmodel
 from kplan.planner.devices import compute_scale
 from kplan.planner.opmodel import device_from_gpu
+from kplan.planner.opmodel_paths import batch_line
 from kplan.planner.profile import Profile, profile_to_dict
 from kplan.planner.workload import (
     CPU_TO_GPU_EXTRA_LOG_SIGMA,
@@ -60,11 +61,33 @@ def test_a_cpu_profile_with_a_graph_takes_the_op_model_factor(gpu: str) -> None:
     got = compute_speed(w, GPUS[gpu], DEVICES, "fp32")
     assert p.opgraph is not None
     step = OPS.step_time(p.opgraph, device_from_gpu(GPUS[gpu]))
-    measured = float(perfmodel.compute_time(w.params, p.opgraph.local_batch))
-    assert got.factor == pytest.approx(step.seconds / measured)
+    # the CPU's line moved by the two factors passes through the op model's time of the graph
+    # at its own batch, and its intercept is the graph's launch floor (below that time)
+    assert got.fixed_factor is not None
+    a, b = w.params.compute_a * got.fixed_factor, w.params.compute_b * got.factor
+    assert a + b * p.opgraph.local_batch == pytest.approx(step.seconds)
+    assert 0 < a < step.seconds and b > 0
     assert got.log_sigma == pytest.approx(step.log_sigma)
     assert 0 < got.log_sigma < CPU_TO_GPU_EXTRA_LOG_SIGMA
     assert got.basis.startswith("op-graph")
+
+
+def test_a_launch_bound_graph_still_grows_with_the_batch() -> None:
+    """A tiny graph whose every kernel sits at its launch floor: the line's slope is at least
+    the time to move the batch's bytes once (never 0: a zero slope divides by zero downstream)."""
+    p = _cpu_profile()
+    assert p.opgraph is not None
+    tiny = dataclasses.replace(
+        p.opgraph,
+        ops=tuple(
+            dataclasses.replace(o, flops=o.flops * 1e-7, bytes=o.bytes * 1e-7)
+            for o in p.opgraph.ops
+        ),
+    )
+    line = batch_line(OPS, tiny, GPUS["H100"], "fp32")
+    moved = sum(o.bytes * o.count for o in tiny.ops if o.phase != "optimizer")
+    assert line.per_sample_s * tiny.local_batch >= moved / (GPUS["H100"].mem_bw_gbs * 1e9) * 0.999
+    assert line.per_sample_s > 0 and line.intercept_s > 0
 
 
 def test_without_a_graph_the_device_model_and_its_extra_sigma_remain() -> None:

@@ -86,6 +86,41 @@ def speed_from_graph(
     return GraphSpeed("device model", device.factor, 0.0, device.log_sigma, note)
 
 
+@dataclass(frozen=True)
+class BatchLine:
+    """A step's device time on a GPU as ``intercept_s + per_sample_s * b`` for a local batch b."""
+
+    intercept_s: float
+    per_sample_s: float
+    log_sigma: float
+
+
+def batch_line(op_model: OpModel, graph: OpGraph, dst: GpuSpec, precision: str) -> BatchLine:
+    """The graph's time on ``dst`` as a line in the local batch, from two op-model timings: the
+    graph as traced (its ``local_batch``) and the graph with every forward and backward call's
+    work shrunk to nothing (the batch's share gone: each kernel's launch floor and the optimizer
+    remain). A GPU's time is far from proportional to the batch where launches dominate (a small
+    model), which a factor on a CPU's near-linear time would miss."""
+    timed = _as_precision(graph, precision)
+    dev = device_from_gpu(dst)
+    full = op_model.step_time(timed, dev)
+    shrunk = dataclasses.replace(
+        timed,
+        ops=tuple(
+            o
+            if o.phase == "optimizer"
+            else dataclasses.replace(o, flops=o.flops * 1e-9, bytes=o.bytes * 1e-9)
+            for o in timed.ops
+        ),
+    )
+    # The batch's share is at least the time to move its bytes once at full bandwidth (where
+    # launches hide it all, the line must still grow with the batch: a physical floor).
+    moved = sum(o.bytes * o.count for o in timed.ops if o.phase != "optimizer")
+    least = min(moved / (dst.mem_bw_gbs * 1e9), full.seconds) if dst.mem_bw_gbs > 0 else 0.0
+    floor = min(op_model.step_time(shrunk, dev).seconds, full.seconds - least)
+    return BatchLine(floor, (full.seconds - floor) / graph.local_batch, full.log_sigma)
+
+
 def _as_precision(graph: OpGraph, precision: str) -> OpGraph:
     """The graph timed in ``precision`` where only the math mode differs (fp32 <-> tf32: the
     same FP32 tensors); a 16-bit graph keeps its own dtypes."""

@@ -27,7 +27,7 @@ from kplan.planner.catalog import GpuSpec, InstanceType, nic_fabric
 from kplan.planner.devices import DeviceModel, compute_scale, precision_family
 from kplan.planner.opgraph import OpGraph
 from kplan.planner.opmodel import OpModel
-from kplan.planner.opmodel_paths import speed_from_graph
+from kplan.planner.opmodel_paths import batch_line
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import CodecTimes, GnsPoint, Profile
 
@@ -58,6 +58,9 @@ class ComputeSpeed:
     factor: float
     log_sigma: float
     basis: str
+    # The factor on the intercept (the per-step part) where it is known apart from the
+    # per-sample one (the op-graph path); None: the caller's rule (factor, or factor**exponent).
+    fixed_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,9 @@ def for_instance(
     dst_precision = w.precision if precision is None else check_precision(precision)
     speed = compute_speed(w, gpu, dm, dst_precision)
     extra = speed.log_sigma
+    fixed = speed.fixed_factor  # known apart on the op-graph path
+    if fixed is None:
+        fixed = speed.factor if w.ref_is_cpu else speed.factor**dm.fixed_exponent
     params = perfmodel.transfer(
         w.params,
         compute_factor=speed.factor,
@@ -328,7 +334,7 @@ def for_instance(
         # fitted held out with the device model (the same arithmetic as compute_scale's
         # fixed_fraction, so the planner predicts what bench/device_model.py measures). On a
         # CPU profile the host is the device: its intercept is device work and scales fully.
-        fixed_factor=speed.factor if w.ref_is_cpu else speed.factor**dm.fixed_exponent,
+        fixed_factor=fixed,
     )
     # Gradient bytes in the gradient dtype of the precision predicted (DDP reduces FP32
     # gradients under autocast: the same bytes today; measured betas scale with the bytes).
@@ -399,21 +405,19 @@ def compute_speed(w: Workload, gpu: GpuSpec, dm: DeviceModel, precision: str) ->
         elif not measured > 0:
             why = "the profile's fitted compute time is not positive"
         else:
-            got = speed_from_graph(
-                w.graph_timing.model,
-                dm,
-                graph,
-                None,
-                gpu,
-                src_precision=w.precision,
-                dst_precision=precision,
-            )
+            line = batch_line(w.graph_timing.model, graph, gpu, precision)
             basis = (
                 f"{OP_GRAPH}: the profile's operator graph (local batch {graph.local_batch}) timed "
-                f"on {gpu.name} by the op model, over the CPU's fitted compute time "
-                f"(held-out sigma {got.log_sigma:.2f})"
+                f"on {gpu.name} by the op model, as a launch floor plus a per-sample time, over "
+                f"the CPU's fitted compute line (held-out sigma {line.log_sigma:.2f})"
             )
-            return ComputeSpeed(got.seconds / measured, got.log_sigma, basis)
+            a, b = w.params.compute_a, w.params.compute_b
+            if a > 0 and b > 0:
+                return ComputeSpeed(
+                    line.per_sample_s / b, line.log_sigma, basis, line.intercept_s / a
+                )
+            at_batch = line.intercept_s + line.per_sample_s * graph.local_batch
+            return ComputeSpeed(at_batch / measured, line.log_sigma, basis)
     speed = compute_scale(
         dm,
         w.ref_gpu,
