@@ -69,9 +69,11 @@ def test_no_credentials_reach_a_node(tmp_path: Path, monkeypatch: pytest.MonkeyP
             ispec = instance_spec(spec, node, "n", rendezvous(spec, 0, host), uri)
             assert all(k.startswith(("KPLAN_", "TORCH_")) for k in ispec.env), ispec.env
             texts += [ispec.user_data, json.dumps(dict(ispec.env)), json.dumps(dict(ispec.tags))]
-        doc = dry_run(spec, uri, LocalBilling())
-        code = doc.pop("code")  # file names and sizes only; its key names say "secrets"
-        assert code is None or code["files"] == [{"path": "train.py", "bytes": 12}]
+        run = dry_run(spec, uri, LocalBilling())
+        # file names and sizes only; its key names say "secrets"
+        assert run.code is None or run.code.files == (("train.py", 12),)
+        doc = run.to_dict()
+        del doc["code"]
         texts.append(json.dumps(doc))
     blob = "\n".join(texts)
     for key, value in SECRETS.items():

@@ -5,17 +5,19 @@ its own rendezvous, the other nodes pointing at ``<head private ip>``) and the s
 without calling a single provider verb or storage write. On a cloud, ``code`` says what the
 code upload would hold (:class:`~kplan.launcher.packing.PackedCode`: every file with its size,
 the secret-looking files and the links left out).
+
+The answer is a :class:`DryRun` record: the terminal view reads its requests and fields, and
+``--json`` prints its :meth:`DryRun.to_dict`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from kplan.launcher.bootstrap import (
     CODE_KEY,
+    WheelUpload,
     cluster_spec,
     instance_name,
     instance_spec,
@@ -26,8 +28,8 @@ from kplan.launcher.bootstrap import (
 from kplan.launcher.guard import Decision, Guard
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.ledger import BillingRule
-from kplan.launcher.packing import pack_code
-from kplan.launcher.provider import InstanceSpec
+from kplan.launcher.packing import PackedCode, pack_code
+from kplan.launcher.provider import ClusterSpec, InstanceSpec
 
 HEAD_PLACEHOLDER = "<head-private-ip>"
 
@@ -39,6 +41,88 @@ def _instance_doc(spec: InstanceSpec) -> dict[str, object]:
     return doc
 
 
+@dataclass(frozen=True)
+class CodePut:
+    """The job's code archive written to storage (``packed`` says what it holds)."""
+
+    key: str
+    packed: PackedCode
+
+    def to_dict(self) -> dict[str, object]:
+        return {"call": "storage.put_bytes", "key": self.key, "bytes": self.packed.archive_bytes}
+
+
+@dataclass(frozen=True)
+class WheelPut:
+    """kplan's wheel written to storage for the nodes to install."""
+
+    upload: WheelUpload
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.upload)
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """The provider's job-wide preparation (security group, placement, storage)."""
+
+    cluster: ClusterSpec
+
+    def to_dict(self) -> dict[str, object]:
+        return {"call": "provider.prepare", "cluster": asdict(self.cluster)}
+
+
+@dataclass(frozen=True)
+class RunInstances:
+    """One batch of instances started (the head first, then the nodes that point at it)."""
+
+    instances: tuple[InstanceSpec, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "call": "provider.run_instances",
+            "instances": [_instance_doc(s) for s in self.instances],
+        }
+
+
+Request = CodePut | WheelPut | Prepare | RunInstances
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What ``kplan launch --dry-run`` found: the requests, in order, and the guard's answer."""
+
+    job: str
+    cloud: str
+    region: str
+    requests: tuple[Request, ...]
+    code: PackedCode | None  # what the upload holds (None: local, nothing uploaded)
+    usd_per_hour: float
+    budget_usd: float
+    budget_hours: float | None  # None: the cluster is free
+    first_check_usd: float
+    startable: bool
+    guard: str
+    price_notes: tuple[str, ...]  # the plan's prices against the catalog's
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``--json`` document (the code lists every file, and the secrets left out)."""
+        return {
+            "job": self.job,
+            "cloud": self.cloud,
+            "region": self.region,
+            "requests": [r.to_dict() for r in self.requests],
+            "code": None if self.code is None else self.code.to_dict(),
+            "usd_per_hour": self.usd_per_hour,
+            "budget_usd": self.budget_usd,
+            "budget_hours": self.budget_hours,
+            "first_check_usd": self.first_check_usd,
+            "startable": self.startable,
+            "guard": self.guard,
+            "price_notes": list(self.price_notes),
+        }
+
+
 def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
     """What the guard says before anything starts: can the budget pay for the whole cluster
     until the first check plus teardown (``run_job`` asks the same before it uploads)."""
@@ -46,31 +130,23 @@ def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
     return guard.check(0.0, [], 0.0, [n.usd_per_hour for n in spec.nodes])
 
 
-def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, Any]:
+def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
     """The requests, in order, and what the guard would allow (nothing is sent)."""
-    requests: list[Mapping[str, object]] = []
-    code: dict[str, object] | None = None
+    requests: list[Request] = []
+    code: PackedCode | None = None
     if spec.cloud != "local":  # local runs the script in place: nothing is uploaded
-        packed = pack_code(Path(spec.script))
-        code = packed.to_dict()
-        requests.append(
-            {
-                "call": "storage.put_bytes",
-                "key": job_key(spec.job_id, CODE_KEY),
-                "bytes": packed.archive_bytes,
-            }
-        )
+        code = pack_code(Path(spec.script))
+        requests.append(CodePut(job_key(spec.job_id, CODE_KEY), code))
         wheel = wheel_upload(spec)  # the kplan the nodes install
         if wheel is not None:
-            requests.append(wheel)
-    cluster = cluster_spec(spec, storage_uri)
-    requests.append({"call": "provider.prepare", "cluster": asdict(cluster)})
+            requests.append(WheelPut(wheel))
+    requests.append(Prepare(cluster_spec(spec, storage_uri)))
     head = spec.nodes[0]
     head_spec = instance_spec(
         spec, head, instance_name(spec.job_id, 0, 0), rendezvous(spec, 0, None), storage_uri
     )
-    requests.append({"call": "provider.run_instances", "instances": [_instance_doc(head_spec)]})
-    rest = [
+    requests.append(RunInstances((head_spec,)))
+    rest = tuple(
         instance_spec(
             spec,
             node,
@@ -79,24 +155,22 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> dict[str, 
             storage_uri,
         )
         for node in spec.nodes[1:]
-    ]
+    )
     if rest:
-        requests.append(
-            {"call": "provider.run_instances", "instances": [_instance_doc(s) for s in rest]}
-        )
+        requests.append(RunInstances(rest))
     first = first_check(spec, billing)
     per_hour = spec.usd_per_hour
-    return {
-        "job": spec.job_id,
-        "cloud": spec.cloud,
-        "region": spec.region,
-        "requests": requests,
-        "code": code,  # what the upload holds: every file, and the secrets left out
-        "usd_per_hour": per_hour,
-        "budget_usd": spec.budget_usd,
-        "budget_hours": None if per_hour == 0 else spec.budget_usd / per_hour,
-        "first_check_usd": first.projected_usd,
-        "startable": not first.stop,
-        "guard": first.message,
-        "price_notes": list(spec.predicted.price_notes),  # the plan's prices against the catalog's
-    }
+    return DryRun(
+        job=spec.job_id,
+        cloud=spec.cloud,
+        region=spec.region,
+        requests=tuple(requests),
+        code=code,
+        usd_per_hour=per_hour,
+        budget_usd=spec.budget_usd,
+        budget_hours=None if per_hour == 0 else spec.budget_usd / per_hour,
+        first_check_usd=first.projected_usd,
+        startable=not first.stop,
+        guard=first.message,
+        price_notes=tuple(spec.predicted.price_notes),
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import signal
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import typer
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from kplan.cli.render.live import Started
     from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.providers import Backend
+    from kplan.launcher.providers.aws import AwsTarget
+    from kplan.launcher.providers.gcp import GcpTarget
 
 _LAUNCH_HELP = (
     "Launch SCRIPT on a cluster and keep it alive within --budget and --deadline.\n\n"
@@ -71,16 +73,21 @@ def _dry_run(spec: JobSpec, as_json: bool) -> None:
     from kplan.launcher.dryrun import dry_run as plan_requests
     from kplan.launcher.ledger import billing_for
 
-    target = _offline_target(spec)
-    doc = plan_requests(spec, target["storage_uri"], billing_for(spec.cloud))
-    doc["target"] = target
+    cloud = None if spec.cloud == "local" else _cloud_target(spec)
+    target: LocalTarget | AwsTarget | GcpTarget = (
+        {"storage_uri": _backend("local", spec.region, spec.storage_uri).storage.uri}
+        if cloud is None
+        else cloud
+    )
+    run = plan_requests(spec, target["storage_uri"], billing_for(spec.cloud))
     if as_json:
-        typer.echo(json.dumps(doc, indent=1))
+        typer.echo(json.dumps({**run.to_dict(), "target": target}, indent=1))
         return
     from kplan.cli.render.launch import render_dry_run
 
-    render_dry_run(doc)
-    _echo_target(spec.cloud, target)
+    render_dry_run(run)
+    if cloud is not None:
+        _echo_target(spec.cloud, cloud)
 
 
 def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool) -> None:
@@ -103,25 +110,34 @@ def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool) -> None:
     _run(spec, backend, as_json, quiet)
 
 
-def _offline_target(spec: JobSpec) -> dict[str, Any]:
-    """Where a dry run says the job would go, without a provider: the cloud module's
-    ``offline_target`` (marked placeholders for the account, project or bucket it cannot know
-    offline), or the local backend's own storage."""
-    import importlib
+class LocalTarget(TypedDict):
+    """Where a local job would go: the local backend's own storage."""
 
+    storage_uri: str
+
+
+def _cloud_target(spec: JobSpec) -> AwsTarget | GcpTarget:
+    """Where a dry run says a cloud job would go, without a provider: the cloud module's
+    ``offline_target`` (marked placeholders for the account, project or bucket it cannot know
+    offline)."""
     from kplan.launcher.bootstrap import cluster_spec
     from kplan.launcher.providers import ProviderSettings
 
-    if spec.cloud == "local":
-        return {"storage_uri": _backend("local", spec.region, spec.storage_uri).storage.uri}
-    module = importlib.import_module(f"kplan.launcher.providers.{spec.cloud}")
     settings = ProviderSettings(_home(), spec.region, spec.storage_uri)
-    target: dict[str, Any] = module.offline_target(settings, cluster_spec(spec, ""))
-    return target
+    if spec.cloud == "aws":
+        from kplan.launcher.providers import aws
+
+        return aws.offline_target(settings, cluster_spec(spec, ""))
+    from kplan.launcher.providers import gcp
+
+    return gcp.offline_target(settings, cluster_spec(spec, ""))
 
 
-def _echo_target(cloud: str, target: dict[str, Any]) -> None:
-    def text(value: Any) -> str:
+def _echo_target(cloud: str, target: AwsTarget | GcpTarget) -> None:
+    """The cloud's line (account or project, storage, identity, network), its placeholders
+    and what a real launch needs."""
+
+    def text(value: object) -> str:
         if isinstance(value, bool):
             return "yes" if value else "no"
         return ", ".join(value) if isinstance(value, list) else str(value)
@@ -132,11 +148,10 @@ def _echo_target(cloud: str, target: dict[str, Any]) -> None:
         for k, v in target.items()
         if k not in skip and v is not None
     ]
-    if cloud != "local":
-        typer.echo(f"{cloud}: " + "; ".join(shown))
-    if target.get("placeholders"):
+    typer.echo(f"{cloud}: " + "; ".join(shown))
+    if target["placeholders"]:
         typer.echo("placeholders, not real values: " + ", ".join(target["placeholders"]))
-    if target.get("needs"):
+    if target["needs"]:
         typer.echo(f"a real launch needs: {target['needs']}")
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kplan.launcher.packing import PackedCode
 
 SHOWN_FILES = 20  # the table lists the first ones; --json lists every file
 
@@ -14,29 +17,30 @@ def _visible(path: str) -> str:
     return escape("".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in path))
 
 
-def code_lines(code: dict[str, Any]) -> list[str]:
+def code_lines(code: PackedCode) -> list[str]:
     """Rich-markup lines: counts, the first files, and what was left out."""
-    files = code["files"]
+    count = len(code.files)
     lines = [
-        f"   code: {code['file_count']:,} file(s), {code['total_bytes']:,} bytes "
-        f"({code['archive_bytes']:,} packed) from {_visible(code['folder'])}"
+        f"   code: {count:,} file(s), {code.total_bytes:,} bytes "
+        f"({code.archive_bytes:,} packed) from {_visible(code.folder)}"
         + (
-            f"; {code['ignored']:,} path(s) left out by .gitignore/.kplanignore"
-            if code["ignored"]
+            f"; {code.ignored:,} path(s) left out by .gitignore/.kplanignore"
+            if code.ignored
             else ""
         )
     ]
-    width = max((len(_visible(f["path"])) for f in files[:SHOWN_FILES]), default=0)
-    for f in files[:SHOWN_FILES]:
-        lines.append(f"     {_visible(f['path']):<{width}}  {f['bytes']:>12,}")
-    if code["file_count"] > SHOWN_FILES:
-        lines.append(f"     ... and {code['file_count'] - SHOWN_FILES:,} more (--json lists all)")
-    secrets = code["skipped_secrets"]
+    shown = code.files[:SHOWN_FILES]
+    width = max((len(_visible(path)) for path, _ in shown), default=0)
+    for path, size in shown:
+        lines.append(f"     {_visible(path):<{width}}  {size:>12,}")
+    if count > SHOWN_FILES:
+        lines.append(f"     ... and {count - SHOWN_FILES:,} more (--json lists all)")
+    secrets = code.skipped_secrets
     lines.append(
         "   left out as secrets (always): "
         + (", ".join(_visible(p) for p in secrets) if secrets else "none found")
     )
-    if code["skipped_links"]:
-        links = ", ".join(_visible(p) for p in code["skipped_links"])
+    if code.skipped_links:
+        links = ", ".join(_visible(p) for p in code.skipped_links)
         lines.append(f"   left out, links pointing outside the folder: {links}")
     return lines

@@ -12,9 +12,10 @@ from kplan.core.text import clean
 from kplan.launcher.jobspec import place
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
 
     from kplan.launcher.down import DownResult
+    from kplan.launcher.dryrun import DryRun, RunInstances, WheelPut
     from kplan.launcher.lifecycle import JobOutcome
 
 
@@ -32,58 +33,73 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def render_dry_run(doc: dict[str, Any]) -> None:
+def render_dry_run(run: DryRun) -> None:
     from rich.console import Console
-    from rich.syntax import Syntax
+
+    from kplan.cli.render.code_upload import code_lines
+    from kplan.launcher.dryrun import CodePut, Prepare, WheelPut
 
     console = Console()
     console.print(
-        f"[bold]dry run[/bold] of job {safe(doc['job'])} on "
-        f"{safe(place(doc['cloud'], doc['region']))}: "
-        f"{len(doc['requests'])} request(s), none sent"
+        f"[bold]dry run[/bold] of job {safe(run.job)} on "
+        f"{safe(place(run.cloud, run.region))}: "
+        f"{len(run.requests)} request(s), none sent"
     )
-    for i, req in enumerate(doc["requests"], 1):
-        call = req["call"]
-        if call == "storage.put_bytes":
-            size = "?" if req.get("bytes") is None else f"{req['bytes']:,}"
-            console.print(f"{i}. {call} {safe(req['key'])} ({size} bytes)")
-            if req.get("sha256"):  # kplan's wheel for the nodes (kplan.launcher.wheel)
-                index = req.get("pip_index_url") or "the node's default index"
-                console.print(
-                    f"   kplan for the nodes, sha256 {safe(req['sha256'])}; pip installs it with "
-                    f"{safe(' '.join(req['installs_with']) or 'nothing')} from {safe(index)}",
-                    highlight=False,
-                )
-            elif doc.get("code"):  # what that upload holds (kplan.launcher.packing)
-                from kplan.cli.render.code_upload import code_lines
-
-                for line in code_lines(doc["code"]):
-                    console.print(line, highlight=False, soft_wrap=True)
-        elif call == "provider.prepare":
-            c = req["cluster"]
+    for i, req in enumerate(run.requests, 1):
+        if isinstance(req, CodePut):
             console.print(
-                f"{i}. {call} job={safe(c['job_id'])} region={safe(c['region'])} "
-                f"ports={safe(c['ports'])} placement_group={safe(c['placement_group'])}"
+                f"{i}. storage.put_bytes {safe(req.key)} ({req.packed.archive_bytes:,} bytes)"
+            )
+            for line in code_lines(req.packed):  # what that upload holds (kplan.launcher.packing)
+                console.print(line, highlight=False, soft_wrap=True)
+        elif isinstance(req, WheelPut):
+            _wheel_lines(console, i, req)
+        elif isinstance(req, Prepare):
+            c = req.cluster
+            console.print(
+                f"{i}. provider.prepare job={safe(c.job_id)} region={safe(c.region)} "
+                f"ports={safe(c.ports)} placement_group={safe(c.placement_group)}"
             )
         else:
-            console.print(f"{i}. {call}:")
-            for inst in req["instances"]:
-                console.print(
-                    f"   {safe(inst['name'])}: node {inst['node_rank']} "
-                    f"{safe(inst['instance_type'])} {safe(inst['market'])} {safe(inst['zone'])} "
-                    f"tags={safe(inst['tags'])}"
-                )
-                console.print(f"   env: {safe(', '.join(sorted(inst['env'])))}")
-                lang = "bash" if inst["user_data"].startswith("#!") else "sh"
-                console.print(Syntax(clean(inst["user_data"]), lang, word_wrap=True))
-    hours = doc["budget_hours"]
+            _instance_lines(console, i, req)
+    hours = run.budget_hours
     console.print(
-        f"cost {_money(doc['usd_per_hour'])}/h; budget {_money(doc['budget_usd'])}"
+        f"cost {_money(run.usd_per_hour)}/h; budget {_money(run.budget_usd)}"
         + ("" if hours is None else f" = {_hours(hours)} of this cluster")
-        + f"; guard: {safe(doc['guard'])}"
+        + f"; guard: {safe(run.guard)}"
     )
-    for note in doc.get("price_notes", ()):
+    for note in run.price_notes:
         console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
+
+
+def _wheel_lines(console: Console, i: int, req: WheelPut) -> None:
+    """kplan's wheel for the nodes (kplan.launcher.wheel): its upload and how pip installs it."""
+    up = req.upload
+    size = "?" if up["bytes"] is None else f"{up['bytes']:,}"
+    console.print(f"{i}. {up['call']} {safe(up['key'])} ({size} bytes)")
+    if up["sha256"]:
+        index = up["pip_index_url"] or "the node's default index"
+        console.print(
+            f"   kplan for the nodes, sha256 {safe(up['sha256'])}; pip installs it with "
+            f"{safe(' '.join(up['installs_with']) or 'nothing')} from {safe(index)}",
+            highlight=False,
+        )
+
+
+def _instance_lines(console: Console, i: int, req: RunInstances) -> None:
+    """One batch of instances: each one's place, environment names and bootstrap script."""
+    from rich.syntax import Syntax
+
+    console.print(f"{i}. provider.run_instances:")
+    for inst in req.instances:
+        console.print(
+            f"   {safe(inst.name)}: node {inst.node_rank} "
+            f"{safe(inst.instance_type)} {safe(inst.market)} {safe(inst.zone)} "
+            f"tags={safe(dict(inst.tags))}"
+        )
+        console.print(f"   env: {safe(', '.join(sorted(inst.env)))}")
+        lang = "bash" if inst.user_data.startswith("#!") else "sh"
+        console.print(Syntax(clean(inst.user_data), lang, word_wrap=True))
 
 
 def render_outcome(outcome: JobOutcome) -> None:
