@@ -82,17 +82,17 @@ def status_command(
             if job is None:
                 docs = [job_summary(db, j, now, events=0) for j in db.jobs()]
                 if as_json:
-                    typer.echo(json.dumps(docs, indent=1))
+                    typer.echo(json.dumps([d.to_dict() for d in docs], indent=1))
                 else:
                     render_jobs(docs)
-                finished = all(d["status"] not in _ACTIVE for d in docs)
+                finished = all(d.status not in _ACTIVE for d in docs)
             else:
                 doc = job_summary(db, _job_or_fail(db, job), now)
                 if as_json:
-                    typer.echo(json.dumps(doc, indent=1))
+                    typer.echo(json.dumps(doc.to_dict(), indent=1))
                 else:
                     render_job(doc)
-                finished = doc["status"] not in _ACTIVE or doc["launcher"] == "gone"
+                finished = doc.status not in _ACTIVE or doc.launcher == "gone"
             if not watch or finished:
                 return
             time.sleep(interval)
@@ -116,7 +116,7 @@ def _watch_live(job: str | None, interval: float) -> None:
 
             def frame() -> tuple[Any, bool]:
                 docs = [job_summary(db, j, time.time(), events=0) for j in db.jobs()]
-                done = all(d["status"] not in _ACTIVE or d["launcher"] == "gone" for d in docs)
+                done = all(d.status not in _ACTIVE or d.launcher == "gone" for d in docs)
                 return jobs_view(docs), done
 
         else:
@@ -131,7 +131,7 @@ def _watch_live(job: str | None, interval: float) -> None:
                 now = time.time()
                 doc = job_summary(db, _job_or_fail(db, job), now, events=5)
                 snap = tracker.snapshot(db, now)
-                done = doc["status"] not in _ACTIVE or doc["launcher"] == "gone"
+                done = doc.status not in _ACTIVE or doc.launcher == "gone"
                 if snap is None:
                     return job_view(doc), done
                 return Group(progress_panel(snap, "kplan status"), job_view(doc)), done

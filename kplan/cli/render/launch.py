@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -12,11 +12,14 @@ from kplan.core.text import clean
 from kplan.launcher.jobspec import place
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console, RenderableType
 
     from kplan.launcher.down import DownResult
     from kplan.launcher.dryrun import DryRun, RunInstances, WheelPut
     from kplan.launcher.lifecycle import JobOutcome
+    from kplan.launcher.summary import JobSummary
 
 
 def _money(x: float | None) -> str:
@@ -111,7 +114,7 @@ def render_outcome(outcome: JobOutcome) -> None:
     )
 
 
-def render_jobs(jobs: list[dict[str, Any]]) -> None:
+def render_jobs(jobs: Sequence[JobSummary]) -> None:
     from rich.console import Console
 
     if not jobs:
@@ -120,7 +123,7 @@ def render_jobs(jobs: list[dict[str, Any]]) -> None:
     Console().print(jobs_view(jobs))
 
 
-def jobs_view(jobs: list[dict[str, Any]]) -> RenderableType:
+def jobs_view(jobs: Sequence[JobSummary]) -> RenderableType:
     """The table of ``kplan status`` (every job)."""
     from rich.table import Table
     from rich.text import Text
@@ -135,52 +138,52 @@ def jobs_view(jobs: list[dict[str, Any]]) -> RenderableType:
             no_wrap=col in ("job", "status"),
         )
     for j in jobs:
-        status = safe(j["status"]) + (" (launcher gone)" if j["launcher"] == "gone" else "")
+        status = safe(j.status) + (" (launcher gone)" if j.launcher == "gone" else "")
         table.add_row(
-            safe(j["id"]),
+            safe(j.id),
             status,
-            safe(place(j["cloud"], j["region"])),
-            str(j["nodes"]),
-            _hours(j["elapsed_h"]),
-            _money(j["spend_usd"]),
-            _money(j["budget_usd"]),
-            f"{_hours(j['predicted_hours'])} / {_money(j['predicted_cost_usd'])}",
+            safe(place(j.cloud, j.region)),
+            str(j.nodes),
+            _hours(j.elapsed_h),
+            _money(j.spend_usd),
+            _money(j.budget_usd),
+            f"{_hours(j.predicted_hours)} / {_money(j.predicted_cost_usd)}",
         )
     return table
 
 
-def render_job(j: dict[str, Any]) -> None:
+def render_job(j: JobSummary) -> None:
     from rich.console import Console
 
     Console().print(job_view(j))
 
 
-def job_view(j: dict[str, Any]) -> RenderableType:
+def job_view(j: JobSummary) -> RenderableType:
     """One job (``kplan status JOB``): its line, spend, prediction, instances and events."""
     from rich.console import Group
     from rich.table import Table
 
     console = _Lines()
-    gone = " [red](launcher gone: run kplan down " + safe(j["id"]) + ")[/red]"
+    gone = " [red](launcher gone: run kplan down " + safe(j.id) + ")[/red]"
     console.print(
-        f"[bold]{safe(j['id'])}[/bold] {safe(j['status'])}"
-        + (f" ({safe(j['reason'])})" if j["reason"] else "")
-        + (gone if j["launcher"] == "gone" else "")
+        f"[bold]{safe(j.id)}[/bold] {safe(j.status)}"
+        + (f" ({safe(j.reason)})" if j.reason else "")
+        + (gone if j.launcher == "gone" else "")
     )
     console.print(
-        f"{safe(place(j['cloud'], j['region']))}, {j['nodes']} node(s), {j['workers']} "
+        f"{safe(place(j.cloud, j.region))}, {j.nodes} node(s), {j.workers} "
         "worker(s); "
-        f"elapsed {_hours(j['elapsed_h'])}; spent {_money(j['spend_usd'])} of "
-        f"{_money(j['budget_usd'])}"
-        + ("" if j["deadline_h"] is None else f"; deadline {_hours(j['deadline_h'])}")
-        + f"; {j['preemptions']} preemption(s)"
+        f"elapsed {_hours(j.elapsed_h)}; spent {_money(j.spend_usd)} of "
+        f"{_money(j.budget_usd)}"
+        + ("" if j.deadline_h is None else f"; deadline {_hours(j.deadline_h)}")
+        + f"; {j.preemptions} preemption(s)"
     )
-    if j["predicted_hours"] is not None:
+    if j.predicted_hours is not None:
         console.print(
-            f"predicted {_hours(j['predicted_hours'])}, {_money(j['predicted_cost_usd'])} "
-            f"(p90 {_money(j['predicted_cost_p90_usd'])})"
+            f"predicted {_hours(j.predicted_hours)}, {_money(j.predicted_cost_usd)} "
+            f"(p90 {_money(j.predicted_cost_p90_usd)})"
         )
-    model = j.get("model")
+    model = j.model
     if model:
         mape = model["mape"]
         console.print(
@@ -192,33 +195,31 @@ def job_view(j: dict[str, Any]) -> RenderableType:
             ),
             highlight=False,
         )
-    for change in j.get("changes", [])[-5:]:
+    for change in j.changes[-5:]:
         console.print(
-            f"{_clock(change['time'])} {safe(change['kind']):<12} {safe(change['message'])}",
+            f"{_clock(change.time)} {safe(change.kind):<12} {safe(change.message)}",
             highlight=False,
         )
     table = Table(title="instances", title_justify="left", pad_edge=False)
     for col in ("id", "node", "type", "market", "zone", "state", "$/h", "billed", "reason"):
         table.add_column(col, no_wrap=col == "id")
-    billed = {r["instance"]: r for r in j["ledger"]}
-    for i in j["instances"]:
-        row = billed.get(i["id"])
+    billed = {r.instance: r for r in j.ledger}
+    for i in j.instances:
+        row = billed.get(i.id)
         table.add_row(
-            safe(i["id"]),
-            str(i["node_rank"]),
-            safe(i["type"]),
-            safe(i["market"]),
-            safe(i["zone"]),
-            safe(i["state"]),
-            f"{i['price']:.4f}",
-            "-" if row is None else f"{row['billed_seconds']:.0f} s {_money(row['usd'])}",
-            safe(i["reason"] or ""),
+            safe(i.id),
+            str(i.node_rank),
+            safe(i.type),
+            safe(i.market),
+            safe(i.zone),
+            safe(i.state),
+            f"{i.price:.4f}",
+            "-" if row is None else f"{row.billed_seconds:.0f} s {_money(row.usd)}",
+            safe(i.reason or ""),
         )
     console.print(table)
-    for e in j["events"]:
-        console.print(
-            f"{_clock(e['time'])} {safe(e['kind']):<12} {safe(e['message'])}", highlight=False
-        )
+    for e in j.events:
+        console.print(f"{_clock(e.time)} {safe(e.kind):<12} {safe(e.message)}", highlight=False)
     return Group(*console.parts)
 
 
