@@ -16,6 +16,7 @@ from bench.statcost_pairs import pair_curves, run_pair
 from kplan.cli.main import app
 from kplan.core.errors import InputError
 from kplan.launcher import statcost
+from kplan.launcher.metrics_read import MetricsLog
 from kplan.planner.compression import parse_measured
 from tests.test_provider_local import kill_leftovers
 
@@ -28,12 +29,17 @@ def _records(losses: list[float], batch: int = 10, spec: str = "none", **extra: 
     ]  # fmt: skip
 
 
+def _curve(raws: list[dict[str, object]], job: str) -> statcost.Curve:
+    """The curve of raw metrics records, typed as ``read_records`` types a job's files."""
+    return statcost.curve(MetricsLog.parse(raws), job)
+
+
 def test_the_multiplier_is_samples_to_the_dense_final_loss() -> None:
-    dense = statcost.curve(_records([10.0 - 0.1 * i for i in range(100)]), "d")
+    dense = _curve(_records([10.0 - 0.1 * i for i in range(100)]), "d")
     # twice the loss fall per step at twice the batch: the same fall per sample -> x1 (up to
     # the smoothing's lag, the same in steps for both); the curve stretched 1.5x in steps -> x1.5
-    same = statcost.curve(_records([10.0 - 0.2 * i for i in range(60)], 20, "topk:0.01:ag"), "c")
-    slow = statcost.curve(_records([10.0 - 0.1 * i / 1.5 for i in range(150)], 10, "fp16"), "s")
+    same = _curve(_records([10.0 - 0.2 * i for i in range(60)], 20, "topk:0.01:ag"), "c")
+    slow = _curve(_records([10.0 - 0.1 * i / 1.5 for i in range(150)], 10, "fp16"), "s")
     r = statcost.steps_against("c", same, "d", dense)
     assert r.span == 5 and r.multiplier == pytest.approx(1.0, rel=0.03)
     assert r.estimate_flag() == f"--compression-steps topk:0.01:ag={r.multiplier:.3g}"
@@ -45,7 +51,7 @@ def test_the_multiplier_is_samples_to_the_dense_final_loss() -> None:
         float(f"{s.multiplier:.3g}"),
     )
     # a job that never reaches the target: no multiplier, and the note says how far it got
-    short = statcost.curve(_records([10.0 - 0.1 * i for i in range(50)], spec="powersgd:4"), "p")
+    short = _curve(_records([10.0 - 0.1 * i for i in range(50)], spec="powersgd:4"), "p")
     p = statcost.steps_against("p", short, "d", dense)
     assert p.multiplier is None and p.samples is None and p.estimate_flag() is None
     assert "did not reach" in p.note and "0.50x" in p.note
@@ -57,7 +63,7 @@ def test_redone_steps_count_once_and_other_ranks_and_events_are_left_out() -> No
     recs.append({"step": 2, "rank": 1, "time": 1.0, "loss": 99.0, "global_batch": 10})
     recs.append({"event": "checkpoint", "step": 2, "rank": 0, "time": 1.5})
     recs.append({"step": 5, "rank": 0, "time": 5.0, "loss": float("nan"), "global_batch": 10})
-    c = statcost.curve(recs, "j")
+    c = _curve(recs, "j")
     assert c.steps == [1, 2, 3, 4] and c.loss == [5.0, 4.0, 2.5, 2.0]
     assert c.samples == [10.0, 20.0, 30.0, 40.0] and c.compression == "none"
 
@@ -68,7 +74,7 @@ def test_a_job_whose_records_hold_a_batch_of_zero_is_refused() -> None:
     with pytest.raises(
         InputError, match=r"job j: StepRecord \(step \d+\): 'global_batch' is 0"
     ) as e:
-        statcost.curve(recs, "j")
+        _curve(recs, "j")
     assert e.value.hint
 
 
@@ -86,7 +92,7 @@ def test_a_job_whose_records_hold_a_batch_of_zero_is_refused() -> None:
 )
 def test_jobs_that_cannot_be_compared_are_refused(job: list, dense: list, match: str) -> None:
     with pytest.raises(InputError, match=match):
-        statcost.steps_against("j", statcost.curve(job, "j"), "d", statcost.curve(dense, "d"))
+        statcost.steps_against("j", _curve(job, "j"), "d", _curve(dense, "d"))
 
 
 def test_the_communication_summary_from_step_records() -> None:

@@ -10,13 +10,14 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kplan.core import records as records_mod
 from kplan.core.records import (
     CheckpointEvent,
     EpochsEvent,
     Event,
+    Record,
     RecordError,
     ResumeEvent,
     StepRecord,
@@ -81,18 +82,33 @@ class Communication:
         return "; ".join(parts)
 
 
-def rank0_steps(records: Sequence[dict[str, Any]], strict: bool = False) -> list[StepRecord]:
-    """Rank 0's step records (no events), in time order. A record that does not validate
-    (kplan/core/records.py) is left out, or with ``strict`` refused (:class:`RecordError`)."""
-    steps = []
-    for raw in records:
-        if "event" in raw or raw.get("rank", 0) != 0:
-            continue
-        try:
-            steps.append(StepRecord.from_dict(raw))
-        except RecordError:
-            if strict:
-                raise
+@dataclass(frozen=True)
+class MetricsLog:
+    """A job's metrics as read: every record that validates (kplan/core/records.py), in file
+    order, how many JSON objects were read, and the errors of rank 0's step records that did
+    not validate (a live view leaves them out; ``kplan report --against`` refuses them)."""
+
+    records: tuple[Record, ...]
+    read: int
+    step_errors: tuple[RecordError, ...] = ()
+
+    @classmethod
+    def parse(cls, raws: Sequence[dict[str, object]]) -> MetricsLog:
+        """The log of ``raws`` (JSON objects of the metrics files)."""
+        records: list[Record] = []
+        errors: list[RecordError] = []
+        for raw in raws:
+            try:
+                records.append(records_mod.parse(raw))
+            except RecordError as err:
+                if "event" not in raw and raw.get("rank", 0) == 0:
+                    errors.append(err)
+        return cls(tuple(records), len(raws), tuple(errors))
+
+
+def rank0_steps(records: Sequence[Record]) -> list[StepRecord]:
+    """Rank 0's step records (no events), in time order."""
+    steps = [r for r in records if isinstance(r, StepRecord) and r.rank == 0]
     return sorted(steps, key=lambda r: r.time or 0)
 
 
@@ -167,10 +183,10 @@ class Metrics:
     communication: Communication | None = None
 
 
-def read_records(storage: Storage, job_id: str) -> list[dict[str, Any]]:
-    """Every rank's step records and events under ``<job>/metrics/`` (unparsable lines, such
-    as one being written when the job stopped, are left out)."""
-    records: list[dict[str, Any]] = []
+def read_records(storage: Storage, job_id: str) -> MetricsLog:
+    """Every rank's step records and events under ``<job>/metrics/``, typed (unparsable lines,
+    such as one being written when the job stopped, are left out)."""
+    raws: list[dict[str, object]] = []
     for key in sorted(storage.list_keys(f"{job_id}/metrics/")):
         if not key.endswith(".jsonl"):
             continue
@@ -181,20 +197,20 @@ def read_records(storage: Storage, job_id: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
             if isinstance(rec, dict):
-                records.append(rec)
-    return records
+                raws.append(rec)
+    return MetricsLog.parse(raws)
 
 
 def read_metrics(storage: Storage, job_id: str) -> Metrics:
     """Step records and events of every rank under ``<job>/metrics/`` (typed:
     kplan/core/records.py; a record that does not validate is left out)."""
-    raws = read_records(storage, job_id)
-    if not raws:
+    log = read_records(storage, job_id)
+    if not log.read:
         return Metrics(f"no metrics under {storage.uri}/{job_id}/metrics/")
-    records = records_mod.parse_lenient(raws)
+    records = log.records
     steps = [r for r in records if isinstance(r, StepRecord)]
     events = [r for r in records if isinstance(r, Event)]
-    rank0 = rank0_steps(raws)
+    rank0 = rank0_steps(records)
     times = [(r.step, r.step_time) for r in rank0 if r.step_time]
     local: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for r in sorted(steps, key=lambda r: r.time or 0):
@@ -204,7 +220,7 @@ def read_metrics(storage: Storage, job_id: str) -> Metrics:
     work = next((e for e in events if isinstance(e, EpochsEvent) and e.rank == 0), None)
     clock = [(r.step, r.time) for r in rank0 if r.time is not None]
     return Metrics(
-        note=f"{len(raws)} records from {storage.uri}/{job_id}/metrics/",
+        note=f"{log.read} records from {storage.uri}/{job_id}/metrics/",
         steps=len({s for s, _ in times}),
         step_time=_step_stats(values),
         step_times=_thin(times),

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from kplan.core.errors import InputError
-from kplan.core.records import RecordError
-from kplan.launcher.metrics_read import latest_per_step, rank0_steps, with_numbers
+from kplan.launcher.metrics_read import MetricsLog, latest_per_step, rank0_steps, with_numbers
 
 MIN_SPAN = 5
 SPAN_FRACTION = 0.05
@@ -64,19 +62,19 @@ class StepsAgainst:
         return f"--compression-steps {self.compression}={self.multiplier:.3g}"
 
 
-def curve(records: list[dict[str, Any]], job: str) -> Curve:
+def curve(log: MetricsLog, job: str) -> Curve:
     """Rank 0's step records as a :class:`Curve` (the last record of a redone step wins).
 
     Every rank 0 step record must validate (kplan/core/records.py: a batch of at least one, a
     finite loss): a curve with a step of no samples has no cost in samples to measure."""
-    try:
-        rank0 = rank0_steps(records, strict=True)
-    except RecordError as err:
+    if log.step_errors:
+        err = log.step_errors[0]
         raise InputError(
             f"job {job}: {err.message}",
             hint="compare jobs whose metrics the kplan runtime wrote, unedited "
             "(kplan logs JOB shows the run)",
-        ) from None
+        )
+    rank0 = rank0_steps(log.records)
     kept = with_numbers(rank0, ("loss", "global_batch"))
     recs = latest_per_step(kept)
     specs = {s for r in kept if (s := r.compression) is not None and s != "none"}
