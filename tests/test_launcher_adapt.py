@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kplan.core.records import StepRecord, parse_lenient
 from kplan.launcher.adapt import (
     Action,
     Adapter,
@@ -69,20 +70,20 @@ def test_feed_reads_only_new_whole_lines(tmp_path: Path) -> None:
     with open(path, "a") as f:
         f.write('{"step": 1, "rank"')  # a line being written
     got = feed.poll()
-    assert [r["step"] for r in got] == [0]
+    assert [r.step for r in got if isinstance(r, StepRecord)] == [0]
     with open(path, "a") as f:
         f.write(': 0, "world_size": 1}\n')
-    assert [r["step"] for r in feed.poll()] == [1]
+    assert [r.step for r in feed.poll() if isinstance(r, StepRecord)] == [1]
     assert feed.poll() == []
 
 
 def test_segments_split_on_config_and_generation() -> None:
     obs = Observer()
     obs.new_generation(0, 1)
-    obs.feed([_step(s, 1, 32, 0.10) for s in range(12)])
-    obs.feed([_step(s, 1, 64, 0.15) for s in range(12, 30)])
+    obs.feed(parse_lenient([_step(s, 1, 32, 0.10) for s in range(12)]))
+    obs.feed(parse_lenient([_step(s, 1, 64, 0.15) for s in range(12, 30)]))
     obs.new_generation(1, 2)
-    obs.feed([_step(s, 2, 64, 0.09) for s in range(30, 40)])
+    obs.feed(parse_lenient([_step(s, 2, 64, 0.09) for s in range(30, 40)]))
     keys = [s.key for s in obs.segments]
     assert keys == [(1, 1, 32, 1), (1, 1, 64, 1), (2, 2, 64, 1)]
     m = obs.segments[1].measurement()
@@ -90,28 +91,30 @@ def test_segments_split_on_config_and_generation() -> None:
     assert m.local_batch == 64 and m.sync_time == pytest.approx(0.03)
     # too few steady steps (3 warm-up steps are left out): no measurement yet
     short = Observer()
-    short.feed([_step(s, 1, 32, 0.1) for s in range(7)])
+    short.feed(parse_lenient([_step(s, 1, 32, 0.1) for s in range(7)]))
     assert short.segments[0].measurement() is None
 
 
 def test_policy_events_become_requests_and_view_tracks_target() -> None:
     obs = Observer()
     obs.feed(
-        [
-            {"event": "epochs", "rank": 0, "target_progress": 500.0, "base_batch": 32},
-            {
-                "event": "policy",
-                "rank": 0,
-                "action": "resize",
-                "nodes": 2,
-                "policy": "P",
-                "reason": "more",
-                "step": 3,
-            },
-            {"event": "policy", "rank": 1, "action": "stop", "policy": "P"},  # not rank 0
-            {"event": "policy", "rank": 0, "action": "bogus"},
-            _step(4, 1, 32, 0.1),
-        ]
+        parse_lenient(
+            [
+                {"event": "epochs", "rank": 0, "target_progress": 500.0, "base_batch": 32},
+                {
+                    "event": "policy",
+                    "rank": 0,
+                    "action": "resize",
+                    "nodes": 2,
+                    "policy": "P",
+                    "reason": "more",
+                    "step": 3,
+                },
+                {"event": "policy", "rank": 1, "action": "stop", "policy": "P"},  # not rank 0
+                {"event": "policy", "rank": 0, "action": "bogus"},
+                _step(4, 1, 32, 0.1),
+            ]
+        )
     )
     reqs = obs.take_requests()
     assert reqs == [PolicyRequest("resize", "P", "more", 3, nodes=2)]
@@ -177,19 +180,19 @@ def test_gns_points_are_filed_at_the_progress_their_moving_average_refers_to() -
     each point that many steps back, at the progress a step makes (debiased start: the mean age
     of n samples, about n/2 while n << window); without the start event, at the progress now."""
     obs = Observer()
-    obs.feed([{"event": "start", "rank": 0, "gns_window_steps": 99.0}])
+    obs.feed(parse_lenient([{"event": "start", "rank": 0, "gns_window_steps": 99.0}]))
     # batch 64 over B0 32: two base-batch steps of progress per step
-    obs.feed([_step(s, 1, 64, 0.1) for s in range(2000)])
+    obs.feed(parse_lenient([_step(s, 1, 64, 0.1) for s in range(2000)]))
     (p_last, _) = obs.view.gns_history[-1]
     assert obs.view.progress == pytest.approx(2 * 1999)
     assert p_last == pytest.approx(2 * 1999 - 2 * 99.0, rel=1e-6)  # full window: 99 steps back
     early = Observer()
-    early.feed([{"event": "start", "rank": 0, "gns_window_steps": 99.0}])
-    early.feed([_step(s, 1, 64, 0.1) for s in range(11)])
+    early.feed(parse_lenient([{"event": "start", "rank": 0, "gns_window_steps": 99.0}]))
+    early.feed(parse_lenient([_step(s, 1, 64, 0.1) for s in range(11)]))
     p10 = early.view.gns_history[-1][0]
     assert 2 * 10 - 2 * 5.5 < p10 < 2 * 10 - 2 * 4.5  # 11 samples: a mean age of about 5 steps
     plain = Observer()  # an older runtime (no window in its start event): filed where it is
-    plain.feed([_step(s, 1, 64, 0.1) for s in range(50)])
+    plain.feed(parse_lenient([_step(s, 1, 64, 0.1) for s in range(50)]))
     assert plain.view.gns_history[-1][0] == pytest.approx(2 * 49)
 
 

@@ -12,12 +12,12 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kplan.core.records import (
     EpochsEvent,
     Event,
     PolicyEvent,
+    Record,
     StartEvent,
     StepRecord,
     parse_lenient,
@@ -34,15 +34,17 @@ GNS_HISTORY = 512  # points kept of the job's GNS; past it every other one is dr
 
 
 class MetricsFeed:
-    """The records appended to the job's metrics files since the last poll (whole lines only)."""
+    """The records appended to the job's metrics files since the last poll (whole lines only),
+    typed (kplan/core/records.py: a record that does not validate is left out, as a torn line
+    is)."""
 
     def __init__(self, storage: Storage, job_id: str) -> None:
         self.storage = storage
         self.prefix = job_key(job_id, "metrics/")
         self.offsets: dict[str, int] = {}
 
-    def poll(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def poll(self) -> list[Record]:
+        out: list[object] = []
         for key in self.storage.list_keys(self.prefix):
             if not key.endswith(".jsonl"):
                 continue
@@ -61,7 +63,7 @@ class MetricsFeed:
                     continue  # a torn line of a killed writer: skip it
                 if isinstance(rec, dict):
                     out.append(rec)
-        return out
+        return parse_lenient(out)
 
 
 def _read_from(storage: Storage, key: str, start: int) -> bytes:
@@ -194,11 +196,11 @@ class Observer:
         self.nodes = nodes
         self.view.steps_in_generation = 0
 
-    def feed(self, records: Sequence[dict[str, Any]]) -> list[Segment]:
-        """Take new records (raw: those that do not validate are left out, kplan/core/records.py);
-        return the segments that gained steady steps."""
+    def feed(self, records: Sequence[Record]) -> list[Segment]:
+        """Take new records (:meth:`MetricsFeed.poll`); return the segments that gained steady
+        steps."""
         grown: dict[int, Segment] = {}
-        for rec in parse_lenient(list(records)):
+        for rec in records:
             if isinstance(rec, Event):
                 self._event(rec)
                 continue

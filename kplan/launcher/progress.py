@@ -16,11 +16,12 @@ ledger row of a live instance is billed to now at its price (``Billing.billed_se
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kplan.core.errors import KplanError
-from kplan.core.records import EpochsEvent, ResumeEvent, StepRecord, parse_lenient
+from kplan.core.records import EpochsEvent, Record, ResumeEvent, StepRecord
 from kplan.launcher.ledger import BillingRule, billing_for
 from kplan.launcher.measure import MetricsFeed
 from kplan.launcher.state import EventRecord, InstanceRecord, StateDB
@@ -99,10 +100,9 @@ class _Training:
         default_factory=lambda: deque(maxlen=RATE_WINDOW)
     )
 
-    def feed(self, records: list[dict[str, Any]]) -> None:
-        """Take new raw records (typed by kplan/core/records.py; those that do not validate are
-        left out)."""
-        for rec in parse_lenient(records):
+    def feed(self, records: Sequence[Record]) -> None:
+        """Take new records (:meth:`~kplan.launcher.measure.MetricsFeed.poll`)."""
+        for rec in records:
             if rec.rank != 0:
                 continue
             if isinstance(rec, EpochsEvent):
