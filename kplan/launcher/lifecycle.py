@@ -173,10 +173,10 @@ class _Run(ChangingRun):
             now = self.clock.now()
             self._check_failed()
             for rank, doc in sorted(self.finished.items()):
-                code = int(doc.get("exit_code", 1))
+                code = doc.exit_code
                 if code != 0 and rank not in self.lost:  # killed by a signal: replace the node
                     self._drop(rank, now, f"exited with signal code {code}")
-            done = {r for r, d in self.finished.items() if d.get("exit_code") == 0}
+            done = {r for r, d in self.finished.items() if d.exit_code == 0}
             if done >= ranks:
                 return "succeeded", "every node finished"
             if done:

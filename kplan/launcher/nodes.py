@@ -225,7 +225,7 @@ class NodeRun(TeardownRun):
         job, with the error line of the node's log in the reason; unless another node was lost
         at about the same time (``_collateral``): then it is replaced and counted as a crash."""
         for rank, doc in sorted(self.finished.items()):
-            code = int(doc.get("exit_code", 1))
+            code = doc.exit_code
             if not 0 < code < SIGNAL_EXIT or rank in self.lost:
                 continue
             reason = self.failure_reason(rank, code)

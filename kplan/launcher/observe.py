@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from kplan.core.errors import CloudError, KplanError
 from kplan.launcher.adapt import Adapter
@@ -37,6 +36,47 @@ COLLATERAL_WINDOW_S = 60.0
 """A node that fails within this many seconds of another node's loss (or while one is lost) is
 taken as failing because of it (its rendezvous store or a peer went away mid-collective): it is
 replaced, counted as a crash, instead of failing the job."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """``status/node-<rank>.json``: how a node's torchrun ended (written by the node's
+    bootstrap: kplan/launcher/bootstrap.py)."""
+
+    exit_code: int
+    time: float | None = None
+    node_rank: int | None = None
+    instance: str | None = None  # the instance's name (None: the file does not say)
+
+    @classmethod
+    def from_json(cls, doc: object) -> NodeStatus | None:
+        """The status in ``doc`` (None: not an object, or an instance name that is no text;
+        ``ValueError``/``TypeError``/``KeyError``: no integer exit code)."""
+        if not isinstance(doc, dict):
+            return None
+        code = int(doc["exit_code"])
+        instance = doc.get("instance")
+        if instance is not None and not isinstance(instance, str):
+            return None
+        when, rank = doc.get("time"), doc.get("node_rank")
+        return cls(
+            code,
+            when if isinstance(when, int | float) else None,
+            rank if isinstance(rank, int) else None,
+            instance,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """The event's data: the fields the file held."""
+        doc: dict[str, object] = {"exit_code": self.exit_code}
+        for key, value in (
+            ("time", self.time),
+            ("node_rank", self.node_rank),
+            ("instance", self.instance),
+        ):
+            if value is not None:
+                doc[key] = value
+        return doc
 
 
 class Finish(Exception):
@@ -85,7 +125,7 @@ class RunState:
         self.lost: dict[int, tuple[float, str]] = {}  # rank -> (when, why)
         self.last_loss: tuple[int, float] | None = None  # (rank, when) of the newest loss
         self.recovering: dict[int, float] = {}  # rank -> when it was lost
-        self.finished: dict[int, dict[str, Any]] = {}
+        self.finished: dict[int, NodeStatus] = {}  # rank -> how its current instance ended
         self.crashes: dict[int, tuple[str, int]] = {}  # rank -> (error, failures in a row)
         self.first_done: float | None = None
         self.replacements = 0
@@ -166,20 +206,20 @@ class RunState:
                 if rank in self.finished or rank not in self.current:
                     continue
                 data = self.storage.get_bytes(key)
-                doc = json.loads(data) if data else None
-                code = int(doc["exit_code"]) if isinstance(doc, dict) else None
+                status = NodeStatus.from_json(json.loads(data)) if data else None
             except (ValueError, TypeError, KeyError, json.JSONDecodeError):
                 continue  # being written, or not ours: read again next check
-            if code is None or not isinstance(doc, dict):
+            if status is None:
                 continue
             current = self.records[self.current[rank]].name
-            if doc.get("instance", current) != current:
+            if status.instance is not None and status.instance != current:
                 continue  # a late write of an instance this rank no longer runs on
-            self.finished[rank] = doc
-            told = doc
+            self.finished[rank] = status
+            code = status.exit_code
+            told = status.to_dict()
             if code != 0:  # the script's last lines in its log, for `kplan status --json`
                 tail = log_tail(self.storage, self.spec.job_id, rank, script_only=True)
-                told = {**doc, "log_tail": tail}
+                told = {**told, "log_tail": tail}
             self._event("node-exit", f"node {rank} exited with code {code}", told)
             if code == 0 and self.first_done is None:
                 self.first_done = self.clock.now()
@@ -198,7 +238,7 @@ class RunState:
         if self.current.get(rec.node_rank) != rec.id:
             return
         status = self.finished.get(rec.node_rank)
-        if status is not None and (status.get("exit_code") == 0 or rec.state != "preempted"):
+        if status is not None and (status.exit_code == 0 or rec.state != "preempted"):
             return  # it finished (exit 0), or its exit code decides (in the monitor)
         kind = "preempted" if rec.state == "preempted" else "lost"
         if kind == "preempted":
