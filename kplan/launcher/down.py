@@ -33,8 +33,6 @@ from kplan.launcher.journal import (
     FOLDER,
     Journal,
     JournalInstance,
-    journal_instances,
-    journal_job,
     read_journal,
 )
 from kplan.launcher.ledger import Ledger, billing_for
@@ -69,7 +67,7 @@ def leftover_jobs(db: StateDB) -> list[str]:
             job_id = path.name[: -len(".jsonl")]
             if job_id in out or job_id.endswith(".forgotten") or db.job(job_id) is not None:
                 continue
-            known = journal_instances(read_journal(path))
+            known = read_journal(path).instances
             if any(j.gone_at is None for j in known.values()):
                 out.append(job_id)
     return out
@@ -80,15 +78,8 @@ def job_location(db: StateDB, job_id: str) -> tuple[str, str | None, str | None]
     rec = db.job(job_id)
     if rec is not None:
         return rec.cloud, rec.region, JobSpec.from_dict(rec.spec).storage_uri
-    line = journal_job(Journal.for_job(db.path.parent, job_id).entries())
-    if line is None or not isinstance(line.get("cloud"), str):
-        return None
-    region, storage = line.get("region"), line.get("storage_uri")
-    return (
-        line["cloud"],
-        region if isinstance(region, str) else None,
-        storage if isinstance(storage, str) else None,
-    )
+    line = Journal.for_job(db.path.parent, job_id).read().job
+    return None if line is None else (line.cloud, line.region, line.storage_uri)
 
 
 def down_job(
@@ -103,7 +94,7 @@ def down_job(
     journal: Journal | None = None,
 ) -> DownResult:
     journal = journal or Journal.for_job(db.path.parent, job_id)
-    known = journal_instances(journal.entries())
+    known = journal.read().instances
     job = db.job(job_id)
     waited = False
     live = job is not None and not job.terminal and launcher_alive(job)
@@ -124,10 +115,8 @@ def down_job(
         states = {i.id: i.state for i in found}
         for iid in sorted(i for i, j in known.items() if j.gone_at is None):
             journal.write("gone", clock.now(), id=iid, state=states.get(iid, "terminated"))
-    cancelled = set(asked)  # and what an earlier `kplan down` terminated but could not record
-    for e in journal.entries():
-        if e.get("kind") == "down" and isinstance(e.get("terminated"), list):
-            cancelled.update(str(i) for i in e["terminated"])
+    # and what an earlier `kplan down` terminated but could not record
+    cancelled = set(asked) | journal.read().terminated
     if cluster is None and job is not None:
         spec = JobSpec.from_dict(job.spec)
         cluster = cluster_spec(spec, spec.storage_uri or backend.storage.uri)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -71,25 +71,25 @@ class Journal:
         finally:
             os.close(fd)
 
-    def entries(self) -> list[dict[str, Any]]:
+    def read(self) -> JournalLog:
         return read_journal(self.path)
 
 
-def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a journal ([] when there is none)."""
+def read_journal(path: Path) -> JournalLog:
+    """What a journal says (empty when there is none): its complete lines, read once."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return []
-    out = []
+        raw = b""
+    lines = []
     for line in raw.splitlines():
         try:
             doc = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue  # a torn last line
         if isinstance(doc, dict) and isinstance(doc.get("kind"), str):
-            out.append(doc)
-    return out
+            lines.append(doc)
+    return JournalLog(_instances(lines), _job(lines), _terminated(lines))
 
 
 @dataclass(frozen=True)
@@ -135,13 +135,34 @@ def instance_doc(rec: InstanceRecord) -> InstanceDoc:
     }
 
 
-def journal_instances(entries: list[dict[str, Any]]) -> dict[str, JournalInstance]:
+@dataclass(frozen=True)
+class JournalJob:
+    """The ``job`` line: where the job runs."""
+
+    cloud: str
+    region: str | None
+    storage_uri: str | None
+
+
+@dataclass(frozen=True)
+class JournalLog:
+    """A journal, read: its instances, its ``job`` line and what ``kplan down`` terminated."""
+
+    instances: dict[str, JournalInstance] = field(default_factory=dict)  # by id
+    job: JournalJob | None = None  # None: no job line, or one without a cloud
+    terminated: frozenset[str] = frozenset()  # ids in ``down`` lines
+
+
+def _instances(lines: list[dict[str, object]]) -> dict[str, JournalInstance]:
     """Instances by id from ``created`` and ``gone`` lines (malformed ones skipped)."""
     found: dict[str, JournalInstance] = {}
-    for e in entries:
+    for e in lines:
         try:
             if e["kind"] == "created":
-                for d in e["instances"]:
+                made = e["instances"]
+                if not isinstance(made, list):
+                    continue
+                for d in made:
                     iid = str(d["id"])
                     found[iid] = JournalInstance(
                         id=iid,
@@ -159,14 +180,39 @@ def journal_instances(entries: list[dict[str, Any]]) -> dict[str, JournalInstanc
                 iid = str(e["id"])
                 prev = found[iid]
                 if prev.gone_at is None:
-                    found[iid] = JournalInstance(
-                        **{**prev.__dict__, "gone_at": float(e["t"]), "state": str(e["state"])}
-                    )
+                    found[iid] = replace(prev, gone_at=_number(e["t"]), state=str(e["state"]))
         except (KeyError, TypeError, ValueError):
             continue
     return found
 
 
-def journal_job(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The ``job`` line (cloud, region, storage) of a journal, if any."""
-    return next((e for e in entries if e.get("kind") == "job"), None)
+def _number(value: object) -> float:
+    """``value`` as a float (``TypeError``/``ValueError``: it is no number)."""
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
+
+
+def _job(lines: list[dict[str, object]]) -> JournalJob | None:
+    """The first ``job`` line (cloud, region, storage), if any and it names a cloud."""
+    line = next((e for e in lines if e.get("kind") == "job"), None)
+    if line is None:
+        return None
+    cloud, region, storage = line.get("cloud"), line.get("region"), line.get("storage_uri")
+    if not isinstance(cloud, str):
+        return None
+    return JournalJob(
+        cloud,
+        region if isinstance(region, str) else None,
+        storage if isinstance(storage, str) else None,
+    )
+
+
+def _terminated(lines: list[dict[str, object]]) -> frozenset[str]:
+    """The instances that ``down`` lines say were terminated."""
+    out: set[str] = set()
+    for e in lines:
+        ids = e.get("terminated")
+        if e.get("kind") == "down" and isinstance(ids, list):
+            out.update(str(i) for i in ids)
+    return frozenset(out)
