@@ -65,14 +65,10 @@ def test_a_row_across_unmeasured_nodes_is_refused(one_node: Path, tmp_path: Path
 def test_rows_past_the_measured_say_so_with_a_wider_sigma(one_node: Path, tmp_path: Path) -> None:
     model = params_from_dict(json.loads(one_node.read_text()), "model")
     inside, past = predict_file(model, _configs(tmp_path, "1,2,64", "1,8,64"))
-    assert inside["extrapolated"] == ""
-    assert past["extrapolated"] == "8 workers > 2 measured"
-    assert (
-        past["step_time_log_sigma"]
-        > inside["step_time_log_sigma"]
-        == pytest.approx(model.log_sigma)
-    )
-    assert past["step_time_p90"] > past["step_time"] > 0
+    assert inside.extrapolated == ""
+    assert past.extrapolated == "8 workers > 2 measured"
+    assert past.step_time_log_sigma > inside.step_time_log_sigma == pytest.approx(model.log_sigma)
+    assert past.step_time_p90 > past.step_time > 0
 
 
 def test_a_link_prior_makes_nodes_predictable_and_flagged(tmp_path: Path) -> None:
@@ -88,10 +84,10 @@ def test_a_link_prior_makes_nodes_predictable_and_flagged(tmp_path: Path) -> Non
     assert res.exit_code == 0, res.output
     model = params_from_dict(json.loads(out.read_text()), "model")
     one, two = predict_file(model, _configs(tmp_path, "1,2,64", "2,8,64"))
-    assert two["extrapolated"] == (
+    assert two.extrapolated == (
         "2 nodes > 1 measured; 8 workers > 2 measured; inter-node all-reduce from a prior"
     )
-    assert two["sync_time"] > 0 and two["step_time_log_sigma"] > one["step_time_log_sigma"]
+    assert two.sync_time > 0 and two.step_time_log_sigma > one.step_time_log_sigma
 
 
 def test_the_two_node_factor_is_a_multiplier_never_zero() -> None:

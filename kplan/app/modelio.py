@@ -130,7 +130,34 @@ def load_model(path: Path) -> PerfParams:
     return params_from_dict(read_json(path, "model"), str(path))
 
 
-def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Prediction:
+    """One configuration's predicted step time (``row``: its line of the configurations CSV)."""
+
+    row: dict[str, str]
+    step_time: float
+    step_time_p90: float
+    step_time_log_sigma: float
+    compute_time: float
+    sync_time: float
+    transferred_from: str  # the GPU the model was transferred from ("": its own)
+    extrapolated: str  # why the row is outside what was measured ("": inside)
+
+    def to_dict(self) -> dict[str, object]:
+        """The row's columns, then the prediction's (``--json`` and the CSV)."""
+        return {
+            **self.row,
+            "step_time": self.step_time,
+            "step_time_p90": self.step_time_p90,
+            "step_time_log_sigma": self.step_time_log_sigma,
+            "compute_time": self.compute_time,
+            "sync_time": self.sync_time,
+            "transferred_from": self.transferred_from,
+            "extrapolated": self.extrapolated,
+        }
+
+
+def predict_file(model: PerfParams, configs: Path) -> list[Prediction]:
     """Each configuration's step time on the row's device: the model's own GPU (its fitted
     sigma), or another GPU named by the row's ``gpu`` or ``instance_type`` column, predicted by
     transferring the model through the device model (with that transfer's wider sigma)."""
@@ -168,16 +195,16 @@ def predict_file(model: PerfParams, configs: Path) -> list[dict[str, Any]]:
         # the fit's sigma, widened where the row is outside what was measured
         sigma = fit.extrapolated_log_sigma(p, nodes[i], workers[i])
         out.append(
-            {
-                **r,
-                "step_time": step,
-                "step_time_p90": step * math.exp(_Z90 * sigma),
-                "step_time_log_sigma": sigma,
-                "compute_time": float(perfmodel.compute_time(p, [local[i]])[0]),
-                "sync_time": float(perfmodel.sync_time(p, [nodes[i]], [workers[i]])[0]),
-                "transferred_from": source,
-                "extrapolated": fit.extrapolation(p, nodes[i], workers[i]),
-            }
+            Prediction(
+                row=r,
+                step_time=step,
+                step_time_p90=step * math.exp(_Z90 * sigma),
+                step_time_log_sigma=sigma,
+                compute_time=float(perfmodel.compute_time(p, [local[i]])[0]),
+                sync_time=float(perfmodel.sync_time(p, [nodes[i]], [workers[i]])[0]),
+                transferred_from=source,
+                extrapolated=fit.extrapolation(p, nodes[i], workers[i]),
+            )
         )
     return out
 
@@ -282,7 +309,8 @@ class _Transfer:
         return for_instance(w, inst, dst, load_device_model()).params
 
 
-def to_csv(rows: list[dict[str, Any]]) -> str:
+def to_csv(predictions: list[Prediction]) -> str:
+    rows = [p.to_dict() for p in predictions]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()

@@ -104,6 +104,6 @@ def predict_command(
     if out is not None:
         write_atomic(out, to_csv(rows))
     if as_json:
-        typer.echo(json.dumps(rows, indent=1))
+        typer.echo(json.dumps([r.to_dict() for r in rows], indent=1))
     elif out is None:
         typer.echo(to_csv(rows), nl=False)
