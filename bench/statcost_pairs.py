@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,11 +61,11 @@ def run_pair(
         args = ("--samples", "4096", "--batch-size", "128", "--lr", "3e-3", "--epochs", str(n),
                 "--seed", str(seed))  # fmt: skip
         spec = JobSpec.local(
-            script, args, nodes=2, job_id=job_id, python=sys.executable, rdzv_port=free_port(),
-            **FAST,
+            script, args, nodes=2, job_id=job_id, budget_usd=1.0, python=sys.executable,
+            rdzv_port=free_port(), compression=comp, **FAST,
         )  # fmt: skip
         with StateDB.open(home / "kplan.db") as db:
-            run_job(replace(spec, compression=comp, budget_usd=1.0), backend, db)
+            run_job(spec, backend, db)
 
 
 def pair_curves(home: Path, ids: tuple[str, str] = ("kp-dense", "kp-comp")) -> list[Curve]:

@@ -99,6 +99,21 @@ def test_what_the_metrics_writer_writes_parses(tmp_path: Path) -> None:
     assert done == records.DoneEvent(step=1, rank=0, time=raws[1]["time"], job="j")
 
 
+def test_a_line_another_rank_is_still_writing_is_left_for_the_next_read(tmp_path: Path) -> None:
+    # CI caught this: a rank read the shared metrics file while another's write was half seen
+    path = tmp_path / "m.jsonl"
+    writer = MetricsWriter(path, rank=0, job_id="j")
+    writer.event("done", step=1)
+    writer.close()
+    whole = path.read_text()
+    with open(path, "a") as handle:
+        handle.write(whole[: len(whole) // 2])  # a torn copy of the line, no newline yet
+    assert [r["event"] for r in read_records(path)] == ["done"]
+    with open(path, "a") as handle:
+        handle.write(whole[len(whole) // 2 :])
+    assert [r["event"] for r in read_records(path)] == ["done", "done"]
+
+
 def test_the_work_lost_is_read_from_typed_checkpoint_events(tmp_path: Path) -> None:
     from kplan.launcher.recovery import last_checkpoint_time
     from kplan.launcher.storage import LocalStorage

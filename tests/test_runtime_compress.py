@@ -541,7 +541,8 @@ def _train(out: Path, steps: int, options: list[str], ckpt_root: str) -> None:
             residual = sum(float(t.norm()) for t in [*comp.residual.values(), *comp.error.values()])
         records = [
             r
-            for r in (json.loads(line) for line in metrics.read_text().splitlines())
+            # whole lines only: the other ranks may be writing their last records to this file
+            for r in (json.loads(line) for line in metrics.read_text().split("\n")[:-1])
             if "event" not in r and r["rank"] == ctx.rank
         ]
         result[name] = {

@@ -96,10 +96,11 @@ class MetricsWriter:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics file or directory (every rank), in file order."""
+    """All records of a metrics file or directory (every rank), in file order; a last line
+    still being written (no newline yet) is left for the next read."""
     files = [path] if path.suffix == ".jsonl" else sorted(path.glob("rank-*.jsonl"))
     out: list[dict[str, Any]] = []
     for file in files:
         with open(file) as handle:
-            out.extend(json.loads(line) for line in handle if line.strip())
+            out.extend(json.loads(line) for line in handle if line.strip() and line.endswith("\n"))
     return out
