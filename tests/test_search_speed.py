@@ -1,5 +1,6 @@
 """The planner's shortcuts give the values of the direct computation (issue 24, item 5): the
-frontier mask shared by rows of equal hours, the traffic columns of ``compression.sync_time``,
+frontier mask of every row in one sort (rows of equal hours too), the frontiers' complex-key
+sort against ``np.lexsort``, the traffic columns of ``compression.sync_time``,
 a compression option's grid built on its type's shared dense grid, and the shown rows told apart
 before a PlanRow is built. Timing is measured in bench/estimate_speed.py, not here."""
 
@@ -13,7 +14,7 @@ import pytest
 from kplan.planner import compression, efficiency, perfmodel
 from kplan.planner.candidates import batch_grid, candidates, with_compression
 from kplan.planner.choose import shown_key, top_distinct
-from kplan.planner.frontier import front_mask, pareto_front
+from kplan.planner.frontier import _order, front_mask, pareto_front
 from kplan.planner.pricing import _dense_grid, price_candidates, type_grid
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.table import Table
@@ -118,3 +119,17 @@ def test_shown_key_is_the_plan_rows_key() -> None:
     assert len(set(keys)) == len(keys) > 1
     want = list(dict.fromkeys(shown_key(int(i), table, cands) for i in order))
     assert keys == want
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_complex_key_order_is_lexsort(seed: int) -> None:
+    """The frontiers' one-pass sort is ``np.lexsort((cost, hours))``: by hours, then cost, then
+    position, with ties (rounded values) and infinities (rows masked out) in both keys."""
+    rng = np.random.default_rng(seed)
+    hours = np.round(rng.uniform(1, 3, (4, 200)), 1)
+    cost = np.round(rng.uniform(1, 3, (4, 200)), 1)
+    hours[rng.random(hours.shape) < 0.1] = np.inf
+    cost[rng.random(cost.shape) < 0.1] = np.inf
+    assert np.array_equal(_order(hours, cost), np.lexsort((cost, hours), axis=-1))
+    for r in range(4):
+        assert np.array_equal(_order(hours[r], cost[r]), np.lexsort((cost[r], hours[r])))

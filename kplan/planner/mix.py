@@ -72,11 +72,26 @@ def search_mixes(
         if i in best_cost:
             by_region.setdefault((c.offer.cloud, c.offer.region), []).append(i)
     out: list[MixCandidate] = []
+    per_batch = _per_batch(workload, grid)
     for (cloud, region), members in by_region.items():
         best = sorted(members, key=lambda i: best_cost[i])[:PER_REGION]
         for i, j in itertools.combinations(best, 2):
-            out.extend(_pair(cands[i], cands[j], cloud, region, workload, opts, grid, checkpoint_s))
+            out.extend(
+                _pair(cands[i], cands[j], cloud, region, workload, opts, per_batch, checkpoint_s)
+            )
     return out
+
+
+def _per_batch(workload: Workload, grid: NDArray[np.int64]) -> dict[str, Array]:
+    """Each global batch of the grid with its samples to train and the GNS forecast's spread
+    (the same for every pair: computed once)."""
+    batch = grid.astype(float)
+    return {
+        "batch": batch,
+        "samples": workload.samples_at_base
+        * efficiency.sample_factor(workload.gns, workload.base_batch, batch),
+        "sigma": efficiency.log_sigma(workload.gns, workload.base_batch, batch),
+    }
 
 
 def _pair(
@@ -86,14 +101,14 @@ def _pair(
     region: str,
     workload: Workload,
     opts: SearchOptions,
-    grid: NDArray[np.int64],
+    per_batch: dict[str, Array],
     checkpoint_s: float,
 ) -> list[MixCandidate]:
     """The time/cost frontier of the mixes of ``c1`` and ``c2`` nodes in one region."""
-    cfg = _pair_grid(c1, c2, opts, grid)
+    cfg = _pair_grid(c1, c2, opts, per_batch["batch"])
     if cfg is None:
         return []
-    step, samples, sigma, tc = _price_pair(c1, c2, cfg, workload, opts, checkpoint_s)
+    step, samples, sigma, tc = _price_pair(c1, c2, cfg, per_batch, opts, checkpoint_s)
     finite = np.flatnonzero(np.isfinite(tc.cost_usd))
     if finite.size == 0:
         return []
@@ -141,23 +156,24 @@ def _group(c: Candidate, nodes: int, local_batch: int) -> Group:
 
 
 def _pair_grid(
-    c1: Candidate, c2: Candidate, opts: SearchOptions, grid: NDArray[np.int64]
+    c1: Candidate, c2: Candidate, opts: SearchOptions, batches: Array
 ) -> dict[str, Array] | None:
     """Node counts, accumulation and global batch of a pair, with each group's local batch
     (equal finish times, module notes); None when none fits."""
     counts = NODE_COUNTS[opts.max_nodes >= NODE_COUNTS]
-    n1, n2, s, batch = (
+    n1, n2, s, gi = (
         a.ravel()
         for a in np.meshgrid(
             counts,
             counts,
             np.array(opts.accum_steps, dtype=float),
-            grid.astype(float),
+            np.arange(len(batches)),
             indexing="ij",
         )
     )
     keep = n1 + n2 <= opts.max_nodes
-    n1, n2, s, batch = n1[keep], n2[keep], s[keep], batch[keep]
+    n1, n2, s, gi = n1[keep], n2[keep], s[keep], gi[keep]
+    batch = batches[gi]
     p1, p2 = c1.pred.params, c2.pred.params
     g1, g2 = float(c1.inst.gpu_count), float(c2.inst.gpu_count)
     w1, w2 = n1 * g1, n2 * g2
@@ -173,15 +189,16 @@ def _pair_grid(
     )
     if not ok.any():
         return None
-    names = ("n1", "n2", "s", "batch", "b1", "b2", "w1", "w2")
-    return {k: a[ok] for k, a in zip(names, (n1, n2, s, batch, b1, b2, w1, w2), strict=True)}
+    names = ("n1", "n2", "s", "batch", "b1", "b2", "w1", "w2", "gi")
+    cols = (n1, n2, s, batch, b1, b2, w1, w2, gi)
+    return {k: a[ok] for k, a in zip(names, cols, strict=True)}
 
 
 def _price_pair(
     c1: Candidate,
     c2: Candidate,
     cfg: dict[str, Array],
-    workload: Workload,
+    per_batch: dict[str, Array],
     opts: SearchOptions,
     checkpoint_s: float,
 ) -> tuple[Array, Array, Array, costs.TimeCost]:
@@ -198,15 +215,10 @@ def _price_pair(
     step = (s - 1.0) * compute + perfmodel.overlap(
         compute, sync, perfmodel.overlap_gamma(p1, nodes)
     )
-    samples = workload.samples_at_base * efficiency.sample_factor(
-        workload.gns, workload.base_batch, batch
-    )
+    samples = per_batch["samples"][cfg["gi"]]
     steps = np.ceil(samples / batch)
     # the step time's error and the GNS forecast's spread of the samples (as search's rows)
-    sigma = np.hypot(
-        max(p1.log_sigma, p2.log_sigma),
-        efficiency.log_sigma(workload.gns, workload.base_batch, batch),
-    )
+    sigma = np.hypot(max(p1.log_sigma, p2.log_sigma), per_batch["sigma"][cfg["gi"]])
     price = n1 * c1.offer.usd_per_hour + n2 * c2.offer.usd_per_hour
     rate = n1 * c1.preempt_per_hour + n2 * c2.preempt_per_hour
     tc = costs.mixed_time_and_cost(

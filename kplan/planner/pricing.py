@@ -162,7 +162,7 @@ def price_candidates(
     by_grid: dict[tuple[str, str, str], list[int]] = {}
     for i, c in enumerate(cands):
         by_grid.setdefault((c.offer.cloud, c.offer.instance_type, c.compression), []).append(i)
-    parts: dict[int, dict[str, Array]] = {}
+    parts: list[dict[str, NDArray[np.generic]]] = []
     considered = feasible = 0
     dense: dict[tuple[str, str], TypeGrid | None] = {}  # each type's, shared by its options
     for members in by_grid.values():
@@ -177,26 +177,27 @@ def price_candidates(
         finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
         considered += finite.size
         feasible += int(_within_2d(tc, finite, opts).sum())
-        keep = front_mask(tc.hours, tc.cost_usd, finite) | front_mask(
-            tc.hours_p90, tc.cost_p90_usd, finite
+        k = len(members)  # both frontiers in one sort: the expected rows, then the p90 rows
+        both = front_mask(
+            np.concatenate([tc.hours, tc.hours_p90]),
+            np.concatenate([tc.cost_usd, tc.cost_p90_usd]),
+            np.concatenate([finite, finite]),
         )
-        for k, i in enumerate(members):
-            cols = np.flatnonzero(keep[k])
-            row = {f: getattr(tg, f)[cols] for f in _FIELDS}
-            row.update(
-                {col: getattr(tc, p)[k, cols] for p, col in zip(_PRICES, _COLUMNS, strict=True)}
-            )
-            parts[i] = row
-    order = sorted(parts)
-
-    def column(name: str) -> Array:
-        return np.concatenate([parts[i][name] for i in order]) if order else np.zeros(0)
-
-    cand = [np.full(parts[i]["nodes"].size, i, dtype=np.int64) for i in order]
-    table = Table(
-        np.concatenate(cand) if cand else np.zeros(0, dtype=np.int64),
-        **{name: column(name) for name in (*_FIELDS, *_COLUMNS)},  # type: ignore[arg-type]
-    )
+        ks, cols = np.nonzero(both[:k] | both[k:])  # member by member, each in grid order
+        part: dict[str, NDArray[np.generic]] = {f: getattr(tg, f)[cols] for f in _FIELDS}
+        part.update(
+            {col: getattr(tc, p)[ks, cols] for p, col in zip(_PRICES, _COLUMNS, strict=True)}
+        )
+        part["cand"] = np.asarray(members, dtype=np.int64)[ks]
+        parts.append(part)
+    names = ("cand", *_FIELDS, *_COLUMNS)
+    if not parts:
+        cols0 = {n: np.zeros(0) for n in names}
+        cols0["cand"] = np.zeros(0, dtype=np.int64)
+        return Priced(Table(**cols0), considered, feasible)  # type: ignore[arg-type]
+    joined = {n: np.concatenate([p[n] for p in parts]) for n in names}
+    order = np.argsort(joined["cand"], kind="stable")  # candidate, then grid order
+    table = Table(**{n: a[order] for n, a in joined.items()})  # type: ignore[arg-type]
     return Priced(table, considered, feasible)
 
 

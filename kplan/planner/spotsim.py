@@ -197,7 +197,6 @@ def _config_params(
         "co": co_loss.astype(np.float32),
         "out_p": per_cfg([r.outage.prob if r else 0.0 for r in risk_list]),
         "region_p": per_cfg([r.outage.region_prob if r else 0.0 for r in risk_list]),
-        "failover": np.array([p.zone_failover for p in pol]),
         "allow_od": np.array([p.allow_on_demand for p in pol]),
         "restart": per_cfg([p.restart_s for p in pol]),
         "interval": interval,
@@ -206,6 +205,10 @@ def _config_params(
         "max_rep": per_cfg([float(p.max_replacements) for p in pol]),
         "cap": per_cfg([p.capacity_wait_s for p in pol]),
         "n_dur": np.array([len(r.outage.durations_h) if r else 0 for r in risk_list]),
+        "last_dur": np.array(
+            [max(len(r.outage.durations_h) - 1, 0) if r else 0 for r in risk_list]
+        ),
+        "no_failover": np.array([not p.zone_failover for p in pol]),
         "bmin": bmin,
         "binc": binc,
         "p_spot": p_spot,
@@ -266,6 +269,7 @@ class _Lanes:
         """Every lane at t = 0: its work drawn, every slot launched with a fresh clock."""
         m, n_max, cf = self.m, self.n_max, self.cf
         self.orig = np.arange(m)
+        self.flat_rows = self.orig * n_max  # each lane's first slot in the flat (lanes, slots)
         self.work = w0[cf] * np.exp(sig[cf] * self.rng.standard_normal(m))
         slot_on = np.arange(n_max)[None, :] < self.n_f[cf][:, None]  # (lanes, n_max)
         self.launch = np.where(slot_on, 0.0, INF)
@@ -284,24 +288,26 @@ class _Lanes:
 
     def step(self) -> None:
         """One event per running lane: done, back to spot, or a loss."""
-        P, n_l = self.P, self.orig.size
-        rows = np.arange(n_l)
+        P = self.P
         j = np.argmin(self.death, axis=1)
-        d = self.death[rows, j]
+        flat = self.flat_rows + j  # the first death's slot, as a flat index
+        d = self.death.ravel()[flat]
         rem = np.maximum(self.work - self.committed, 0.0)
         fin = self.t_res + rem + P["ck"] * np.floor(rem / P["interval"] + EPS)
         t_sw = np.where(self.n_od > 0, self.region_until, INF)
         run = self.running
         done = run & (fin <= np.minimum(d, t_sw))
-        sw = run & ~done & (t_sw <= d)
-        ls = run & ~done & ~sw
+        going = run & ~done
+        sw = going & (t_sw <= d)
+        ls = going & ~sw
         t_end = np.where(done, fin, INF)
-        failed = np.zeros(n_l, dtype=bool)
         sr = np.flatnonzero(sw)
         if sr.size:
             self.back_to_spot(sr, t_sw)
         if ls.any():
-            t_end, failed = self.loss(ls, d, j, t_end)
+            t_end, failed = self.loss(ls, d, flat, t_end)
+        else:
+            failed = np.zeros(self.orig.size, dtype=bool)
         if np.isfinite(t_end).any():
             self.finish(t_end, failed)
 
@@ -327,11 +333,11 @@ class _Lanes:
         self.t_res[sr] = np.maximum(self.t_res[sr], t_sw[sr] + P["restart"][sr])
 
     def loss(
-        self, ls: NDArray[np.bool_], d: Array, j: NDArray[np.intp], t_end: Array
+        self, ls: NDArray[np.bool_], d: Array, first: NDArray[np.intp], t_end: Array
     ) -> tuple[Array, NDArray[np.bool_]]:
-        """A loss event at ``d`` on lanes ``ls``: the first death, and co-losses; (the end
-        times, the lanes that fail here)."""
-        P, n_l, rows = self.P, self.orig.size, np.arange(self.orig.size)
+        """A loss event at ``d`` on lanes ``ls``: the first death (``first``, each lane's
+        slot as a flat index), and co-losses; (the end times, the lanes that fail here)."""
+        P, n_l = self.P, self.orig.size
         e = np.maximum(d - self.t_res, 0.0)
         k = np.floor(e / P["cycle"] + EPS)
         train = ls & (d >= self.t_res)
@@ -342,25 +348,28 @@ class _Lanes:
             u = self.rng.random((n_l, self.n_max), dtype=np.float32)
             gone |= u < P["co"][:, None]
         gone &= self.launch_spot <= d[:, None]
-        gone[rows, j] = True
-        g_r, g_c = np.nonzero(gone & ls[:, None])
+        gone.ravel()[first] = True
+        gone &= ls[:, None]
+        g = np.flatnonzero(gone)  # the lost slots, flat, lane by lane (as np.nonzero)
+        g_r = g // self.n_max
         self.losses += ls
         lost_now = np.bincount(g_r, minlength=n_l)
         self.lost += lost_now
-        dur = d[g_r] - self.launch[g_r, g_c]
+        launch, death = self.launch.ravel(), self.death.ravel()
+        dur = d[g_r] - launch[g]
         self.cost += np.bincount(g_r, self.billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
         use_od, no_cap, t_launch = self.capacity(ls, d)
         tl = t_launch[g_r]
         od = use_od[g_r]
-        self.launch[g_r, g_c] = tl
-        self.launch_spot[g_r, g_c] = np.where(od, INF, tl)
+        launch[g] = tl
+        self.launch_spot.ravel()[g] = np.where(od, INF, tl)
         # a slot refilled at tl keeps its clock unless it fired (its own loss, or while the
         # slot was empty): then a fresh one from tl
-        clock = self.death[g_r, g_c]
-        self.held[g_r, g_c] = clock  # kept through an on-demand spell (fired or not)
+        clock = death[g]
+        self.held.ravel()[g] = clock  # kept through an on-demand spell (fired or not)
         clock = np.where(clock > tl, clock, tl + self.lives(g_r))
-        self.death[g_r, g_c] = np.where(od, INF, clock)
-        self.on_od[g_r, g_c] = od
+        death[g] = np.where(od, INF, clock)
+        self.on_od.ravel()[g] = od
         self.n_od += np.where(use_od, lost_now, 0)
         self.t_res = np.where(ls, np.maximum(self.t_res, t_launch + P["restart"]), self.t_res)
         too_many = ls & (self.lost > P["max_rep"])
@@ -368,8 +377,7 @@ class _Lanes:
         if failed.any():
             t_end = np.where(too_many, d, np.where(no_cap, d + P["cap"], t_end))
             # the lost slots of a failed run have nothing running (already billed)
-            f = failed[g_r]
-            self.launch[g_r[f], g_c[f]] = INF
+            launch[g[failed[g_r]]] = INF
         return t_end, failed
 
     def capacity(
@@ -379,10 +387,10 @@ class _Lanes:
         (the lanes going on demand, those failing, when the replacements launch)."""
         P, n_l = self.P, self.orig.size
         still = self.region_until > d
-        u1, u2, u3 = self.rng.random(n_l), self.rng.random(n_l), self.rng.random(n_l)
+        u1, u2, u3 = self.rng.random((3, n_l))  # the same draws as three calls of n_l
         nd = P["n_dur"]
-        draw_d = self.durs[P["cf"], np.minimum((u3 * nd).astype(np.intp), np.maximum(nd - 1, 0))]
-        regional = (u1 < P["out_p"]) & (~P["failover"] | (u2 < P["region_p"]))
+        draw_d = self.durs[P["cf"], np.minimum((u3 * nd).astype(np.intp), P["last_dur"])]
+        regional = (u1 < P["out_p"]) & (P["no_failover"] | (u2 < P["region_p"]))
         self.region_until = np.where(ls & ~still & regional, d + draw_d, self.region_until)
         # a capacity wait no longer than the restart is none (as ``replay`` reads a trace)
         out = ls & (still | regional) & (self.region_until - d > P["restart"])
@@ -424,6 +432,7 @@ class _Lanes:
         self.P = {key: x[keep] for key, x in self.P.items()}
         for name in _LANE_STATE:
             setattr(self, name, getattr(self, name)[keep])
+        self.flat_rows = np.arange(self.orig.size) * self.n_max
 
     def give_up(self) -> None:
         """The lanes still running: failed, at their last known time."""
