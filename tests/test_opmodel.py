@@ -248,3 +248,13 @@ def test_device_needs_positive_specs() -> None:
         OpDevice("x", 10.0, 100.0, 0, {})
     with pytest.raises(ValueError, match="mem_bw_gbs"):
         OpDevice("x", 10.0, 0.0, 10, {})
+
+
+def test_step_times_over_several_gpus_match_one_at_a_time() -> None:
+    g = graph(mm(8, 512, 512, 512), mm(1, 4096, 1024, 1024, count=4))
+    devs = [fp32("T4"), dev("A100"), fp32("H100")]
+    together = MODEL.step_times(g, devs)
+    for got, d in zip(together, devs, strict=True):
+        alone = MODEL.step_time(g, d)
+        assert got.seconds == pytest.approx(alone.seconds, rel=1e-12)
+        assert got.log_sigma == pytest.approx(alone.log_sigma, rel=1e-12)

@@ -313,22 +313,28 @@ class OpModel:
         return float(self._times([(cls, op, dims, flops, nbytes, prec, 1)], dev)[0])
 
     def _times(self, pieces: Sequence[_Piece], dev: OpDevice) -> np.ndarray:
-        """Seconds of each piece on ``dev``, every class evaluated as one batch."""
-        out = np.zeros(len(pieces))
+        """Seconds of each piece on ``dev``."""
+        return self._times_on(pieces, [dev])[0]
+
+    def _times_on(self, pieces: Sequence[_Piece], devs: Sequence[OpDevice]) -> np.ndarray:
+        """Seconds of each piece on each GPU, (GPUs, pieces): every class is evaluated as one
+        numpy batch over all calls and GPUs."""
+        out = np.zeros((len(devs), len(pieces)))
         by_cls: dict[str, list[int]] = {}
         for i, p in enumerate(pieces):
             by_cls.setdefault(p[0], []).append(i)
         for cls, idx in by_cls.items():
             roofs, xs, offs = [], [], []
-            for i in idx:
-                _, op, dims, flops, nbytes, prec, _ = pieces[i]
-                t_roof, x = features(cls, op, dims, flops, nbytes, dev, prec)
-                roofs.append(t_roof)
-                xs.append(x)
-                tensor = cls in ("matmul", "conv") and prec in dev.tensor_tflops
-                offs.append(self.tensor_offset if tensor else 0.0)
-            fit = self.classes[cls]
-            out[idx] = fit.seconds(np.asarray(roofs), np.asarray(xs), np.asarray(offs))
+            for dev in devs:
+                for i in idx:
+                    _, op, dims, flops, nbytes, prec, _ = pieces[i]
+                    t_roof, x = features(cls, op, dims, flops, nbytes, dev, prec)
+                    roofs.append(t_roof)
+                    xs.append(x)
+                    tensor = cls in ("matmul", "conv") and prec in dev.tensor_tflops
+                    offs.append(self.tensor_offset if tensor else 0.0)
+            sec = self.classes[cls].seconds(np.asarray(roofs), np.asarray(xs), np.asarray(offs))
+            out[:, idx] = sec.reshape(len(devs), len(idx))
         return out
 
     def pieces(self, call: OpCall, step_precision: str = "fp32") -> tuple[str, list[_Piece]]:
@@ -363,6 +369,11 @@ class OpModel:
 
     def step_time(self, graph: OpGraph, dev: OpDevice) -> StepTime:
         """The summed time of every call in ``graph`` on ``dev`` and its held-out sigma."""
+        return self.step_times(graph, [dev])[0]
+
+    def step_times(self, graph: OpGraph, devs: Sequence[OpDevice]) -> list[StepTime]:
+        """``step_time`` of ``graph`` on each of ``devs``, evaluated together (one numpy batch
+        per operator class over every call and GPU)."""
         pieces: list[_Piece] = []
         owner: list[str] = []
         for call in graph.ops:
@@ -371,7 +382,13 @@ class OpModel:
             owner += [cls] * len(ps)
         if not pieces:
             raise ValueError("the operator graph has no work to time")
-        sec = self._times(pieces, dev) * np.asarray([p[6] for p in pieces], float)
+        counts = np.asarray([p[6] for p in pieces], float)
+        times = self._times_on(pieces, devs) * counts
+        return [self._summed(pieces, owner, row, dev) for row, dev in zip(times, devs, strict=True)]
+
+    def _summed(
+        self, pieces: Sequence[_Piece], owner: Sequence[str], sec: np.ndarray, dev: OpDevice
+    ) -> StepTime:
         by_class: dict[str, float] = {}
         counts: dict[str, int] = {}
         tensor = 0.0
