@@ -314,7 +314,8 @@ class OpModel:
 
     def _times(self, pieces: Sequence[_Piece], dev: OpDevice) -> np.ndarray:
         """Seconds of each piece on ``dev``."""
-        return self._times_on(pieces, [dev])[0]
+        out: np.ndarray = self._times_on(pieces, [dev])[0]
+        return out
 
     def _times_on(self, pieces: Sequence[_Piece], devs: Sequence[OpDevice]) -> np.ndarray:
         """Seconds of each piece on each GPU, (GPUs, pieces): every class is evaluated as one
