@@ -20,6 +20,7 @@ from kplan.planner.opmodel import (
     conv_work,
     device_from_gpu,
     features,
+    features_batch,
     matmul_work,
     vector_work,
 )
@@ -258,3 +259,36 @@ def test_step_times_over_several_gpus_match_one_at_a_time() -> None:
         alone = MODEL.step_time(g, d)
         assert got.seconds == pytest.approx(alone.seconds, rel=1e-12)
         assert got.log_sigma == pytest.approx(alone.log_sigma, rel=1e-12)
+
+
+def test_batched_features_are_the_scalar_ones() -> None:
+    """``features_batch`` (the planner's path) gives ``features``'s numbers (the fitter's)."""
+    calls: dict[str, list[tuple[str, tuple[int, ...], str]]] = {
+        "matmul": [("bmm", (8, 512, 64, 512), "fp32"), ("mm", (1, 4096, 4096, 4096), "tf32")],
+        "conv": [
+            ("conv", (32, 64, 128, 3, 56, 1, 1), "fp32"),
+            ("conv", (8, 3, 64, 7, 224, 2, 3), "fp16"),
+        ],
+        "softmax": [("softmax", (16384, 512), "fp32")],
+        "norm": [("ln", (1024, 1024), "fp32")],
+        "elementwise": [("gelu", (1024, 4096), "fp32"), ("aten.add", (1, 1), "fp16")],
+    }
+    devs = [dev("T4"), dev("A100"), dev("H100"), dev("L4")]
+    for cls, rows in calls.items():
+        pieces: list[tuple[str, str, tuple[int, ...], float, float, str, int]] = []
+        for op, dims, prec in rows:
+            size = 2 if prec == "fp16" else 4
+            work = (
+                matmul_work(dims, size)
+                if cls == "matmul"
+                else conv_work(dims, size)
+                if cls == "conv"
+                else vector_work(op, dims, size)
+            )
+            pieces.append((cls, op, dims, *work, prec, 1))
+        t_roof, x = features_batch(cls, pieces, devs)
+        for g, d in enumerate(devs):
+            for i, (_, op, dims, flops, nbytes, prec, _) in enumerate(pieces):
+                want_t, want_x = features(cls, op, dims, flops, nbytes, d, prec)
+                assert t_roof[g, i] == pytest.approx(want_t, rel=1e-12)
+                assert x[g, i] == pytest.approx(want_x, rel=1e-9, abs=1e-12)

@@ -77,5 +77,5 @@ def test_leave_one_gpu_out_is_calibrated_as_documented() -> None:
     below = sum(bool(r["below_p90"]) for r in rows) / len(rows)
     mean_err = sum(abs(float(str(r["error"]))) for r in rows) / len(rows)
     assert inside >= 0.5 and below >= 0.85
-    assert mean_err < 0.3
+    assert mean_err < 0.2  # 13.7% on 2026-11-28 (was 22.0% with the linear model)
     assert all(math.isfinite(float(str(r["sigma"]))) for r in rows)

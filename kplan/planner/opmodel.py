@@ -232,6 +232,68 @@ def features(
     return t_roof, x
 
 
+def _np_softplus(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.logaddexp(0.0, x)
+    return out
+
+
+def _np_waves(tiles: np.ndarray, sms: np.ndarray) -> list[np.ndarray]:
+    waves = np.maximum(1.0, np.ceil(tiles / sms))
+    return [np.log(tiles / (waves * sms)), np.log(waves), 1.0 / waves]
+
+
+def features_batch(
+    cls: str, pieces: Sequence[_Piece], devs: Sequence[OpDevice]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``features`` of every piece of class ``cls`` on every GPU at once: roofline seconds
+    (GPUs, pieces) and features (GPUs, pieces, features), the same numbers as ``features``."""
+    kind = "matmul" if cls == "matmul" else ("conv" if cls == "conv" else "vector")
+    n_dev, n = len(devs), len(pieces)
+    flops = np.asarray([p[3] for p in pieces], float)
+    nbytes = np.asarray([p[4] for p in pieces], float)
+    peak = np.empty((n_dev, n))
+    for prec in {p[5] for p in pieces}:
+        cols = np.asarray([p[5] == prec for p in pieces])
+        peak[:, cols] = np.asarray([[d.peak(prec, kind)] for d in devs])
+    bw = np.asarray([[d.mem_bw_gbs * 1e9] for d in devs])
+    sms = np.asarray([[float(d.sm_count)] for d in devs])
+    t_roof = np.maximum(np.maximum(flops / peak, nbytes / bw), 1e-9)
+    z = np.log(t_roof / _LAUNCH_SCALE)
+    x: list[np.ndarray] = [z, *(_np_softplus(a - z) for a in _KNOTS)]
+    full = np.ones((n_dev, n))
+    if kind in ("matmul", "conv"):
+        if kind == "matmul":
+            b, m, nn, k = (np.asarray([float(p[2][i]) for p in pieces]) for i in range(4))
+        else:
+            d7 = np.asarray([[int(v) for v in p[2]] for p in pieces]).reshape(n, 7)
+            out = np.maximum(1, (d7[:, 4] + 2 * d7[:, 6] - d7[:, 3]) // np.maximum(1, d7[:, 5]) + 1)
+            b, m = np.ones(n), (d7[:, 0] * out * out).astype(float)
+            nn, k = d7[:, 2].astype(float), (d7[:, 1] * d7[:, 3] * d7[:, 3]).astype(float)
+        for tile in (128.0, 64.0):
+            x += _np_waves(b * np.ceil(m / tile) * np.ceil(nn / tile) * full, sms)
+        ridge = np.clip(peak / bw, *FITTED_RIDGE)
+        inten = np.maximum(flops, 1e-6) / np.maximum(nbytes, 1e-6)
+        bal = np.clip(np.log(inten / ridge), -8.0, 8.0)
+        x += [bal, _np_softplus(bal), _np_softplus(-bal)]
+        logs = [np.log(np.maximum(k, 1.0)), np.log(np.maximum(np.minimum(m, nn), 1.0))]
+        x += [v * full for v in (*logs, np.log(np.maximum(b, 1.0)))]
+        if kind == "conv":
+            x += [np.log(np.maximum(d7[:, 3], 1)) * full, np.log(np.maximum(d7[:, 5], 1)) * full]
+    else:
+        rows = np.maximum(1.0, np.asarray([float(p[2][0]) for p in pieces]))
+        row = np.maximum(1.0, np.asarray([float(p[2][-1]) for p in pieces]))
+        if cls == "elementwise":
+            names = [p[1].rsplit(".", 1)[-1] for p in pieces]
+            binary = np.asarray([nm in ("add", "mul", "div", "pow", "sub") for nm in names], float)
+            trans = np.asarray([nm in TRANSCENDENTAL for nm in names], float)
+            x += _np_waves(rows * row / 1024.0 * full, sms * 2)
+            x += [v * full for v in (np.log(row), np.log(rows * row), binary, trans)]
+        else:
+            x += _np_waves(rows * full, sms * 4)
+            x += [np.log(row) * full, np.log(rows) * full]
+    return t_roof, np.stack(x, axis=-1)
+
+
 # ---- the model -------------------------------------------------------------------------------
 
 
@@ -325,16 +387,17 @@ class OpModel:
         for i, p in enumerate(pieces):
             by_cls.setdefault(p[0], []).append(i)
         for cls, idx in by_cls.items():
-            roofs, xs, offs = [], [], []
-            for dev in devs:
-                for i in idx:
-                    _, op, dims, flops, nbytes, prec, _ = pieces[i]
-                    t_roof, x = features(cls, op, dims, flops, nbytes, dev, prec)
-                    roofs.append(t_roof)
-                    xs.append(x)
-                    tensor = cls in ("matmul", "conv") and prec in dev.tensor_tflops
-                    offs.append(self.tensor_offset if tensor else 0.0)
-            sec = self.classes[cls].seconds(np.asarray(roofs), np.asarray(xs), np.asarray(offs))
+            mine = [pieces[i] for i in idx]
+            t_roof, x = features_batch(cls, mine, devs)
+            offs = np.asarray(
+                [
+                    [self.tensor_offset if _tensor(cls, p[5], dev) else 0.0 for p in mine]
+                    for dev in devs
+                ]
+            )
+            sec = self.classes[cls].seconds(
+                t_roof.ravel(), x.reshape(-1, x.shape[-1]), offs.ravel()
+            )
             out[:, idx] = sec.reshape(len(devs), len(idx))
         return out
 
@@ -473,6 +536,10 @@ def class_fit_from_dict(row: Any, name: str) -> ClassFit:
     if fit.sigma_bias < 0 or fit.sigma_kernel < 0 or fit.floor_s < 0:
         raise ValueError(f"class {name}: negative sigma or floor")
     return fit
+
+
+def _tensor(cls: str, prec: str, dev: OpDevice) -> bool:
+    return cls in ("matmul", "conv") and prec in dev.tensor_tflops
 
 
 def _call_precision(call: OpCall, step_precision: str = "fp32") -> str:
