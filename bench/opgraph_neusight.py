@@ -1,7 +1,7 @@
 """The op-level model on NeuSight's (ASPLOS'25) protocol: training step times on unseen GPUs.
 
-Run from the repository root (takes about a minute; the shared data folder is
-$KPLAN_SHARED_DATA, else ../shared/data beside the repository)::
+Run from the repository root (about 5 minutes: 16 fits, one per GPU subset; the shared data
+folder is $KPLAN_SHARED_DATA, else ../shared/data beside the repository)::
 
     .venv/bin/python -m bench.opgraph_neusight
 

@@ -1,7 +1,7 @@
 """The op model's fit on the shared NeuSight data: reproducible, read right, calibrated.
 
 Needs the shared data folder ($KPLAN_SHARED_DATA, else ../shared/data beside the repository);
-skipped without it. Slow (reads ~250k kernel timings, refits).
+skipped without it (and the refits without torch). Slow (reads ~250k kernel timings, refits).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SIGMA_ATOL = 0.005
 
 
 def test_refit_reproduces_the_shipped_model() -> None:
+    pytest.importorskip("torch", reason="the fit runs in torch (the `torch` extra)")
     from scripts.fit_op_model import build_document
 
     shipped, refit = load_op_model(), OpModel.from_dict(build_document())
@@ -69,6 +70,7 @@ def test_reader_repeats_the_traced_layer() -> None:
 def test_leave_one_gpu_out_is_calibrated_as_documented() -> None:
     """The benchmark's state (docs/benchmarks.md): over every labelled GPU, held out, at least
     half of the measured steps fall within +-1 sigma and at least 85% at or below the p90."""
+    pytest.importorskip("torch", reason="the fit runs in torch (the `torch` extra)")
     from bench.opgraph_neusight import run
 
     rows = run()
@@ -77,5 +79,5 @@ def test_leave_one_gpu_out_is_calibrated_as_documented() -> None:
     below = sum(bool(r["below_p90"]) for r in rows) / len(rows)
     mean_err = sum(abs(float(str(r["error"]))) for r in rows) / len(rows)
     assert inside >= 0.5 and below >= 0.85
-    assert mean_err < 0.3
+    assert mean_err < 0.2  # 13.7% on 2026-11-28 (was 22.0% with the linear model)
     assert all(math.isfinite(float(str(r["sigma"]))) for r in rows)

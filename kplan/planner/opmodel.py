@@ -8,14 +8,19 @@ Each call of an ``OpGraph`` (``kplan.planner.opgraph``) is timed by its operator
 ``attention`` is timed as its two batched matmuls plus a softmax; ``reduction``, ``embedding``,
 ``optimizer`` and ``other`` are memory-bound passes timed as elementwise work over their bytes.
 
-The time of one call is ``t = t_roof * exp(g(x))``, where ``t_roof = max(flops / P, bytes /
+The time of one call is ``t = t_roof / u + floor``, where ``t_roof = max(flops / P, bytes /
 BW)`` is the roofline time on the GPU's peak ``P`` for the call's precision and its memory
-bandwidth ``BW``, and ``g`` is a linear function (per class, fitted offline by
-``scripts/fit_op_model.py``) of shape features: the size of the call against a kernel launch
-(``softplus`` terms that give every kernel a floor, the launch overhead), the wave quantisation
-of its output tiles over the GPU's SMs (tiles per SM, the last wave's fill), how far it sits
-from the ridge point (arithmetic intensity against the GPU's peak over bandwidth) and the
-lengths of its dimensions. A step's time is the sum over calls of ``t * count``.
+bandwidth ``BW``, ``floor`` the class's per-kernel launch floor and ``u`` a utilisation bounded
+in (0, ``u_max``): a sigmoid of a small network (one tanh layer, ``ClassFit``, fitted offline
+per class by ``scripts/fit_op_model.py``) of shape features: the size of the call against a
+kernel launch, the wave quantisation of its output tiles over the GPU's SMs (tiles per SM, the
+last wave's fill, for 128- and 64-wide tiles), how far it sits from the ridge point (arithmetic
+intensity against the GPU's peak over bandwidth) and the lengths of its dimensions. The GPU
+enters only through its peak, bandwidth and SM count (the roofline and the waves): specs as
+features of the utilisation itself (FLOPS and GB/s per SM, SM count) were tried and rejected on
+a leave-one-GPU-out over the five fitted GPUs (five GPUs do not teach a device trend). The
+sigmoid keeps any input, however far from the fitted ones, to a physical utilisation. A step's
+time is the sum over calls of ``t * count``, evaluated per class as one numpy batch.
 
 Precision: matmul and conv calls in ``tf32``, ``fp16`` or ``bf16`` run at the GPU's tensor-core
 peak for that precision (``kplan.planner.devices.peak_tflops``: the same peaks and fallbacks as
@@ -29,11 +34,12 @@ per class, the spread of a held-out GPU's median log error (``bias``, shared by 
 that GPU, so it adds linearly over the classes a step spends its time in) and the spread of
 single kernels about it (``kernel``, which averages out over the step's calls).
 
-Document shape (schema ``kplan.op-model/1.0``; ``kplan.catalogs.op_model`` reads it)::
+Document shape (schema ``kplan.op-model/2.0``; ``kplan.catalogs.op_model`` reads it)::
 
-    {"schema": "kplan.op-model/1.0",
+    {"schema": "kplan.op-model/2.0",
      "classes": {"matmul": {"features": [...], "mean": [...], "scale": [...],
-                            "coef": [...], "intercept": 0.1,
+                            "hidden_w": [[...], ...], "hidden_b": [...], "out_w": [...],
+                            "out_b": 0.1, "u_max": 1.0, "floor_s": 2e-05,
                             "sigma": {"bias": 0.1, "kernel": 0.2}}, ...},
      "tensor_offset": 0.0, "tensor_sigma": 0.3,
      "fitted_on": {...}, "held_out": {...}, "source": "..."}
@@ -48,15 +54,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+
 from kplan.core.errors import DataFileError, SchemaVersionError
 from kplan.planner.catalog import GpuSpec
 from kplan.planner.devices import peak_tflops
 from kplan.planner.opgraph import OpCall, OpGraph
 
-OP_MODEL_SCHEMA: Final = "kplan.op-model/1.0"
+OP_MODEL_SCHEMA: Final = "kplan.op-model/2.0"
 CLASSES: Final = ("matmul", "conv", "softmax", "norm", "elementwise")
 TENSOR_PRECISIONS: Final = ("tf32", "fp16", "bf16")
 ITEMSIZE: Final = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "int64": 8, "int32": 4}
+# FP32 FLOPs per byte of bandwidth of the five fitted GPUs (NeuSight's specs: A100-40GB 12.5 to
+# P4 29.7). A GPU's ridge enters the features only inside this range: beyond it (an L4's 104,
+# any tensor-core peak) a feature would extrapolate a device trend learnt from five GPUs.
+FITTED_RIDGE: Final = (12.5, 29.7)
 _LAUNCH_SCALE = 1e-5  # seconds: the size of a kernel launch, where the floor terms sit
 _KNOTS: Final = (-2.0, 0.0, 2.0)  # softplus knots in log(t_roof / launch scale)
 TRANSCENDENTAL: Final = frozenset({"gelu", "tanh", "pow", "powu", "exp", "log", "sigmoid"})
@@ -148,20 +160,23 @@ def _wave_terms(tiles: float, sms: int) -> list[float]:
     return [math.log(fill), math.log(waves), 1.0 / waves]
 
 
-def _balance(t_c: float, t_m: float) -> list[float]:
-    bal = max(-8.0, min(8.0, math.log(max(t_c, 1e-15) / max(t_m, 1e-15))))
+def _balance(flops: float, nbytes: float, ridge: float) -> list[float]:
+    """How far the call sits from the ridge point (log of its FLOPs per byte over the GPU's),
+    with the GPU's ridge held inside the fitted GPUs' range (``FITTED_RIDGE``)."""
+    ridge = min(max(ridge, FITTED_RIDGE[0]), FITTED_RIDGE[1])
+    bal = max(-8.0, min(8.0, math.log(max(flops, 1e-6) / max(nbytes, 1e-6) / ridge)))
     return [bal, _softplus(bal), _softplus(-bal)]
 
 
 def _gemm_features(
-    b: float, m: float, n: float, k: float, t_c: float, t_m: float, sms: int
+    b: float, m: float, n: float, k: float, sms: int, work: tuple[float, float], ridge: float
 ) -> list[float]:
     tiles128 = b * math.ceil(m / 128) * math.ceil(n / 128)
     tiles64 = b * math.ceil(m / 64) * math.ceil(n / 64)
     return [
         *_wave_terms(tiles128, sms),
         *_wave_terms(tiles64, sms),
-        *_balance(t_c, t_m),
+        *_balance(*work, ridge),
         math.log(max(k, 1.0)),
         math.log(max(min(m, n), 1.0)),
         math.log(max(b, 1.0)),
@@ -191,14 +206,17 @@ def features(
     peak = dev.peak(prec, kind)
     t_c, t_m = flops / peak, nbytes / (dev.mem_bw_gbs * 1e9)
     t_roof = max(t_c, t_m, 1e-9)
+    ridge = peak / (dev.mem_bw_gbs * 1e9)
     x = _size_terms(t_roof)
     if cls == "matmul":
         b, m, n, k = (float(d) for d in dims)
-        x += _gemm_features(b, m, n, k, t_c, t_m, dev.sm_count)
+        x += _gemm_features(b, m, n, k, dev.sm_count, (flops, nbytes), ridge)
     elif cls == "conv":
         b, cin, cout, ker, size, stride, pad = (int(d) for d in dims)
         out = conv_out(size, ker, stride, pad)
-        x += _gemm_features(1.0, b * out * out, cout, cin * ker * ker, t_c, t_m, dev.sm_count)
+        x += _gemm_features(
+            1.0, b * out * out, cout, cin * ker * ker, dev.sm_count, (flops, nbytes), ridge
+        )
         x += [math.log(max(ker, 1)), math.log(max(stride, 1))]
     else:
         rows, row = max(1.0, float(dims[0])), max(1.0, float(dims[-1]))
@@ -214,26 +232,108 @@ def features(
     return t_roof, x
 
 
+def _np_softplus(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.logaddexp(0.0, x)
+    return out
+
+
+def _np_waves(tiles: np.ndarray, sms: np.ndarray) -> list[np.ndarray]:
+    waves = np.maximum(1.0, np.ceil(tiles / sms))
+    return [np.log(tiles / (waves * sms)), np.log(waves), 1.0 / waves]
+
+
+def features_batch(
+    cls: str, pieces: Sequence[_Piece], devs: Sequence[OpDevice]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``features`` of every piece of class ``cls`` on every GPU at once: roofline seconds
+    (GPUs, pieces) and features (GPUs, pieces, features), the same numbers as ``features``."""
+    kind = "matmul" if cls == "matmul" else ("conv" if cls == "conv" else "vector")
+    n_dev, n = len(devs), len(pieces)
+    flops = np.asarray([p[3] for p in pieces], float)
+    nbytes = np.asarray([p[4] for p in pieces], float)
+    peak = np.empty((n_dev, n))
+    for prec in {p[5] for p in pieces}:
+        cols = np.asarray([p[5] == prec for p in pieces])
+        peak[:, cols] = np.asarray([[d.peak(prec, kind)] for d in devs])
+    bw = np.asarray([[d.mem_bw_gbs * 1e9] for d in devs])
+    sms = np.asarray([[float(d.sm_count)] for d in devs])
+    t_roof = np.maximum(np.maximum(flops / peak, nbytes / bw), 1e-9)
+    z = np.log(t_roof / _LAUNCH_SCALE)
+    x: list[np.ndarray] = [z, *(_np_softplus(a - z) for a in _KNOTS)]
+    full = np.ones((n_dev, n))
+    if kind in ("matmul", "conv"):
+        if kind == "matmul":
+            b, m, nn, k = (np.asarray([float(p[2][i]) for p in pieces]) for i in range(4))
+        else:
+            d7 = np.asarray([[int(v) for v in p[2]] for p in pieces]).reshape(n, 7)
+            out = np.maximum(1, (d7[:, 4] + 2 * d7[:, 6] - d7[:, 3]) // np.maximum(1, d7[:, 5]) + 1)
+            b, m = np.ones(n), (d7[:, 0] * out * out).astype(float)
+            nn, k = d7[:, 2].astype(float), (d7[:, 1] * d7[:, 3] * d7[:, 3]).astype(float)
+        for tile in (128.0, 64.0):
+            x += _np_waves(b * np.ceil(m / tile) * np.ceil(nn / tile) * full, sms)
+        ridge = np.clip(peak / bw, *FITTED_RIDGE)
+        inten = np.maximum(flops, 1e-6) / np.maximum(nbytes, 1e-6)
+        bal = np.clip(np.log(inten / ridge), -8.0, 8.0)
+        x += [bal, _np_softplus(bal), _np_softplus(-bal)]
+        logs = [np.log(np.maximum(k, 1.0)), np.log(np.maximum(np.minimum(m, nn), 1.0))]
+        x += [v * full for v in (*logs, np.log(np.maximum(b, 1.0)))]
+        if kind == "conv":
+            x += [np.log(np.maximum(d7[:, 3], 1)) * full, np.log(np.maximum(d7[:, 5], 1)) * full]
+    else:
+        rows = np.maximum(1.0, np.asarray([float(p[2][0]) for p in pieces]))
+        row = np.maximum(1.0, np.asarray([float(p[2][-1]) for p in pieces]))
+        if cls == "elementwise":
+            names = [p[1].rsplit(".", 1)[-1] for p in pieces]
+            binary = np.asarray([nm in ("add", "mul", "div", "pow", "sub") for nm in names], float)
+            trans = np.asarray([nm in TRANSCENDENTAL for nm in names], float)
+            x += _np_waves(rows * row / 1024.0 * full, sms * 2)
+            x += [v * full for v in (np.log(row), np.log(rows * row), binary, trans)]
+        else:
+            x += _np_waves(rows * full, sms * 4)
+            x += [np.log(row) * full, np.log(rows) * full]
+    return t_roof, np.stack(x, axis=-1)
+
+
 # ---- the model -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ClassFit:
-    """``log(t / t_roof) = intercept + sum(coef * (x - mean) / scale)`` for one class."""
+    """The utilisation of one operator class, bounded in (0, ``u_max``)::
+
+        z = (x - mean) / scale
+        u = u_max * sigmoid(out_b + out_w . tanh(hidden_w @ z + hidden_b))
+        t = t_roof / u + floor_s
+
+    A one-hidden-layer network whose output passes a sigmoid: however far a new GPU's specs
+    sit from the fitted ones, the utilisation stays between 0 and ``u_max`` (1 for matmul and
+    the memory-bound classes; above 1 for conv, whose FFT and Winograd kernels beat the direct
+    convolution's FLOP count). ``floor_s`` is the class's per-kernel launch floor."""
 
     features: tuple[str, ...]
-    mean: tuple[float, ...]
-    scale: tuple[float, ...]
-    coef: tuple[float, ...]
-    intercept: float
-    sigma_bias: float  # held-out spread of a GPU's median log error
+    mean: np.ndarray
+    scale: np.ndarray
+    hidden_w: np.ndarray  # (hidden, features)
+    hidden_b: np.ndarray
+    out_w: np.ndarray
+    out_b: float
+    u_max: float
+    floor_s: float
+    sigma_bias: float  # held-out spread of a GPU's mean log error
     sigma_kernel: float  # held-out spread of single kernels about it
 
-    def log_util(self, x: Sequence[float]) -> float:
-        acc = self.intercept
-        for xi, mu, sc, w in zip(x, self.mean, self.scale, self.coef, strict=True):
-            acc += w * (xi - mu) / sc
-        return max(-12.0, min(12.0, acc))
+    def log_util(self, x: np.ndarray) -> np.ndarray:
+        """log(u) for rows of features ``x`` (calls, features)."""
+        z = (np.atleast_2d(x) - self.mean) / self.scale
+        h = np.tanh(z @ self.hidden_w.T + self.hidden_b) @ self.out_w + self.out_b
+        out: np.ndarray = math.log(self.u_max) - np.logaddexp(0.0, -np.clip(h, -30.0, 30.0))
+        return out
+
+    def seconds(self, t_roof: np.ndarray, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """Seconds of calls with roofline times ``t_roof``, features ``x`` and a log-time
+        ``offset`` on the bounded part (the tensor-core correction)."""
+        out: np.ndarray = t_roof * np.exp(offset - self.log_util(x)) + self.floor_s
+        return out
 
 
 @dataclass(frozen=True)
@@ -248,6 +348,10 @@ class StepTime:
     @property
     def p90(self) -> float:
         return self.seconds * math.exp(Z90 * self.log_sigma)
+
+
+# One kernel a graph call runs: (class fitted, op, dims, flops, bytes, precision, weight).
+_Piece = tuple[str, str, Sequence[int], float, float, str, int]
 
 
 @dataclass(frozen=True)
@@ -268,65 +372,95 @@ class OpModel:
         prec: str,
     ) -> float:
         """Seconds of one call of class ``cls`` (one of ``CLASSES``)."""
-        t_roof, x = features(cls, op, dims, flops, nbytes, dev, prec)
-        log_u = self.classes[cls].log_util(x)
-        if cls in ("matmul", "conv") and prec in dev.tensor_tflops:
-            log_u += self.tensor_offset
-        return t_roof * math.exp(log_u)
+        return float(self._times([(cls, op, dims, flops, nbytes, prec, 1)], dev)[0])
+
+    def _times(self, pieces: Sequence[_Piece], dev: OpDevice) -> np.ndarray:
+        """Seconds of each piece on ``dev``."""
+        out: np.ndarray = self._times_on(pieces, [dev])[0]
+        return out
+
+    def _times_on(self, pieces: Sequence[_Piece], devs: Sequence[OpDevice]) -> np.ndarray:
+        """Seconds of each piece on each GPU, (GPUs, pieces): every class is evaluated as one
+        numpy batch over all calls and GPUs."""
+        out = np.zeros((len(devs), len(pieces)))
+        by_cls: dict[str, list[int]] = {}
+        for i, p in enumerate(pieces):
+            by_cls.setdefault(p[0], []).append(i)
+        for cls, idx in by_cls.items():
+            mine = [pieces[i] for i in idx]
+            t_roof, x = features_batch(cls, mine, devs)
+            offs = np.asarray(
+                [
+                    [self.tensor_offset if _tensor(cls, p[5], dev) else 0.0 for p in mine]
+                    for dev in devs
+                ]
+            )
+            sec = self.classes[cls].seconds(
+                t_roof.ravel(), x.reshape(-1, x.shape[-1]), offs.ravel()
+            )
+            out[:, idx] = sec.reshape(len(devs), len(idx))
+        return out
+
+    def pieces(self, call: OpCall, step_precision: str = "fp32") -> tuple[str, list[_Piece]]:
+        """(class reported, kernels) of a graph call: attention is its two batched matmuls and
+        a softmax; reduction, embedding, optimizer and other are memory-bound passes."""
+        prec = _call_precision(call, step_precision)
+        if call.kind in ("matmul", "conv", "softmax", "norm", "elementwise"):
+            return call.kind, [
+                (call.kind, call.op, call.dims, call.flops, call.bytes, prec, call.count)
+            ]
+        size = ITEMSIZE.get(call.dtype, 4)
+        if call.kind == "attention":
+            bh, lq, lk, hd = call.dims
+            qk, pv, rows = (bh, lq, lk, hd), (bh, lq, hd, lk), (bh * lq, lk)
+            return "matmul", [
+                ("matmul", "bmm", qk, *matmul_work(qk, size), prec, call.count),
+                ("matmul", "bmm", pv, *matmul_work(pv, size), prec, call.count),
+                ("softmax", "softmax", rows, *vector_work("softmax", rows, size), prec, call.count),
+            ]
+        n = max(1, int(call.bytes / (2 * size)))
+        dims = (max(1, n // 1024), min(n, 1024)) if len(call.dims) != 2 else call.dims
+        return "elementwise", [
+            ("elementwise", "copy", dims, call.flops, call.bytes, prec, call.count)
+        ]
 
     def time_call(
         self, call: OpCall, dev: OpDevice, step_precision: str = "fp32"
     ) -> tuple[str, float]:
         """(class, seconds of ONE call) of a graph call on ``dev`` in a step of that precision."""
-        prec = _call_precision(call, step_precision)
-        if call.kind in ("matmul", "conv"):
-            return call.kind, self.call_seconds(
-                call.kind, call.op, call.dims, call.flops, call.bytes, dev, prec
-            )
-        if call.kind == "attention":
-            bh, lq, lk, hd = call.dims
-            size = ITEMSIZE.get(call.dtype, 4)
-            qk = self.call_seconds(
-                "matmul", "bmm", (bh, lq, lk, hd), *matmul_work((bh, lq, lk, hd), size), dev, prec
-            )
-            pv = self.call_seconds(
-                "matmul", "bmm", (bh, lq, hd, lk), *matmul_work((bh, lq, hd, lk), size), dev, prec
-            )
-            sm = self.call_seconds(
-                "softmax",
-                "softmax",
-                (bh * lq, lk),
-                *vector_work("softmax", (bh * lq, lk), size),
-                dev,
-                prec,
-            )
-            return "matmul", qk + pv + sm
-        if call.kind in ("softmax", "norm", "elementwise"):
-            return call.kind, self.call_seconds(
-                call.kind, call.op, call.dims, call.flops, call.bytes, dev, prec
-            )
-        # reduction, embedding, optimizer, other: a memory-bound pass over their bytes.
-        size = ITEMSIZE.get(call.dtype, 4)
-        n = max(1, int(call.bytes / (2 * size)))
-        dims = (max(1, n // 1024), min(n, 1024)) if len(call.dims) != 2 else call.dims
-        return "elementwise", self.call_seconds(
-            "elementwise", "copy", dims, call.flops, call.bytes, dev, prec
-        )
+        cls, pieces = self.pieces(call, step_precision)
+        return cls, float(self._times(pieces, dev).sum())
 
     def step_time(self, graph: OpGraph, dev: OpDevice) -> StepTime:
         """The summed time of every call in ``graph`` on ``dev`` and its held-out sigma."""
+        return self.step_times(graph, [dev])[0]
+
+    def step_times(self, graph: OpGraph, devs: Sequence[OpDevice]) -> list[StepTime]:
+        """``step_time`` of ``graph`` on each of ``devs``, evaluated together (one numpy batch
+        per operator class over every call and GPU)."""
+        pieces: list[_Piece] = []
+        owner: list[str] = []
+        for call in graph.ops:
+            cls, ps = self.pieces(call, graph.precision)
+            pieces += ps
+            owner += [cls] * len(ps)
+        if not pieces:
+            raise ValueError("the operator graph has no work to time")
+        counts = np.asarray([p[6] for p in pieces], float)
+        times = self._times_on(pieces, devs) * counts
+        return [self._summed(pieces, owner, row, dev) for row, dev in zip(times, devs, strict=True)]
+
+    def _summed(
+        self, pieces: Sequence[_Piece], owner: Sequence[str], sec: np.ndarray, dev: OpDevice
+    ) -> StepTime:
         by_class: dict[str, float] = {}
         counts: dict[str, int] = {}
         tensor = 0.0
-        for call in graph.ops:
-            cls, sec = self.time_call(call, dev, graph.precision)
-            by_class[cls] = by_class.get(cls, 0.0) + sec * call.count
-            counts[cls] = counts.get(cls, 0) + call.count
-            if (
-                cls in ("matmul", "conv")
-                and _call_precision(call, graph.precision) in dev.tensor_tflops
-            ):
-                tensor += sec * call.count
+        for p, cls, s in zip(pieces, owner, sec, strict=True):
+            by_class[cls] = by_class.get(cls, 0.0) + float(s)
+            counts[cls] = counts.get(cls, 0) + p[6]
+            if p[0] in ("matmul", "conv") and p[5] in dev.tensor_tflops:
+                tensor += float(s)
         total = sum(by_class.values())
         if not total > 0:
             raise ValueError("the operator graph has no work to time")
@@ -356,13 +490,13 @@ class OpModel:
         if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
             raise DataFileError(f"{source}: not an op-model document", hint="re-fit it")
         schema = doc["schema"]
-        if schema.split("/")[0] != OP_MODEL_SCHEMA.split("/")[0] or not schema.endswith("/1.0"):
+        if schema != OP_MODEL_SCHEMA:
             raise SchemaVersionError(
                 f"{source}: schema {schema!r} is not {OP_MODEL_SCHEMA}",
                 hint="re-create it with scripts/fit_op_model.py",
             )
         try:
-            classes = {name: _class_fit(doc["classes"][name], name) for name in CLASSES}
+            classes = {name: class_fit_from_dict(doc["classes"][name], name) for name in CLASSES}
             offset, widen = float(doc["tensor_offset"]), float(doc["tensor_sigma"])
         except (KeyError, TypeError, ValueError) as err:
             raise DataFileError(f"{source}: bad op model ({err})", hint="re-fit it") from None
@@ -371,27 +505,41 @@ class OpModel:
         return cls(classes, offset, widen, doc)
 
 
-def _class_fit(row: Any, name: str) -> ClassFit:
+def _array(values: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.shape != shape or not np.isfinite(arr).all():
+        raise ValueError(f"{what} must be {shape} finite numbers")
+    return arr
+
+
+def class_fit_from_dict(row: Any, name: str) -> ClassFit:
+    feats = tuple(str(f) for f in row["features"])
+    if feats != FEATURES[name]:
+        raise ValueError(f"class {name}: features {feats} are not {FEATURES[name]}")
+    n, h = len(feats), len(row["out_w"])
     fit = ClassFit(
-        features=tuple(str(f) for f in row["features"]),
-        mean=tuple(float(v) for v in row["mean"]),
-        scale=tuple(float(v) for v in row["scale"]),
-        coef=tuple(float(v) for v in row["coef"]),
-        intercept=float(row["intercept"]),
+        features=feats,
+        mean=_array(row["mean"], (n,), f"class {name}: mean"),
+        scale=_array(row["scale"], (n,), f"class {name}: scale"),
+        hidden_w=_array(row["hidden_w"], (h, n), f"class {name}: hidden_w"),
+        hidden_b=_array(row["hidden_b"], (h,), f"class {name}: hidden_b"),
+        out_w=_array(row["out_w"], (h,), f"class {name}: out_w"),
+        out_b=float(row["out_b"]),
+        u_max=float(row["u_max"]),
+        floor_s=float(row["floor_s"]),
         sigma_bias=float(row["sigma"]["bias"]),
         sigma_kernel=float(row["sigma"]["kernel"]),
     )
-    n = len(FEATURES[name])
-    if fit.features != FEATURES[name]:
-        raise ValueError(f"class {name}: features {fit.features} are not {FEATURES[name]}")
-    if not (len(fit.mean) == len(fit.scale) == len(fit.coef) == n):
-        raise ValueError(f"class {name}: {n} features need as many means, scales and coefs")
-    values = (*fit.mean, *fit.scale, *fit.coef, fit.intercept, fit.sigma_bias, fit.sigma_kernel)
-    if not all(math.isfinite(v) for v in values) or min(fit.scale) <= 0:
-        raise ValueError(f"class {name}: non-finite numbers or a non-positive scale")
-    if fit.sigma_bias < 0 or fit.sigma_kernel < 0:
-        raise ValueError(f"class {name}: negative sigma")
+    scalars = (fit.out_b, fit.u_max, fit.floor_s, fit.sigma_bias, fit.sigma_kernel)
+    if not all(math.isfinite(v) for v in scalars) or fit.scale.min() <= 0 or fit.u_max <= 0:
+        raise ValueError(f"class {name}: non-finite numbers or a non-positive scale or u_max")
+    if fit.sigma_bias < 0 or fit.sigma_kernel < 0 or fit.floor_s < 0:
+        raise ValueError(f"class {name}: negative sigma or floor")
     return fit
+
+
+def _tensor(cls: str, prec: str, dev: OpDevice) -> bool:
+    return cls in ("matmul", "conv") and prec in dev.tensor_tflops
 
 
 def _call_precision(call: OpCall, step_precision: str = "fp32") -> str:
