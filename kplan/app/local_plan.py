@@ -143,11 +143,13 @@ def local_plan(
     precision: str | None = None,
     facts: MachineFacts | None = None,
     script_args: Sequence[str] = (),
+    tick_s: float = LOCAL_CHECK_INTERVAL_S,
 ) -> Plan:
     """The plan of a local job of ``nodes`` groups of ``workers_per_node`` workers at
     ``usd_per_hour`` for the machine, trained at the profile's base global batch, for the
     epochs the script will run: its own ``--epochs`` in ``script_args`` (``script_epochs``),
-    else ``epochs``, else the profile's with a note that the script's are unknown."""
+    else ``epochs``, else the profile's with a note that the script's are unknown. ``tick_s``:
+    the launcher's check interval (``--check-interval``), which the start and the end wait on."""
     from kplan.planner import costs
 
     facts = machine_facts() if facts is None else facts
@@ -159,7 +161,7 @@ def local_plan(
         )
     n_epochs, source = _epochs_to_run(profile, epochs, script_args, notes)
     w = _workload(profile, n_epochs, dataset_size)
-    start, end = start_of(profile, nodes), end_of(profile)
+    start, end = start_of(profile, nodes, tick_s), end_of(profile, tick_s)
     share = cpu_share(profile, nodes * workers_per_node, facts["cores"], notes)
     pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes, (start, end), share)
     work = (
@@ -234,12 +236,12 @@ class Start:
         return own * math.exp(Z90 * self.log_sigma) + 0.9 * self.tick_s
 
 
-def start_of(profile: Profile, nodes: int = 1) -> Start:
+def start_of(profile: Profile, nodes: int = 1, tick_s: float = LOCAL_CHECK_INTERVAL_S) -> Start:
     """The start the profile measured plus the launcher's part (with several worker groups, the
     others start at its first tick after the head runs: one check interval), else the assumed
     ``LOCAL_START_S`` with its wide sigma."""
     if profile.startup_s is not None:
-        wait = LOCAL_CHECK_INTERVAL_S if nodes > 1 else 0.0
+        wait = tick_s if nodes > 1 else 0.0
         later = f" plus the launcher's tick before the other groups start ({wait:g} s)"
         return Start(
             profile.startup_s + wait,
@@ -249,11 +251,11 @@ def start_of(profile: Profile, nodes: int = 1) -> Start:
     return Start(LOCAL_START_S, LOCAL_START_LOG_SIGMA, "assumed, not measured")
 
 
-def end_of(profile: Profile) -> Start:
+def end_of(profile: Profile, tick_s: float = LOCAL_CHECK_INTERVAL_S) -> Start:
     """The end after the last step: the workers' and torchrun's exit (measured by the profile,
     else assumed), then the launcher's next tick sees every group finished (half a check
     interval expected, 90% of one at p90)."""
-    tick = LOCAL_CHECK_INTERVAL_S
+    tick = tick_s
     if profile.shutdown_s is not None:
         return Start(
             profile.shutdown_s + tick / 2,
