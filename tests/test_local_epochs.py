@@ -130,3 +130,26 @@ def test_a_start_the_profile_measured_is_used_and_said_so() -> None:
     assert "the exit measured by the profile (1.5 s)" in doc["uncertainty"]
     p90 = row["steps"] * row["step_time_p90_s"] + start.p90_s + end.p90_s
     assert row["hours_p90"] * 3600 >= p90 - 1e-6
+
+
+def test_a_cloud_launch_plans_the_epochs_after_the_double_dash(tmp_path: Path) -> None:
+    """`kplan launch --cloud aws --profile p.json -- --epochs 3` plans the 3 epochs the script
+    will run, read as the local launch reads them (before: the profile's, the script's ignored)."""
+    from dataclasses import replace
+
+    from kplan.app.launching import LaunchRequest, PlanPins, plan_now
+
+    req = LaunchRequest(
+        script=SCRIPT, budget_usd=0.0, cloud="aws", profile=PROFILE, dataset_size=20000,
+        pins=PlanPins(instance_types=("g4dn.xlarge",), plan_nodes="1", global_batch=256),
+    )  # fmt: skip
+    one = plan_now(replace(req, args=("--epochs", "1")), "aws").chosen
+    three = plan_now(replace(req, args=("--lr", "1e-3", "--epochs=3")), "aws")
+    assert three.chosen.samples == pytest.approx(3 * one.samples)
+    assert three.chosen.steps == pytest.approx(3 * one.steps, abs=2)
+    disagree = plan_now(replace(req, args=("--epochs", "3"), epochs=5.0), "aws")
+    assert disagree.chosen.samples == pytest.approx(three.chosen.samples)
+    assert any("the script's arguments say --epochs 3" in n for n in disagree.notes)
+    unknown = plan_now(req, "aws")  # no --epochs anywhere: the profile's, and said so
+    assert unknown.chosen.samples == pytest.approx(load_profile(PROFILE).epochs * one.samples)
+    assert any("which kplan cannot know" in n for n in unknown.notes)

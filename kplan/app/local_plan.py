@@ -159,7 +159,7 @@ def local_plan(
             f"--precision {precision}: the profile was measured in {profile.precision}",
             hint=f"profile in {precision} (kplan profile --precision {precision}) or drop it",
         )
-    n_epochs, source = _epochs_to_run(profile, epochs, script_args, notes)
+    n_epochs, source = epochs_to_run(profile, epochs, script_args, notes)
     w = _workload(profile, n_epochs, dataset_size)
     start, end = start_of(profile, nodes, tick_s), end_of(profile, tick_s)
     share = cpu_share(profile, nodes * workers_per_node, facts["cores"], notes)
@@ -293,7 +293,7 @@ def script_epochs(args: Sequence[str]) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def _epochs_to_run(
+def epochs_to_run(
     profile: Profile, epochs: float | None, script_args: Sequence[str], notes: list[str]
 ) -> tuple[float, str]:
     """(epochs to predict, where they come from): the script's own ``--epochs`` (what it will
