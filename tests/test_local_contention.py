@@ -131,3 +131,23 @@ def test_the_profiles_threads_and_exit_round_trip_and_are_checked() -> None:
     doc["device"]["cpu_threads"] = 0
     with pytest.raises(Exception, match="cpu_threads"):
         profile_from_dict(doc, "x")
+
+
+def test_the_launch_says_what_its_prediction_extrapolates_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from kplan.cli.main import app
+
+    monkeypatch.setattr(lp, "machine_facts", lambda: _facts(2))
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    argv = ["launch", str(SCRIPT), "--nodes", "4", "--profile", str(PROFILE), "--dry-run",
+            "--", "--epochs", "1"]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("predicted on this machine: ")
+    assert any(x.startswith("note: 4 worker(s) x 1 thread(s) on 2 core(s)") for x in lines[1:3])
+    assert any("at most 2 worker(s) avoid it" in x for x in lines)

@@ -371,8 +371,12 @@ def cpu_share(profile: Profile, workers: int, cores: int, notes: list[str]) -> C
         notes.append(
             f"{workers} worker(s) x {threads} thread(s) on {cores} core(s): each core runs "
             f"{launch:.3g} threads, so the step time is scaled by {share.factor:.3g} (the profile "
-            f"ran {measured_workers} x {measured_threads}) and its sigma widened; fewer workers "
-            "or OMP_NUM_THREADS=1 avoid it"
+            f"ran {measured_workers} x {measured_threads}) and its sigma widened; "
+            + (
+                f"at most {cores} worker(s) avoid it"
+                if threads == 1
+                else f"OMP_NUM_THREADS={max(1, cores // workers)} avoids it"
+            )
         )
     elif threads != measured_threads:
         notes.append(
