@@ -394,6 +394,30 @@ class _Prediction:
     batch_extrapolated: bool  # a larger local batch than the profile swept
 
 
+def _step_sigma(
+    w: Workload, workers: int, local: int, share: CpuShare, notes: list[str]
+) -> tuple[float, float, float]:
+    """(the step time's log sigma, doublings of the workers past the profile's, doublings of
+    the batch per worker past the largest swept): the fit's residuals, widened for each thing
+    the profile did not measure (a note for the batch; ``cpu_share`` notes the threads)."""
+    swept = max(w.max_local_batch_ref, 1)
+    batch_doublings = math.log2(max(local / swept, 1.0))
+    if batch_doublings > 0:
+        notes.append(
+            f"{local} samples per worker is past the profile's largest swept batch ({swept}): "
+            f"the step time is extrapolated and its sigma widened (profile with "
+            f"--max-local-batch {local} to measure it)"
+        )
+    doublings = math.log2(max(workers / max(w.params.max_workers_measured, 1), 1.0))
+    sigma = math.sqrt(
+        w.params.log_sigma**2
+        + (WORKER_EXTRAPOLATION_LOG_SIGMA * doublings) ** 2
+        + (BATCH_EXTRAPOLATION_LOG_SIGMA * batch_doublings) ** 2
+        + share.log_sigma**2
+    )
+    return sigma, doublings, batch_doublings
+
+
 def _predict(
     w: Workload,
     nodes: int,
@@ -414,23 +438,9 @@ def _predict(
     workers = nodes * workers_per_node
     batch = w.base_batch
     local = math.ceil(batch / workers)
-    swept = max(w.max_local_batch_ref, 1)
-    batch_doublings = math.log2(max(local / swept, 1.0))
-    if batch_doublings > 0:
-        notes.append(
-            f"{local} samples per worker is past the profile's largest swept batch ({swept}): "
-            f"the step time is extrapolated and its sigma widened (profile with "
-            f"--max-local-batch {local} to measure it)"
-        )
     # T_step = (T_c^g + T_sync^g)^(1/g) on one node of ``workers`` workers (perfmodel)
     step = float(perfmodel.step_time(p, 1, workers, local, 1)) * share.factor
-    doublings = math.log2(max(workers / max(p.max_workers_measured, 1), 1.0))
-    sigma = math.sqrt(
-        p.log_sigma**2
-        + (WORKER_EXTRAPOLATION_LOG_SIGMA * doublings) ** 2
-        + (BATCH_EXTRAPOLATION_LOG_SIGMA * batch_doublings) ** 2
-        + share.log_sigma**2
-    )
+    sigma, doublings, batch_doublings = _step_sigma(w, workers, local, share, notes)
     factor = float(efficiency.sample_factor(w.gns, batch, np.array([batch]))[0])
     samples = w.samples_at_base * factor
     steps = math.ceil(samples / batch)
