@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kplan.core.threads import usable_cores
 from kplan.launcher.bootstrap import (
     CODE_KEY,
     cloud_user_data,
@@ -103,6 +104,26 @@ def test_local_user_data_runs_torchrun_with_elastic_c10d(tmp_path: Path) -> None
     assert "--rdzv-endpoint=127.0.0.1:29402" in text and "--rdzv-id=kp-boot-2-g2" in text
     assert "--nnodes=1:3" in text and "--max-restarts=10" in text and "'a b'" in text
     assert "is_host=0" in text and f"{tmp_path}/kp-boot-2/logs/node-1.log" in text
+    # three groups of one worker share this machine's cores: an even share each, unless the
+    # user's OMP_NUM_THREADS says otherwise
+    share = max(1, usable_cores() // 3)
+    assert f'OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{share}}}" ' in text
+
+
+def test_local_workers_get_an_even_share_of_the_cores_unless_the_user_set_threads(
+    tmp_path: Path,
+) -> None:
+    """The node's command line, run by sh: the workers see the share, or the user's value."""
+    spec = JobSpec.local(str(tmp_path / "t.py"), nodes=2, workers_per_node=2, job_id="kp-boot-3")
+    text = local_user_data(spec, spec.nodes[0], "x", rendezvous(spec, 1, "127.0.0.1"), tmp_path)
+    line = next(x for x in text.splitlines() if "OMP_NUM_THREADS=" in x)
+    probe = line.partition(" ")[0] + " sh -c 'echo \"$OMP_NUM_THREADS\"'"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run(["sh", "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(max(1, usable_cores() // 4))
+    env["OMP_NUM_THREADS"] = "3"
+    out = subprocess.run(["sh", "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"
 
 
 _TRAIN = """

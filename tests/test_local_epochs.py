@@ -13,6 +13,7 @@ import pytest
 from kplan.app import local_plan as lp
 from kplan.app.launching import LaunchRequest, build_spec
 from kplan.app.planning import load_profile
+from kplan.launcher.jobspec import LOCAL_CHECK_INTERVAL_S
 from kplan.planner import costs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,9 +77,11 @@ def test_the_assumed_start_carries_a_wide_p90_and_says_it_is_assumed() -> None:
     start_p90 = lp.LOCAL_START_S * math.exp(costs.Z90 * lp.LOCAL_START_LOG_SIGMA)
     assert start_p90 > 3 * lp.LOCAL_START_S
     train_p90 = row["steps"] * row["step_time_p90_s"]
-    assert row["hours_p90"] * 3600 >= train_p90 + start_p90 - 1e-6
+    end = lp.end_of(load_profile(PROFILE))  # the test profile measured no exit: assumed
+    assert "the exit assumed" in end.basis and end.p90_s > end.seconds
+    assert row["hours_p90"] * 3600 >= train_p90 + start_p90 + end.p90_s - 1e-6
     assert row["hours"] * 3600 == pytest.approx(
-        row["steps"] * row["step_time_s"] + lp.LOCAL_START_S, rel=0.01
+        row["steps"] * row["step_time_s"] + lp.LOCAL_START_S + end.seconds, rel=0.01
     )
     assert "is assumed, not measured" in doc["uncertainty"]
 
@@ -101,18 +104,52 @@ def test_a_start_the_profile_measured_is_used_and_said_so() -> None:
 
     from kplan.planner.profile import profile_from_dict, profile_to_dict
 
-    prof = replace(load_profile(PROFILE), startup_s=20.0)
+    prof = replace(load_profile(PROFILE), startup_s=20.0, shutdown_s=1.5)
     again = profile_from_dict(profile_to_dict(prof), "round trip")
-    assert again.startup_s == 20.0 and again == prof
-    start = lp.start_of(prof)
-    assert start.seconds == 20.0 + lp.LAUNCHER_START_S
+    assert again.startup_s == 20.0 and again.shutdown_s == 1.5 and again == prof
+    # one group starts at once; with several, the others at the launcher's next tick
+    assert lp.start_of(prof, nodes=1).seconds == 20.0
+    start = lp.start_of(prof, nodes=2)
+    assert start.seconds == 20.0 + LOCAL_CHECK_INTERVAL_S
     assert start.log_sigma == lp.MEASURED_START_LOG_SIGMA < lp.LOCAL_START_LOG_SIGMA
+    end = lp.end_of(prof)  # the measured exit, then the launcher's next tick (half expected)
+    assert end.seconds == 1.5 + LOCAL_CHECK_INTERVAL_S / 2
+    assert end.p90_s == pytest.approx(
+        1.5 * math.exp(costs.Z90 * lp.MEASURED_START_LOG_SIGMA) + 0.9 * LOCAL_CHECK_INTERVAL_S
+    )
     doc = lp.local_plan(
         prof, nodes=2, workers_per_node=1, dataset_size=20000, facts=CPU,
         script_args=("--epochs", "1"),
     ).to_dict()  # fmt: skip
     row = doc["chosen"]
-    assert doc["local"]["start_s"] == 25.0
-    assert row["hours"] * 3600 == pytest.approx(row["steps"] * row["step_time_s"] + 25.0, rel=0.01)
+    assert doc["local"]["start_s"] == start.seconds
+    assert row["hours"] * 3600 == pytest.approx(
+        row["steps"] * row["step_time_s"] + start.seconds + end.seconds, rel=0.01
+    )
     assert "measured by the profile (20 s)" in doc["uncertainty"]
-    assert row["hours_p90"] * 3600 >= row["steps"] * row["step_time_p90_s"] + start.p90_s - 1e-6
+    assert "the exit measured by the profile (1.5 s)" in doc["uncertainty"]
+    p90 = row["steps"] * row["step_time_p90_s"] + start.p90_s + end.p90_s
+    assert row["hours_p90"] * 3600 >= p90 - 1e-6
+
+
+def test_a_cloud_launch_plans_the_epochs_after_the_double_dash(tmp_path: Path) -> None:
+    """`kplan launch --cloud aws --profile p.json -- --epochs 3` plans the 3 epochs the script
+    will run, read as the local launch reads them (before: the profile's, the script's ignored)."""
+    from dataclasses import replace
+
+    from kplan.app.launching import LaunchRequest, PlanPins, plan_now
+
+    req = LaunchRequest(
+        script=SCRIPT, budget_usd=0.0, cloud="aws", profile=PROFILE, dataset_size=20000,
+        pins=PlanPins(instance_types=("g4dn.xlarge",), plan_nodes="1", global_batch=256),
+    )  # fmt: skip
+    one = plan_now(replace(req, args=("--epochs", "1")), "aws").chosen
+    three = plan_now(replace(req, args=("--lr", "1e-3", "--epochs=3")), "aws")
+    assert three.chosen.samples == pytest.approx(3 * one.samples)
+    assert three.chosen.steps == pytest.approx(3 * one.steps, abs=2)
+    disagree = plan_now(replace(req, args=("--epochs", "3"), epochs=5.0), "aws")
+    assert disagree.chosen.samples == pytest.approx(three.chosen.samples)
+    assert any("the script's arguments say --epochs 3" in n for n in disagree.notes)
+    unknown = plan_now(req, "aws")  # no --epochs anywhere: the profile's, and said so
+    assert unknown.chosen.samples == pytest.approx(load_profile(PROFILE).epochs * one.samples)
+    assert any("which kplan cannot know" in n for n in unknown.notes)

@@ -138,3 +138,36 @@ def test_kplan_profile_records_the_jobs_graph() -> None:
     )
     assert {o.phase for o in g.ops} == {"forward", "backward", "optimizer"}
     assert any(o.kind == "matmul" and o.dims[1] == 8 for o in g.ops if o.phase == "forward")
+
+
+def test_the_traced_step_is_the_gns_batchs_first_even_without_a_gns_phase() -> None:
+    """``--gns-steps 0`` (no GNS phase) traces the first sweep step at the GNS batch (a warm-up
+    step); with a GNS phase, its first step, as before. Before: no graph without a GNS phase."""
+    from kplan.runtime.env import ProfileSchedule
+    from kplan.runtime.profile_mode import ProfileRun
+
+    def traced(schedule: ProfileSchedule) -> list[tuple[str, int, bool]]:
+        run, out = ProfileRun(schedule), []
+        while not run.done:
+            if run.trace_now():
+                out.append((run.phase.name, run.phase.local_batch, run.warmup))
+            run.step_done()
+        return out
+
+    assert traced(ProfileSchedule((1, 2, 4, 8), 2, 3, 4, 0)) == [("sweep", 4, True)]
+    assert traced(ProfileSchedule((1, 2, 4, 8), 2, 3, 6, 0)) == [("sweep", 4, True)]
+    assert traced(ProfileSchedule((1, 2, 4, 8), 2, 3, 4, 5)) == [("gns", 4, False)]
+
+
+@pytest.mark.slow
+def test_kplan_profile_with_no_gns_steps_still_records_the_graph() -> None:
+    from kplan.profiler.run import resolve, run_profile
+
+    req = resolve(
+        None, "mlp-regression", workers=1, max_local_batch=8, warmup_steps=1,
+        steps_per_batch=1, gns_steps=0, allreduce_bench=False, measure_device=False,
+    )  # fmt: skip
+    profile = run_profile(req).profile
+    g = profile.opgraph
+    assert g is not None and g.local_batch == 8, profile.provenance
+    assert {o.phase for o in g.ops} == {"forward", "backward", "optimizer"}

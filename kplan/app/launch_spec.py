@@ -92,6 +92,7 @@ def free_port() -> int:
 def plan_now(req: LaunchRequest, cloud: str) -> Plan:
     """Search now (``kplan estimate``) for a plan on ``cloud``."""
     from kplan.app import pins, planning
+    from kplan.app.local_plan import epochs_to_run
     from kplan.core.precision import check_precision
     from kplan.planner.search import SearchOptions, default_objective
 
@@ -129,8 +130,15 @@ def plan_now(req: LaunchRequest, cloud: str) -> Plan:
         max_nodes=node_pin[1] if node_pin else 64,
         allow_on_demand=req.allow_on_demand,
     )
-    result = planning.estimate(prof, opts, epochs=req.epochs, dataset_size=req.dataset_size)
-    return replace(result.plan, profile=prof.name, catalog=result.catalog.version)
+    # the epochs the script will run: its own --epochs after `--`, read as a local launch reads
+    # them (kplan/app/local_plan.py), else kplan's --epochs, else the profile's, said in a note
+    notes: list[str] = []
+    epochs, _ = epochs_to_run(prof, req.epochs, req.args, notes)
+    result = planning.estimate(prof, opts, epochs=epochs, dataset_size=req.dataset_size)
+    plan = result.plan
+    return replace(
+        plan, profile=prof.name, catalog=result.catalog.version, notes=(*plan.notes, *notes)
+    )
 
 
 def zone_offers(

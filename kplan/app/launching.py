@@ -138,6 +138,7 @@ def local_prediction(req: LaunchRequest, plan: Plan | None) -> Plan | None:
         return None  # JobSpec.local refuses them with its own message
     from kplan.app import planning
     from kplan.app.local_plan import local_plan
+    from kplan.launcher.jobspec import LOCAL_CHECK_INTERVAL_S
     from kplan.profiler.examples import EXAMPLES
 
     if req.example_profile in EXAMPLES and req.example_profile not in planning.example_names():
@@ -161,6 +162,7 @@ def local_prediction(req: LaunchRequest, plan: Plan | None) -> Plan | None:
         dataset_size=req.dataset_size,
         precision=req.precision,
         script_args=req.args,
+        tick_s=LOCAL_CHECK_INTERVAL_S if req.check_interval_s is None else req.check_interval_s,
     )
 
 

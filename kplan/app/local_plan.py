@@ -14,7 +14,6 @@ catalog ``local``), stored with the job so ``kplan report`` compares it with wha
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from kplan.core.errors import InputError
+from kplan.core.threads import oversubscription, threads_per_worker, usable_cores
+from kplan.launcher.jobspec import LOCAL_CHECK_INTERVAL_S
 from kplan.planner.plan import Group, LocalMachine, Plan, PlanRow, SpotTerms
 from kplan.planner.profile import Profile
 
@@ -40,11 +41,15 @@ LOCAL_START_S = 10.0
 # about 35 s). p90 = 10 s x exp(1.28 x 0.9) = 32 s.
 LOCAL_START_LOG_SIGMA = 0.9
 # A start the profile measured (Profile.startup_s: its torchrun, imports and rendezvous to the
-# first step, on this machine) plus the launcher's own part, the elastic rendezvous's last call
-# (JobSpec.local: rdzv_last_call_s, assumed to be all of it). Its sigma is narrower than the
+# first step, on this machine) plus the launcher's own part: with several worker groups, the
+# others start at the launcher's first tick after the head runs (JobSpec.local's check interval,
+# LOCAL_CHECK_INTERVAL_S), and the rendezvous waits for them. Its sigma is narrower than the
 # assumption's, but not small: one measurement, on a machine whose load varies (assumed).
-LAUNCHER_START_S = 5.0
 MEASURED_START_LOG_SIGMA = 0.35
+# The end of a local job after its last step, when the profile did not measure its own
+# (Profile.shutdown_s): the workers' and torchrun's exit, assumed (a whole 2-process gloo run's
+# imports and exit take ~5 s, NOTES.md); its sigma as the assumed start's.
+LOCAL_SHUTDOWN_S = 2.0
 # The convention of the scripts kplan ships (kplan/examples/*.py, docs/profile.md): the epochs
 # to train are the script's own ``--epochs N`` (argparse: ``--epochs N`` or ``--epochs=N``, the
 # last one wins). A script that states none runs its own default, which kplan cannot see.
@@ -52,6 +57,13 @@ SCRIPT_EPOCHS_FLAG = "--epochs"
 # Uncertainty added per doubling of the worker count past the profile's (the CPU cores and
 # memory bandwidth are shared by every worker of a local job: contention the fit never saw).
 WORKER_EXTRAPOLATION_LOG_SIGMA = 0.15
+# Uncertainty added per doubling of the per-worker batch past the largest the profile swept (the
+# compute line is extrapolated: caches, memory bandwidth and thread efficiency change with it).
+BATCH_EXTRAPOLATION_LOG_SIGMA = 0.15
+# Uncertainty added per doubling of a CPU's oversubscription (threads per core past one): time
+# sharing is not the only cost (spinning thread pools, a collective waiting for a descheduled
+# worker), and none of it was measured.
+OVERSUBSCRIBED_LOG_SIGMA = 0.35
 
 
 class MachineFacts(TypedDict):
@@ -87,7 +99,7 @@ def machine_facts() -> MachineFacts:
                 gpus = [g.strip() for g in out.stdout.splitlines() if g.strip()]
         except (OSError, subprocess.SubprocessError):
             gpus = []
-    return {"cpu": cpu or "unknown CPU", "cores": os.cpu_count() or 1, "gpus": gpus}
+    return {"cpu": cpu or "unknown CPU", "cores": usable_cores(), "gpus": gpus}
 
 
 def _fold(name: str) -> str:
@@ -131,11 +143,13 @@ def local_plan(
     precision: str | None = None,
     facts: MachineFacts | None = None,
     script_args: Sequence[str] = (),
+    tick_s: float = LOCAL_CHECK_INTERVAL_S,
 ) -> Plan:
     """The plan of a local job of ``nodes`` groups of ``workers_per_node`` workers at
     ``usd_per_hour`` for the machine, trained at the profile's base global batch, for the
     epochs the script will run: its own ``--epochs`` in ``script_args`` (``script_epochs``),
-    else ``epochs``, else the profile's with a note that the script's are unknown."""
+    else ``epochs``, else the profile's with a note that the script's are unknown. ``tick_s``:
+    the launcher's check interval (``--check-interval``), which the start and the end wait on."""
     from kplan.planner import costs
 
     facts = machine_facts() if facts is None else facts
@@ -145,10 +159,11 @@ def local_plan(
             f"--precision {precision}: the profile was measured in {profile.precision}",
             hint=f"profile in {precision} (kplan profile --precision {precision}) or drop it",
         )
-    n_epochs, source = _epochs_to_run(profile, epochs, script_args, notes)
+    n_epochs, source = epochs_to_run(profile, epochs, script_args, notes)
     w = _workload(profile, n_epochs, dataset_size)
-    start = start_of(profile)
-    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes, start)
+    start, end = start_of(profile, nodes, tick_s), end_of(profile, tick_s)
+    share = cpu_share(profile, nodes * workers_per_node, facts["cores"], notes)
+    pred = _predict(w, nodes, workers_per_node, usd_per_hour, notes, (start, end), share)
     work = (
         f"{w.samples_at_base:,.0f} samples at batch {w.base_batch} "
         f"({dataset_size or profile.dataset_size:,} per epoch x {n_epochs:g} "
@@ -157,7 +172,15 @@ def local_plan(
         + ("as given" if dataset_size else "the profile's")
         + ")"
     )
-    more = "; more workers than the profile measured" if pred.extrapolated else ""
+    more = "".join(
+        f"; {why}"
+        for why, yes in (
+            ("more workers than the profile measured", pred.extrapolated),
+            ("a larger batch per worker than the profile swept", pred.batch_extrapolated),
+            ("more threads than cores", share.oversubscribed > 1),
+        )
+        if yes
+    )
     return Plan(
         chosen=pred.row,
         plans=(),
@@ -176,7 +199,8 @@ def local_plan(
             f"step time p90 is +{math.exp(costs.Z90 * pred.sigma) - 1:.0%} over the expected "
             f"value (fit residuals{more}); the start ({start.seconds:.3g} s: torchrun, imports, "
             f"rendezvous) is {start.basis}: its p90 is {start.p90_s:.3g} s (log sigma "
-            f"{start.log_sigma:g}), added to the time's p90"
+            f"{start.log_sigma:g}); the end ({end.seconds:.3g} s) is {end.basis}: its p90 is "
+            f"{end.p90_s:.3g} s; both added to the time's p90"
         ),
         precision=w.precision,
         precision_basis="measured",
@@ -195,31 +219,58 @@ def local_plan(
 
 @dataclass(frozen=True)
 class Start:
-    """A local job's start before its first step: seconds, their log-space sigma, and whether
-    they were measured (by the profile) or assumed, in words."""
+    """A local job's start before its first step, or its end after its last: seconds, their
+    log-space sigma, whether they were measured (by the profile) or assumed, in words, and the
+    launcher's own wait on top (its tick: uniform, so its p90 is 90% of it, not a log-normal)."""
 
     seconds: float
     log_sigma: float
     basis: str
+    tick_s: float = 0.0  # the launcher's wait, at most this (included in seconds at half)
 
     @property
     def p90_s(self) -> float:
         from kplan.planner.costs import Z90
 
-        return self.seconds * math.exp(Z90 * self.log_sigma)
+        own = self.seconds - self.tick_s / 2
+        return own * math.exp(Z90 * self.log_sigma) + 0.9 * self.tick_s
 
 
-def start_of(profile: Profile) -> Start:
-    """The start the profile measured (plus the launcher's rendezvous last call), else the
-    assumed ``LOCAL_START_S`` with its wide sigma."""
+def start_of(profile: Profile, nodes: int = 1, tick_s: float = LOCAL_CHECK_INTERVAL_S) -> Start:
+    """The start the profile measured plus the launcher's part (with several worker groups, the
+    others start at its first tick after the head runs: one check interval), else the assumed
+    ``LOCAL_START_S`` with its wide sigma."""
     if profile.startup_s is not None:
+        wait = tick_s if nodes > 1 else 0.0
+        later = f" plus the launcher's tick before the other groups start ({wait:g} s)"
         return Start(
-            profile.startup_s + LAUNCHER_START_S,
+            profile.startup_s + wait,
             MEASURED_START_LOG_SIGMA,
-            f"measured by the profile ({profile.startup_s:.3g} s) plus the launcher's "
-            f"rendezvous ({LAUNCHER_START_S:g} s, assumed)",
+            f"measured by the profile ({profile.startup_s:.3g} s)" + (later if wait else ""),
         )
     return Start(LOCAL_START_S, LOCAL_START_LOG_SIGMA, "assumed, not measured")
+
+
+def end_of(profile: Profile, tick_s: float = LOCAL_CHECK_INTERVAL_S) -> Start:
+    """The end after the last step: the workers' and torchrun's exit (measured by the profile,
+    else assumed), then the launcher's next tick sees every group finished (half a check
+    interval expected, 90% of one at p90)."""
+    tick = tick_s
+    if profile.shutdown_s is not None:
+        return Start(
+            profile.shutdown_s + tick / 2,
+            MEASURED_START_LOG_SIGMA,
+            f"the exit measured by the profile ({profile.shutdown_s:.3g} s) plus the launcher's "
+            f"next tick (at most {tick:g} s)",
+            tick,
+        )
+    return Start(
+        LOCAL_SHUTDOWN_S + tick / 2,
+        LOCAL_START_LOG_SIGMA,
+        f"the exit assumed ({LOCAL_SHUTDOWN_S:g} s, not measured) plus the launcher's next tick "
+        f"(at most {tick:g} s)",
+        tick,
+    )
 
 
 def script_epochs(args: Sequence[str]) -> float | None:
@@ -242,7 +293,7 @@ def script_epochs(args: Sequence[str]) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def _epochs_to_run(
+def epochs_to_run(
     profile: Profile, epochs: float | None, script_args: Sequence[str], notes: list[str]
 ) -> tuple[float, str]:
     """(epochs to predict, where they come from): the script's own ``--epochs`` (what it will
@@ -286,10 +337,85 @@ def _workload(profile: Profile, epochs: float | None, dataset_size: int | None) 
 
 
 @dataclass(frozen=True)
+class CpuShare:
+    """How a CPU job's workers share the machine's cores, at launch and in the profile: the
+    step time scales with the launch's oversubscription over the profile's (1: no change)."""
+
+    workers: int
+    threads: int  # per worker (kplan/core/threads.py: what the launch gives each)
+    cores: int
+    oversubscribed: float  # threads per core at launch, at least 1
+    factor: float  # the launch's oversubscription over the profile's
+
+    @property
+    def log_sigma(self) -> float:
+        return OVERSUBSCRIBED_LOG_SIGMA * math.log2(self.oversubscribed)
+
+
+NO_SHARE = CpuShare(1, 1, 1, 1.0, 1.0)
+
+
+def cpu_share(profile: Profile, workers: int, cores: int, notes: list[str]) -> CpuShare:
+    """A CPU profile's workers and threads against the launch's on ``cores`` cores (a GPU
+    profile's step is the GPU's: NO_SHARE); notes where they differ."""
+    if profile.gpu.lower() != "cpu":
+        return NO_SHARE
+    threads = threads_per_worker(workers, cores)
+    measured_workers = max(1, profile.gpus_per_node)
+    # an older profile: torchrun gave each of several workers one thread, one worker all cores
+    measured_threads = profile.cpu_threads or (1 if measured_workers > 1 else cores)
+    launch = oversubscription(workers, threads, cores)
+    measured = oversubscription(measured_workers, measured_threads, cores)
+    share = CpuShare(workers, threads, cores, launch, launch / measured)
+    if launch > 1:
+        notes.append(
+            f"{workers} worker(s) x {threads} thread(s) on {cores} core(s): each core runs "
+            f"{launch:.3g} threads, so the step time is scaled by {share.factor:.3g} (the profile "
+            f"ran {measured_workers} x {measured_threads}) and its sigma widened; "
+            + (
+                f"at most {cores} worker(s) avoid it"
+                if threads == 1
+                else f"OMP_NUM_THREADS={max(1, cores // workers)} avoids it"
+            )
+        )
+    elif threads != measured_threads:
+        notes.append(
+            f"each worker runs {threads} CPU thread(s), the profile's ran {measured_threads}: "
+            "the step time is the profile's (threads are not credited)"
+        )
+    return share
+
+
+@dataclass(frozen=True)
 class _Prediction:
     row: PlanRow
     sigma: float  # the step time's log-space spread
     extrapolated: bool  # more workers than the profile measured
+    batch_extrapolated: bool  # a larger local batch than the profile swept
+
+
+def _step_sigma(
+    w: Workload, workers: int, local: int, share: CpuShare, notes: list[str]
+) -> tuple[float, float, float]:
+    """(the step time's log sigma, doublings of the workers past the profile's, doublings of
+    the batch per worker past the largest swept): the fit's residuals, widened for each thing
+    the profile did not measure (a note for the batch; ``cpu_share`` notes the threads)."""
+    swept = max(w.max_local_batch_ref, 1)
+    batch_doublings = math.log2(max(local / swept, 1.0))
+    if batch_doublings > 0:
+        notes.append(
+            f"{local} samples per worker is past the profile's largest swept batch ({swept}): "
+            f"the step time is extrapolated and its sigma widened (profile with "
+            f"--max-local-batch {local} to measure it)"
+        )
+    doublings = math.log2(max(workers / max(w.params.max_workers_measured, 1), 1.0))
+    sigma = math.sqrt(
+        w.params.log_sigma**2
+        + (WORKER_EXTRAPOLATION_LOG_SIGMA * doublings) ** 2
+        + (BATCH_EXTRAPOLATION_LOG_SIGMA * batch_doublings) ** 2
+        + share.log_sigma**2
+    )
+    return sigma, doublings, batch_doublings
 
 
 def _predict(
@@ -298,10 +424,12 @@ def _predict(
     workers_per_node: int,
     usd_per_hour: float,
     notes: list[str],
-    start_at: Start,
+    overheads: tuple[Start, Start],
+    share: CpuShare = NO_SHARE,
 ) -> _Prediction:
-    """The chosen row: the planner's step-time model on one node of every worker, its
-    statistical efficiency at the base batch, and the closed-form time and cost."""
+    """The chosen row: the planner's step-time model on one node of every worker (scaled by
+    the CPU's oversubscription, ``share``), its statistical efficiency at the base batch, and
+    the closed-form time and cost."""
     import numpy as np
 
     from kplan.planner import costs, efficiency, perfmodel
@@ -310,19 +438,14 @@ def _predict(
     workers = nodes * workers_per_node
     batch = w.base_batch
     local = math.ceil(batch / workers)
-    if local > w.max_local_batch_ref:
-        notes.append(
-            f"{local} samples per worker is past the profile's largest measured batch "
-            f"({w.max_local_batch_ref}): extrapolated"
-        )
     # T_step = (T_c^g + T_sync^g)^(1/g) on one node of ``workers`` workers (perfmodel)
-    step = float(perfmodel.step_time(p, 1, workers, local, 1))
-    doublings = math.log2(max(workers / max(p.max_workers_measured, 1), 1.0))
-    sigma = math.hypot(p.log_sigma, WORKER_EXTRAPOLATION_LOG_SIGMA * doublings)
+    step = float(perfmodel.step_time(p, 1, workers, local, 1)) * share.factor
+    sigma, doublings, batch_doublings = _step_sigma(w, workers, local, share, notes)
     factor = float(efficiency.sample_factor(w.gns, batch, np.array([batch]))[0])
     samples = w.samples_at_base * factor
     steps = math.ceil(samples / batch)
-    # the start's p90 with the training's p90 (their sum: an upper bound of the sum's p90)
+    # the start's and the end's p90 with the training's p90 (their sum: an upper bound of the
+    # sum's p90)
     tc, tc90 = (
         costs.time_and_cost(
             train_seconds=steps * step,
@@ -337,7 +460,10 @@ def _predict(
             billing_increment_s=1.0,
             overheads=costs.Overheads(provisioning_s=start),
         )
-        for start in (start_at.seconds, start_at.p90_s)
+        for start in (
+            sum(o.seconds for o in overheads),
+            sum(o.p90_s for o in overheads),
+        )
     )
     device = w.ref_gpu.name
     group = Group("local", "on-demand", "local", nodes, workers_per_node, device, local,
@@ -372,7 +498,7 @@ def _predict(
         terms=perfmodel.term_sources(p, gpu=p.gpu, nodes=1, workers=workers),
         spot=SpotTerms(basis="closed form; local: no preemptions"),
     )
-    return _Prediction(row, sigma, doublings > 0)
+    return _Prediction(row, sigma, doublings > 0, batch_doublings > 0)
 
 
 def prediction_line(plan: Plan) -> str:

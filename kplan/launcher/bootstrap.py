@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlparse
 
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
+from kplan.core.threads import THREADS_ENV, threads_per_worker
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.storage import Storage
@@ -148,12 +149,16 @@ def local_user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, 
     script = Path(spec.script).resolve()
     host = rdzv.host or "127.0.0.1"
     cmd = [spec.install.python, *torchrun_args(spec, node, rdzv, host), str(script), *spec.args]
+    # every group's workers share this machine's cores: unless the user's OMP_NUM_THREADS says
+    # otherwise, each gets an even share (kplan/core/threads.py), as the profile's workers did
+    threads = threads_per_worker(sum(n.gpus for n in spec.nodes), environ={})
     status = job_dir / "status" / f"node-{node.node_rank}.json"
     log = job_dir / "logs" / f"node-{node.node_rank}.log"
     return (
         f"# kplan local node: job {spec.job_id}, node {node.node_rank} ({name})\n"
         f"mkdir -p {q(str(status.parent))} {q(str(log.parent))} || exit 1\n"
         f"cd {q(str(script.parent))} || exit 1\n"
+        f'{THREADS_ENV}="${{{THREADS_ENV}:-{threads}}}" '
         f"{' '.join(q(a) for a in cmd)} >> {q(str(log))} 2>&1 < /dev/null &\n"
         f"{_FORWARD_AND_WAIT}"
         f'{q(spec.install.python)} -c {q(_STATUS_PY)} {q(str(status))} "$code" '

@@ -526,7 +526,7 @@ class JobSpec:
                 f"--nodes {nodes} / --workers-per-node {workers_per_node} must be >= 1",
                 hint="e.g. --nodes 2 --workers-per-node 1",
             )
-        options.setdefault("check_interval_s", 2.0)
+        options.setdefault("check_interval_s", LOCAL_CHECK_INTERVAL_S)
         options.setdefault("grace_s", 30.0)
         options.setdefault("teardown_s", 40.0)
         options.setdefault("finish_grace_s", 30.0)
@@ -537,6 +537,11 @@ class JobSpec:
         return cls.build(
             job_id or new_job_id(), "local", "local", script, specs, budget_usd, args, **options
         )
+
+
+# A local job's monitor tick (JobSpec.local): the launcher sees the head node running, and every
+# node finished, at its next tick (the local plan predicts both waits from it).
+LOCAL_CHECK_INTERVAL_S = 2.0
 
 
 def nodes_from_plan_row(row: PlanRow) -> tuple[NodeSpec, ...]:

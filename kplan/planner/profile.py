@@ -48,6 +48,10 @@ forward).
 ``device.startup_s`` (optional, no schema bump: older readers ignore it) is the seconds from the
 profiled job's start (torchrun, the workers' imports, the rendezvous) to its first step's record,
 measured by ``kplan profile``; a local launch's prediction starts from it (kplan/app/local_plan.py).
+``device.shutdown_s`` (optional, no schema bump) is the seconds from the profiled job's last record
+to its exit (the workers' and torchrun's shutdown); a local launch's prediction ends with it.
+``device.cpu_threads`` (optional, no schema bump) is the CPU threads each profiled worker ran with
+(``OMP_NUM_THREADS``, kplan/core/threads.py); a local launch compares it with its own workers'.
 ``opgraph`` (1.4) is the operator graph of one training step at a local batch (forward, backward,
 optimizer: each operator's kind, shape, dtype, FLOPs and bytes, identical calls folded), traced at
 the dispatcher by kplan/profiler/opgraph_trace.py; the shape is kplan/planner/opgraph.py's.
@@ -157,6 +161,13 @@ class Profile:
     # Seconds from the job's start (torchrun, imports, rendezvous) to its first step's record,
     # measured by kplan profile on its machine (optional "device.startup_s"). None: not.
     startup_s: float | None = None
+    # Seconds from the profiled job's last record to its exit (the workers' and torchrun's
+    # shutdown), measured by kplan profile (optional "device.shutdown_s"). None: not.
+    shutdown_s: float | None = None
+    # CPU threads each profiled worker ran with (optional "device.cpu_threads": OMP_NUM_THREADS
+    # as kplan/core/threads.py sets it). None: not recorded (older profiles: torchrun's 1 when
+    # it started several workers).
+    cpu_threads: int | None = None
     # The operator graph of one step (profile 1.4). None: not traced.
     opgraph: OpGraph | None = field(default=None, compare=False)
 
@@ -373,6 +384,8 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         codec=_codec(doc.get("codec_seconds"), source),
         forward_share=_share(model.get("forward_share"), source, "model.forward_share"),
         startup_s=_opt(device, "startup_s", source, "device", MAX_SECONDS),
+        shutdown_s=_opt(device, "shutdown_s", source, "device", MAX_SECONDS),
+        cpu_threads=_threads(device.get("cpu_threads"), source),
         opgraph=None if doc.get("opgraph") is None else opgraph_from_dict(doc["opgraph"], source),
     )
 
@@ -530,6 +543,18 @@ def _opt(
     return _num(value, source, f"{section}.{key}", positive=False, upper=upper)
 
 
+def _threads(value: Any, source: str) -> int | None:
+    """``device.cpu_threads``: a positive integer, or None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise DataFileError(
+            f"{source}: device.cpu_threads must be an integer from 1 to 4096, got {value!r}",
+            hint="the threads each profiled worker ran with (kplan profile writes it)",
+        )
+    return value
+
+
 def profile_to_dict(p: Profile) -> dict[str, Any]:
     """The JSON document for a Profile (inverse of ``profile_from_dict``)."""
     doc: dict[str, Any] = {
@@ -572,6 +597,10 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         doc["device"]["mem_bw_gbs"] = p.measured_mem_bw_gbs
     if p.startup_s is not None:
         doc["device"]["startup_s"] = p.startup_s
+    if p.shutdown_s is not None:
+        doc["device"]["shutdown_s"] = p.shutdown_s
+    if p.cpu_threads is not None:
+        doc["device"]["cpu_threads"] = p.cpu_threads
     memory = {
         k: v
         for k, v in {

@@ -17,6 +17,7 @@ from types import FrameType
 
 from kplan.core.errors import JobError
 from kplan.core.precision import DEFAULT_PRECISION, Precision
+from kplan.core.threads import THREADS_ENV, threads_per_worker
 from kplan.profiler.allreduce import BENCH_PORT_ENV
 from kplan.profiler.errlines import last_error_line
 from kplan.profiler.opgraph_trace import OPGRAPH_PATH_ENV, opgraph_path
@@ -58,6 +59,8 @@ class JobOutcome:
     stderr_path: Path
     wall_s: float
     first_record_s: float | None = None  # the job's start to its first record (rank 0's step)
+    # the job's last record to its exit (the workers' and torchrun's shutdown), on this machine
+    shutdown_s: float | None = None
 
 
 def free_port() -> int:
@@ -100,6 +103,9 @@ def job_env(spec: JobSpec, metrics: Path) -> dict[str, str]:
         )
     )
     env["PYTHONUNBUFFERED"] = "1"
+    # every worker's threads by the rule a local launch follows (kplan/core/threads.py), so the
+    # launch runs what the profile measured; the user's OMP_NUM_THREADS, when set, is kept
+    env[THREADS_ENV] = str(threads_per_worker(spec.workers))
     if spec.trace_opgraph:
         env[OPGRAPH_PATH_ENV] = str(opgraph_path(metrics.parent))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -121,6 +127,7 @@ class _Tracker:
         self.local_batch: int | None = None
         self.phase = "starting"
         self.first_record_s: float | None = None
+        self.shutdown_s: float | None = None
 
     def add(self, record: Record) -> None:
         if isinstance(record, OomEvent):
@@ -213,7 +220,12 @@ def run_job(
     tracker.phase = "finished"
     on_progress(tracker.progress())
     return JobOutcome(
-        records, dict(tree.seen), stderr_path, time.monotonic() - start, tracker.first_record_s
+        records,
+        dict(tree.seen),
+        stderr_path,
+        time.monotonic() - start,
+        tracker.first_record_s,
+        tracker.shutdown_s,
     )
 
 
@@ -245,6 +257,8 @@ def _follow(
         tree.refresh()
         rc = tree.poll()
         if rc is not None:
+            if seen_any:  # within a poll (0.1 s) of the last record and of the exit
+                tracker.shutdown_s = time.monotonic() - last_record
             return rc
         where = f"its output so far is in {stderr_path}"
         if now - start > spec.timeout_s:

@@ -141,8 +141,9 @@ def _to(batch: Any, device: str) -> Any:
 class JobTracer:
     """The factory ``kplan.profiler.worker`` registers with the runtime
     (``kplan.runtime.profile_steps.set_step_tracer``): the runtime calls it with the step's local
-    batch at the first step of the profile's GNS phase (the base local batch) on rank 0 and runs
-    that step inside the returned context; on leaving, the graph is written to ``path``."""
+    batch at the first step of the profile's GNS phase (the base local batch; with ``--gns-steps
+    0``, the first step at that batch in the sweep) on rank 0 and runs that step inside the
+    returned context; on leaving, the graph is written to ``path``."""
 
     def __init__(self, path: Path, precision: str) -> None:
         self.path = path
@@ -200,7 +201,7 @@ def with_opgraph(profile: Profile, workdir: Path) -> Profile:
         note = f"; operator graph not recorded ({str(err)[:120]})"
         return dataclasses.replace(profile, provenance=profile.provenance + note)
     if graph is None:
-        note = "; operator graph not traced (no GNS phase step ran)"
+        note = "; operator graph not traced (the step to trace, at the GNS batch, never ran)"
         return dataclasses.replace(profile, provenance=profile.provenance + note)
     note = (
         f"; operator graph of one step at local batch {graph.local_batch}: "

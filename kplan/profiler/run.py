@@ -17,6 +17,7 @@ from kplan import __version__
 from kplan.core import flags
 from kplan.core.errors import InputError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
+from kplan.core.threads import threads_per_worker
 from kplan.planner.profile import CodecTimes, Profile
 from kplan.profiler.analyze import Analysis, analyze, gns_trajectory, measurements
 from kplan.profiler.codec import CODEC_REPEATS
@@ -160,7 +161,7 @@ def resolve(
     max_b = (
         max_local_batch
         if max_local_batch is not None
-        else (ex.max_local_batch if ex else max(64, min_local_batch))
+        else (ex.max_local_batch if ex else default_max_local_batch(base_batch, min_local_batch))
     )
     sweep_sizes(min_local_batch, max_b)  # validates the range
     base = base_batch if base_batch is not None else (ex.base_batch if ex else 0)
@@ -188,6 +189,18 @@ def resolve(
         keep_workdir=keep_workdir,
         precision=checked,
     )
+
+
+# The sweep's smallest default ceiling (a script whose base batch is smaller still sweeps this far).
+MIN_SWEEP_CEILING = 64
+
+
+def default_max_local_batch(base_batch: int | None, min_local_batch: int = 1) -> int:
+    """The sweep's default ceiling for a script: its whole base batch (what one worker runs at
+    the base batch: a local launch of any worker count then runs a measured batch per worker,
+    not an extrapolated one), and at least ``MIN_SWEEP_CEILING``; running out of memory still
+    stops the sweep earlier."""
+    return max(MIN_SWEEP_CEILING, base_batch or 0, min_local_batch)
 
 
 def _device_precision(device: str, precision: str) -> Precision:
@@ -348,7 +361,8 @@ def build_profile(
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     provenance = (
         f"kplan {__version__} profile of {req.script.name} on {described}, "
-        f"{a.world_size} local worker(s), {when}; precision {req.precision}; "
+        f"{a.world_size} local worker(s) x {threads_per_worker(a.world_size)} CPU thread(s), "
+        f"{when}; precision {req.precision}; "
         f"sweep {list(schedule.local_batches)} x {schedule.steps_per_batch} timed steps; "
         f"GNS over {a.gns_steps} steps at local batch {schedule.gns_batch}"
     )
@@ -401,4 +415,6 @@ def build_profile(
         codec=codec,
         forward_share=a.forward_share,
         startup_s=outcome.first_record_s,
+        shutdown_s=outcome.shutdown_s,
+        cpu_threads=threads_per_worker(a.world_size),  # what job_env gave each worker
     )

@@ -72,6 +72,20 @@ class ProfileRun:
         batch = min(self.schedule.gns_batch, self.largest_fit)
         self.phases.append(Phase("gns", batch, self.schedule.gns_steps, 0))
 
+    def trace_now(self) -> bool:
+        """Whether the step about to run is the one whose operator graph is traced: the first of
+        the GNS phase (the base local batch); with no GNS phase (``gns_steps`` 0), the first of
+        the sweep phase at the largest size not above ``gns_batch`` (a warm-up step when there
+        are any, so that the tracer's overhead is in no timed step)."""
+        if self.done or self.steps_in_phase != 0:
+            return False
+        phase = self.phase
+        if self.schedule.gns_steps > 0:
+            return phase.name == "gns"
+        sizes = self.schedule.local_batches
+        below = [b for b in sizes if b <= self.schedule.gns_batch]
+        return phase.name == "sweep" and phase.local_batch == max(below or sizes[:1])
+
     def step_done(self) -> bool:
         """Count one finished step; True when it ended a phase (the batch may change)."""
         self.steps_in_phase += 1

@@ -129,7 +129,8 @@ _STEP_TRACERS: list[Callable[[int], contextlib.AbstractContextManager[Any]]] = [
 
 
 def set_step_tracer(factory: Callable[[int], contextlib.AbstractContextManager[Any]]) -> None:
-    """Trace one step of the profile: the first of its GNS phase (the base local batch), rank 0."""
+    """Trace one step of the profile on rank 0: the first of its GNS phase (the base local
+    batch), or with no GNS phase the first at that batch in the sweep (``ProfileRun.trace_now``)."""
     _STEP_TRACERS[:] = [factory]
 
 
@@ -138,6 +139,6 @@ def trace_probe(st: JobState) -> contextlib.AbstractContextManager[Any]:
     profile = st.profile
     if not _STEP_TRACERS or profile is None or profile.done or st.ctx.rank != 0:
         return contextlib.nullcontext()
-    if profile.phase.name != "gns" or profile.steps_in_phase != 0 or st.micro_in_step != 0:
+    if not profile.trace_now() or st.micro_in_step != 0:
         return contextlib.nullcontext()
     return _STEP_TRACERS.pop()(profile.phase.local_batch)

@@ -63,6 +63,8 @@ def launch_command(**given: Any) -> None:
         from kplan.app.local_plan import prediction_line
 
         typer.echo(prediction_line(spec.plan))
+        for note in spec.plan.notes:  # what it extrapolates or cannot know, said before it runs
+            typer.echo(f"note: {note}")
     if given["dry_run"]:  # offline: no provider, no cloud SDK, no credentials (placeholders)
         _dry_run(spec, as_json)
         return

@@ -56,8 +56,9 @@ _MaxLocal = Annotated[
     int | None,
     typer.Option(
         "--max-local-batch",
-        help="Largest swept per-worker batch (default: 64, or the example's); running out "
-        "of memory stops the sweep earlier.",
+        help="Largest swept per-worker batch (default: the script's --base-batch, at least "
+        "64, or the example's): a local launch then runs a measured batch per worker; running "
+        "out of memory stops the sweep earlier.",
     ),
 ]
 _Steps = Annotated[int, typer.Option("--steps", help="Timed steps per batch size.")]
