@@ -217,7 +217,10 @@ def test_the_watchdog_leaves_with_its_node(tmp_path: Path) -> None:
     text = watchdog_sh(f"cat {tmp_path / 'none'}", 3.0, f"touch {tmp_path / 'fired'}", 1)
     pidfile = tmp_path / "watchdog.pid"
     proc = subprocess.run(
-        ["sh", "-c", text + f"echo $! > {pidfile}\n"], stdout=subprocess.DEVNULL, timeout=10
+        ["sh", "-c", text + f"echo $! > {pidfile}\n"],
+        stdout=subprocess.DEVNULL,
+        timeout=10,
+        check=True,
     )
     assert proc.returncode == 0
     pid = int(pidfile.read_text())
@@ -402,7 +405,7 @@ def _run(root: Path, script: str, at: int | None, preempt: bool = True, **option
     with StateDB.open(work / "kplan.db", clock=clock) as db:
         try:
             run_job(spec, Backend(sim, store), db, clock=clock, billing=AWS)
-        except BaseException as err:  # noqa: BLE001 - the kill is what this test is about
+        except BaseException as err:  # the kill is what this test is about
             if not isinstance(err, Killed) and death.dead_at is None:
                 raise
     if death.dead_at is None:
