@@ -97,11 +97,14 @@ def test_the_cap_spends_what_is_left_of_the_budget_at_the_cluster_rate(tmp_path:
     live = [Running(0.0, 0.5), Running(0.0, 0.2)]
     left = 1.0 - 0.1 - 0.7 * 0.5
     assert cap_seconds(spec, 0.1, live, [], 1800.0, None) == int(left / 0.7 * 3600)
-    # a replacement of the spot node at 30 min ends with the survivor (same end time)
+    # the spot node lost at 20 min and replaced at 30: the replacement ends with the survivor,
+    # later by what the missing node did not spend in those 10 minutes (at the cluster's rate)
     first_end = cap_seconds(spec, 0.0, [], [0.5, 0.2], 0.0, None)
-    again = cap_seconds(spec, 0.0, [Running(0.0, 0.5)], [0.2], 1800.0, None)
+    closed = 0.2 * 1200 / 3600
+    again = cap_seconds(spec, closed, [Running(0.0, 0.5)], [0.2], 1800.0, None)
     assert again is not None and first_end is not None
-    assert abs((1800.0 + again) - (first_end + 0.5 * 1800 / 0.7 * 0.0)) < 1 + 0.2 * 1800 / 0.7
+    unspent_s = 0.2 * 600 / 0.7
+    assert abs((1800.0 + again) - (first_end + unspent_s)) <= 1.0
     # the deadline comes first; a faster live rate (on-demand fallback) shortens it
     assert cap_seconds(spec, 0.0, [], [0.5, 0.2], 0.0, 600.0) == 600
     costly = cap_seconds(spec, 0.0, [Running(0.0, 0.5)], [1.5], 0.0, None)

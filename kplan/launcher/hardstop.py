@@ -86,8 +86,9 @@ def cap_seconds(
     every live and new instance kept running at the larger of the plan's cluster rate and the
     live one, or until the deadline, whichever is first (None: a free job with no deadline).
 
-    Instances created later get caps from the spend they find, so all caps end about together:
-    a replacement of a node lost at half time gets the same end as the nodes that survived."""
+    Instances created later get caps from the spend they find, so the caps end together while
+    the cluster ran whole; a replacement after a gap ends later by what the missing node did not
+    spend (at the cluster's rate), so the sum stays within the budget."""
     live = list(live)
     rate = max(spec.usd_per_hour, sum(r.usd_per_hour for r in live) + sum(new_prices))
     spent = closed_usd + sum(r.usd_per_hour * max(now - r.start, 0.0) / 3600 for r in live)
