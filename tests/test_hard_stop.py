@@ -148,6 +148,7 @@ def test_the_dry_run_shows_the_lease_the_caps_and_the_worst_case(tmp_path: Path)
         "lease_s": LEASE_S,
         "max_run_s": 3600,
         "worst_case_usd": pytest.approx(worst_case_usd(spec)),
+        "outlives_s": LEASE_S + 60,
     }
 
 

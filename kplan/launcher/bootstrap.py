@@ -3,10 +3,13 @@
 - ``local``: a ``/bin/sh`` script that runs torchrun (c10d rendezvous on 127.0.0.1) in the
   script's folder, appends its output to ``<job>/logs/node-<rank>.log``, forwards SIGTERM to
   torchrun (which forwards it to the workers: they checkpoint) and writes
-  ``<job>/status/node-<rank>.json`` when torchrun exits.
-- clouds: a cloud-init / startup-script (bash) that installs the launcher's own kplan (its
-  wheel from the job's bucket, sha256-checked: :func:`install_kplan`, ``kplan/launcher/wheel.py``),
-  fetches the packed code from the job's bucket (``aws s3 cp`` / ``gsutil cp``), restores the
+  ``<job>/status/node-<rank>.json`` when torchrun exits; its lease watchdog ends it (SIGTERM)
+  when the launcher stopped renewing ``<job>/lease.json``.
+- clouds: a cloud-init / startup-script (bash) that first arms the hard stop
+  (kplan/launcher/hardstop.py: on AWS a ``shutdown`` timer of the instance's cap; on both the
+  lease watchdog), installs the launcher's own kplan (its wheel from the job's bucket,
+  sha256-checked: :func:`install_kplan`, ``kplan/launcher/wheel.py``), fetches the packed code
+  from the job's bucket (``aws s3 cp`` / ``gsutil cp``), restores the
   checkpoints, runs torchrun with rendezvous on the head's private IP, syncs checkpoints,
   metrics and the log to the bucket every minute, uploads the status file and powers the
   machine off. Exit codes of a failed start: 96 kplan's wheel missing or tampered with, 97 pip

@@ -30,7 +30,7 @@ from kplan.launcher.bootstrap import (
     wheel_upload,
 )
 from kplan.launcher.guard import Decision, Guard
-from kplan.launcher.hardstop import cap_seconds, worst_case_usd
+from kplan.launcher.hardstop import cap_seconds, outlives_s, worst_case_usd
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.packing import PackedCode, pack_code
@@ -114,6 +114,7 @@ class DryRun:
     lease_s: float = 0.0
     max_run_s: int | None = None
     worst_case_usd: float = 0.0
+    outlives_s: float = 0.0  # how long a node runs on after the last renewal it saw, at most
 
     def to_dict(self) -> dict[str, object]:
         """The ``--json`` document (the code lists every file, and the secrets left out)."""
@@ -134,6 +135,7 @@ class DryRun:
                 "lease_s": self.lease_s,
                 "max_run_s": self.max_run_s,
                 "worst_case_usd": self.worst_case_usd,
+                "outlives_s": self.outlives_s,
             },
         }
 
@@ -194,4 +196,5 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
         lease_s=spec.timing.lease_period_s,
         max_run_s=head_spec.max_run_s,
         worst_case_usd=worst_case_usd(spec),
+        outlives_s=outlives_s(spec),
     )

@@ -88,7 +88,8 @@ def _hard_stop_line(console: Console, run: DryRun) -> None:
         return
     console.print(
         f"hard stop: lease {minutes:g} min{cap}; if every kplan process dies the job costs at "
-        f"most {_money(run.worst_case_usd)} (budget + {minutes:g} min of this cluster)",
+        f"most {_money(run.worst_case_usd)} (budget + {run.outlives_s / 60:g} min of this "
+        "cluster: the lease and the watchdog's polls)",
         highlight=False,
     )
 
