@@ -494,3 +494,47 @@ def test_a_guard_that_never_stops_is_ended_by_the_caps(
     assert out.billed_usd <= 1.0 + (60 + 60) / 3600 * 0.7 + 1e-9, out
     RESULTS["caps only"] = {"billed_usd": round(out.billed_usd, 4)}
     print(f"hard stop, caps only: {RESULTS['caps only']}")
+
+
+FAKE_TORCHRUN = """#!/bin/sh
+# stands in for `python -m kplan.launcher.noderun ...`: trains until SIGTERM, then checkpoints
+# (`python -c ...`, the status writer, is the real python)
+if [ "$1" = -c ]; then exec python3 "$@"; fi
+trap 'echo checkpointed >> "$MARK"; exit 143' TERM
+while :; do sleep 0.2; done
+"""
+
+
+def test_a_local_node_ends_its_worker_group_when_the_lease_lapses(tmp_path: Path) -> None:
+    """The local node script itself, its lease shortened to 3 s (and polled every second):
+    renewed, it trains on; once renewals stop, its watchdog sends the node SIGTERM, which goes
+    to the workers (they checkpoint) and the node writes its status (143: a signal)."""
+    from kplan.launcher.bootstrap import local_user_data, rendezvous
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_TORCHRUN)
+    fake.chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    spec = JobSpec.local(str(script), nodes=1, job_id="kp-lease-local", python=str(fake))
+    text = local_user_data(spec, spec.nodes[0], "n0", rendezvous(spec, 0, None), tmp_path)
+    period = f"-ge {int(spec.timing.lease_period_s)} ]"
+    assert period in text and f'[ "$n" -ge {POLL_S} ]' in text
+    text = text.replace(period, "-ge 3 ]").replace(f'[ "$n" -ge {POLL_S} ]', '[ "$n" -ge 1 ]')
+    lease = tmp_path / spec.job_id / LEASE_KEY
+    lease.parent.mkdir(parents=True)
+    mark = tmp_path / "checkpointed"
+    env = {**os.environ, "MARK": str(mark)}
+    proc = subprocess.Popen(["sh", "-c", text], env=env)
+    try:
+        for i in range(6):  # renewed every second for 6 s: twice the lease
+            lease.write_text(f'{{"renewed_at": {i}}}')
+            time.sleep(1.0)
+            assert proc.poll() is None, "the node ended while its lease was renewed"
+        assert proc.wait(timeout=10) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert mark.read_text() == "checkpointed\n"
+    status = tmp_path / spec.job_id / "status" / "node-0.json"
+    assert '"exit_code": 143' in status.read_text()
