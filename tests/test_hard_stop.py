@@ -129,8 +129,32 @@ def test_the_lease_period_covers_two_checks_and_the_worst_case_adds_one_lease(
     assert worst_case_usd(spec) == pytest.approx(1.0 + (LEASE_S + 60) / 3600 * 0.7)
     from kplan.core.errors import InputError
 
-    with pytest.raises(InputError, match="lease 60"):
+    with pytest.raises(InputError, match="lease 60 s"):
         _spec(str(tmp_path / "t.py"), lease_s=60.0)
+
+
+def test_lease_minutes_is_a_flag_and_a_short_lease_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from kplan.cli.main import app
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "home"))
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    res = CliRunner().invoke(app, ["launch", str(script), "--lease-minutes", "1", "--dry-run"])
+    assert res.exit_code == 2
+    assert "lease 60 s is shorter than 120 s" in res.output and "Traceback" not in res.output
+    args = ["launch", str(script), "--nodes", "2", "--lease-minutes", "20", "--dry-run", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    import json
+
+    doc = json.loads(res.output)
+    assert doc["hard_stop"]["lease_s"] == 1200.0 and doc["hard_stop"]["max_run_s"] is None
+    users = [i["user_data"] for r in doc["requests"] if "instances" in r for i in r["instances"]]
+    assert len(users) == 2 and all("-ge 1200 ]" in u and "kill -TERM $$" in u for u in users)
 
 
 def test_the_dry_run_shows_the_lease_the_caps_and_the_worst_case(tmp_path: Path) -> None:

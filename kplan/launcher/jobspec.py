@@ -123,7 +123,7 @@ class Timing:
             _at_least(name, getattr(self, name))
         if not (math.isfinite(self.lease_s) and self.lease_s >= MIN_LEASE_S):
             raise InputError(
-                f"lease {self.lease_s!r} s is shorter than {MIN_LEASE_S:g} s",
+                f"lease {self.lease_s:g} s is shorter than {MIN_LEASE_S:g} s",
                 hint="--lease-minutes must be at least 2",
             )
 
