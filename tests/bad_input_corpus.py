@@ -146,6 +146,7 @@ def _flag_cases() -> list[Case]:
         ("--max-replacements", "int0"),
         ("--capacity-wait", "nonneg"),
         ("--price", "nonneg"),
+        ("--lease-minutes", "pos"),
     ):
         specs.append(("launch", (*launch, "--budget", "1"), flag, kind, ()))
     specs.append(("launch", launch, "--budget", "nonneg", ()))

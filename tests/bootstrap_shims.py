@@ -2,7 +2,8 @@
 
 ``aws`` and ``gsutil`` copy between the node's folders and a temporary folder playing the
 bucket (``$FAKE_S3`` / ``$FAKE_GCS``: ``s3://b/p/x`` is ``$FAKE_S3/b/p/x``); ``hostname -I``
-answers 127.0.0.1; ``poweroff`` touches a marker file instead of stopping the machine.
+answers 127.0.0.1; ``poweroff`` touches a marker file instead of stopping the machine, and
+``shutdown`` (the hard stop's timer) writes its arguments to ``<marker>.shutdown``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ while [ $# -gt 0 ]; do
 done
 map() { case "$1" in s3://*) echo "$FAKE_S3/${1#s3://}";; *) echo "$1";; esac; }
 src=$(map "${pos[0]}"); dst=$(map "${pos[1]}")
-if [ "$verb" = cp ]; then
+if [ "$verb" = cp ] && [ "$dst" = - ]; then
+  [ -f "$src" ] || exit 1; cat "$src"
+elif [ "$verb" = cp ]; then
   [ -f "$src" ] || exit 1; mkdir -p "$(dirname "$dst")"; cp "$src" "$dst"
 else
   mkdir -p "$dst"; if [ -d "$src" ]; then cp -r "$src/." "$dst/"; fi
@@ -26,7 +29,7 @@ fi
 """
 
 GSUTIL_STUB = r"""#!/bin/bash
-# gsutil [-q] [-m] cp SRC DST | rsync -r [-x PATTERN] SRC DST: a bucket in $FAKE_GCS
+# gsutil [-q] [-m] cp SRC DST | cat SRC | rsync -r [-x PATTERN] SRC DST: a bucket in $FAKE_GCS
 pos=()
 while [ $# -gt 0 ]; do
   case "$1" in -x) shift 2;; -*) shift;; *) pos+=("$1"); shift;; esac
@@ -34,7 +37,9 @@ done
 verb=${pos[0]}
 map() { case "$1" in gs://*) echo "$FAKE_GCS/${1#gs://}";; *) echo "$1";; esac; }
 src=$(map "${pos[1]}"); dst=$(map "${pos[2]}")
-if [ "$verb" = cp ]; then
+if [ "$verb" = cat ]; then
+  [ -f "$src" ] || exit 1; cat "$src"
+elif [ "$verb" = cp ]; then
   [ -f "$src" ] || exit 1; mkdir -p "$(dirname "$dst")"; cp "$src" "$dst"
 else
   mkdir -p "$dst"; if [ -d "$src" ]; then cp -r "$src/." "$dst/"; fi
@@ -56,4 +61,5 @@ def node_tools(folder: Path, powered_off: Path) -> Path:
     write_tool(folder, "gsutil", GSUTIL_STUB)
     write_tool(folder, "hostname", "#!/bin/sh\necho 127.0.0.1\n")
     write_tool(folder, "poweroff", f"#!/bin/sh\ntouch '{powered_off}'\n")
+    write_tool(folder, "shutdown", f"#!/bin/sh\necho \"$@\" > '{powered_off}.shutdown'\n")
     return folder

@@ -11,12 +11,14 @@ API's own JSON shapes, for the real ``google.cloud.compute_v1`` clients pointed 
 - errors as the API's error body ``{"error": {"code", "message", "errors": [{"reason"}]}}``:
   404 ``notFound``, 409 ``alreadyExists``, 400 ``invalid``, and any injected with :meth:`fail`.
 
-Like the API, it checks what the client sends (names, labels, spot scheduling, CIDRs) and
-rejects a bad request with 400, so a test that passes here sends requests GCP would accept.
+Like the API, it checks what the client sends (names, labels, spot scheduling, time limits:
+``maxRunDuration`` 30 s to 120 days with a termination action, CIDRs) and rejects a bad request
+with 400, so a test that passes here sends requests GCP would accept.
 Test controls: :meth:`FakeCompute.preempt` (what GCP does to a spot VM: status TERMINATED, or
 gone with ``instanceTerminationAction=DELETE``, plus a ``compute.instances.preempted``
-operation), :meth:`fail` (an HTTP error), :meth:`fail_insert` (an insert operation that ends
-with an error, as a stockout does), and ``requests`` (every request with its JSON body).
+operation), :meth:`FakeCompute.run_out` (a VM reached its ``maxRunDuration``), :meth:`fail`
+(an HTTP error), :meth:`fail_insert` (an insert operation that ends with an error, as a
+stockout does), and ``requests`` (every request with its JSON body).
 """
 
 from __future__ import annotations
@@ -186,6 +188,19 @@ class FakeCompute:
             op = self._operation(project, zone, PREEMPTED, inst, done=True, user="system")
             op["statusMessage"] = "Instance was preempted."
             return op
+
+    def run_out(self, name: str) -> None:
+        """Instance ``name`` reached its ``maxRunDuration``: GCP applies its termination action
+        (DELETE: it disappears; STOP: it stops)."""
+        with self.lock:
+            key = next(k for k in self.instances if k[2] == name)
+            inst = self.instances[key]
+            if lookup(inst, "scheduling.maxRunDuration") is None:
+                raise ValueError(f"{name} has no time limit")
+            if lookup(inst, "scheduling.instanceTerminationAction") == "DELETE":
+                del self.instances[key]
+            else:
+                inst.update(status="TERMINATED", lastStopTimestamp=_now())
 
     def find(self, name: str) -> Json | None:
         with self.lock:
@@ -494,10 +509,23 @@ def _check_instance(body: Json) -> None:
             "Invalid value for field 'resource.scheduling': Spot VMs need "
             "automaticRestart=false and onHostMaintenance=TERMINATE."
         )
-    if sched.get("instanceTerminationAction") and not spot:
+    limit = sched.get("maxRunDuration")
+    if limit is not None:
+        seconds = int(limit.get("seconds", 0))
+        if not 30 <= seconds <= 120 * 86400:
+            raise _invalid(
+                "Invalid value for field 'resource.scheduling.maxRunDuration.seconds': "
+                f"'{seconds}'. Must be between 30 and 10368000."
+            )
+        if sched.get("instanceTerminationAction") not in ("STOP", "DELETE"):
+            raise _invalid(
+                "Invalid value for field 'resource.scheduling.instanceTerminationAction': a VM "
+                "with a time limit needs STOP or DELETE."
+            )
+    if sched.get("instanceTerminationAction") and not (spot or limit is not None):
         raise _invalid(
             "Invalid value for field 'resource.scheduling.instanceTerminationAction':"
-            " only Spot VMs take a termination action."
+            " only Spot VMs and VMs with a time limit take a termination action."
         )
     if body.get("guestAccelerators") and sched.get("onHostMaintenance") != "TERMINATE":
         raise _invalid("Instances with guest accelerators do not support live migration.")

@@ -69,6 +69,7 @@ def _check_numbers(req: LaunchRequest) -> None:
     flags.number(
         "--capacity-wait", req.capacity_wait_s, low_open=False, high=30 * 86400.0, hint="seconds"
     )
+    flags.number("--lease-minutes", req.lease_minutes, high=30 * 1440.0, hint="minutes, e.g. 15")
     for flag, seconds in (
         ("--check-interval", req.check_interval_s),
         ("--replan-interval", req.replan_interval_s),

@@ -68,6 +68,7 @@ class LaunchRequest:
     checkpoint_interval_s: float | None = None
     max_replacements: int | None = None  # None: the plan's (kplan/planner/spotplan.py), else 20
     capacity_wait_s: float | None = None  # None: the plan's, else 900 s
+    lease_minutes: float | None = None  # the hard stop's lease (None: JobSpec's, 15 min)
     node_install: NodeInstall = field(default_factory=NodeInstall)
     gcp: GcpPlacement = field(default_factory=GcpPlacement)
     pins: PlanPins = field(default_factory=PlanPins)

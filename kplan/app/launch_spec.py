@@ -39,6 +39,7 @@ class SpecOptions(TypedDict, total=False):
     checkpoint_interval_s: float | None
     max_replacements: int
     capacity_wait_s: float
+    lease_s: float
 
 
 def options(req: LaunchRequest) -> SpecOptions:
@@ -79,6 +80,8 @@ def options(req: LaunchRequest) -> SpecOptions:
         out["max_replacements"] = req.max_replacements
     if req.capacity_wait_s is not None:
         out["capacity_wait_s"] = req.capacity_wait_s
+    if req.lease_minutes is not None:
+        out["lease_s"] = req.lease_minutes * 60
     return out
 
 

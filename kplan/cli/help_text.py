@@ -67,6 +67,7 @@ METAVARS: dict[str, str] = {
     "--deadline": "HOURS",
     "--epochs": "EPOCHS",
     "--capacity-wait": "SECONDS",
+    "--lease-minutes": "MINUTES",
     "--check-interval": "SECONDS",
     "--replan-interval": "SECONDS",
     "--checkpoint-interval": "SECONDS",

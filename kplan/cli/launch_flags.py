@@ -192,6 +192,7 @@ def launch_request(f: dict[str, Any]) -> LaunchRequest:
         checkpoint_interval_s=f["checkpoint_interval"],
         max_replacements=f["max_replacements"],
         capacity_wait_s=f["capacity_wait"],
+        lease_minutes=f["lease_minutes"],
         node_install=NodeInstall(f["image"], f["pip_index_url"], f["install_deps"]),
         gcp=GcpPlacement(f["network"], f["subnet"], f["service_account"], f["external_ip"]),
         pins=PlanPins(
@@ -484,6 +485,17 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
             "--capacity-wait",
             help="Seconds lost nodes wait for capacity anywhere in the region before the job "
             "fails (default: the plan's, else 900).",
+        ),
+    ),
+    Flag(
+        "lease_minutes",
+        float | None,
+        None,
+        typer.Option(
+            "--lease-minutes",
+            help="aws/gcp/local: a node whose lease the launcher has not renewed for this "
+            "long ends itself, so a dead launcher costs at most budget + this much of the "
+            "cluster (default 15).",
         ),
     ),
     Flag(

@@ -3,10 +3,13 @@
 - ``local``: a ``/bin/sh`` script that runs torchrun (c10d rendezvous on 127.0.0.1) in the
   script's folder, appends its output to ``<job>/logs/node-<rank>.log``, forwards SIGTERM to
   torchrun (which forwards it to the workers: they checkpoint) and writes
-  ``<job>/status/node-<rank>.json`` when torchrun exits.
-- clouds: a cloud-init / startup-script (bash) that installs the launcher's own kplan (its
-  wheel from the job's bucket, sha256-checked: :func:`install_kplan`, ``kplan/launcher/wheel.py``),
-  fetches the packed code from the job's bucket (``aws s3 cp`` / ``gsutil cp``), restores the
+  ``<job>/status/node-<rank>.json`` when torchrun exits; its lease watchdog ends it (SIGTERM)
+  when the launcher stopped renewing ``<job>/lease.json``.
+- clouds: a cloud-init / startup-script (bash) that first arms the hard stop
+  (kplan/launcher/hardstop.py: on AWS a ``shutdown`` timer of the instance's cap; on both the
+  lease watchdog), installs the launcher's own kplan (its wheel from the job's bucket,
+  sha256-checked: :func:`install_kplan`, ``kplan/launcher/wheel.py``), fetches the packed code
+  from the job's bucket (``aws s3 cp`` / ``gsutil cp``), restores the
   checkpoints, runs torchrun with rendezvous on the head's private IP, syncs checkpoints,
   metrics and the log to the bucket every minute, uploads the status file and powers the
   machine off. Exit codes of a failed start: 96 kplan's wheel missing or tampered with, 97 pip
@@ -29,6 +32,7 @@ from urllib.parse import unquote, urlparse
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
 from kplan.core.threads import THREADS_ENV, threads_per_worker
+from kplan.launcher.hardstop import LEASE_KEY, timer_sh, watchdog_sh
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.storage import Storage
@@ -129,12 +133,11 @@ _STATUS_PY = (
     "f.close();os.replace(t,p)"
 )
 
-# Forward SIGTERM (a spot notice, a shutdown, `kplan down`) to torchrun only, which forwards it
-# to its workers (they checkpoint); wait for it to exit. After a SIGTERM a failed exit is
-# reported as 143 whatever torchrun returned, so the launcher replaces the node instead of
-# calling the script failed.
-_FORWARD_AND_WAIT = """child=$!
-got_term=0
+# Forward SIGTERM (a spot notice, a shutdown, `kplan down`, the lease watchdog) to torchrun
+# (``$child``) only, which forwards it to its workers (they checkpoint); wait for it to exit.
+# After a SIGTERM a failed exit is reported as 143 whatever torchrun returned, so the launcher
+# replaces the node instead of calling the script failed.
+_FORWARD_AND_WAIT = """got_term=0
 trap 'got_term=1; kill -TERM "$child" 2>/dev/null' TERM INT
 wait "$child"; code=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done
@@ -154,12 +157,17 @@ def local_user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, 
     threads = threads_per_worker(sum(n.gpus for n in spec.nodes), environ={})
     status = job_dir / "status" / f"node-{node.node_rank}.json"
     log = job_dir / "logs" / f"node-{node.node_rank}.log"
+    # The lease watchdog ends this node's worker group (SIGTERM to this script: the workers
+    # checkpoint) when the launcher stopped renewing the lease: no orphan outlives it.
+    lease = f"cat {q(str(job_dir / LEASE_KEY))}"
     return (
         f"# kplan local node: job {spec.job_id}, node {node.node_rank} ({name})\n"
         f"mkdir -p {q(str(status.parent))} {q(str(log.parent))} || exit 1\n"
         f"cd {q(str(script.parent))} || exit 1\n"
         f'{THREADS_ENV}="${{{THREADS_ENV}:-{threads}}}" '
         f"{' '.join(q(a) for a in cmd)} >> {q(str(log))} 2>&1 < /dev/null &\n"
+        "child=$!\n"
+        f"{watchdog_sh(lease, spec.timing.lease_period_s, 'kill -TERM $$')}"
         f"{_FORWARD_AND_WAIT}"
         f'{q(spec.install.python)} -c {q(_STATUS_PY)} {q(str(status))} "$code" '
         f"{node.node_rank} {q(name)}\n"
@@ -176,10 +184,29 @@ def _cloud_tools(storage_uri: str) -> tuple[str, str, str]:
     if scheme == "gs":
         sync = "gsutil -q -m rsync -r"
         return "gsutil -q cp", sync, f"{sync} -x '(^|.*/)[.].*'"
-    raise InputError(
+    raise _not_a_bucket(storage_uri)
+
+
+def _not_a_bucket(storage_uri: str) -> InputError:
+    return InputError(
         f"cloud jobs need s3:// or gs:// storage, got {storage_uri!r}",
         hint="set the job's storage bucket (--storage)",
     )
+
+
+def cloud_hard_stop(spec: JobSpec, storage_uri: str, max_run_s: int | None) -> str:
+    """Bash the cloud node runs first: on AWS the shutdown timer of the instance's cap (GCP
+    enforces it itself: ``maxRunDuration``), then the lease watchdog, which powers the node off
+    when ``$STORE/lease.json`` was not renewed for one lease period (kplan/launcher/hardstop.py)."""
+    scheme = urlparse(storage_uri).scheme
+    if scheme == "s3":
+        fetch = f'aws s3 cp --only-show-errors "$STORE/{LEASE_KEY}" -'
+    elif scheme == "gs":
+        fetch = f'gsutil -q cat "$STORE/{LEASE_KEY}"'
+    else:
+        raise _not_a_bucket(storage_uri)
+    timer = timer_sh(max_run_s) if scheme == "s3" and max_run_s is not None else ""
+    return timer + watchdog_sh(fetch, spec.timing.lease_period_s, "poweroff")
 
 
 def cloud_user_data(
@@ -189,10 +216,12 @@ def cloud_user_data(
     rdzv: Rendezvous,
     storage_uri: str,
     node_root: str = CLOUD_ROOT,
+    max_run_s: int | None = None,
 ) -> str:
     """A cloud-init user-data / GCP startup-script (bash), with no credentials in it.
 
-    ``node_root``: the job's folder on the node (tests run the script in a temporary one)."""
+    ``node_root``: the job's folder on the node (tests run the script in a temporary one);
+    ``max_run_s``: the instance's hard-stop cap (AWS: armed here as a shutdown timer)."""
     q = shlex.quote
     cp, sync, sync_visible = _cloud_tools(storage_uri)
     store = f"{storage_uri.rstrip('/')}/{spec.job_id}"
@@ -214,7 +243,7 @@ STORE={q(store)}
 mkdir -p "$W/code" "$W/ckpt" "$W/metrics" "$W/logs"
 LOG="$W/logs/node-{rank}.log"
 exec >>"$LOG" 2>&1
-MY_ADDR=$(hostname -I | awk '{{print $1}}')
+{cloud_hard_stop(spec, storage_uri, max_run_s)}MY_ADDR=$(hostname -I | awk '{{print $1}}')
 HEAD_ADDR={head}
 push() {{
   {sync_visible} "$W/ckpt" "$STORE/ckpt" ; {sync} "$STORE/ckpt" "$W/ckpt"
@@ -240,6 +269,7 @@ fi
 syncer=$!
 cd "$W/code"
 python3 {run} --local-addr="$MY_ADDR" {q(script_rel)} {user_args} < /dev/null &
+child=$!
 {_FORWARD_AND_WAIT}touch "$W/.stop-sync"; wait "$syncer"
 push
 status "$code"
@@ -352,10 +382,17 @@ def _wheel_version(key: str) -> str:
     return Path(key).name.split("-")[1]
 
 
-def user_data(spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, storage_uri: str) -> str:
+def user_data(
+    spec: JobSpec,
+    node: NodeSpec,
+    name: str,
+    rdzv: Rendezvous,
+    storage_uri: str,
+    max_run_s: int | None = None,
+) -> str:
     if spec.cloud == "local":
         return local_user_data(spec, node, name, rdzv, local_root(storage_uri))
-    return cloud_user_data(spec, node, name, rdzv, storage_uri)
+    return cloud_user_data(spec, node, name, rdzv, storage_uri, max_run_s=max_run_s)
 
 
 def node_env(spec: JobSpec, storage_uri: str) -> dict[str, str]:
@@ -386,9 +423,15 @@ def instance_name(job_id: str, rank: int, launch: int) -> str:
 
 
 def instance_spec(
-    spec: JobSpec, node: NodeSpec, name: str, rdzv: Rendezvous, storage_uri: str
+    spec: JobSpec,
+    node: NodeSpec,
+    name: str,
+    rdzv: Rendezvous,
+    storage_uri: str,
+    max_run_s: int | None = None,
 ) -> InstanceSpec:
-    """The request for one node: its user-data, environment and tags."""
+    """The request for one node: its user-data, environment, tags and hard-stop cap
+    (``max_run_s``: kplan/launcher/hardstop.py ``cap_seconds``; None: none)."""
     return InstanceSpec(
         job_id=spec.job_id,
         name=name,
@@ -398,8 +441,9 @@ def instance_spec(
         instance_type=node.instance_type,
         market=node.market,
         node_rank=node.node_rank,
-        user_data=user_data(spec, node, name, rdzv, storage_uri),
+        user_data=user_data(spec, node, name, rdzv, storage_uri, max_run_s),
         image=spec.install.image,
         env=node_env(spec, storage_uri),
         tags={TAG_JOB: spec.job_id, TAG_NODE: str(node.node_rank), TAG_MANAGED: "true"},
+        max_run_s=None if spec.cloud == "local" else max_run_s,
     )

@@ -6,6 +6,10 @@ without calling a single provider verb or storage write. On a cloud, ``code`` sa
 code upload would hold (:class:`~kplan.launcher.packing.PackedCode`: every file with its size,
 the secret-looking files and the links left out).
 
+It also says what stops the job if every kplan process dies (kplan/launcher/hardstop.py): the
+lease period, each instance's cap (``max_run_s`` in every ``run_instances`` request) and the
+worst-case spend they allow.
+
 The answer is a :class:`DryRun` record: the terminal view reads its requests and fields, and
 ``--json`` prints its :meth:`DryRun.to_dict`.
 """
@@ -26,6 +30,7 @@ from kplan.launcher.bootstrap import (
     wheel_upload,
 )
 from kplan.launcher.guard import Decision, Guard
+from kplan.launcher.hardstop import cap_seconds, outlives_s, worst_case_usd
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.packing import PackedCode, pack_code
@@ -104,6 +109,12 @@ class DryRun:
     startable: bool
     guard: str
     price_notes: tuple[str, ...]  # the plan's prices against the catalog's
+    # The hard stop (kplan/launcher/hardstop.py): the lease period, each first instance's cap
+    # and what the job may cost if every kplan process dies (budget + one lease of the cluster)
+    lease_s: float = 0.0
+    max_run_s: int | None = None
+    worst_case_usd: float = 0.0
+    outlives_s: float = 0.0  # how long a node runs on after the last renewal it saw, at most
 
     def to_dict(self) -> dict[str, object]:
         """The ``--json`` document (the code lists every file, and the secrets left out)."""
@@ -120,6 +131,12 @@ class DryRun:
             "startable": self.startable,
             "guard": self.guard,
             "price_notes": list(self.price_notes),
+            "hard_stop": {
+                "lease_s": self.lease_s,
+                "max_run_s": self.max_run_s,
+                "worst_case_usd": self.worst_case_usd,
+                "outlives_s": self.outlives_s,
+            },
         }
 
 
@@ -142,8 +159,10 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
             requests.append(WheelPut(wheel))
     requests.append(Prepare(cluster_spec(spec, storage_uri)))
     head = spec.nodes[0]
+    deadline = None if spec.deadline_h is None else spec.deadline_h * 3600
+    cap = cap_seconds(spec, 0.0, [], [n.usd_per_hour for n in spec.nodes], 0.0, deadline)
     head_spec = instance_spec(
-        spec, head, instance_name(spec.job_id, 0, 0), rendezvous(spec, 0, None), storage_uri
+        spec, head, instance_name(spec.job_id, 0, 0), rendezvous(spec, 0, None), storage_uri, cap
     )
     requests.append(RunInstances((head_spec,)))
     rest = tuple(
@@ -153,6 +172,7 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
             instance_name(spec.job_id, node.node_rank, 0),
             rendezvous(spec, 0, HEAD_PLACEHOLDER),
             storage_uri,
+            cap,
         )
         for node in spec.nodes[1:]
     )
@@ -173,4 +193,8 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
         startable=not first.stop,
         guard=first.message,
         price_notes=tuple(spec.predicted.price_notes),
+        lease_s=spec.timing.lease_period_s,
+        max_run_s=head_spec.max_run_s,
+        worst_case_usd=worst_case_usd(spec),
+        outlives_s=outlives_s(spec),
     )

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 _JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
 CLOUDS = ("local", "aws", "gcp")
+MIN_LEASE_S = 120.0  # a lease shorter than two node polls would end healthy nodes
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -111,12 +112,26 @@ class Timing:
     provision_timeout_s: float = 900.0  # one pending instance: not running after this -> lost
     finish_grace_s: float = 120.0  # after the first node finished, wait this long for the rest
     rdzv_last_call_s: float = 30.0  # torchrun waits this long for more nodes after the minimum
+    # The hard stop's lease (kplan/launcher/hardstop.py): a node whose lease the launcher has
+    # not renewed for this long ends itself (--lease-minutes).
+    lease_s: float = 900.0
 
     def __post_init__(self) -> None:
         for name in ("check_interval_s", "provision_timeout_s", "rdzv_last_call_s"):
             _positive(name, getattr(self, name), "seconds")
         for name in ("grace_s", "teardown_s", "finish_grace_s"):
             _at_least(name, getattr(self, name))
+        if not (math.isfinite(self.lease_s) and self.lease_s >= MIN_LEASE_S):
+            raise InputError(
+                f"lease {self.lease_s:g} s is shorter than {MIN_LEASE_S:g} s",
+                hint="--lease-minutes must be at least 2",
+            )
+
+    @property
+    def lease_period_s(self) -> float:
+        """The lease the nodes hold: ``lease_s``, and never less than two monitor checks (a
+        renewal is written at each check)."""
+        return max(self.lease_s, 2 * self.check_interval_s)
 
 
 @dataclass(frozen=True)
@@ -311,6 +326,7 @@ class JobOptions(TypedDict, total=False):
     provision_timeout_s: float
     finish_grace_s: float
     rdzv_last_call_s: float
+    lease_s: float
     max_restarts: int
     max_replacements: int
     capacity_wait_s: float

@@ -19,6 +19,7 @@ from kplan.launcher.bootstrap import (
     rendezvous,
     status_key,
 )
+from kplan.launcher.hardstop import cap_seconds
 from kplan.launcher.jobspec import NodeSpec, place
 from kplan.launcher.journal import instance_doc
 from kplan.launcher.observe import COLLATERAL_WINDOW_S, Finish
@@ -72,6 +73,12 @@ class NodeRun(TeardownRun):
     def _launch(self, nodes: Sequence[NodeSpec]) -> list[InstanceRecord]:
         """Request ``nodes`` in one call and record them (ledger rows open at request time)."""
         specs = []
+        now = self.clock.now()
+        prices = [n.usd_per_hour for n in nodes]
+        cap = cap_seconds(
+            self.spec, self.ledger.closed_spend(), self._live(), prices, now, self.guard.deadline_at
+        )  # the hard stop of each new instance (kplan/launcher/hardstop.py)
+        self.renew_lease()
         for node in nodes:
             rank = node.node_rank
             k = self.launches.get(rank, 0)
@@ -80,7 +87,7 @@ class NodeRun(TeardownRun):
             self.storage.delete_prefix(status_key(self.spec.job_id, rank))
             self.finished.pop(rank, None)
             rdzv = self._rdzv(rank == 0)
-            specs.append(instance_spec(self.spec, node, name, rdzv, self.storage.uri))
+            specs.append(instance_spec(self.spec, node, name, rdzv, self.storage.uri, cap))
         t_req = self.clock.now()
         # The journal knows what is about to exist before the cloud does (raises: no launch).
         self.journal.write(

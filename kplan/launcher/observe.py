@@ -19,6 +19,7 @@ from kplan.launcher.bootstrap import cluster_spec, job_key
 from kplan.launcher.clock import Clock
 from kplan.launcher.failure import log_tail, node_error
 from kplan.launcher.guard import Guard, Running
+from kplan.launcher.hardstop import write_lease
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.journal import Journal, instance_doc
 from kplan.launcher.ledger import BillingRule, Ledger, billing_for
@@ -134,6 +135,7 @@ class RunState:
         self.query_failures = 0
         self.listed: set[str] = set()  # ids the provider has listed at least once
         self.requested = False  # run_instances was called at least once (something may exist)
+        self.lease_failing = False  # the last lease renewal failed
         self.adapter = Adapter(spec, self.storage, self._event, self.started)
 
     def _event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
@@ -308,6 +310,19 @@ class RunState:
         if decision.stop:
             self._event("guard", decision.message, {"projected_usd": decision.projected_usd})
             raise Finish("stopped", decision.reason or "budget")
+        self.renew_lease()
+
+    def renew_lease(self) -> None:
+        """Renew the nodes' lease (kplan/launcher/hardstop.py); a failed write is an event
+        (once per run of failures): the nodes end themselves if it fails for a lease period."""
+        try:
+            write_lease(self.storage, self.spec, self.clock.now())
+            self.lease_failing = False
+        except (OSError, KplanError) as err:
+            if not self.lease_failing:
+                self.lease_failing = True
+                with contextlib.suppress(OSError, KplanError):
+                    self._event("lease", f"could not renew the nodes' lease: {err}")
 
     def _adopt(self, inst: Instance) -> None:
         """Record a live instance carrying the job's tag that this run does not know."""

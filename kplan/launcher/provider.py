@@ -62,6 +62,10 @@ class InstanceSpec:
     image: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # the runtime's environment (no secrets)
     tags: Mapping[str, str] = field(default_factory=dict)  # extra tags; TAG_* always added
+    # The hard stop (kplan/launcher/hardstop.py): the most seconds this instance may run, from
+    # the budget and the deadline (None: no cap). GCP: maxRunDuration, deleted at the end; AWS:
+    # the bootstrap's shutdown timer, terminated on power-off.
+    max_run_s: int | None = None
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,27 @@ def render_dry_run(run: DryRun) -> None:
         + ("" if hours is None else f" = {_hours(hours)} of this cluster")
         + f"; guard: {safe(run.guard)}"
     )
+    _hard_stop_line(console, run)
     for note in run.price_notes:
         console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
+
+
+def _hard_stop_line(console: Console, run: DryRun) -> None:
+    """What ends the nodes if every kplan process dies (kplan/launcher/hardstop.py)."""
+    minutes = run.lease_s / 60
+    cap = "" if run.max_run_s is None else f"; each node's cap {_hours(run.max_run_s / 3600)}"
+    if run.cloud == "local":
+        console.print(
+            f"hard stop: a node ends itself {minutes:g} min after its lease was last renewed",
+            highlight=False,
+        )
+        return
+    console.print(
+        f"hard stop: lease {minutes:g} min{cap}; if every kplan process dies the job costs at "
+        f"most {_money(run.worst_case_usd)} (budget + {run.outlives_s / 60:g} min of this "
+        "cluster: the lease and the watchdog's polls)",
+        highlight=False,
+    )
 
 
 def _wheel_lines(console: Console, i: int, req: WheelPut) -> None:
@@ -99,6 +118,7 @@ def _instance_lines(console: Console, i: int, req: RunInstances) -> None:
             f"   {safe(inst.name)}: node {inst.node_rank} "
             f"{safe(inst.instance_type)} {safe(inst.market)} {safe(inst.zone)} "
             f"tags={safe(dict(inst.tags))}"
+            + ("" if inst.max_run_s is None else f" max_run_s={inst.max_run_s}")
         )
         console.print(f"   env: {safe(', '.join(sorted(inst.env)))}")
         lang = "bash" if inst.user_data.startswith("#!") else "sh"

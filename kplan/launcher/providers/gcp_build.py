@@ -166,6 +166,9 @@ def build_instance(spec: InstanceSpec, config: GcpConfig) -> Any:
     )
     if spot:
         scheduling.instance_termination_action = config.termination_action
+    if spec.max_run_s is not None:  # the hard stop (kplan/launcher/hardstop.py): deleted then
+        scheduling.max_run_duration = compute_v1.Duration(seconds=spec.max_run_s)
+        scheduling.instance_termination_action = "DELETE"
     metadata = [compute_v1.Items(key="startup-script", value=spec.user_data)]
     if spec.env:
         metadata.append(compute_v1.Items(key="kplan-env", value=json.dumps(dict(spec.env))))
