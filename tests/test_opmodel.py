@@ -360,10 +360,11 @@ def test_in_a_step_the_launch_floor_overlaps_the_kernels_before_it() -> None:
 def test_robust_sigma_is_a_quantile_with_each_gpu_weighing_the_same() -> None:
     from scripts.fit_op_model import robust_sigma
 
-    # Four GPUs off by 0.1, 0.2, 0.3 (one step each) and 0.4 (ten steps): the 68% quantile
-    # with equal GPU weights is the third GPU's 0.3, not pulled to 0.4 by the GPU with ten.
+    # Four GPUs off by 0.1, 0.2, 0.3 (one step each) and 0.4 (ten steps), each GPU a quarter
+    # of the weight at its middle: the 68% quantile lies between the third GPU's 0.3 (at
+    # 0.625) and the fourth's first step (at 0.7625), not at the GPU with ten steps.
     resid = [(0.1, 0.0, "a"), (-0.2, 0.0, "b"), (0.3, 0.0, "c")] + [(-0.4, 0.0, "d")] * 10
-    assert robust_sigma(resid) == pytest.approx(0.3)
+    assert robust_sigma(resid) == pytest.approx(0.3 + 0.1 * (0.6827 - 0.625) / 0.1375)
     # A residual inside its own kernel spread asks for no extra sigma.
-    assert robust_sigma([(0.05, 0.1, "a"), (0.2, 0.0, "b")]) == pytest.approx(0.2)
+    assert robust_sigma([(0.05, 0.1, "a"), (0.2, 0.0, "b")]) == pytest.approx(0.2 * 0.4327 / 0.5)
     assert robust_sigma([(0.05, 0.1, "a")] * 3) == pytest.approx(1e-3)
