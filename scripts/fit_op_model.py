@@ -41,10 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from kplan.planner.opgraph import OpGraph
 from kplan.planner.opmodel import (
     CLASSES,
     FEATURES,
     OP_MODEL_SCHEMA,
+    Z90,
     OpDevice,
     OpModel,
     class_fit_from_dict,
@@ -233,6 +235,93 @@ def _sigmas(held: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]
     return out
 
 
+# ---- calibration of the step sigma on held-out steps ------------------------------------------
+
+ONE_SIGMA = 0.6827  # the share of a normal within +-1 sigma
+_GRAPHS: dict[str, OpGraph] = {}
+
+
+def _graph(label: nd.Label) -> OpGraph:
+    if label.workload not in _GRAPHS:
+        path = nd.root() / "opgraph" / f"{label.workload}.csv"
+        _GRAPHS[label.workload] = nd.read_opgraph(path, label.num_layer)
+    return _GRAPHS[label.workload]
+
+
+def step_residuals(
+    rows: Rows, gpus: Sequence[str], classes: Mapping[str, Mapping[str, Any]]
+) -> dict[str, list[tuple[float, float, str]]]:
+    """Leave one GPU out on the labelled steps of ``gpus``: per path, (log(measured /
+    predicted), the prediction's kernel spread, the held-out GPU) of every step. ``outright``:
+    the step's time from its graph by the model fitted without its GPU; ``ratio``: the same
+    graph measured on another of ``gpus``, moved by that model's ratio. No model's step times
+    enter any fit, so these are also leave-one-model-out residuals."""
+    labels = [lab for lab in nd.labels() if lab.gpu in gpus]
+    out: dict[str, list[tuple[float, float, str]]] = {"outright": [], "ratio": []}
+    for held in gpus:
+        fits = fit_classes(rows, [g for g in gpus if g != held])
+        doc = {c: {**fits[c], "sigma": classes[c]["sigma"]} for c in CLASSES}
+        model = OpModel.from_dict({"schema": OP_MODEL_SCHEMA, "classes": doc, **_NO_TENSOR})
+        for dst in (lab for lab in labels if lab.gpu == held):
+            step = model.step_time(_graph(dst), nd.device(held))
+            out["outright"].append((math.log(dst.seconds / step.seconds), step.spread, held))
+            for src in labels:
+                if src.workload != dst.workload or src.gpu == held:
+                    continue
+                a, b = model.step_times(_graph(dst), [nd.device(src.gpu), nd.device(held)])
+                r = math.log(dst.seconds / (src.seconds * b.seconds / a.seconds))
+                out["ratio"].append((r, math.hypot(a.spread, b.spread), held))
+    return out
+
+
+_NO_TENSOR = {"tensor_offset": 0.0, "tensor_sigma": 0.0}
+
+
+def robust_sigma(resid: Sequence[tuple[float, float, str]]) -> float:
+    """The scale ``s`` with ``ONE_SIGMA`` of the residuals inside ``hypot(s, spread)``, each
+    held-out GPU weighing the same (its steps share its bias): a weighted quantile of
+    ``sqrt(r^2 - spread^2)``, robust to one GPU far off (not a max, not a mean square). Each
+    point sits at the middle of its weight and the quantile is interpolated between points:
+    with five GPUs, the plain inverse of the weighted CDF would always round up to the next
+    GPU's error (the 68% quantile of five is the fourth largest, the 80% point)."""
+    per_gpu: dict[str, int] = {}
+    for _, _, g in resid:
+        per_gpu[g] = per_gpu.get(g, 0) + 1
+    pts = sorted(
+        (math.sqrt(max(r * r - sp * sp, 0.0)), 1.0 / (per_gpu[g] * len(per_gpu)))
+        for r, sp, g in resid
+    )
+    values = np.asarray([v for v, _ in pts])
+    weights = np.asarray([w for _, w in pts])
+    middle = np.cumsum(weights) - weights / 2.0
+    return max(float(np.interp(ONE_SIGMA, middle, values)), 1e-3)
+
+
+def calibrate(
+    rows: Rows, gpus: Sequence[str], classes: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per path, the FP32 step sigma from the held-out residuals (the labelled steps are all
+    FP32: no other precision has a row) and how the residuals sit about it."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for path, resid in step_residuals(rows, gpus, classes).items():
+        if not resid:
+            continue
+        s = robust_sigma(resid)
+        inside = [abs(r) <= math.hypot(s, sp) for r, sp, _ in resid]
+        below = [r <= Z90 * math.hypot(s, sp) for r, sp, _ in resid]
+        out[path] = {
+            "fp32": {
+                "sigma": round(s, 4),
+                "steps": len(resid),
+                "gpus": len({g for _, _, g in resid}),
+                "median_log_error": round(float(np.median([r for r, _, _ in resid])), 4),
+                "within_1sigma": round(sum(inside) / len(resid), 3),
+                "below_p90": round(sum(below) / len(resid), 3),
+            }
+        }
+    return out
+
+
 def tensor_check(model: OpModel, h100: OpDevice, base: Path | None = None) -> dict[str, Any]:
     """The fp16 matmul rows (taken as H100) against the model with no tensor offset."""
     errs = []
@@ -260,14 +349,15 @@ def build_document(
     classes = fit_classes(rows, gpus)
     held = held_out(rows, gpus) if len(gpus) > 1 else {c: {} for c in CLASSES}
     sig = _sigmas(held) if len(gpus) > 1 else {c: {"bias": 0.3, "kernel": 0.3} for c in CLASSES}
-    for cls in CLASSES:
-        classes[cls]["sigma"] = sig[cls]
+    classes = {c: {**classes[c], "sigma": sig[c]} for c in CLASSES}
     doc: dict[str, Any] = {
         "schema": OP_MODEL_SCHEMA,
         "classes": classes,
         "tensor_offset": 0.0,
         "tensor_sigma": 0.0,
     }
+    if len(gpus) > 1:
+        doc["calibration"] = calibrate(rows, gpus, classes)
     check = tensor_check(OpModel.from_dict(doc), h100_spec(), base)
     doc["tensor_offset"] = round(check["offset"], 4)
     doc["tensor_sigma"] = round(math.hypot(check["spread"], sig["matmul"]["bias"]), 4)
@@ -279,6 +369,9 @@ def build_document(
         f"standardised features; L-BFGS on log time, {PER_GPU} kernels per GPU and class, "
         f"weights sqrt(min(t_roof, {WEIGHT_CAP_S} s)), each GPU the same total",
         "tensor_check": f"kernels/fp16mm.csv, {check['rows']} fp16 bmm rows taken as H100",
+        "calibration": "leave one GPU out over the fitted GPUs' labelled single-GPU steps "
+        f"(label/, FP32): per path the weighted {ONE_SIGMA:.1%} quantile (midpoints, "
+        "interpolated) of sqrt(r^2 - spread^2), each held-out GPU weighing the same",
     }
     doc["held_out"] = {"leave_one_gpu_out": held}
     doc["source"] = "scripts/fit_op_model.py"
@@ -297,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"{cls:12s} sigma bias {doc['classes'][cls]['sigma']['bias']:.3f}  {cells}")
     print(f"tensor offset {doc['tensor_offset']:+.3f}  tensor sigma {doc['tensor_sigma']:.3f}")
+    for path, per in doc.get("calibration", {}).items():
+        for prec, row in per.items():
+            print(f"calibration {path} {prec}: {row}")
     if not args.dry_run:
         args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"wrote {args.out}")

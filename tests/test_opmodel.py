@@ -292,3 +292,79 @@ def test_batched_features_are_the_scalar_ones() -> None:
                 want_t, want_x = features(cls, op, dims, flops, nbytes, d, prec)
                 assert t_roof[g, i] == pytest.approx(want_t, rel=1e-12)
                 assert x[g, i] == pytest.approx(want_x, rel=1e-9, abs=1e-12)
+
+
+# ---- the step sigma's calibration and the in-stream floor (issue 25, items 3 and 4) ----------
+
+
+def test_shipped_model_states_a_held_out_sigma_per_path() -> None:
+    """Both paths carry an FP32 sigma fitted on held-out steps of every fitted GPU, and a large
+    FP32 step states that sigma (its kernel spread averaged away)."""
+    for path in ("outright", "ratio"):
+        row = MODEL.doc["calibration"][path]["fp32"]
+        assert MODEL.calibration[path]["fp32"] == row["sigma"]
+        assert 0.02 < row["sigma"] < 0.7 and row["gpus"] == 5 and row["steps"] >= 30
+    step = MODEL.step_time(graph(mm(64, 1024, 1024, 1024, count=400)), fp32("A100"))
+    want = math.hypot(MODEL.calibration["outright"]["fp32"], step.spread)
+    assert step.log_sigma == pytest.approx(want) and step.spread < 0.1
+
+
+def test_a_precision_without_held_out_steps_takes_fp32s_sigma_and_says_so() -> None:
+    s32, why32 = MODEL.path_sigma("outright", "fp32")
+    s16, why16 = MODEL.path_sigma("outright", "fp16")
+    assert s32 is not None and s16 == s32 and why32 == "" and "no held-out fp16 steps" in why16
+    half = MODEL.step_time(graph(mm(1, 4096, 4096, 4096, "fp16"), precision="fp16"), dev("A100"))
+    assert "no held-out fp16 steps" in half.note and half.log_sigma > s32
+
+
+def test_a_schema_2_0_document_falls_back_to_the_kernel_biases() -> None:
+    doc = _doc()
+    doc["schema"] = "kplan.op-model/2.0"
+    old = OpModel.from_dict(doc)  # a 2.0 document's calibration is not read
+    assert old.calibration == {} and old.path_sigma("ratio", "fp32") == (None, "")
+    g = graph(mm(64, 1024, 1024, 1024))
+    step = old.step_time(g, fp32("A100"))
+    bias = MODEL.classes["matmul"].sigma_bias
+    assert step.log_sigma == pytest.approx(math.hypot(bias, step.spread))
+    a, b = old.step_times(g, [fp32("V100"), fp32("A100")])
+    assert old.ratio(g, fp32("V100"), fp32("A100"))[1] == pytest.approx(
+        math.hypot(a.log_sigma, b.log_sigma)
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"outright": {"fp32": {"sigma": -0.1}}}, {"sideways": {}}, {"ratio": {"fp32": {}}}],
+)
+def test_a_bad_calibration_is_refused(bad: object) -> None:
+    doc = _doc()
+    doc["calibration"] = bad
+    with pytest.raises(DataFileError, match="bad op model"):
+        OpModel.from_dict(doc)
+
+
+def test_in_a_step_the_launch_floor_overlaps_the_kernels_before_it() -> None:
+    """Timed alone a kernel pays its floor on top of its work; queued in a step it pays the
+    larger of the two: a tiny kernel costs its floor, a long one its work."""
+    d = fp32("A100")
+    floor = MODEL.classes["elementwise"].floor_s
+    tiny = OpCall("elementwise", "add", "forward", "fp32", (1, 8), *vector_work("add", (1, 8)))
+    alone = MODEL.call_seconds("elementwise", "add", (1, 8), tiny.flops, tiny.bytes, d, "fp32")
+    assert MODEL.time_call(tiny, d)[1] == pytest.approx(floor) and alone > floor
+    big = mm(1, 8192, 8192, 8192)
+    alone = MODEL.call_seconds("matmul", "mm", big.dims, big.flops, big.bytes, d, "fp32")
+    queued = MODEL.time_call(big, d)[1]
+    assert queued == pytest.approx(alone - MODEL.classes["matmul"].floor_s)
+
+
+def test_robust_sigma_is_a_quantile_with_each_gpu_weighing_the_same() -> None:
+    from scripts.fit_op_model import robust_sigma
+
+    # Four GPUs off by 0.1, 0.2, 0.3 (one step each) and 0.4 (ten steps), each GPU a quarter
+    # of the weight at its middle: the 68% quantile lies between the third GPU's 0.3 (at
+    # 0.625) and the fourth's first step (at 0.7625), not at the GPU with ten steps.
+    resid = [(0.1, 0.0, "a"), (-0.2, 0.0, "b"), (0.3, 0.0, "c")] + [(-0.4, 0.0, "d")] * 10
+    assert robust_sigma(resid) == pytest.approx(0.3 + 0.1 * (0.6827 - 0.625) / 0.1375)
+    # A residual inside its own kernel spread asks for no extra sigma.
+    assert robust_sigma([(0.05, 0.1, "a"), (0.2, 0.0, "b")]) == pytest.approx(0.2 * 0.4327 / 0.5)
+    assert robust_sigma([(0.05, 0.1, "a")] * 3) == pytest.approx(1e-3)

@@ -50,6 +50,10 @@ def test_refit_reproduces_the_shipped_model() -> None:
             shipped.classes[cls].sigma_bias, abs=SIGMA_ATOL
         )
     assert refit.tensor_offset == pytest.approx(shipped.tensor_offset, abs=0.01)
+    for path in ("outright", "ratio"):
+        assert refit.calibration[path]["fp32"] == pytest.approx(
+            shipped.calibration[path]["fp32"], abs=SIGMA_ATOL
+        )
 
 
 def test_reader_repeats_the_traced_layer() -> None:
@@ -69,15 +73,21 @@ def test_reader_repeats_the_traced_layer() -> None:
 
 def test_leave_one_gpu_out_is_calibrated_as_documented() -> None:
     """The benchmark's state (docs/benchmarks.md): over every labelled GPU, held out, at least
-    half of the measured steps fall within +-1 sigma and at least 85% at or below the p90."""
+    half of the measured steps fall within +-1 sigma and at least 85% at or below the p90 on
+    the outright path (89% and 100% on 2026-11-28: the test GPUs are predicted better than the
+    five the sigma is calibrated on), and the ratio path meets the goal (71% and 91%)."""
     pytest.importorskip("torch", reason="the fit runs in torch (the `torch` extra)")
     from bench.opgraph_neusight import run
 
-    rows = run()
+    moved: list[dict[str, object]] = []
+    rows = run(moved)
     assert len(rows) == 70
     inside = sum(bool(r["in_1sigma"]) for r in rows) / len(rows)
     below = sum(bool(r["below_p90"]) for r in rows) / len(rows)
     mean_err = sum(abs(float(str(r["error"]))) for r in rows) / len(rows)
     assert inside >= 0.5 and below >= 0.85
-    assert mean_err < 0.2  # 13.7% on 2026-11-28 (was 22.0% with the linear model)
+    assert mean_err < 0.15  # 12.2% on 2026-11-28 (13.7% before the in-stream floor)
     assert all(math.isfinite(float(str(r["sigma"]))) for r in rows)
+    inside = sum(bool(r["in_1sigma"]) for r in moved) / len(moved)
+    below = sum(bool(r["below_p90"]) for r in moved) / len(moved)
+    assert 0.6 <= inside <= 0.76 and 0.85 <= below <= 0.95

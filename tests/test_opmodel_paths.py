@@ -55,6 +55,7 @@ def test_a_cpu_profile_is_predicted_outright_with_a_sigma_below_the_old_one() ->
         got = speed_from_graph(OPS, DEVICES, _graph(), None, GPUS[name])
         assert got.path == "op-graph outright" and got.factor == 0.0
         assert 0 < got.seconds < 10 and 0 < got.log_sigma < 0.7
+        assert got.note.startswith(f"sigma {got.log_sigma:.2f} (calibrated on ")
 
 
 def test_a_tf32_plan_times_an_fp32_graph_on_tensor_cores() -> None:
@@ -76,6 +77,7 @@ def test_a_less_certain_device_model_hands_over_to_the_graph_ratio() -> None:
     got = speed_from_graph(OPS, wide, _graph(), GPUS["V100"], GPUS["A100"])
     back = speed_from_graph(OPS, wide, _graph(), GPUS["A100"], GPUS["V100"])
     assert got.path == back.path == "op-graph ratio"
-    assert got.note == "device model's sigma 2.00 is larger"
+    assert got.note.endswith("device model's 2.00 is larger")
+    assert f"sigma {got.log_sigma:.2f} (calibrated on" in got.note
     assert got.factor * back.factor == pytest.approx(1.0)
     assert 0.2 < got.factor < 1.0  # an A100 is faster than a V100 on a large FP32 matmul

@@ -8,19 +8,23 @@ Each call of an ``OpGraph`` (``kplan.planner.opgraph``) is timed by its operator
 ``attention`` is timed as its two batched matmuls plus a softmax; ``reduction``, ``embedding``,
 ``optimizer`` and ``other`` are memory-bound passes timed as elementwise work over their bytes.
 
-The time of one call is ``t = t_roof / u + floor``, where ``t_roof = max(flops / P, bytes /
-BW)`` is the roofline time on the GPU's peak ``P`` for the call's precision and its memory
-bandwidth ``BW``, ``floor`` the class's per-kernel launch floor and ``u`` a utilisation bounded
-in (0, ``u_max``): a sigmoid of a small network (one tanh layer, ``ClassFit``, fitted offline
-per class by ``scripts/fit_op_model.py``) of shape features: the size of the call against a
-kernel launch, the wave quantisation of its output tiles over the GPU's SMs (tiles per SM, the
-last wave's fill, for 128- and 64-wide tiles), how far it sits from the ridge point (arithmetic
-intensity against the GPU's peak over bandwidth) and the lengths of its dimensions. The GPU
-enters only through its peak, bandwidth and SM count (the roofline and the waves): specs as
-features of the utilisation itself (FLOPS and GB/s per SM, SM count) were tried and rejected on
-a leave-one-GPU-out over the five fitted GPUs (five GPUs do not teach a device trend). The
-sigmoid keeps any input, however far from the fitted ones, to a physical utilisation. A step's
-time is the sum over calls of ``t * count``, evaluated per class as one numpy batch.
+The time of one call timed alone is ``t = t_roof / u + floor``, where ``t_roof = max(flops / P,
+bytes / BW)`` is the roofline time on the GPU's peak ``P`` for the call's precision and its
+memory bandwidth ``BW``, ``floor`` the class's per-kernel floor (its fastest kernel measured
+alone: 24-47 us on every fitted GPU, mostly the host's dispatch and synchronisation) and ``u`` a
+utilisation bounded in (0, ``u_max``): a sigmoid of a small network (one tanh layer,
+``ClassFit``, fitted offline per class by ``scripts/fit_op_model.py``) of shape features: the
+size of the call against a kernel launch, the wave quantisation of its output tiles over the
+GPU's SMs (tiles per SM, the last wave's fill, for 128- and 64-wide tiles), how far it sits from
+the ridge point (arithmetic intensity against the GPU's peak over bandwidth) and the lengths of
+its dimensions. The GPU enters only through its peak, bandwidth and SM count (the roofline and
+the waves): specs as features of the utilisation itself (FLOPS and GB/s per SM, SM count) were
+tried and rejected on a leave-one-GPU-out over the five fitted GPUs (five GPUs do not teach a
+device trend). The sigmoid keeps any input, however far from the fitted ones, to a physical
+utilisation. A step's time is the sum over calls of ``t_stream * count``, evaluated per class as
+one numpy batch, with ``t_stream = max(t_roof / u, floor)``: in a step the kernels are queued
+asynchronously, so the host's per-kernel cost overlaps the kernels before it and only a kernel
+shorter than that cost waits for it (a kernel timed alone pays both: ``call_seconds``).
 
 Precision: matmul and conv calls in ``tf32``, ``fp16`` or ``bf16`` run at the GPU's tensor-core
 peak for that precision (``kplan.planner.devices.peak_tflops``: the same peaks and fallbacks as
@@ -29,19 +33,24 @@ gets the FP32 utilisation plus ``tensor_offset`` (the mean log error on the fp16
 and its sigma is widened by ``tensor_sigma``. Memory-bound calls move ``bytes`` at the call's
 dtype (the tracer's count) and run on the CUDA cores in every precision.
 
-The sigma of ``log(step time)`` comes from leave-one-GPU-out residuals of the kernel fit only:
-per class, the spread of a held-out GPU's median log error (``bias``, shared by every call on
-that GPU, so it adds linearly over the classes a step spends its time in) and the spread of
-single kernels about it (``kernel``, which averages out over the step's calls).
+The sigma of ``log(step time)`` is calibrated on held-out step times (``calibration``, written by
+``scripts/fit_op_model.py``): per path (``outright``: a step's time predicted from its graph;
+``ratio``: a measured step moved to another GPU by the ratio of the graph's times) and per
+precision with data, a robust scale of the log residuals of labelled steps on GPUs left out of
+the fit. Added in quadrature: the spread of single kernels (``kernel`` per class, from the
+kernel fit's leave-one-GPU-out, which averages out over a step's calls) and, for tensor-core
+work, ``tensor_sigma``. A document without ``calibration`` (schema 2.0) falls back to each
+class's held-out kernel bias (``bias``), weighted by the step's time in the class.
 
-Document shape (schema ``kplan.op-model/2.0``; ``kplan.catalogs.op_model`` reads it)::
+Document shape (schema ``kplan.op-model/2.1``, 2.0 still read; ``kplan.catalogs.op_model``)::
 
-    {"schema": "kplan.op-model/2.0",
+    {"schema": "kplan.op-model/2.1",
      "classes": {"matmul": {"features": [...], "mean": [...], "scale": [...],
                             "hidden_w": [[...], ...], "hidden_b": [...], "out_w": [...],
                             "out_b": 0.1, "u_max": 1.0, "floor_s": 2e-05,
                             "sigma": {"bias": 0.1, "kernel": 0.2}}, ...},
      "tensor_offset": 0.0, "tensor_sigma": 0.3,
+     "calibration": {"outright": {"fp32": {"sigma": 0.15, ...}}, "ratio": {"fp32": {...}}},
      "fitted_on": {...}, "held_out": {...}, "source": "..."}
 
 Pure: no I/O.
@@ -51,7 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -61,7 +70,9 @@ from kplan.planner.catalog import GpuSpec
 from kplan.planner.devices import peak_tflops
 from kplan.planner.opgraph import OpCall, OpGraph
 
-OP_MODEL_SCHEMA: Final = "kplan.op-model/2.0"
+OP_MODEL_SCHEMA: Final = "kplan.op-model/2.1"
+READ_SCHEMAS: Final = (OP_MODEL_SCHEMA, "kplan.op-model/2.0")
+PATH_KEYS: Final = ("outright", "ratio")  # the calibrated paths
 CLASSES: Final = ("matmul", "conv", "softmax", "norm", "elementwise")
 TENSOR_PRECISIONS: Final = ("tf32", "fp16", "bf16")
 ITEMSIZE: Final = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "int64": 8, "int32": 4}
@@ -329,10 +340,14 @@ class ClassFit:
         out: np.ndarray = math.log(self.u_max) - np.logaddexp(0.0, -np.clip(h, -30.0, 30.0))
         return out
 
-    def seconds(self, t_roof: np.ndarray, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    def seconds(
+        self, t_roof: np.ndarray, x: np.ndarray, offset: np.ndarray, *, stream: bool = False
+    ) -> np.ndarray:
         """Seconds of calls with roofline times ``t_roof``, features ``x`` and a log-time
-        ``offset`` on the bounded part (the tensor-core correction)."""
-        out: np.ndarray = t_roof * np.exp(offset - self.log_util(x)) + self.floor_s
+        ``offset`` on the bounded part (the tensor-core correction): each timed alone (the
+        floor added), or, with ``stream``, in a step's queue (the floor overlapped)."""
+        body = t_roof * np.exp(offset - self.log_util(x))
+        out: np.ndarray = np.maximum(body, self.floor_s) if stream else body + self.floor_s
         return out
 
 
@@ -344,6 +359,8 @@ class StepTime:
     log_sigma: float
     by_class: Mapping[str, float]  # seconds per operator class
     note: str  # "" or what widened the sigma
+    spread: float = 0.0  # the single kernels' share of log_sigma (averaged over the calls)
+    tensor: float = 0.0  # the tensor-core widening's share of log_sigma
 
     @property
     def p90(self) -> float:
@@ -360,6 +377,8 @@ class OpModel:
     tensor_offset: float
     tensor_sigma: float
     doc: Mapping[str, Any]  # provenance: fitted_on, held_out, source
+    # path -> precision -> held-out sigma of a step's log time (empty: a schema 2.0 document)
+    calibration: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def call_seconds(
         self,
@@ -371,17 +390,21 @@ class OpModel:
         dev: OpDevice,
         prec: str,
     ) -> float:
-        """Seconds of one call of class ``cls`` (one of ``CLASSES``)."""
-        return float(self._times([(cls, op, dims, flops, nbytes, prec, 1)], dev)[0])
+        """Seconds of one call of class ``cls`` (one of ``CLASSES``), timed alone (as the
+        fitted kernels were: the per-kernel floor added)."""
+        piece: _Piece = (cls, op, dims, flops, nbytes, prec, 1)
+        return float(self._times([piece], dev, stream=False)[0])
 
-    def _times(self, pieces: Sequence[_Piece], dev: OpDevice) -> np.ndarray:
+    def _times(self, pieces: Sequence[_Piece], dev: OpDevice, *, stream: bool) -> np.ndarray:
         """Seconds of each piece on ``dev``."""
-        out: np.ndarray = self._times_on(pieces, [dev])[0]
+        out: np.ndarray = self._times_on(pieces, [dev], stream=stream)[0]
         return out
 
-    def _times_on(self, pieces: Sequence[_Piece], devs: Sequence[OpDevice]) -> np.ndarray:
+    def _times_on(
+        self, pieces: Sequence[_Piece], devs: Sequence[OpDevice], *, stream: bool = True
+    ) -> np.ndarray:
         """Seconds of each piece on each GPU, (GPUs, pieces): every class is evaluated as one
-        numpy batch over all calls and GPUs."""
+        numpy batch over all calls and GPUs; ``stream``: in a step's queue."""
         out = np.zeros((len(devs), len(pieces)))
         by_cls: dict[str, list[int]] = {}
         for i, p in enumerate(pieces):
@@ -396,7 +419,7 @@ class OpModel:
                 ]
             )
             sec = self.classes[cls].seconds(
-                t_roof.ravel(), x.reshape(-1, x.shape[-1]), offs.ravel()
+                t_roof.ravel(), x.reshape(-1, x.shape[-1]), offs.ravel(), stream=stream
             )
             out[:, idx] = sec.reshape(len(devs), len(idx))
         return out
@@ -427,9 +450,10 @@ class OpModel:
     def time_call(
         self, call: OpCall, dev: OpDevice, step_precision: str = "fp32"
     ) -> tuple[str, float]:
-        """(class, seconds of ONE call) of a graph call on ``dev`` in a step of that precision."""
+        """(class, seconds of ONE call) of a graph call on ``dev`` in a step of that precision
+        (in the step's queue: its floor overlapped with the kernels before it)."""
         cls, pieces = self.pieces(call, step_precision)
-        return cls, float(self._times(pieces, dev).sum())
+        return cls, float(self._times(pieces, dev, stream=True).sum())
 
     def step_time(self, graph: OpGraph, dev: OpDevice) -> StepTime:
         """The summed time of every call in ``graph`` on ``dev`` and its held-out sigma."""
@@ -448,10 +472,18 @@ class OpModel:
             raise ValueError("the operator graph has no work to time")
         counts = np.asarray([p[6] for p in pieces], float)
         times = self._times_on(pieces, devs) * counts
-        return [self._summed(pieces, owner, row, dev) for row, dev in zip(times, devs, strict=True)]
+        return [
+            self._summed(pieces, owner, row, dev, graph.precision)
+            for row, dev in zip(times, devs, strict=True)
+        ]
 
     def _summed(
-        self, pieces: Sequence[_Piece], owner: Sequence[str], sec: np.ndarray, dev: OpDevice
+        self,
+        pieces: Sequence[_Piece],
+        owner: Sequence[str],
+        sec: np.ndarray,
+        dev: OpDevice,
+        precision: str,
     ) -> StepTime:
         by_class: dict[str, float] = {}
         counts: dict[str, int] = {}
@@ -464,45 +496,91 @@ class OpModel:
         total = sum(by_class.values())
         if not total > 0:
             raise ValueError("the operator graph has no work to time")
-        bias = sum(by_class[c] / total * self.classes[c].sigma_bias for c in by_class)
-        spread = sum(
-            (by_class[c] / total * self.classes[c].sigma_kernel) ** 2 / counts[c] for c in by_class
+        spread = math.sqrt(
+            sum(
+                (by_class[c] / total * self.classes[c].sigma_kernel) ** 2 / counts[c]
+                for c in by_class
+            )
         )
         share = tensor / total
-        sigma = math.sqrt(bias**2 + spread + (share * self.tensor_sigma) ** 2)
-        note = (
-            f"{share:.0%} of the step is tensor-core work, timed from FP32 kernels "
-            "(no measured kernels in that precision): sigma widened"
-            if share > 0.01
-            else ""
-        )
-        return StepTime(total, sigma, by_class, note)
+        widen = share * self.tensor_sigma
+        notes = []
+        if share > 0.01:
+            notes.append(
+                f"{share:.0%} of the step is tensor-core work, timed from FP32 kernels "
+                "(no measured kernels in that precision): sigma widened"
+            )
+        base, why = self.path_sigma("outright", precision)
+        if base is None:  # a 2.0 document: the classes' held-out kernel biases
+            base = sum(by_class[c] / total * self.classes[c].sigma_bias for c in by_class)
+        notes += [why] if why else []
+        sigma = math.sqrt(base**2 + spread**2 + widen**2)
+        return StepTime(total, sigma, by_class, "; ".join(notes), spread, widen)
+
+    def path_sigma(self, path: str, precision: str) -> tuple[float | None, str]:
+        """(calibrated sigma of ``path`` in ``precision``, note): a precision without held-out
+        steps takes FP32's (TF32 is FP32 storage; the tensor-core widening is added apart) and
+        says so; None without a calibration (a schema 2.0 document)."""
+        table = self.calibration.get(path, {})
+        if not table:
+            return None, ""
+        if precision in table:
+            return table[precision], ""
+        if "fp32" in table:
+            why = "" if precision == "tf32" else f"no held-out {precision} steps: FP32's sigma"
+            return table["fp32"], why
+        return max(table.values()), f"no held-out {precision} steps: the largest path sigma"
+
+    def ratio_sigma(self, a: StepTime, b: StepTime, precision: str) -> float:
+        """The held-out sigma of ``log(b / a)``, the same graph's ratio of times on two GPUs:
+        the ratio path's calibrated sigma (else both steps' sigmas in quadrature) with both
+        steps' kernel spread and tensor-core widening."""
+        base, _ = self.path_sigma("ratio", precision)
+        if base is None:
+            return math.hypot(a.log_sigma, b.log_sigma)
+        return math.sqrt(base**2 + a.spread**2 + b.spread**2 + a.tensor**2 + b.tensor**2)
 
     def ratio(self, graph: OpGraph, src: OpDevice, dst: OpDevice) -> tuple[float, float]:
         """(time on dst / time on src, sigma of its log) for the same graph."""
-        a, b = self.step_time(graph, src), self.step_time(graph, dst)
         if src.name == dst.name:
             return 1.0, 0.0
-        return b.seconds / a.seconds, math.hypot(a.log_sigma, b.log_sigma)
+        a, b = self.step_times(graph, [src, dst])
+        return b.seconds / a.seconds, self.ratio_sigma(a, b, graph.precision)
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "op model") -> OpModel:
         if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
             raise DataFileError(f"{source}: not an op-model document", hint="re-fit it")
         schema = doc["schema"]
-        if schema != OP_MODEL_SCHEMA:
+        if schema not in READ_SCHEMAS:
             raise SchemaVersionError(
-                f"{source}: schema {schema!r} is not {OP_MODEL_SCHEMA}",
+                f"{source}: schema {schema!r} is not {' or '.join(READ_SCHEMAS)}",
                 hint="re-create it with scripts/fit_op_model.py",
             )
         try:
             classes = {name: class_fit_from_dict(doc["classes"][name], name) for name in CLASSES}
             offset, widen = float(doc["tensor_offset"]), float(doc["tensor_sigma"])
-        except (KeyError, TypeError, ValueError) as err:
+            calib = _calibration(doc.get("calibration", {})) if schema == OP_MODEL_SCHEMA else {}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise DataFileError(f"{source}: bad op model ({err})", hint="re-fit it") from None
         if not (math.isfinite(offset) and math.isfinite(widen) and widen >= 0):
             raise DataFileError(f"{source}: bad tensor_offset/tensor_sigma", hint="re-fit it")
-        return cls(classes, offset, widen, doc)
+        return cls(classes, offset, widen, doc, calib)
+
+
+def _calibration(doc: Any) -> dict[str, dict[str, float]]:
+    """``calibration`` of a 2.1 document: path -> precision -> {"sigma": s, ...}."""
+    out: dict[str, dict[str, float]] = {}
+    for path, per_precision in doc.items():
+        if path not in PATH_KEYS:
+            raise ValueError(f"calibration path {path!r} is not one of {PATH_KEYS}")
+        out[path] = {}
+        for prec, row in per_precision.items():
+            sigma = float(row["sigma"])
+            if not (math.isfinite(sigma) and sigma > 0):
+                raise ValueError(f"calibration {path}/{prec}: sigma {sigma!r} must be positive")
+            out[path][str(prec)] = sigma
+    return out
 
 
 def _array(values: Any, shape: tuple[int, ...], what: str) -> np.ndarray:

@@ -7,13 +7,17 @@ that graph on any GPU. ``speed_from_graph`` chooses, and says which it chose:
 - ``measured``: the destination is the GPU (and precision) the profile ran on: factor 1,
   sigma 0 (the profile's own sigma is all there is).
 - ``op-graph ratio`` or ``device model``: another GPU. Both give a factor on the measured time
-  with a held-out sigma: the op model's ratio of the graph's times (sigma: both steps' sigmas
-  in quadrature) and the device model's roofline over the whole step
+  with a held-out sigma: the op model's ratio of the graph's times (sigma: the op model's
+  ``ratio`` calibration, fitted on held-out measured steps moved between GPUs; ``OpModel.
+  ratio_sigma``) and the device model's roofline over the whole step
   (``devices.compute_scale``). The one with the smaller held-out sigma is used; the note names
   the other. Without a graph, the device model is the only path.
 - ``op-graph outright``: a CPU profile (no GPU time measured): the graph's time on the GPU is
-  predicted outright, with the op model's sigma. Without a graph there is nothing here to
-  predict from (the caller keeps its own CPU path).
+  predicted outright, with the op model's ``outright`` calibration (held-out step times
+  predicted from their graphs). Without a graph there is nothing here to predict from (the
+  caller keeps its own CPU path).
+
+Every note names the path's sigma and what it was calibrated on (``describe``).
 
 Pure: no I/O.
 """
@@ -21,7 +25,6 @@ Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from kplan.planner.catalog import GpuSpec
@@ -63,7 +66,7 @@ def speed_from_graph(
             raise ValueError("a CPU profile without an operator graph has no GPU time to move")
         timed = _as_precision(graph, dst_precision)
         step = op_model.step_time(timed, device_from_gpu(dst))
-        note = step.note
+        note = f"{describe(op_model, 'outright', step.log_sigma)}; {step.note}"
         if timed.precision != graph.precision:
             note = f"graph traced in {graph.precision}, timed in {timed.precision}; {note}"
         return GraphSpeed("op-graph outright", 0.0, step.seconds, step.log_sigma, note.strip("; "))
@@ -78,12 +81,25 @@ def speed_from_graph(
         return GraphSpeed("device model", device.factor, 0.0, device.log_sigma, why)
     a = op_model.step_time(_as_precision(graph, ps), device_from_gpu(src))
     b = op_model.step_time(_as_precision(graph, pd), device_from_gpu(dst))
-    ratio, sigma = b.seconds / a.seconds, math.hypot(a.log_sigma, b.log_sigma)
+    ratio, sigma = b.seconds / a.seconds, op_model.ratio_sigma(a, b, pd)
     if sigma < device.log_sigma:
-        note = f"device model's sigma {device.log_sigma:.2f} is larger"
+        note = (
+            f"{describe(op_model, 'ratio', sigma)}; device model's {device.log_sigma:.2f} is larger"
+        )
         return GraphSpeed("op-graph ratio", ratio, 0.0, sigma, note)
     note = f"op-graph ratio's sigma {sigma:.2f} is larger"
     return GraphSpeed("device model", device.factor, 0.0, device.log_sigma, note)
+
+
+def describe(op_model: OpModel, path: str, sigma: float) -> str:
+    """What a path's sigma is: its value and the held-out steps it was calibrated on."""
+    row = op_model.doc.get("calibration", {}).get(path, {}).get("fp32", {})
+    if not isinstance(row, dict) or "steps" not in row:
+        return f"sigma {sigma:.2f} (held-out kernel biases, no step calibration)"
+    return (
+        f"sigma {sigma:.2f} (calibrated on {row['steps']} held-out FP32 steps of "
+        f"{row.get('gpus', '?')} GPUs left out of the fit)"
+    )
 
 
 @dataclass(frozen=True)
