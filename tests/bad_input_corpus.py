@@ -147,6 +147,7 @@ def _flag_cases() -> list[Case]:
         ("--capacity-wait", "nonneg"),
         ("--price", "nonneg"),
         ("--lease-minutes", "pos"),
+        ("--idle-minutes", "pos"),
     ):
         specs.append(("launch", (*launch, "--budget", "1"), flag, kind, ()))
     specs.append(("launch", launch, "--budget", "nonneg", ()))
