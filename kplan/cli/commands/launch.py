@@ -59,6 +59,7 @@ def launch_command(**given: Any) -> None:
 
     spec = build_spec(launch_request(given))
     as_json, quiet = bool(given["as_json"]), bool(given["quiet"])
+    _say_if_plain(spec, as_json or quiet)
     if spec.cloud == "local" and spec.plan is not None and not (as_json or quiet):
         from kplan.app.local_plan import prediction_line
 
@@ -69,6 +70,14 @@ def launch_command(**given: Any) -> None:
         _dry_run(spec, as_json)
         return
     _start(spec, as_json, quiet, explore=bool(given["explore"]))
+
+
+def _say_if_plain(spec: JobSpec, silent: bool) -> None:
+    """A script without the kplan runtime runs as plain torchrun: say so before it starts."""
+    from kplan.launcher.plainscript import PLAIN_NOTE, uses_runtime
+
+    if not silent and uses_runtime(spec.script) is False:
+        typer.echo(f"note: {PLAIN_NOTE}")
 
 
 def _dry_run(spec: JobSpec, as_json: bool) -> None:
