@@ -328,3 +328,41 @@ def test_aws_no_gpu_quota_and_a_missing_bucket_are_problems(
     storage = line(lines, "aws", "storage")
     assert "problem" in storage and "NoSuchBucket" in storage
     assert "create the bucket" in hint_after(lines, storage)
+
+
+def test_aws_image_python_from_the_catalog_and_from_describe_images(
+    aws: MotoAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, lines = check("--cloud", "aws")
+    assert code == 0
+    assert "(Ubuntu 24.04, Python 3.12: fits)" in line(lines, "aws", "image")
+    ec2 = aws.client("ec2")
+    base = ec2.describe_images()["Images"][0]["ImageId"]
+    run = ec2.run_instances(ImageId=base, MinCount=1, MaxCount=1, InstanceType="t3.micro")
+    made = ec2.create_image(
+        InstanceId=run["Instances"][0]["InstanceId"],
+        Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20261006",
+        Description="Supported EC2 instances: G4dn, G5, P4d",
+    )["ImageId"]
+    monkeypatch.setenv("KPLAN_AWS_IMAGE", made)
+    code, lines = check("--cloud", "aws")
+    assert code == 0  # the bootstrap brings Python 3.11: a note, not a problem
+    image = line(lines, "aws", "image")
+    assert "note" in image and "(Ubuntu 22.04, Python 3.10, below 3.11" in image
+    assert "--image with python3 >= 3.11" in hint_after(lines, image)
+    monkeypatch.setenv("KPLAN_AWS_IMAGE", "ami-00000000000000000")
+    code, lines = check("--cloud", "aws")
+    assert code == 2
+    missing = line(lines, "aws", "image")
+    assert "problem" in missing and "InvalidAMIID" in missing
+
+
+def test_gcp_image_python_is_a_note_when_the_bootstrap_must_bring_it(
+    gcp: ComputeWithRegions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KPLAN_GCP_ANONYMOUS", "1")
+    monkeypatch.setenv("KPLAN_GCP_PROJECT", "kplan-check-project")
+    monkeypatch.delenv("KPLAN_GCP_IMAGE", raising=False)
+    _, lines = check("--cloud", "gcp")
+    image = line(lines, "gcp", "image")
+    assert "note" in image and "common-cu124-debian-11 (Debian 11, Python 3.9, below 3.11" in image

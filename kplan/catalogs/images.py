@@ -81,21 +81,27 @@ def default_image(cloud: str) -> ImagePython:
 # (pattern in the image's name, its system, python3's version, where that is stated)
 _BY_NAME = (
     (r"py3(\d{2})", None, None, "the image family's name (pyNNN)"),
-    (r"ubuntu-?24\.?04", "Ubuntu 24.04", (3, 12), "Ubuntu 24.04's python3 package (noble)"),
-    (r"ubuntu-?22\.?04", "Ubuntu 22.04", (3, 10), "Ubuntu 22.04's python3 package (jammy)"),
-    (r"ubuntu-?20\.?04", "Ubuntu 20.04", (3, 8), "Ubuntu 20.04's python3 package (focal)"),
-    (r"debian-?12", "Debian 12", (3, 11), "Debian 12's python3 package (bookworm)"),
-    (r"debian-?11", "Debian 11", (3, 9), "Debian 11's python3 package (bullseye)"),
-    (r"amazon-linux-2023|al2023", "Amazon Linux 2023", (3, 9), "Amazon Linux 2023's python3"),
+    (r"ubuntu[-_ ]?24\.?04|noble", "Ubuntu 24.04", (3, 12), "Ubuntu 24.04's python3 (noble)"),
+    (r"ubuntu[-_ ]?22\.?04|jammy", "Ubuntu 22.04", (3, 10), "Ubuntu 22.04's python3 (jammy)"),
+    (r"ubuntu[-_ ]?20\.?04|focal", "Ubuntu 20.04", (3, 8), "Ubuntu 20.04's python3 (focal)"),
+    (r"debian[-_ ]?12|bookworm", "Debian 12", (3, 11), "Debian 12's python3 (bookworm)"),
+    (r"debian[-_ ]?11|bullseye", "Debian 11", (3, 9), "Debian 11's python3 (bullseye)"),
+    (
+        r"amazon[-_ ]linux[-_ ]2023|al2023",
+        "Amazon Linux 2023",
+        (3, 9),
+        "Amazon Linux 2023's python3",
+    ),
 )
 
 
-def image_python(cloud: str, image: str) -> ImagePython:
-    """What the catalog, else the image's name, says of ``image``'s Python."""
+def image_python(cloud: str, image: str, described: str = "") -> ImagePython:
+    """What the catalog, else the image's name (and ``described``: what the cloud says of it,
+    an AMI's name and description), says of ``image``'s Python."""
     for known in catalog_images():
         if known.cloud == cloud and known.image == image:
             return known
-    name = image.lower()
+    name = f"{image} {described}".lower()
     for pattern, system, version, source in _BY_NAME:
         match = re.search(pattern, name)
         if match is None:

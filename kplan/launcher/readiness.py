@@ -75,3 +75,14 @@ def torch_line() -> CheckLine:
 def ready(lines: list[CheckLine], scope: str) -> bool:
     """No problem among the lines of ``scope``."""
     return not any(line.level == "problem" for line in lines if line.scope == scope)
+
+
+def image_line(scope: str, image: str, described: str = "") -> CheckLine:
+    """The nodes' image and its Python (kplan/catalogs/images.py): ok when it fits, a note when
+    the bootstrap must bring Python 3.11 (or cannot tell offline)."""
+    from kplan.catalogs.images import image_python
+
+    info = image_python(scope, image, described)
+    level: Level = "ok" if info.fits else "note"
+    hint = "" if info.fits else "an --image with python3 >= 3.11 saves the nodes that install"
+    return CheckLine(scope, "image", level, info.summary(), hint)

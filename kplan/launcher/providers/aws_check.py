@@ -21,7 +21,7 @@ from kplan.launcher.providers.aws_common import (
     make_client_factory,
 )
 from kplan.launcher.providers.envvars import setting
-from kplan.launcher.readiness import CheckLine, Level, sdk_line
+from kplan.launcher.readiness import CheckLine, Level, image_line, sdk_line
 
 DEFAULT_REGION = "us-east-1"
 # EC2's GPU instance quotas (Service Quotas, service code "ec2"), counted in vCPUs per region.
@@ -72,6 +72,7 @@ def aws_checks(
         CheckLine("aws", "credentials", "ok", f"valid: account {account} ({who.get('Arn', '?')})")
     )
     lines.extend(quota_lines(factory, config.region))
+    lines.append(aws_image_line(factory, config.image_id))
     uri = storage_uri or setting("KPLAN_AWS_STORAGE_URI", env)
     lines.append(storage_line(config, factory, uri, account))
     return lines
@@ -121,6 +122,27 @@ def quota_lines(factory: ClientFactory, region: str) -> list[CheckLine]:
             level: Level = "note" if any_gpu else "problem"
             lines.append(CheckLine("aws", name, level, f"{region}: 0 vCPUs ({code})", QUOTA_HINT))
     return lines
+
+
+def aws_image_line(factory: ClientFactory, image: str) -> CheckLine:
+    """The nodes' AMI (KPLAN_AWS_IMAGE, else the default) and its Python: an AMI id is looked
+    up (``ec2:DescribeImages``: its name and description say its system)."""
+    if not image.startswith("ami-"):
+        return image_line("aws", image)
+    try:
+        got = call(_RETRY, f"describe the image {image}", factory("ec2").describe_images,
+                   ImageIds=[image])  # fmt: skip
+    except KplanError as err:
+        return CheckLine("aws", "image", "problem", err.message, "set KPLAN_AWS_IMAGE to an AMI "
+                         "of this region, or unset it for the default")  # fmt: skip
+    found = got.get("Images") or [{}]
+    said = f"{found[0].get('Name', '')} {found[0].get('Description', '')}".strip()
+    line = image_line("aws", image, said)
+    return (
+        line
+        if not said
+        else CheckLine(line.scope, line.name, line.level, f"{line.detail} [{said[:80]}]", line.hint)
+    )
 
 
 def storage_line(

@@ -13,7 +13,7 @@ from kplan.core.errors import KplanError
 from kplan.launcher.providers import gcp_errors
 from kplan.launcher.providers.envvars import setting
 from kplan.launcher.providers.gcp_auth import MISSING_SDK_HINT
-from kplan.launcher.readiness import CheckLine, Level, sdk_line
+from kplan.launcher.readiness import CheckLine, Level, image_line, sdk_line
 
 DEFAULT_REGION = "us-central1"
 STORAGE_HINT = (
@@ -57,6 +57,7 @@ def gcp_checks(
         CheckLine("gcp", "credentials", "ok", f"valid: {how}; Compute answers for {config.project}")
     )
     lines.extend(quota_lines(quotas, chosen))
+    lines.append(image_line("gcp", config.image))
     uri = storage_uri or setting("KPLAN_GCP_STORAGE_URI", env)
     lines.append(storage_line(uri, credentials, env))
     return lines
