@@ -60,15 +60,15 @@ def launch_command(**given: Any) -> None:
 
     spec = build_spec(launch_request(given))
     as_json, quiet = bool(given["as_json"]), bool(given["quiet"])
-    _say_if_plain(spec, as_json or quiet)
-    if spec.cloud != "local" and not (as_json or quiet):
-        typer.echo(f"image: {_image(spec).summary()}")
     if spec.cloud == "local" and spec.plan is not None and not (as_json or quiet):
         from kplan.app.local_plan import prediction_line
 
         typer.echo(prediction_line(spec.plan))
         for note in spec.plan.notes:  # what it extrapolates or cannot know, said before it runs
             typer.echo(f"note: {note}")
+    _say_if_plain(spec, as_json or quiet)
+    if spec.cloud != "local" and not (as_json or quiet):
+        typer.echo(f"image: {_image(spec).summary()}")
     if given["dry_run"]:  # offline: no provider, no cloud SDK, no credentials (placeholders)
         _dry_run(spec, as_json)
         return
