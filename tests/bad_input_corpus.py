@@ -147,6 +147,7 @@ def _flag_cases() -> list[Case]:
         ("--capacity-wait", "nonneg"),
         ("--price", "nonneg"),
         ("--lease-minutes", "pos"),
+        ("--idle-minutes", "pos"),
     ):
         specs.append(("launch", (*launch, "--budget", "1"), flag, kind, ()))
     specs.append(("launch", launch, "--budget", "nonneg", ()))
@@ -487,6 +488,12 @@ def _enum_cases() -> list[Case]:
          2, "--region", {}),
         ("catalog-list-valid", ("catalog", "list", "--cloud", "aws", "--gpu", "T4", "--json"), 0,
          "", {}),
+        ("check-cloud-bad", ("check", "--cloud", "azure"), 2, "azure", {}),
+        ("check-cloud-empty", ("check", "--cloud", ""), 2, "--cloud", {}),
+        ("check-region-empty", ("check", "--cloud", "aws", "--region", ""), 2, "--region", {}),
+        ("check-storage-no-cloud", ("check", "--storage", "s3://b/k"), 2, "--storage needs", {}),
+        ("check-storage-bad-uri", ("check", "--cloud", "gcp", "--storage", "s3://b/k"), 2,
+         "--storage", {}),
         ("logs-node-neg", ("logs", JOB, "--node", "-1"), 2, "--node", {}),
         ("logs-bad-id", ("logs", "../../etc"), 2, "job id", {}),
         ("logs-unknown-job", ("logs", "kp-nope"), 2, "no job", {}),

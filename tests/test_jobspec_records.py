@@ -23,7 +23,7 @@ def _old(name: str) -> dict[str, object]:
 def test_a_flat_job_json_loads_into_the_records(name: str) -> None:
     old = _old(name)
     spec = JobSpec.from_dict(old)
-    newer = {"lease_s"}  # settings added after the flat form: absent there, at their default
+    newer = {"lease_s", "idle_s"}  # added after the flat form: absent there, at their default
     assert newer.isdisjoint(old)
     for flat, (group, key) in FLAT.items():  # every flat value is in its record
         value = getattr(getattr(spec, group), key)

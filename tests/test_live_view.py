@@ -361,7 +361,8 @@ def test_launch_quiet_prints_only_the_summary_and_plain_prints_events(
                         quiet.output)  # fmt: skip
     plain = CliRunner().invoke(app, args)  # not a terminal: plain lines
     assert plain.exit_code == 0, plain.output
-    lines = plain.output.splitlines()
+    note, *lines = plain.output.splitlines()
+    assert note.startswith("note: plain script:")  # said first: train.py has no kplan runtime
     assert re.match(r"\d\d:\d\d:\d\d created +job kp-", lines[0])
     assert any(re.match(r"\d\d:\d\d:\d\d launch +node 0: ", x) for x in lines)
     assert "\x1b" not in plain.output and "╭" not in plain.output  # no panel, no escapes

@@ -70,6 +70,7 @@ def _check_numbers(req: LaunchRequest) -> None:
         "--capacity-wait", req.capacity_wait_s, low_open=False, high=30 * 86400.0, hint="seconds"
     )
     flags.number("--lease-minutes", req.lease_minutes, high=30 * 1440.0, hint="minutes, e.g. 15")
+    flags.number("--idle-minutes", req.idle_minutes, high=30 * 1440.0, hint="minutes, e.g. 30")
     for flag, seconds in (
         ("--check-interval", req.check_interval_s),
         ("--replan-interval", req.replan_interval_s),

@@ -69,6 +69,7 @@ class LaunchRequest:
     max_replacements: int | None = None  # None: the plan's (kplan/planner/spotplan.py), else 20
     capacity_wait_s: float | None = None  # None: the plan's, else 900 s
     lease_minutes: float | None = None  # the hard stop's lease (None: JobSpec's, 15 min)
+    idle_minutes: float | None = None  # end the cluster when idle this long (None: never)
     node_install: NodeInstall = field(default_factory=NodeInstall)
     gcp: GcpPlacement = field(default_factory=GcpPlacement)
     pins: PlanPins = field(default_factory=PlanPins)

@@ -40,6 +40,7 @@ class SpecOptions(TypedDict, total=False):
     max_replacements: int
     capacity_wait_s: float
     lease_s: float
+    idle_s: float
 
 
 def options(req: LaunchRequest) -> SpecOptions:
@@ -82,6 +83,8 @@ def options(req: LaunchRequest) -> SpecOptions:
         out["capacity_wait_s"] = req.capacity_wait_s
     if req.lease_minutes is not None:
         out["lease_s"] = req.lease_minutes * 60
+    if req.idle_minutes is not None:
+        out["idle_s"] = req.idle_minutes * 60
     return out
 
 

@@ -23,6 +23,7 @@ from kplan.app.plan_files import read_plan
 from kplan.core.errors import DataFileError, InputError
 from kplan.core.precision import check_precision
 from kplan.launcher.jobspec import JobSpec
+from kplan.launcher.plainscript import refuse_runtime_flags
 from kplan.launcher.providers.envvars import check_environment
 from kplan.planner.plan import Plan
 
@@ -54,6 +55,15 @@ class LocalOptions(TypedDict, total=False):
 
 def build_spec(req: LaunchRequest) -> JobSpec:
     """The job to launch, validated; plans now when the cloud is aws or gcp without --plan."""
+    spec = _build_spec(req)
+    # after the flags' own checks: a plain script cannot act on what the runtime reads
+    runtime_flags = [f for f, on in (("--adapt", req.adapt), ("--explore", req.explore),
+                                      ("--policy", bool(req.policies))) if on]  # fmt: skip
+    refuse_runtime_flags(req.script, runtime_flags)
+    return spec
+
+
+def _build_spec(req: LaunchRequest) -> JobSpec:
     checks.check_request(req)
     plan = read_plan(req.plan_file) if req.plan_file is not None else None
     cloud = req.cloud or (plan.chosen.cloud if plan else "local")

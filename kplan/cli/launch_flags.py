@@ -193,6 +193,7 @@ def launch_request(f: dict[str, Any]) -> LaunchRequest:
         max_replacements=f["max_replacements"],
         capacity_wait_s=f["capacity_wait"],
         lease_minutes=f["lease_minutes"],
+        idle_minutes=f["idle_minutes"],
         node_install=NodeInstall(f["image"], f["pip_index_url"], f["install_deps"]),
         gcp=GcpPlacement(f["network"], f["subnet"], f["service_account"], f["external_ip"]),
         pins=PlanPins(
@@ -496,6 +497,18 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
             help="aws/gcp/local: a node whose lease the launcher has not renewed for this "
             "long ends itself, so a dead launcher costs at most budget + this much of the "
             "cluster (default 15).",
+        ),
+    ),
+    Flag(
+        "idle_minutes",
+        float | None,
+        None,
+        typer.Option(
+            "--idle-minutes",
+            help="End the cluster when its workers have written no step record for this "
+            "long, or this long after a node finished while the rest run on (default: "
+            "never). Counted from the first step record: a script without the kplan runtime "
+            "is ended only when it finishes.",
         ),
     ),
     Flag(

@@ -143,6 +143,7 @@ def _root(
 _COMMANDS = {
     "estimate": "estimate",
     "profile": "profile",
+    "check": "check",
     "launch": "launch",
     "status": "jobs",
     "logs": "jobs",

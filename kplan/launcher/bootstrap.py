@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TypedDict
 from urllib.parse import unquote, urlparse
 
+from kplan.catalogs.images import NODE_PYTHON
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
 from kplan.core.threads import THREADS_ENV, threads_per_worker
@@ -241,6 +242,7 @@ umask 077  # the job's code, checkpoints, metrics and logs are private on the no
 {exports}W={q(node_root)}
 STORE={q(store)}
 mkdir -p "$W/code" "$W/ckpt" "$W/metrics" "$W/logs"
+PY=python3  # the node's Python; install_kplan brings a newer one when it is too old
 LOG="$W/logs/node-{rank}.log"
 exec >>"$LOG" 2>&1
 {cloud_hard_stop(spec, storage_uri, max_run_s)}MY_ADDR=$(hostname -I | awk '{{print $1}}')
@@ -252,7 +254,7 @@ push() {{
     && mv -f "$W/.control.json" "$W/control.json"
 }}
 status() {{
-  python3 -c {q(_STATUS_PY)} "$W/status.json" "$1" {rank} {q(name)}
+  "$PY" -c {q(_STATUS_PY)} "$W/status.json" "$1" {rank} {q(name)}
   {cp} "$W/status.json" "$STORE/status/node-{rank}.json"
 }}
 fail() {{ status "$1"; poweroff; exit "$1"; }}
@@ -260,7 +262,7 @@ fail() {{ status "$1"; poweroff; exit "$1"; }}
   && tar -xzf "$W/job.tar.gz" -C "$W/code" \\
   || fail 98
 if [ -f "$W/code/requirements.txt" ]; then
-  python3 -m pip install --quiet -r "$W/code/requirements.txt" || fail 99
+  "$PY" -m pip install --quiet -r "$W/code/requirements.txt" || fail 99
 fi
 {sync} "$STORE/ckpt" "$W/ckpt" || true
 ( n=0; while [ ! -e "$W/.stop-sync" ]; do
@@ -268,7 +270,7 @@ fi
   done ) &
 syncer=$!
 cd "$W/code"
-python3 {run} --local-addr="$MY_ADDR" {q(script_rel)} {user_args} < /dev/null &
+"$PY" {run} --local-addr="$MY_ADDR" {q(script_rel)} {user_args} < /dev/null &
 child=$!
 {_FORWARD_AND_WAIT}touch "$W/.stop-sync"; wait "$syncer"
 push
@@ -357,23 +359,54 @@ def install_kplan(spec: JobSpec, cp: str) -> str:
         deps = " --no-deps"
     return (
         f"{pip_env}"
-        "python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \\\n"
-        '  || { echo "kplan: the node needs python3 >= 3.11 (use --image)"; fail 97; }\n'
         # no pip: ensurepip, or (Debian/Ubuntu images, where ensurepip is disabled) apt-get
         "python3 -m pip --version >/dev/null 2>&1 || python3 -m ensurepip --upgrade \\\n"
         "  || { command -v apt-get >/dev/null && apt-get -q update \\\n"
         "       && DEBIAN_FRONTEND=noninteractive apt-get -q -y install python3-pip; } \\\n"
         '  || { echo "kplan: the node\'s python3 has no pip (use --image)"; fail 97; }\n'
+        f"{bring_python(spec)}"
         # the name and the sha256 were validated (JobSpec): no quoting needed inside "..."
         f'mkdir -p "$W/wheel"; WHEEL="$W/wheel/{Path(key).name}"\n'
         f'{cp} "$STORE/{key}" "$WHEEL" \\\n'
         '  || { echo "kplan: cannot fetch the kplan wheel from the bucket"; fail 96; }\n'
         f'echo "{spec.install.wheel_sha256}  $WHEEL" | sha256sum --check --status \\\n'
         '  || { echo "kplan: the kplan wheel does not match its sha256"; fail 96; }\n'
-        f'python3 -m pip install --quiet "$WHEEL"{deps} || fail 97\n'
+        f'"$PY" -m pip install --quiet "$WHEEL"{deps} || fail 97\n'
         # later installs (the code's requirements.txt) may not replace it with an index's kplan
         f'echo "kplan=={_wheel_version(key)}" > "$W/wheel/constraints.txt"\n'
         'export PIP_CONSTRAINT="$W/wheel/constraints.txt"\n'
+    )
+
+
+def bring_python(spec: JobSpec) -> str:
+    """Bash that makes ``$PY`` a Python >= 3.11 with pip: the node's ``python3`` when it is new
+    enough, else one uv installs (Debian 11's 3.9, Ubuntu 22.04's 3.10).
+
+    uv comes from the node's package index (``--pip-index-url`` when given, which uv's
+    ``uv venv --seed`` uses too); ``uv python install`` fetches a python-build-standalone
+    CPython from GitHub's release downloads unless the image sets ``UV_PYTHON_INSTALL_MIRROR``.
+    A node that reaches neither stops with 97 and says to use an ``--image`` with Python
+    >= 3.11. The new Python lives in a virtual environment under the job's folder
+    (``$W/python``), so the image's own packages stay as they were."""
+    q = shlex.quote
+    want = ".".join(str(v) for v in NODE_PYTHON)
+    index = spec.install.pip_index_url
+    uv_index = "" if index is None else f"UV_DEFAULT_INDEX={q(index)} "
+    too_old = f"\"kplan: the node's $(python3 -V 2>&1) is older than {want}"
+    return (
+        f"if ! python3 -c 'import sys; sys.exit(sys.version_info < {NODE_PYTHON})'; then\n"
+        f'  echo {too_old}: installing Python {want} with uv"\n'
+        # cloud-init runs this as root, maybe without HOME: uv keeps everything in the job's
+        # folder
+        '  export UV_PYTHON_INSTALL_DIR="$W/uv/python" UV_CACHE_DIR="$W/uv/cache"\n'
+        # each line ends in && or ||, where bash reads on: no backslash, each line parses alone
+        "  python3 -m pip install --quiet uv &&\n"
+        f"    python3 -m uv python install {want} &&\n"
+        f'    {uv_index}python3 -m uv venv --seed --python {want} "$W/python" &&\n'
+        '    PY="$W/python/bin/python" ||\n'
+        f"    {{ echo \"kplan: could not bring Python {want} (pip index, and GitHub for uv's "
+        f'Python builds); use an --image with python3 >= {want}"; fail 97; }}\n'
+        "fi\n"
     )
 
 

@@ -115,12 +115,17 @@ class Timing:
     # The hard stop's lease (kplan/launcher/hardstop.py): a node whose lease the launcher has
     # not renewed for this long ends itself (--lease-minutes).
     lease_s: float = 900.0
+    # --idle-minutes: the monitor ends a cluster whose workers wrote no step record for this
+    # long (None: never), kplan/launcher/observe.py
+    idle_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("check_interval_s", "provision_timeout_s", "rdzv_last_call_s"):
             _positive(name, getattr(self, name), "seconds")
         for name in ("grace_s", "teardown_s", "finish_grace_s"):
             _at_least(name, getattr(self, name))
+        if self.idle_s is not None:
+            _positive("--idle-minutes", self.idle_s / 60, "minutes, e.g. 30")
         if not (math.isfinite(self.lease_s) and self.lease_s >= MIN_LEASE_S):
             raise InputError(
                 f"lease {self.lease_s:g} s is shorter than {MIN_LEASE_S:g} s",
@@ -327,6 +332,7 @@ class JobOptions(TypedDict, total=False):
     finish_grace_s: float
     rdzv_last_call_s: float
     lease_s: float
+    idle_s: float | None
     max_restarts: int
     max_replacements: int
     capacity_wait_s: float

@@ -136,6 +136,9 @@ class RunState:
         self.listed: set[str] = set()  # ids the provider has listed at least once
         self.requested = False  # run_instances was called at least once (something may exist)
         self.lease_failing = False  # the last lease renewal failed
+        # --idle-minutes: the workers' progress as last seen, and since when it has not moved
+        self.progress_mark: tuple[int, int, int] | None = None
+        self.progress_at = self.started
         self.adapter = Adapter(spec, self.storage, self._event, self.started)
 
     def _event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
@@ -310,7 +313,37 @@ class RunState:
         if decision.stop:
             self._event("guard", decision.message, {"projected_usd": decision.projected_usd})
             raise Finish("stopped", decision.reason or "budget")
+        self._check_idle(now)
         self.renew_lease()
+
+    def _check_idle(self, now: float) -> None:
+        """``--idle-minutes``: end the cluster when a node finished that long ago while the
+        rest run on, or when the workers' step records stopped coming for that long.
+
+        Progress is rank 0's step records as the adaptation loop reads them (its view, one
+        monitor check late at most). The clock starts at the first step record and restarts at
+        every new one and every cluster change (a lost node, a replacement, a new generation):
+        bootstrapping and recovering are not idleness. A job that writes no step records (a
+        script without the kplan runtime) is never idle by this rule; it ends when it
+        finishes."""
+        idle_s = self.spec.timing.idle_s
+        if idle_s is None:
+            return
+        if self.first_done is not None and now - self.first_done >= idle_s:
+            done = sorted(r for r, d in self.finished.items() if d.exit_code == 0)
+            waited = f"{(now - self.first_done) / 60:.0f} min"
+            raise Finish("succeeded", f"node(s) {done} finished; the rest ended after {waited}")
+        view = self.adapter.obs.view
+        mark = (self.generation, view.steps_in_generation, view.step)
+        if mark != self.progress_mark or self.lost or self.recovering or view.step < 0:
+            self.progress_mark, self.progress_at = mark, now
+            return
+        quiet = now - self.progress_at
+        if quiet >= idle_s:
+            minutes = quiet / 60
+            message = f"no step record for {minutes:.0f} min (--idle-minutes {idle_s / 60:g})"
+            self._event("idle", f"ending the cluster: {message}", {"idle_s": quiet})
+            raise Finish("stopped", f"idle: {message}")
 
     def renew_lease(self) -> None:
         """Renew the nodes' lease (kplan/launcher/hardstop.py); a failed write is an event

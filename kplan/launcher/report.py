@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kplan.launcher.metrics_read import Metrics, read_metrics
+from kplan.launcher.plainscript import not_measured_note
 from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
 from kplan.launcher.storage import Storage
 
@@ -127,6 +128,9 @@ class JobReport:
     on_demand: Comparison
     naive: Comparison
     metrics: Metrics
+    # False: no step record at all (a plain script, or a job that never reached a step);
+    # ``metrics.note`` says which, and the views show "not measured" instead of zeros
+    measured: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -162,6 +166,11 @@ def build_report(
     plan = stored_plan(job.plan)
     chosen = plan.chosen if plan is not None else None
     metrics = read_metrics(storage, job.id) if storage is not None else Metrics(storage_note)
+    script = job.spec.get("script")
+    measured = metrics.first_step_time is not None or metrics.steps > 0
+    if not measured and storage is not None:  # unreachable storage: its note says so
+        note = not_measured_note(script if isinstance(script, str) else None, metrics.note)
+        metrics = replace(metrics, note=note)
     end = job.updated_at if job.terminal else now
     step = chosen.step_time_s if chosen else None
     step_p90 = chosen.step_time_p90_s if chosen else None
@@ -174,7 +183,7 @@ def build_report(
         reason=job.reason,
         cloud=job.cloud,
         region=job.region,
-        script=job.spec.get("script"),
+        script=script if isinstance(script, str) else None,
         command=_command(job.spec),
         workers=sum(int(n.get("gpus", 1)) for n in job.spec.get("nodes") or ()),
         plan=plan_info(plan),
@@ -206,6 +215,7 @@ def build_report(
         on_demand=on_demand_comparison(job, spends, total),
         naive=_naive_savings(job, naive(job) if naive is not None else no_naive(job), total),
         metrics=metrics,
+        measured=measured,
     )
 
 

@@ -356,9 +356,18 @@ def summary_rows(r: JobReport) -> list[list[str]]:
          _ratio(r.actual_start_s, r.predicted_start_s)],
         ["training (s)", _opt(r.predicted_train_s, ".1f"), _opt(r.predicted_train_p90_s, ".1f"),
          _opt(r.actual_train_s, ".1f"), _ratio(r.actual_train_s, r.predicted_train_s)],
-        ["steps", steps, "", str(r.metrics.steps),
-         _ratio(float(r.metrics.steps), r.predicted_steps)],
+        ["steps", steps, "", str(r.metrics.steps) if r.measured else "not measured",
+         _ratio(float(r.metrics.steps), r.predicted_steps) if r.measured else ""],
     ]  # fmt: skip
+
+
+def metrics_line(r: JobReport) -> str:
+    """Where the metrics came from and what they hold; only the note when nothing was
+    measured (a plain script's report says so instead of "0 steps")."""
+    m = r.metrics
+    if not r.measured:
+        return m.note
+    return f"{m.note}; {m.steps} steps, {m.checkpoints} checkpoints, {m.resumes} resumes"
 
 
 def summary_note(r: JobReport) -> str:
@@ -368,6 +377,7 @@ def summary_note(r: JobReport) -> str:
         "s); step time: rank 0's median (p90); start: job created to rank 0's first step; "
         "training: its first to last step"
         + ("" if r.plan is not None else "; no plan: nothing was predicted")
+        + ("" if r.measured else "; steps not measured (no step records: see metrics)")
     )
 
 
@@ -446,8 +456,7 @@ def section(r: JobReport) -> str:
         f"<h3>Preemptions</h3>{pre}<h3>Savings</h3>"
         f"<p>against on-demand: {e(_cmp(r.on_demand))}</p>"
         f"<p>against the naive plan: {e(_cmp(r.naive))}</p>"
-        f"<p class='muted'>metrics: {e(r.metrics.note)}; {r.metrics.steps} steps, "
-        f"{r.metrics.checkpoints} checkpoints, {r.metrics.resumes} resumes</p>"
+        f"<p class='muted'>metrics: {e(metrics_line(r))}</p>"
         + (
             ""
             if r.metrics.communication is None

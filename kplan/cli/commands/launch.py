@@ -20,6 +20,7 @@ from kplan.cli.launch_flags import LAUNCH_FLAGS, launch_request, takes_flags
 from kplan.core.errors import InputError, JobError
 
 if TYPE_CHECKING:
+    from kplan.catalogs.images import ImagePython
     from kplan.cli.render.live import Started
     from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.providers import Backend
@@ -65,10 +66,38 @@ def launch_command(**given: Any) -> None:
         typer.echo(prediction_line(spec.plan))
         for note in spec.plan.notes:  # what it extrapolates or cannot know, said before it runs
             typer.echo(f"note: {note}")
+    _say_if_plain(spec, as_json or quiet)
+    if spec.cloud != "local" and not (as_json or quiet):
+        typer.echo(f"image: {_image(spec).summary()}")
     if given["dry_run"]:  # offline: no provider, no cloud SDK, no credentials (placeholders)
         _dry_run(spec, as_json)
         return
     _start(spec, as_json, quiet, explore=bool(given["explore"]))
+
+
+def _image(spec: JobSpec) -> ImagePython:
+    """The nodes' boot image (--image, else KPLAN_<CLOUD>_IMAGE, else the cloud's default)
+    and what the catalog or its name says of its Python (kplan/catalogs/images.py)."""
+    from kplan.catalogs.images import default_image, image_python
+    from kplan.launcher.providers.envvars import setting
+
+    given = spec.install.image or setting(f"KPLAN_{spec.cloud.upper()}_IMAGE")
+    return image_python(spec.cloud, given) if given else default_image(spec.cloud)
+
+
+def _image_doc(spec: JobSpec) -> dict[str, object]:
+    info = _image(spec)
+    python = None if info.python is None else ".".join(map(str, info.python))
+    return {"image": info.image, "os": info.os, "python": python, "python_source": info.source,
+            "fits": info.fits}  # fmt: skip
+
+
+def _say_if_plain(spec: JobSpec, silent: bool) -> None:
+    """A script without the kplan runtime runs as plain torchrun: say so before it starts."""
+    from kplan.launcher.plainscript import PLAIN_NOTE, uses_runtime
+
+    if not silent and uses_runtime(spec.script) is False:
+        typer.echo(f"note: {PLAIN_NOTE}")
 
 
 def _dry_run(spec: JobSpec, as_json: bool) -> None:
@@ -83,7 +112,8 @@ def _dry_run(spec: JobSpec, as_json: bool) -> None:
     )
     run = plan_requests(spec, target["storage_uri"], billing_for(spec.cloud))
     if as_json:
-        typer.echo(json.dumps({**run.to_dict(), "target": target}, indent=1))
+        image = None if cloud is None else _image_doc(spec)
+        typer.echo(json.dumps({**run.to_dict(), "target": target, "image": image}, indent=1))
         return
     from kplan.cli.render.launch import render_dry_run
 

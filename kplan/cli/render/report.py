@@ -13,6 +13,7 @@ def render_report(r: JobReport) -> None:
     from kplan.launcher.report_html import (
         SUMMARY_HEADER,
         budget_text,
+        metrics_line,
         money,
         summary_note,
         summary_rows,
@@ -65,8 +66,7 @@ def render_report(r: JobReport) -> None:
         console.print(f"against {name}: {head}{safe(c.note)}", highlight=False)
     m = r.metrics
     console.print(
-        f"metrics: {safe(m.note)}; {m.steps} steps, {m.checkpoints} checkpoints, "
-        f"{m.resumes} resumes" + (f", last GNS {m.gns[-1][1]:.1f}" if m.gns else ""),
+        f"metrics: {safe(metrics_line(r))}" + (f", last GNS {m.gns[-1][1]:.1f}" if m.gns else ""),
         highlight=False,
     )
     if m.communication is not None:
