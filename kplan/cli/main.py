@@ -144,6 +144,7 @@ _COMMANDS = {
     "estimate": "estimate",
     "profile": "profile",
     "launch": "launch",
+    "controller": "launch",
     "status": "jobs",
     "logs": "jobs",
     "down": "jobs",
