@@ -85,3 +85,67 @@ def test_a_detached_local_job_finishes_after_its_launcher_exited(tmp_path: Path)
         if pid is not None and pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
         kill_leftovers(home)
+
+
+def _steps(home: Path, job: str) -> int:
+    path = home / "jobs" / job / "metrics" / "rank-0.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if '"step"' in line)
+
+
+def test_a_killed_controller_is_restarted_and_the_job_finishes(tmp_path: Path) -> None:
+    """kill -9 the detached controller mid-training: the nodes train on; `kplan status` says
+    the controller is not running and how to restart it; `kplan controller JOB --detach`
+    takes the job over (refused while one is alive) and it ends `succeeded`."""
+    home = tmp_path / "home"
+    pids: list[int] = []
+    try:
+        launch = _kplan(
+            home, "launch", str(SCRIPT), "--nodes", "2", "--check-interval", "1",
+            "--detach", "--json", "--", "--epochs", "2",
+        )  # fmt: skip
+        assert launch.returncode == 0, launch.stderr
+        doc = json.loads(launch.stdout)
+        job, first = doc["job_id"], doc["controller_pid"]
+        pids.append(first)
+        deadline = time.monotonic() + 180
+        while _steps(home, job) < 3:  # training has started on both nodes
+            assert time.monotonic() < deadline, "no training step"
+            time.sleep(0.5)
+        refused = _kplan(home, "controller", job)
+        assert refused.returncode == 2 and "live controller" in refused.stderr
+        os.kill(first, signal.SIGKILL)
+        for _ in range(50):
+            if not pid_alive(first):
+                break
+            time.sleep(0.1)
+        status = _kplan(home, "status", job)
+        assert "controller: not running" in status.stdout
+        assert f"kplan controller {job}" in status.stdout
+        assert instance_pids(home), "the nodes train on without their controller"
+        again = _kplan(home, "controller", job, "--detach", "--json")
+        assert again.returncode == 0, again.stderr
+        second = json.loads(again.stdout)["controller_pid"]
+        pids.append(second)
+        doc = json.loads(_kplan(home, "status", job, "--json").stdout)
+        while doc["status"] not in ("succeeded", "failed", "stopped", "error", "cancelled"):
+            assert time.monotonic() < deadline + 120, doc["status"]
+            time.sleep(2)
+            doc = json.loads(_kplan(home, "status", job, "--json").stdout)
+        assert doc["status"] == "succeeded", doc["reason"]
+        kinds = [e["kind"] for e in doc["events"]]
+        assert "controller" in kinds
+        ids = [r["instance"] for r in doc["ledger"]]
+        assert len(ids) == len(set(ids)) and all(r["closed"] for r in doc["ledger"])
+        for _ in range(50):
+            if not pid_alive(second):
+                break
+            time.sleep(0.2)
+        assert not pid_alive(second)
+        assert not instance_pids(home)
+    finally:
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(home)

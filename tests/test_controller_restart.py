@@ -266,11 +266,11 @@ def _check(run: Run, clean: Run, label: str) -> None:
 
 def _points(kinds: tuple[str, ...]) -> list[int]:
     """The first effects (records, upload, the head's request), each request to the cloud and
-    the effects on either side of it (intent and created lines, database rows), and every 17th
+    the effects on either side of it (intent and created lines, database rows), and every 23rd
     (the monitor's ledger rows, leases and heartbeats)."""
     cloud = [i + 1 for i, k in enumerate(kinds) if k in ("run_instances", "terminate")]
     near = {c + d for c in cloud for d in (-2, -1, 0, 1, 2)}
-    return sorted(p for p in {*range(1, 16), *near, *range(16, len(kinds) + 1, 17)} if p >= 1)
+    return sorted(p for p in {*range(1, 12), *near, *range(12, len(kinds) + 1, 23)} if p >= 1)
 
 
 def test_a_controller_killed_anywhere_is_restarted_from_its_state(
@@ -294,7 +294,7 @@ def test_a_controller_killed_anywhere_is_restarted_from_its_state(
             kinds[run.kind] = kinds.get(run.kind, 0) + 1
             _check(run, clean, f"killed {'after' if after else 'before'} op {at} ({run.kind})")
             worst = max(worst, run.spend - clean.spend)
-    assert runs >= 80
+    assert runs >= 60
     assert kinds.get("run_instances", 0) >= 4  # head, the rest, node 1's and the new head's
     RESULTS["restart sweep"] = {
         "runs": runs,
@@ -314,10 +314,11 @@ def test_a_controller_restarts_on_a_machine_without_the_database(
     script.write_text("print('train')\n")
     clean = _job(folder, str(script), None, False)
     runs = 0
-    for at in range(60, clean.ops, 23):  # after the first heartbeat: the document exists
+    for at in range(60, clean.ops, 41):  # after the first heartbeat: the document exists
         run = _job(folder, str(script), at, True, fresh_db=True)
         if run.kind is None:
             continue
         runs += 1
         _check(run, clean, f"killed after op {at} ({run.kind}), restarted elsewhere")
     assert runs >= 5
+    print(f"controller restart from storage alone: {runs} runs")

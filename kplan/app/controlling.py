@@ -20,12 +20,11 @@ from pathlib import Path
 
 from kplan.core.errors import InputError, JobError
 from kplan.core.paths import kplan_home
-from kplan.launcher.controller import Liveness, liveness, read_controller
+from kplan.launcher.controller import Liveness, liveness, pid_alive, read_controller
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.providers import Backend
 from kplan.launcher.state import StateDB
 from kplan.launcher.storage import Storage
-from kplan.launcher.summary import launcher_alive
 
 TAKE_OVER_S = 60.0  # how long `--detach` waits for its controller to take the job
 
@@ -127,7 +126,8 @@ def check_not_running(db: StateDB, backend: Backend, job_id: str) -> None:
     """Refuse to start a controller for a job that has a live one."""
     job = db.job(job_id)
     state = controller_state(backend.storage, job_id, time.time())
-    if (job is not None and launcher_alive(job)) or (state is not None and state.alive):
+    local = job is not None and job.launcher_pid is not None and pid_alive(job.launcher_pid)
+    if local or (state is not None and state.alive):
         where = f"pid {state.pid} on {state.host}" if state else f"pid {job and job.launcher_pid}"
         raise InputError(
             f"job {job_id} has a live controller ({where}): not starting another",

@@ -22,6 +22,7 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kplan.core.procs import read_stat
 from kplan.launcher.state import InstanceRecord
 from kplan.launcher.storage import Storage
 
@@ -111,13 +112,16 @@ def read_controller(storage: Storage, job_id: str) -> ControllerDoc | None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a zombie, killed but not yet reaped by
+    its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    stat = read_stat(pid)
+    return stat is None or stat.state not in ("Z", "X")
 
 
 @dataclass(frozen=True)
