@@ -170,6 +170,11 @@ def controller_command(
                 f"no job {job_id!r} in {db.path}",
                 hint="give its --cloud, --region and --storage to take it over from its storage",
             )
+        if rec is not None and rec.terminal:
+            raise InputError(
+                f"job {job_id} already ended ({rec.status}): there is nothing to control",
+                hint=f"`kplan status {job_id}` shows how it ended",
+            )
         if rec is not None:
             cloud, region = rec.cloud, rec.region
             storage = JobSpec.from_dict(rec.spec).storage_uri
