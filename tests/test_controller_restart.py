@@ -146,7 +146,7 @@ class KillSim(SimProvider):
         return super().query_instances(job_id)
 
 
-def _spec(script: str) -> JobSpec:
+def _spec(script: str, budget_usd: float = 5.0) -> JobSpec:
     nodes = tuple(NodeSpec(r, "g4dn.xlarge", "spot", "us-east-1a", 1, PRICE) for r in range(3))
     return JobSpec.build(
         job_id=JOB,
@@ -154,7 +154,7 @@ def _spec(script: str) -> JobSpec:
         region="us-east-1",
         script=script,
         nodes=nodes,
-        budget_usd=5.0,
+        budget_usd=budget_usd,
         offers=(ZoneOffer("g4dn.xlarge", "us-east-1a", "spot", PRICE),),
         check_interval_s=60.0,
         grace_s=60.0,
@@ -179,8 +179,15 @@ class Run:
 PREEMPT = {"-n1-r0": 900.0, "-n0-r0": 1500.0}  # node 1, then the head: a new generation
 
 
-def _job(root: Path, script: str, at: int | None, after: bool, fresh_db: bool = False) -> Run:
-    work = root / f"k{at}{'a' if after else 'b'}{'f' if fresh_db else ''}"
+def _job(
+    root: Path,
+    script: str,
+    at: int | None,
+    after: bool,
+    fresh_db: bool = False,
+    budget_usd: float = 5.0,
+) -> Run:
+    work = root / f"k{at}{'a' if after else 'b'}{'f' if fresh_db else ''}{budget_usd:g}"
     work.mkdir()
     death = Death(at, after)
     clock = KillClock(death)
@@ -196,7 +203,7 @@ def _job(root: Path, script: str, at: int | None, after: bool, fresh_db: bool = 
     )
     backend = Backend(sim, store)
     journal = KillJournal(work / "journal.jsonl", death)
-    spec = _spec(script)
+    spec = _spec(script, budget_usd)
     db = KillDB.open(work / "kplan.db", clock=clock)
     db.death = death
     try:
@@ -214,16 +221,21 @@ def _job(root: Path, script: str, at: int | None, after: bool, fresh_db: bool = 
         if fresh_db:
             assert read_controller(store, JOB) is not None
         with KillDB.open(work / "kplan.db") as first:
-            if first.job(JOB) is None:  # died before the job was recorded: nothing exists
+            row = first.job(JOB)
+            if row is None:  # died before the job was recorded: nothing exists
                 assert not sim.instances
                 return Run("unrecorded", {}, [], [], 0.0, 0, death.ops, None)
-        with KillDB.open(db_path, clock=clock) as again:
-            again.death = death
-            outcome = resume_job(
-                JOB, backend, again, clock=clock, billing=AWS,
-                journal=KillJournal(journal_path, death),
-            )  # fmt: skip
-    assert outcome is not None
+        if row.terminal and not fresh_db:  # died after recording the end: nothing to resume
+            status = row.status
+        else:
+            with KillDB.open(db_path, clock=clock) as again:
+                again.death = death
+                status = resume_job(
+                    JOB, backend, again, clock=clock, billing=AWS,
+                    journal=KillJournal(journal_path, death),
+                ).status  # fmt: skip
+    else:
+        status = outcome.status
     with StateDB.open(work / ("fresh.db" if fresh_db and kind else "kplan.db")) as done:
         rows = done.ledger(JOB)
         spend = done.spend(JOB)
@@ -232,7 +244,7 @@ def _job(root: Path, script: str, at: int | None, after: bool, fresh_db: bool = 
         data = store.get_bytes(f"{JOB}/status/node-{rank}.json")
         codes[rank] = -1 if data is None else int(json.loads(data)["exit_code"])
     return Run(
-        outcome.status,
+        status,
         codes,
         list(sim.instances),
         [(r.instance, r.closed) for r in rows],
@@ -322,3 +334,33 @@ def test_a_controller_restarts_on_a_machine_without_the_database(
         _check(run, clean, f"killed after op {at} ({run.kind}), restarted elsewhere")
     assert runs >= 5
     print(f"controller restart from storage alone: {runs} runs")
+
+
+def test_a_controller_killed_in_teardown_is_restarted_to_finish_the_teardown(
+    folder: Path, tmp_path: Path
+) -> None:
+    """The guard stops the job (a budget of about 20 minutes of the cluster); the controller
+    dies at each effect of its teardown; the restarted one ends it ``stopped``, not running."""
+    script = tmp_path / "job" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('train')\n")
+    clean = _job(folder, str(script), None, False, budget_usd=0.2)
+    assert clean.status == "stopped" and clean.alive == 0
+    first = clean.kinds.index("terminate")  # teardown's first request
+    runs, worst = 0, 0.0
+    for at in range(first - 2, len(clean.kinds) + 1):
+        for after in (False, True):
+            run = _job(folder, str(script), at, after, budget_usd=0.2)
+            if run.kind is None:
+                continue
+            runs += 1
+            assert run.status == "stopped" and run.alive == 0, (at, after, run)
+            ids = [i for i, _ in run.ledger]
+            assert len(ids) == len(set(ids)) and all(c for _, c in run.ledger), (at, run)
+            # what the journal saw end is billed to then; the rest to when the restart saw it
+            gap = GAP_S * PRICE * len(run.instances) / 3600
+            assert run.spend <= clean.spend + gap + 1e-9, (at, run.spend, clean.spend)
+            worst = max(worst, run.spend - clean.spend)
+    assert runs >= 6
+    RESULTS["teardown sweep"] = {"runs": runs, "worst_extra_usd": round(worst, 4)}
+    print(f"controller killed in teardown: {RESULTS['teardown sweep']}")

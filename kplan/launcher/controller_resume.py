@@ -40,7 +40,13 @@ from kplan.launcher.nodes import UNPLACED
 from kplan.launcher.observe import EventSink
 from kplan.launcher.provider import Instance
 from kplan.launcher.providers import Backend
-from kplan.launcher.state import GONE_STATES, InstanceRecord, JobRecord, StateDB
+from kplan.launcher.state import (
+    GONE_STATES,
+    TERMINAL_STATUSES,
+    InstanceRecord,
+    JobRecord,
+    StateDB,
+)
 
 _NAME = re.compile(r"-n(\d+)-r(\d+)$")  # bootstrap.instance_name: <job>-n<rank>-r<k>
 
@@ -148,6 +154,7 @@ class _Resumed(JobRun):
     """The lifecycle, restored from durable state instead of created."""
 
     def resume(self, row: JobRecord, doc: ControllerDoc | None) -> JobOutcome:
+        self.stopping = row.status == "stopping"  # what ends now is teardown's doing
         phase = self._restore(row, doc, self.journal.read())
         self.db.set_launcher(self.spec.job_id, os.getpid())
         alive = sum(1 for r in self.records.values() if r.alive)
@@ -159,6 +166,9 @@ class _Resumed(JobRun):
             {"phase": phase, "generation": self.generation, "pid": os.getpid()},
         )
         self.heartbeat()
+        if row.status == "stopping":  # it died in teardown: finish that, not the job
+            ended = self._stopping_as(row)
+            return self.drive(lambda: ended)
         if phase == "monitor" and not self.lost and row.status in ("pending", "provisioning"):
             self._status("running")
         if phase == "start":
@@ -166,6 +176,16 @@ class _Resumed(JobRun):
         if phase == "provisioning":
             return self.drive(self._provision_then_monitor)
         return self.drive(self._monitor)
+
+    def _stopping_as(self, row: JobRecord) -> tuple[str, str]:
+        """The final status a controller that died in teardown was recording (its ``stop``
+        event, else its journal's ``stopping`` note), with the job's reason."""
+        stops = [e for e in self.db.events(row.id) if e.kind == "stop" and e.data]
+        noted = self.journal.read().stopping  # written first, before the database's records
+        status = str(stops[-1].data["status"]) if stops and stops[-1].data else noted or "error"
+        if status not in TERMINAL_STATUSES:
+            status = "error"
+        return status, row.reason or "stopped before its controller died"
 
     def _provision_then_monitor(self) -> tuple[str, str]:
         self._provision()
@@ -184,8 +204,13 @@ class _Resumed(JobRun):
             self.returns, self.waiting_since = doc.returns, doc.waiting_since
         self.records = {r.id: r for r in self.db.instances(self.spec.job_id)}
         for j in log.instances.values():
-            if j.id not in self.records:  # created, but the database write was lost
+            rec = self.records.get(j.id)
+            if rec is None:  # created, but the database write was lost
                 self._record_new(self._from_journal(j), end=j.gone_at, journal=False)
+            elif rec.alive and j.gone_at is not None:  # seen gone, the database write lost
+                ended = replace(rec, state=j.state or "terminated", ended_at=j.gone_at)
+                self.records[rec.id] = ended
+                self._record_end(ended, j.gone_at)
         for name in [*log.intents, *(r.name for r in self.records.values())]:
             index = _launch_index(name)
             if index is not None:

@@ -89,7 +89,9 @@ def read_journal(path: Path) -> JournalLog:
             continue  # a torn last line
         if isinstance(doc, dict) and isinstance(doc.get("kind"), str):
             lines.append(doc)
-    return JournalLog(_instances(lines), _job(lines), _terminated(lines), _intents(lines))
+    return JournalLog(
+        _instances(lines), _job(lines), _terminated(lines), _intents(lines), _stopping(lines)
+    )
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class JournalLog:
     job: JournalJob | None = None  # None: no job line, or one without a cloud
     terminated: frozenset[str] = frozenset()  # ids in ``down`` lines
     intents: dict[str, float] = field(default_factory=dict)  # names asked for -> request time
+    stopping: str | None = None  # the final status the last teardown began for
 
 
 def _instances(lines: list[dict[str, object]]) -> dict[str, JournalInstance]:
@@ -223,6 +226,16 @@ def _intents(lines: list[dict[str, object]]) -> dict[str, float]:
             for name in names:
                 out.setdefault(str(name), when)
     return out
+
+
+def _stopping(lines: list[dict[str, object]]) -> str | None:
+    """The status of the last ``stopping: <status> (<reason>)`` note (teardown's first line)."""
+    found = None
+    for e in lines:
+        what = e.get("what")
+        if e.get("kind") == "note" and isinstance(what, str) and what.startswith("stopping: "):
+            found = what.split()[1]
+    return found
 
 
 def _terminated(lines: list[dict[str, object]]) -> frozenset[str]:
