@@ -165,11 +165,6 @@ def controller_command(
     with _db() as db:
         job_id = check_job_id(db.resolve_job_id(job, known_only=False))
         rec = db.job(job_id)
-        if rec is None and cloud is None:
-            raise InputError(
-                f"no job {job_id!r} in {db.path}",
-                hint="give its --cloud, --region and --storage to take it over from its storage",
-            )
         if rec is not None and rec.terminal:
             raise InputError(
                 f"job {job_id} already ended ({rec.status}): there is nothing to control",
@@ -178,7 +173,11 @@ def controller_command(
         if rec is not None:
             cloud, region = rec.cloud, rec.region
             storage = JobSpec.from_dict(rec.spec).storage_uri
-        assert cloud is not None
+        elif cloud is None:
+            raise InputError(
+                f"no job {job_id!r} in {db.path}",
+                hint="give its --cloud, --region and --storage to take it over from its storage",
+            )
         backend = _backend(cloud, region, storage)
         if mode != "detached":  # a detached one was started by the command that checked
             check_not_running(db, backend, job_id)
