@@ -585,6 +585,17 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         ),
     ),
     Flag(
+        "detach",
+        bool,
+        False,
+        typer.Option(
+            "--detach",
+            help="Start the job's controller (recovery, guard, ledger, teardown) as its own "
+            "process and return at once with the job id; the shell may exit. `kplan controller "
+            "JOB` restarts a controller that died.",
+        ),
+    ),
+    Flag(
         "quiet",
         bool,
         False,

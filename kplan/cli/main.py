@@ -145,6 +145,7 @@ _COMMANDS = {
     "profile": "profile",
     "check": "check",
     "launch": "launch",
+    "controller": "launch",
     "status": "jobs",
     "logs": "jobs",
     "down": "jobs",

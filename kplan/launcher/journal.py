@@ -89,7 +89,9 @@ def read_journal(path: Path) -> JournalLog:
             continue  # a torn last line
         if isinstance(doc, dict) and isinstance(doc.get("kind"), str):
             lines.append(doc)
-    return JournalLog(_instances(lines), _job(lines), _terminated(lines))
+    return JournalLog(
+        _instances(lines), _job(lines), _terminated(lines), _intents(lines), _stopping(lines)
+    )
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,8 @@ class JournalLog:
     instances: dict[str, JournalInstance] = field(default_factory=dict)  # by id
     job: JournalJob | None = None  # None: no job line, or one without a cloud
     terminated: frozenset[str] = frozenset()  # ids in ``down`` lines
+    intents: dict[str, float] = field(default_factory=dict)  # names asked for -> request time
+    stopping: str | None = None  # the final status the last teardown began for
 
 
 def _instances(lines: list[dict[str, object]]) -> dict[str, JournalInstance]:
@@ -206,6 +210,32 @@ def _job(lines: list[dict[str, object]]) -> JournalJob | None:
         region if isinstance(region, str) else None,
         storage if isinstance(storage, str) else None,
     )
+
+
+def _intents(lines: list[dict[str, object]]) -> dict[str, float]:
+    """The instance names ``intent`` lines asked for, with the time of the request (a
+    restarted controller adopts an instance the cloud made whose ``created`` line is missing)."""
+    out: dict[str, float] = {}
+    for e in lines:
+        names = e.get("names")
+        if e.get("kind") == "intent" and isinstance(names, list):
+            try:
+                when = _number(e["t"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            for name in names:
+                out.setdefault(str(name), when)
+    return out
+
+
+def _stopping(lines: list[dict[str, object]]) -> str | None:
+    """The status of the last ``stopping: <status> (<reason>)`` note (teardown's first line)."""
+    found = None
+    for e in lines:
+        what = e.get("what")
+        if e.get("kind") == "note" and isinstance(what, str) and what.startswith("stopping: "):
+            found = what.split()[1]
+    return found
 
 
 def _terminated(lines: list[dict[str, object]]) -> frozenset[str]:

@@ -8,20 +8,22 @@ after the launcher died. Teardown always runs (``finally``); a teardown that fai
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from kplan.core.errors import KplanError
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.cluster_changes import ChangingRun
-from kplan.launcher.jobspec import JobSpec, place
+from kplan.launcher.controller import ControllerDoc, this_host, write_controller
+from kplan.launcher.jobspec import JobSpec, NodeSpec, place
 from kplan.launcher.journal import Journal
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.observe import EventSink, Finish
 from kplan.launcher.providers import Backend
-from kplan.launcher.state import JobRecord, StateDB, StateWriteError
+from kplan.launcher.state import InstanceRecord, JobRecord, StateDB, StateWriteError
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,21 @@ def run_job(
     ``<db folder>/journal/<job>.jsonl``). Files the job creates are ``0600`` (umask 077 while
     it runs)."""
     journal = journal or Journal.for_job(db.path.parent, spec.job_id)
-    with _private_umask():
-        return _Run(spec, backend, db, clock or SystemClock(), billing, on_event, journal).run()
+    with private_umask():
+        return JobRun(spec, backend, db, clock or SystemClock(), billing, on_event, journal).run()
+
+
+def record_job(spec: JobSpec, backend: Backend, db: StateDB, *, clock: Clock | None = None) -> None:
+    """Create the job's records (journal line, job row ``pending``, ``created`` event) and start
+    nothing: ``kplan launch --detach`` does this before its controller process takes the job
+    (``kplan/launcher/controller_resume.py``), so the job exists when the command returns."""
+    journal = Journal.for_job(db.path.parent, spec.job_id)
+    with private_umask():
+        JobRun(spec, backend, db, clock or SystemClock(), None, None, journal)._create()
 
 
 @contextmanager
-def _private_umask() -> Iterator[None]:
+def private_umask() -> Iterator[None]:
     old = os.umask(0o077)
     try:
         yield
@@ -63,8 +74,61 @@ def _private_umask() -> Iterator[None]:
         os.umask(old)
 
 
-class _Run(ChangingRun):
+class JobRun(ChangingRun):
     """The whole lifecycle: create the job's records, run it, and always tear it down."""
+
+    mode = "foreground"  # how its controller was started (controller.py: MODES)
+    controller_since: float | None = None
+    heartbeat_failing = False
+
+    def _tick(self) -> None:
+        """One monitor check, then the controller's heartbeat (its durable state)."""
+        super()._tick()
+        self.heartbeat()
+
+    def _launch(self, nodes: Sequence[NodeSpec]) -> list[InstanceRecord]:
+        # The generation and the launch counts are durable before the cloud is asked: a
+        # restarted controller gives the new instances' peers the same rendezvous.
+        self.heartbeat()
+        return super()._launch(nodes)
+
+    def heartbeat(self) -> None:
+        """Write ``<job>/controller.json`` (kplan/launcher/controller.py); a failed write is
+        an event once per run of failures (the job goes on: the state database has the rest)."""
+        now = self.clock.now()
+        if self.controller_since is None:
+            self.controller_since = now
+        try:
+            write_controller(self.storage, self.controller_doc(now))
+            self.heartbeat_failing = False
+        except (OSError, KplanError) as err:
+            if not self.heartbeat_failing:
+                self.heartbeat_failing = True
+                with contextlib.suppress(OSError, KplanError):
+                    self._event("heartbeat", f"could not write the controller's state: {err}")
+
+    def controller_doc(self, now: float) -> ControllerDoc:
+        s = self.spec
+        return ControllerDoc(
+            job=s.job_id,
+            host=this_host(),
+            pid=os.getpid(),
+            mode=self.mode,
+            started_at=self.controller_since if self.controller_since is not None else now,
+            heartbeat_at=now,
+            check_interval_s=s.timing.check_interval_s,
+            job_started_at=self.started,
+            generation=self.generation,
+            launches=dict(self.launches),
+            lost_nodes=self.lost_nodes,
+            counted=tuple(sorted(self.counted)),
+            replacements=self.replacements,
+            preemptions=self.preemptions,
+            returns=self.returns,
+            waiting_since=self.waiting_since,
+            spec=replace(s, storage_uri=self.storage.uri).to_dict(),
+            instances=tuple(self.records.values()),
+        )
 
     def _create(self) -> None:
         s = self.spec
@@ -109,14 +173,21 @@ class _Run(ChangingRun):
 
     def run(self) -> JobOutcome:
         self._create()  # if this fails nothing exists yet: the error is the outcome
+        return self.drive(self.start)
+
+    def start(self) -> tuple[str, str]:
+        """From nothing: the guard agrees before anything is uploaded or created."""
+        self._afford([n.usd_per_hour for n in self.spec.nodes], "the cluster")
+        self._prepare()
+        self._provision()
+        return self._monitor()
+
+    def drive(self, body: Callable[[], tuple[str, str]]) -> JobOutcome:
+        """Run ``body`` (to the job's final status), then always tear down and record the end."""
         status, reason = "error", "launcher error"
         error: BaseException | None = None
         try:
-            # The guard agrees before anything is uploaded or created.
-            self._afford([n.usd_per_hour for n in self.spec.nodes], "the cluster")
-            self._prepare()
-            self._provision()
-            status, reason = self._monitor()
+            status, reason = body()
         except Finish as fin:
             status, reason = fin.status, fin.reason
         except KeyboardInterrupt:
@@ -191,3 +262,6 @@ class _Run(ChangingRun):
                     if not self.lost and not self.returning:
                         self._adapt()
             self.clock.sleep(self.spec.timing.check_interval_s - (self.clock.now() - t0))
+
+
+_Run = JobRun  # the name tests patch

@@ -13,6 +13,7 @@ import typer
 from kplan.core.errors import InputError, JobError
 
 if TYPE_CHECKING:
+    from kplan.launcher.controller import Liveness
     from kplan.launcher.providers import Backend
     from kplan.launcher.state import JobRecord, StateDB
 
@@ -87,15 +88,43 @@ def status_command(
                     render_jobs(docs)
                 finished = all(d.status not in _ACTIVE for d in docs)
             else:
-                doc = job_summary(db, _job_or_fail(db, job), now)
+                rec = _job_or_fail(db, job)
+                doc = job_summary(db, rec, now)
+                alive = _controller(rec, now)
                 if as_json:
-                    typer.echo(json.dumps(doc.to_dict(), indent=1))
+                    state = None if alive is None else alive.to_dict()
+                    typer.echo(json.dumps({**doc.to_dict(), "controller": state}, indent=1))
                 else:
                     render_job(doc)
+                    if not rec.terminal:
+                        typer.echo(_controller_line(rec.id, alive, doc.launcher))
                 finished = doc.status not in _ACTIVE or doc.launcher == "gone"
             if not watch or finished:
                 return
             time.sleep(interval)
+
+
+def _controller(rec: JobRecord, now: float) -> Liveness | None:
+    """The job's controller from its heartbeat (``<job>/controller.json``), if it can be read."""
+    from kplan.app.controlling import controller_state
+
+    if rec.terminal:
+        return None
+    return controller_state(_storage_or_none(rec), rec.id, now)
+
+
+def _controller_line(job_id: str, alive: Liveness | None, launcher: str) -> str:
+    """Whether the job's controller runs, and how to restart it when it does not."""
+    restart = f"restart it: kplan controller {job_id} [--detach]; or end the job: kplan down"
+    if alive is None:
+        state = "running" if launcher == "running" else "not running"
+        tail = "" if launcher == "running" else f"; {restart} {job_id}"
+        return f"controller: {state} (no heartbeat read){tail}"
+    where = f"{alive.mode}, pid {alive.pid} on {alive.host}"
+    beat = f"heartbeat {alive.heartbeat_age_s:.0f} s ago"
+    if alive.alive:
+        return f"controller: alive ({where}; {beat})"
+    return f"controller: not running ({where}; last {beat}); {restart} {job_id}"
 
 
 _ACTIVE = ("pending", "provisioning", "running", "recovering", "resizing", "stopping")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import asdict
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -20,6 +21,7 @@ from kplan.cli.launch_flags import LAUNCH_FLAGS, launch_request, takes_flags
 from kplan.core.errors import InputError, JobError
 
 if TYPE_CHECKING:
+    from kplan.app.controlling import Detached
     from kplan.catalogs.images import ImagePython
     from kplan.cli.render.live import Started
     from kplan.launcher.jobspec import JobSpec
@@ -34,9 +36,17 @@ _LAUNCH_HELP = (
     "(several --cloud/--region: the search picks among them). --cloud local (the default) runs "
     "--nodes worker groups on this machine, free unless --price; --budget is needed only for a "
     "cost. "
-    "The launcher stays in the foreground: it replaces preempted spot instances, accrues the "
-    "ledger, stops the job (with a checkpoint) before the budget or the deadline would be "
-    "crossed, and always tears down."
+    "The job's controller stays in the foreground: it replaces preempted spot instances, "
+    "accrues the ledger, stops the job (with a checkpoint) before the budget or the deadline "
+    "would be crossed, and always tears down. --detach runs it as its own process instead and "
+    "returns at once (follow the job with `kplan status/logs/down/report JOB`)."
+)
+_CONTROLLER_HELP = (
+    "Run (restart) the controller of a launched job whose controller died, from its durable "
+    "state: the state database, the launch journal and JOB/controller.json in the job's storage "
+    "(on a machine without the job's database, give --cloud, --region and --storage). It adopts "
+    "what the cloud runs, bills no instance twice, and goes on where the job was. Refused while "
+    "the job's controller is alive."
 )
 
 
@@ -72,7 +82,7 @@ def launch_command(**given: Any) -> None:
     if given["dry_run"]:  # offline: no provider, no cloud SDK, no credentials (placeholders)
         _dry_run(spec, as_json)
         return
-    _start(spec, as_json, quiet, explore=bool(given["explore"]))
+    _start(spec, as_json, quiet, explore=bool(given["explore"]), detach=bool(given["detach"]))
 
 
 def _image(spec: JobSpec) -> ImagePython:
@@ -122,7 +132,7 @@ def _dry_run(spec: JobSpec, as_json: bool) -> None:
         _echo_target(spec.cloud, cloud)
 
 
-def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool) -> None:
+def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool, detach: bool) -> None:
     from kplan.core.extras import require_extra, require_torch
     from kplan.launcher.dryrun import first_check
     from kplan.launcher.ledger import billing_for
@@ -139,7 +149,95 @@ def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool) -> None:
             f"--budget {spec.budget_usd:g} cannot start this cluster: {first.message}",
             hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
         )
+    if detach:
+        from kplan.app.controlling import start_detached
+
+        with _db() as db:
+            _echo_detached(start_detached(spec, backend, db), as_json)
+        return
     _run(spec, backend, as_json, quiet)
+
+
+def _echo_detached(started: Detached, as_json: bool) -> None:
+    if as_json:
+        doc = {**asdict(started), "commands": started.commands()}
+        typer.echo(json.dumps(doc, indent=1))
+        return
+    typer.echo(
+        f"job {started.job_id} started; its controller runs detached (pid "
+        f"{started.controller_pid}, log {started.log})"
+    )
+    for line in started.commands():
+        typer.echo(f"  {line}")
+
+
+def controller_command(
+    job: Annotated[str, typer.Argument(help="Job id, a unique prefix of one, or `last`.")],
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Run it as its own process and return at once.")
+    ] = False,
+    cloud: Annotated[
+        str | None, typer.Option("--cloud", help="Cloud of a job missing from the database.")
+    ] = None,
+    region: Annotated[
+        str | None, typer.Option("--region", help="Region of a job missing from the database.")
+    ] = None,
+    storage: Annotated[
+        str | None, typer.Option("--storage", help="Storage of a job missing from the database.")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the final summary.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False,
+    mode: Annotated[str, typer.Option("--mode", hidden=True)] = "restarted",
+) -> None:
+    from kplan.app.controlling import check_not_running, detach_controller
+    from kplan.launcher.jobspec import JobSpec, check_job_id
+
+    with _db() as db:
+        job_id = check_job_id(db.resolve_job_id(job, known_only=False))
+        rec = db.job(job_id)
+        if rec is not None and rec.terminal:
+            raise InputError(
+                f"job {job_id} already ended ({rec.status}): there is nothing to control",
+                hint=f"`kplan status {job_id}` shows how it ended",
+            )
+        if rec is not None:
+            cloud, region = rec.cloud, rec.region
+            storage = JobSpec.from_dict(rec.spec).storage_uri
+        elif cloud is None:
+            raise InputError(
+                f"no job {job_id!r} in {db.path}",
+                hint="give its --cloud, --region and --storage to take it over from its storage",
+            )
+        backend = _backend(cloud, region, storage)
+        if mode != "detached":  # a detached one was started by the command that checked
+            check_not_running(db, backend, job_id)
+        if detach:
+            if rec is None:
+                raise InputError(
+                    "--detach needs the job in this machine's database",
+                    hint=f"run `kplan controller {job_id} --cloud ...` in the foreground once",
+                )
+            _echo_detached(detach_controller(db, job_id, cloud), as_json)
+            return
+    _run(_resumed_spec(job_id, backend), backend, as_json, quiet, resume=mode)
+
+
+def _resumed_spec(job_id: str, backend: Backend) -> JobSpec:
+    """The job's spec for the live view: from the database, else its controller document."""
+    from kplan.launcher.controller import read_controller
+    from kplan.launcher.jobspec import JobSpec
+
+    with _db(readonly=True) as db:
+        rec = db.job(job_id)
+    if rec is not None:
+        return JobSpec.from_dict(rec.spec)
+    doc = read_controller(backend.storage, job_id)
+    if doc is None:
+        raise InputError(
+            f"no controller state for job {job_id} in {backend.storage.uri}",
+            hint="check --cloud, --region and --storage",
+        )
+    return JobSpec.from_dict(doc.spec)
 
 
 class LocalTarget(TypedDict):
@@ -187,11 +285,15 @@ def _echo_target(cloud: str, target: AwsTarget | GcpTarget) -> None:
         typer.echo(f"a real launch needs: {target['needs']}")
 
 
-def _run(spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False) -> None:
+def _run(
+    spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False, resume: str | None = None
+) -> None:
     """Run the job in the foreground; progress goes to a live panel (a terminal), plain lines
-    (a file or pipe), JSON lines (``--json``) or nowhere (``--quiet``), then the summary."""
+    (a file or pipe), JSON lines (``--json``) or nowhere (``--quiet``), then the summary.
+    ``resume``: take the job over from its durable state (``kplan controller``; the mode)."""
     from kplan.cli.render.launch import render_outcome
     from kplan.cli.render.live import JsonView, Watcher, choose_view, quietly
+    from kplan.launcher.controller_resume import resume_job
     from kplan.launcher.lifecycle import run_job
 
     db = _db()
@@ -206,7 +308,12 @@ def _run(spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False) ->
         view.start(_started(spec))
         try:
             with Watcher(spec.job_id, db.path, backend.storage, view, 1.0, metrics_every_s):
-                outcome = run_job(spec, backend, db, on_event=quietly(view.on_event))
+                sink = quietly(view.on_event)
+                outcome = (
+                    run_job(spec, backend, db, on_event=sink)
+                    if resume is None
+                    else resume_job(spec.job_id, backend, db, on_event=sink, mode=resume)
+                )
         finally:
             view.close()
     finally:
@@ -246,4 +353,5 @@ def register(app: typer.Typer) -> None:
     from kplan.cli.commands import jobs
 
     app.command("launch", help=_LAUNCH_HELP, no_args_is_help=True)(launch_command)
+    app.command("controller", help=_CONTROLLER_HELP, no_args_is_help=True)(controller_command)
     jobs.register(app)

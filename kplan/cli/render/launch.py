@@ -184,7 +184,10 @@ def job_view(j: JobSummary) -> RenderableType:
     from rich.table import Table
 
     console = _Lines()
-    gone = " [red](launcher gone: run kplan down " + safe(j.id) + ")[/red]"
+    gone = (
+        f" [red](launcher gone: kplan controller {safe(j.id)} restarts it, kplan down "
+        f"{safe(j.id)} ends it)[/red]"
+    )
     console.print(
         f"[bold]{safe(j.id)}[/bold] {safe(j.status)}"
         + (f" ({safe(j.reason)})" if j.reason else "")
