@@ -46,6 +46,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kplan.core.errors import DataFileError
+from kplan.planner.deadline import DeadlineRule
 
 Array = NDArray[np.float64]
 SCHEMA = "1.0"
@@ -238,6 +239,9 @@ class RecoveryPolicy:
     capacity_wait_s: float = 900.0  # with no spot capacity in the region (and no fallback)
     allow_on_demand: bool = False  # replace on demand when the region has no spot capacity
     zone_failover: bool = True  # a replacement may go to another zone of the region
+    # Deadline-safe spot (kplan/planner/deadline.py), seconds from the job's start; None: no
+    # deadline. Needs ``allow_on_demand``: the rule falls back to on demand.
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("restart_s", "provisioning_s", "checkpoint_s", "capacity_wait_s"):
@@ -245,3 +249,13 @@ class RecoveryPolicy:
                 raise ValueError(f"{name} must be >= 0")
         if not self.checkpoint_interval_s > 0 or self.max_replacements < 0:
             raise ValueError("checkpoint_interval_s must be > 0 and max_replacements >= 0")
+        if self.deadline_s is not None and not (self.deadline_s > 0 and self.allow_on_demand):
+            raise ValueError("a deadline must be > 0 and needs allow_on_demand")
+
+    def deadline_rule(self) -> DeadlineRule | None:
+        """The deadline rule these recovery rules run (None: no deadline)."""
+        if self.deadline_s is None:
+            return None
+        return DeadlineRule(
+            self.deadline_s, self.restart_s, self.checkpoint_interval_s, self.checkpoint_s
+        )
