@@ -324,8 +324,8 @@ def main() -> None:
     t0 = time.time()
     traces = {m.trace: simulating.load_trace(DATA / m.trace) for m in MARKETS}
     print(
-        f"{'held out':9} {'job':16} | {'met':>4} {'/hind':>6} {'/bound':>6} {'/greedy':>7} {'/od':>5} "
-        f"{'>p90$':>5} {'/exp':>5} | {'free >p90$':>10} {'/exp':>5} {'n':>4}"
+        f"{'held out':9} {'job':16} | {'met':>4} {'/hind':>6} {'/bound':>6} {'/greedy':>7} "
+        f"{'/od':>5} {'>p90$':>5} {'/exp':>5} | {'free >p90$':>10} {'/exp':>5} {'n':>4}"
     )
     for m in MARKETS:
         held = traces[m.trace]
@@ -335,7 +335,9 @@ def main() -> None:
         else:
             risk = pooled_risk([traces[o.trace] for o in others], m, others)
         print(
-            f"{m.family}: {risk.rate_per_hour:.3f}/node-h, rate sigma {risk.rate_sigma:.2f}, outage {risk.outage.prob:.2f} sigma {risk.outage_sigma:.2f}"
+            f"{m.family} model (pooled from the others): {risk.rate_per_hour:.3f}/node-h, rate "
+            f"sigma {risk.rate_sigma:.2f}, outage {risk.outage.prob:.2f} sigma "
+            f"{risk.outage_sigma:.2f}"
         )
         rows = []
         for nodes in NODES:
@@ -349,15 +351,17 @@ def main() -> None:
                         continue
                     rows.append(r)
                     job = f"{nodes}n {work / 3600:.1f}h dl {deadline / 3600:.1f}h"
-                    print(
-                        f"{m.family:9} {job:16} | {r.met:4.0%} {r.vs_hindsight:6.2f} {r.vs_pool_bound:6.2f} "
-                        f"{r.vs_greedy:7.2f} {r.vs_on_demand:5.2f} {r.above_p90:5.0%} "
-                        f"{r.vs_expected:5.2f} | {r.free_above_p90:10.0%} "
-                        f"{r.free_vs_expected:5.2f} {r.n:4d}",
-                        flush=True,
-                    )
+                    print(_line(m.family, job, r), flush=True)
         _summary(m.family, rows)
     print(f"{time.time() - t0:.0f} s")
+
+
+def _line(family: str, job: str, r: Result) -> str:
+    return (
+        f"{family:9} {job:16} | {r.met:4.0%} {r.vs_hindsight:6.2f} {r.vs_pool_bound:6.2f} "
+        f"{r.vs_greedy:7.2f} {r.vs_on_demand:5.2f} {r.above_p90:5.0%} {r.vs_expected:5.2f} | "
+        f"{r.free_above_p90:10.0%} {r.free_vs_expected:5.2f} {r.n:4d}"
+    )
 
 
 def _summary(name: str, rows: list[Result]) -> None:

@@ -25,9 +25,10 @@ on-demand node (the switch's restart included). When it says no at a loss, every
 cluster goes on demand (the survivors too: a spot survivor could still be preempted) until the
 end. In a capacity outage (no spot in the region) the job waits, which costs nothing, until
 ``on_demand_by_s`` (the latest launch on demand that leaves the reserve and one more restart:
-the way back to spot), then runs on demand until capacity returns. Why it holds: a preemption while training with slack ``S >= reserve`` leaves a slack
-above ``S - reserve >= margin_s >= 0`` for the on-demand restart that follows, and a loss
-during a restart costs at most one restart with no work at risk.
+the way back to spot), then runs on demand until capacity returns. Why it holds: a preemption
+while training with slack ``S >= reserve`` leaves a slack above ``S - reserve >= margin_s >= 0``
+for the on-demand restart that follows, and a loss during a restart costs at most one restart
+with no work at risk.
 
 Against Can't Be Late's uniform-progress rule (go on demand whenever progress falls behind a
 straight line to the deadline) this rule spends the slack on spot first and only then on

@@ -28,7 +28,8 @@ launcher's recovery rules (``kplan/launcher/lifecycle.py``), so that all three f
   the region, else (``allow_on_demand``) on demand, which goes back to spot when capacity returns
   (one restart, no lost work: the workers checkpoint first); with no capacity anywhere the job
   waits up to ``capacity_wait_s`` and then fails; more than ``max_replacements`` lost nodes
-  fail the job.
+  fail the job. With a deadline (``deadline_s``) the rule of ``kplan/planner/deadline.py``
+  decides between spot, waiting and on demand, so that the job ends by it.
 
 Fitted parameters live in ``kplan/catalogs/data/spot_model.json`` (``scripts/fit_spot_model.py``)
 with their sources, read by ``kplan.catalogs.spot_model_file`` (the planner does no I/O);

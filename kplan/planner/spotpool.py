@@ -64,8 +64,8 @@ def pool_markets(
     names = "; ".join(r.source.split(":", 1)[0] for r in risks)
     source = (
         f"{len(risks)} markets pooled as one population ({names}): mean life "
-        f"{mean_life_h:.2f} h (the population's mean rate), between markets sd {sd_rate:.2f} of the log "
-        f"rate and {sd_out:.2f} of the outage logit, added to the regimes"
+        f"{mean_life_h:.2f} h (the population's mean rate), between markets sd {sd_rate:.2f} "
+        f"of the log rate and {sd_out:.2f} of the outage logit, added to the regimes"
     )
     return SpotRisk(
         cloud=cloud,

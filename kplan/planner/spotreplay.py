@@ -321,15 +321,22 @@ class _Replayer:
         waits = [gap for gap in gaps if gap > self.grace_s]
         t_od = -INF  # the deadline rule: wait for capacity until then, then on demand
         if self.rule is not None:
-            r = self.rule
+            rule = self.rule
             rem = self.work_s - self.committed
             t_od = float(
                 on_demand_by_s(
-                    r.deadline_s, rem, r.restart_s, r.checkpoint_interval_s, r.checkpoint_s
+                    rule.deadline_s,
+                    rem,
+                    rule.restart_s,
+                    rule.checkpoint_interval_s,
+                    rule.checkpoint_s,
+                    rule.margin_s,
                 )
             )
             if waits:
-                self.wait += max(min(t + gap, max(t_od, t)) - t for t, gap in zip(lost_at, gaps))
+                self.wait += max(
+                    min(t + gap, max(t_od, t)) - t for t, gap in zip(lost_at, gaps, strict=True)
+                )
         if waits and not p.allow_on_demand:
             cap = p.capacity_wait_s
             fails = [t + cap for t, gap in zip(lost_at, gaps, strict=True) if gap > cap]
