@@ -11,6 +11,8 @@ kplan/planner/deadline.py), then replayed from random starts of the held-out tra
 
 - on demand only: the cluster on demand from the start;
 - greedy: spot until the first loss, then every node on demand to the end;
+- the same rule with the outage wait of its first version (wait as long as the slack allows,
+  not only while ahead of uniform progress): "/floor";
 - hindsight: the cheapest schedule knowing the trace, a DP over 5-minute slots choosing spot,
   on demand or idle, each switch into spot or on demand one slot of boot, finishing by the
   deadline. A slot is usable on spot when the pool holds the job's nodes through it (a
@@ -31,15 +33,17 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from kplan.app import simulating
-from kplan.planner import spotplan, spotsim
+from kplan.planner import spotplan, spotreplay, spotsim
 from kplan.planner.costs import _billed
-from kplan.planner.deadline import remaining_wall_s, reserve_s
+from kplan.planner.deadline import MARGIN_S, on_demand_by_s, remaining_wall_s, reserve_s
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 from kplan.planner.spotpool import pool_markets
 from kplan.planner.spotreplay import ReplayOutcome
@@ -199,6 +203,35 @@ def hindsight_usd(
     return best
 
 
+@contextmanager
+def slack_floor(*, on: bool) -> Iterator[None]:
+    """The rule's first outage wait, for the comparison: wait for capacity as long as the
+    slack allows (the floor of ``deadline.on_demand_by_s`` alone), not only while ahead of
+    uniform progress; the rest of the rule is the same."""
+    if not on:
+        yield
+        return
+    rule = on_demand_by_s  # the name spotreplay calls (patched there for the comparison)
+
+    def floor(
+        deadline_s: ArrayLike,
+        remaining_work_s: ArrayLike,
+        restart_s: ArrayLike,
+        interval_s: ArrayLike,
+        checkpoint_s: ArrayLike,
+        margin_s: float = MARGIN_S,
+        total_work_s: ArrayLike | None = None,
+    ) -> NDArray[np.float64]:
+        return rule(deadline_s, remaining_work_s, restart_s, interval_s, checkpoint_s, margin_s)
+
+    names = vars(spotreplay)
+    names["on_demand_by_s"] = floor
+    try:
+        yield
+    finally:
+        names["on_demand_by_s"] = rule
+
+
 def young_interval_s(risk: SpotRisk, nodes: int) -> float:
     """The planner's checkpoint interval on spot (costs.py): Young's sqrt(2 C / L)."""
     lam = nodes * risk.rate_per_hour / 3600.0
@@ -216,6 +249,8 @@ class Result:
     vs_hindsight: float
     vs_pool_bound: float
     vs_greedy: float
+    vs_floor: float  # against the rule with the slack-floor outage wait
+    floor_met: float
     vs_on_demand: float
     above_p90: float
     vs_expected: float
@@ -274,17 +309,19 @@ def judge(
         ("deadline", priced["deadline"].policy),
         ("free", priced["free"].policy),
         ("greedy", replace(priced["deadline"].policy, deadline_s=greedy_deadline)),
+        ("floor", priced["deadline"].policy),
     ):
-        outs[name] = spotsim.replay_many(
-            trace,
-            starts,
-            nodes=nodes,
-            work_s=work_s,
-            policy=pol,
-            usd_per_hour=usd[0],
-            usd_per_hour_on_demand=usd[1],
-            seed=seed,
-        )
+        with slack_floor(on=name == "floor"):
+            outs[name] = spotsim.replay_many(
+                trace,
+                starts,
+                nodes=nodes,
+                work_s=work_s,
+                policy=pol,
+                usd_per_hour=usd[0],
+                usd_per_hour_on_demand=usd[1],
+                seed=seed,
+            )
     keep = [
         i for i in range(runs) if not any(outs[k][i].truncated or outs[k][i].failed for k in outs)
     ]
@@ -306,6 +343,8 @@ def judge(
         vs_hindsight=float(cost.mean() / hind.mean()),
         vs_pool_bound=float(cost.mean() / bound.mean()),
         vs_greedy=float(cost.mean() / arr("greedy", "cost_usd").mean()),
+        vs_floor=float(cost.mean() / arr("floor", "cost_usd").mean()),
+        floor_met=float(np.mean(arr("floor", "hours") <= deadline_s / 3600.0 + 1e-9)),
         vs_on_demand=float(cost.mean() / on_demand_usd(nodes, work_s, usd[1])),
         above_p90=float(np.mean(cost > pd.cost_p90_usd)),
         vs_expected=float(cost.mean() / (pd.cost_mean_usd or pd.cost_usd)),
@@ -325,7 +364,8 @@ def main() -> None:
     traces = {m.trace: simulating.load_trace(DATA / m.trace) for m in MARKETS}
     print(
         f"{'held out':9} {'job':16} | {'met':>4} {'/hind':>6} {'/bound':>6} {'/greedy':>7} "
-        f"{'/od':>5} {'>p90$':>5} {'/exp':>5} | {'free >p90$':>10} {'/exp':>5} {'n':>4}"
+        f"{'/floor':>6} {'/od':>5} {'>p90$':>5} {'/exp':>5} | {'free >p90$':>10} {'/exp':>5} "
+        f"{'n':>4}"
     )
     for m in MARKETS:
         held = traces[m.trace]
@@ -359,8 +399,8 @@ def main() -> None:
 def _line(family: str, job: str, r: Result) -> str:
     return (
         f"{family:9} {job:16} | {r.met:4.0%} {r.vs_hindsight:6.2f} {r.vs_pool_bound:6.2f} "
-        f"{r.vs_greedy:7.2f} {r.vs_on_demand:5.2f} {r.above_p90:5.0%} {r.vs_expected:5.2f} | "
-        f"{r.free_above_p90:10.0%} {r.free_vs_expected:5.2f} {r.n:4d}"
+        f"{r.vs_greedy:7.2f} {r.vs_floor:6.2f} {r.vs_on_demand:5.2f} {r.above_p90:5.0%} "
+        f"{r.vs_expected:5.2f} | {r.free_above_p90:10.0%} {r.free_vs_expected:5.2f} {r.n:4d}"
     )
 
 
@@ -376,7 +416,9 @@ def _summary(name: str, rows: list[Result]) -> None:
         f"== {name} held out, {len(rows)} jobs: deadline met {col('met').min():.0%} (worst "
         f"job); mean cost / hindsight {col('vs_hindsight').mean():.2f} (max "
         f"{col('vs_hindsight').max():.2f}); / greedy {col('vs_greedy').mean():.2f} (max "
-        f"{col('vs_greedy').max():.2f}); / on demand {col('vs_on_demand').mean():.2f}; above "
+        f"{col('vs_greedy').max():.2f}); / slack-floor wait {col('vs_floor').mean():.3f} "
+        f"(range {col('vs_floor').min():.3f}-{col('vs_floor').max():.3f}, it met "
+        f"{col('floor_met').min():.0%}); / on demand {col('vs_on_demand').mean():.2f}; above "
         f"cost p90 {col('above_p90').mean():.0%} ({col('above_p90').min():.0%}-"
         f"{col('above_p90').max():.0%}); mean / expected {col('vs_expected').mean():.2f} "
         f"({col('vs_expected').min():.2f}-{col('vs_expected').max():.2f}) | no deadline: "

@@ -15,7 +15,7 @@ from kplan.planner.plan import Plan
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
 from kplan.planner.spotpool import between, pool_markets
 from kplan.planner.spottrace import synthetic_trace
-from tests.test_spotsim import BOTH, play, replays
+from tests.test_spotsim import BOTH, play, replays, trace
 
 # restart 300 s, boot 240 s, a 10 s checkpoint every 1800 s: undisturbed, WORK takes 3860 s;
 # the reserve is 300 + 1800 + 10 + 60 = 2170 s
@@ -80,18 +80,41 @@ def test_replay_moves_every_node_on_demand_when_the_slack_runs_out() -> None:
     ]
 
 
-def test_replay_waits_in_an_outage_while_the_slack_allows() -> None:
-    """No capacity from 2000 s to 3000 s: with room to wait, the job waits (nothing billed
-    for the lost node); with a tight deadline it goes on demand before capacity returns and
-    stays there (coming back would spend the reserve)."""
-    rows = [*BOTH, (2000.0, "remove", "a"), (3000.0, "add", "c")]
-    loose = play(rows, policy=replace(POL, deadline_s=20_000.0))
+def test_replay_waits_in_an_outage_while_ahead_of_uniform_progress() -> None:
+    """7200 s of work; no capacity for node a from 4000 s to 5000 s, when 3600 s are committed
+    (two checkpoints, at 2050 and 3860 s). By a 20,000 s deadline the line to the work at the
+    deadline less the 2170 s reserve is at 50% only at 8915 s: the job is ahead and waits (the
+    lost node billed nothing); by 10,120 s it is behind (the line passes 50% at 3975 s, and
+    the slack floor is at 3730 s) and goes on demand at once (a spot replacement would still
+    have had the reserve), and at 5000 s its slack is too small to come back to spot."""
+    rows = [*BOTH, (4000.0, "remove", "a"), (5000.0, "add", "c")]
+
+    def run(deadline_s: float) -> spotsim.ReplayOutcome:
+        return spotsim.replay(
+            trace(rows),
+            start_s=0.0,
+            nodes=2,
+            work_s=7200.0,
+            policy=replace(POL, deadline_s=deadline_s),
+            usd_per_hour=1.0,
+            usd_per_hour_on_demand=4.0,
+        )
+
+    loose = run(20_000.0)
     assert "on_demand" not in [e.kind for e in loose.events]
     assert loose.wait_s == pytest.approx(1000.0)
-    tight = play(rows, policy=replace(POL, deadline_s=8700.0))
+    tight = run(10_120.0)
     od = [x for x in tight.instances if x.market == "on-demand"]
-    assert od and all(x.launch_s < 3000.0 for x in od)
-    assert tight.hours * 3600.0 <= 8700.0
+    assert [x.launch_s for x in od] == [4000.0]
+    assert od[0].end_s == pytest.approx(tight.hours * 3600.0)  # no return to spot
+    assert tight.hours * 3600.0 <= 10_120.0
+    # the outage's limit: the earlier of the line and the slack floor (the floor here) ...
+    by = deadline.on_demand_by_s(10_120.0, 3600.0, 300.0, 1800.0, 10.0, total_work_s=7200.0)
+    assert float(by) == pytest.approx(10_120.0 - 3620.0 - 2170.0 - 600.0)
+    # ... and by 20,000 s, the line (the floor: 13,610 s)
+    by = deadline.on_demand_by_s(20_000.0, 3600.0, 300.0, 1800.0, 10.0, total_work_s=7200.0)
+    assert float(by) == pytest.approx(0.5 * (20_000.0 - 2170.0))
+    assert deadline.DeadlineRule(10_120.0, 300.0, 1800.0, 10.0).spot_ok(4300.0, 3600.0)
 
 
 def test_a_deadline_too_short_for_spot_runs_on_demand_from_the_start() -> None:

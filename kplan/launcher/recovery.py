@@ -96,12 +96,18 @@ def deadline_choice(
 
 def deadline_wait(spec: JobSpec, view: JobView, now: float, deadline_at: float | None) -> bool:
     """No spot capacity now: True while the rule lets the job wait for it rather than launch
-    on demand (``deadline.on_demand_by_s``, from now)."""
+    on demand (``deadline.on_demand_by_s``: ahead of uniform progress, with slack to spare)."""
     work = remaining_work_s(spec, view)
     if deadline_at is None or not spec.allow_on_demand or work is None:
         return False
     p = spec.recovery_policy()
-    by = deadline.on_demand_by_s(
-        deadline_at - now, work, p.restart_s, p.checkpoint_interval_s, p.checkpoint_s
+    total = (spec.plan.chosen.steps * spec.plan.chosen.step_time_s if spec.plan else work) + (
+        p.checkpoint_interval_s
     )
-    return float(by) > 0.0
+    # in the job's time (from its start), as the plan was priced: the progress line starts there
+    span = spec.deadline_h * 3600.0 if spec.deadline_h is not None else deadline_at - now
+    elapsed = now - (deadline_at - span)
+    by = deadline.on_demand_by_s(
+        span, work, p.restart_s, p.checkpoint_interval_s, p.checkpoint_s, total_work_s=total
+    )
+    return float(by) > elapsed

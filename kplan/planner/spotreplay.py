@@ -331,6 +331,7 @@ class _Replayer:
                     rule.checkpoint_interval_s,
                     rule.checkpoint_s,
                     rule.margin_s,
+                    total_work_s=self.work_s,
                 )
             )
             if waits:

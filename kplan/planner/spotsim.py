@@ -447,7 +447,9 @@ class _Lanes:
         # the deadline rule: wait while the slack allows, then on demand until capacity returns
         dl = np.isfinite(P["deadline"])
         rem = self.work - self.committed
-        t_od = deadline.on_demand_by_s(P["deadline"], rem, P["restart"], P["interval"], P["ck"])
+        t_od = deadline.on_demand_by_s(
+            P["deadline"], rem, P["restart"], P["interval"], P["ck"], total_work_s=self.work
+        )
         t_od = np.maximum(t_od, d)
         dl_wait = out & dl & (self.region_until <= t_od)
         use_od = out & P["allow_od"] & ~dl_wait
