@@ -33,7 +33,7 @@ for the on-demand restart that follows, and a loss during a restart costs at mos
 with no work at risk.
 
 The outage wait was first the slack floor alone (wait as long as the deadline allows); on the
-held-out replays of ``bench/spot_deadline.py`` uniform progress cost 0-5% less on the mean per
+held-out replays of ``bench/spot_deadline.py`` uniform progress cost 0-2% less on the mean per
 trace (it keeps slack for later preemptions), so it is the rule; the benchmark sets the rule
 against the hindsight optimum, greedy and on-demand only.
 """
