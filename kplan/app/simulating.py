@@ -68,6 +68,7 @@ class Replayed(Spread):
     above_plan_cost_p90: float
     above_spot_only_hours_p90: float | None = None  # with a spot-only prediction
     above_spot_only_cost_p90: float | None = None
+    met_deadline: float | None = None  # share of replays that ended by the plan's deadline
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,9 @@ def _distribution(
             losses=float(losses.mean()),
             above_plan_hours_p90=float(np.mean(hours > job.hours_p90)),
             above_plan_cost_p90=float(np.mean(cost > job.cost_p90_usd)),
+            met_deadline=None
+            if job.policy.deadline_s is None
+            else float(np.mean(hours * 3600.0 <= job.policy.deadline_s + 1e-6)),
         )
     out = Replay(
         job=job.label,

@@ -12,6 +12,7 @@ from dataclasses import replace
 from kplan.core.errors import CloudError
 from kplan.launcher.nodes import NodeRun
 from kplan.launcher.observe import Finish
+from kplan.launcher.recovery import deadline_choice, deadline_wait
 from kplan.launcher.state import InstanceRecord
 
 
@@ -32,10 +33,17 @@ class ChangingRun(NodeRun):
             if self.waiting_since is None:
                 self._status("recovering")
             waiting = []
+            view, now, at = self.adapter.obs.view, self.clock.now(), self.guard.deadline_at
+            choice = deadline_choice(self.spec, view, now, at)  # the plan's deadline rule
+            spot_only = choice == "spot" and deadline_wait(self.spec, view, now, at)
             for rank in sorted(self.lost):
                 lost_at, _ = self.lost[rank]
                 self.recovering.setdefault(rank, lost_at)
-                if self._launch_rank(self.spec.nodes[rank], quiet=self.waiting_since is not None):
+                node = self.spec.nodes[rank]
+                if choice == "on-demand":
+                    node = replace(node, market="on-demand")
+                quiet = self.waiting_since is not None
+                if self._launch_rank(node, quiet=quiet, spot_only=spot_only):
                     self.replacements += 1
                     del self.lost[rank]
                 else:
@@ -81,8 +89,9 @@ class ChangingRun(NodeRun):
         generation with the head on spot. Not a lost node: ``max_replacements`` is untouched."""
         self._watch_returning()
         ranks = [r for r in self._fallbacks() if r not in self.returning]
-        if not ranks:
-            return
+        view, at = self.adapter.obs.view, self.guard.deadline_at
+        if not ranks or deadline_choice(self.spec, view, self.clock.now(), at) == "on-demand":
+            return  # the deadline rule: a return's restart would spend the reserve
         now = self.clock.now()
         every = self.spec.recovery.spot_probe_interval_s or self.spec.timing.check_interval_s
         if self.last_probe is not None and now - self.last_probe < every - 1e-9:

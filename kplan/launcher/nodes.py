@@ -155,11 +155,16 @@ class NodeRun(TeardownRun):
             self._event("guard", f"not launching {what}: {decision.message}")
             raise Finish("stopped", decision.reason or "budget")
 
-    def _launch_rank(self, node: NodeSpec, *, quiet: bool = False) -> InstanceRecord | None:
+    def _launch_rank(
+        self, node: NodeSpec, *, quiet: bool = False, spot_only: bool = False
+    ) -> InstanceRecord | None:
         """Launch one node: its zone first, then other zones, then on-demand (if allowed).
-        ``quiet``: no event per refused try (the retries of a wait for capacity)."""
+        ``quiet``: no event per refused try (the retries of a wait for capacity);
+        ``spot_only``: no on-demand fallback this time (the deadline rule lets it wait)."""
         self.refusals = []
         for cand in self.spec.candidates(node):
+            if spot_only and cand.market != "spot":
+                continue
             self._afford([cand.usd_per_hour], f"node {node.node_rank}")
             try:
                 return self._launch([cand])[0]

@@ -164,6 +164,8 @@ class PlanRow:
         doc = asdict(self)  # nested records become objects, tuples lists
         doc["groups"] = [asdict(g) for g in self.groups]
         doc["spot"]["recovery"] = None if self.spot.recovery is None else asdict(self.spot.recovery)
+        if doc["spot"]["recovery"] is not None and doc["spot"]["recovery"]["deadline_s"] is None:
+            del doc["spot"]["recovery"]["deadline_s"]  # no deadline: as before issue 27
         doc.pop("schedule")
         doc["batch_schedule"] = None
         if self.schedule is not None:
@@ -435,6 +437,7 @@ def _recovery(d: JsonObject) -> RecoveryPolicy:
         ),
         allow_on_demand=d.boolean("allow_on_demand", base.allow_on_demand),
         zone_failover=d.boolean("zone_failover", base.zone_failover),
+        deadline_s=d.optional_number("deadline_s", 0.0, flags.MAX_SECONDS),
     )
 
 

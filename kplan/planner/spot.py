@@ -28,7 +28,8 @@ launcher's recovery rules (``kplan/launcher/lifecycle.py``), so that all three f
   the region, else (``allow_on_demand``) on demand, which goes back to spot when capacity returns
   (one restart, no lost work: the workers checkpoint first); with no capacity anywhere the job
   waits up to ``capacity_wait_s`` and then fails; more than ``max_replacements`` lost nodes
-  fail the job.
+  fail the job. With a deadline (``deadline_s``) the rule of ``kplan/planner/deadline.py``
+  decides between spot, waiting and on demand, so that the job ends by it.
 
 Fitted parameters live in ``kplan/catalogs/data/spot_model.json`` (``scripts/fit_spot_model.py``)
 with their sources, read by ``kplan.catalogs.spot_model_file`` (the planner does no I/O);
@@ -46,6 +47,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kplan.core.errors import DataFileError
+from kplan.planner.deadline import DeadlineRule
 
 Array = NDArray[np.float64]
 SCHEMA = "1.0"
@@ -238,6 +240,9 @@ class RecoveryPolicy:
     capacity_wait_s: float = 900.0  # with no spot capacity in the region (and no fallback)
     allow_on_demand: bool = False  # replace on demand when the region has no spot capacity
     zone_failover: bool = True  # a replacement may go to another zone of the region
+    # Deadline-safe spot (kplan/planner/deadline.py), seconds from the job's start; None: no
+    # deadline. Needs ``allow_on_demand``: the rule falls back to on demand.
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("restart_s", "provisioning_s", "checkpoint_s", "capacity_wait_s"):
@@ -245,3 +250,13 @@ class RecoveryPolicy:
                 raise ValueError(f"{name} must be >= 0")
         if not self.checkpoint_interval_s > 0 or self.max_replacements < 0:
             raise ValueError("checkpoint_interval_s must be > 0 and max_replacements >= 0")
+        if self.deadline_s is not None and not (self.deadline_s > 0 and self.allow_on_demand):
+            raise ValueError("a deadline must be > 0 and needs allow_on_demand")
+
+    def deadline_rule(self) -> DeadlineRule | None:
+        """The deadline rule these recovery rules run (None: no deadline)."""
+        if self.deadline_s is None:
+            return None
+        return DeadlineRule(
+            self.deadline_s, self.restart_s, self.checkpoint_interval_s, self.checkpoint_s
+        )

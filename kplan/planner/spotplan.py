@@ -161,7 +161,13 @@ def simulate_rows(
                 lost_nodes_p99=p99,
                 fail_prob=float(res.fail_prob[j]),
                 policy=replace(pol, max_replacements=replacement_limit(p99)),
-                source=risk.source,
+                source=risk.source
+                + (
+                    ""
+                    if pol.deadline_s is None
+                    else f"; deadline-safe: on demand once the slack no longer covers a "
+                    f"preemption, so it ends by {pol.deadline_s / 3600:g} h"
+                ),
                 runs=runs,
             )
         )

@@ -83,6 +83,9 @@ def refine_spot_rows(
         return False
     todo = list(views)
     o = opts.overheads
+    # with a deadline, the deadline-safe rule (kplan/planner/deadline.py) wherever the type
+    # has an on-demand price to fall back to
+    deadline_s = None if opts.deadline_hours is None else opts.deadline_hours * 3600.0
     policies = [
         RecoveryPolicy(
             restart_s=o.restart_s,
@@ -90,7 +93,9 @@ def refine_spot_rows(
             checkpoint_interval_s=float(t.tau[i]),
             checkpoint_s=checkpoint_s,
             capacity_wait_s=capacity_wait(views[i].risk, opts),
-            allow_on_demand=opts.allow_on_demand and views[i].on_demand_usd_per_hour is not None,
+            allow_on_demand=(opts.allow_on_demand or deadline_s is not None)
+            and views[i].on_demand_usd_per_hour is not None,
+            deadline_s=deadline_s if views[i].on_demand_usd_per_hour is not None else None,
         )
         for i in todo
     ]

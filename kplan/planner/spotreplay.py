@@ -7,11 +7,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kplan.planner.costs import _billed
+from kplan.planner.deadline import on_demand_by_s
 from kplan.planner.spot import RecoveryPolicy
 from kplan.planner.spottrace import ADD, LOSS_WINDOW_S, REMOVE, SpotTrace
 
@@ -156,6 +157,9 @@ def replay(
       at the add; or, if the wait passes ``capacity_wait_s``, failure at removal +
       ``capacity_wait_s``. ``wait_s`` adds each event's longest wait.
     - A node taken after its removal (a late switch back to spot) dies at once.
+    - With a deadline (``policy.deadline_s``): ``deadline.spot_ok`` at the start, at each loss
+      and at each return of capacity (``spotsim`` states the rule's effect); a node the rule
+      moves on demand stays there to the end.
     - ``truncated``: the job ran past the trace's end, where nothing more is known (no adds:
       a wait there is endless); leave such replays out.
     """
@@ -244,6 +248,22 @@ class _Replayer:
         self.committed = self.wait = self.t_end = 0.0
         self.losses = self.lost = 0
         self.failed = False
+        self.rule = policy.deadline_rule()
+
+    def spot_ok(self, up: float, committed: float) -> bool:
+        return self.rule is None or self.rule.spot_ok(up, self.work_s - committed)
+
+    def all_on_demand(self, t: float, lost: set[int], why: str) -> None:
+        """Every node on demand from ``t`` to the end: the spot survivors end at ``t``; they
+        and the ``lost`` ones (already ended) relaunch on demand."""
+        for r, s in enumerate(self.slots):
+            if s.on_demand and s.launch <= t:
+                self.slots[r] = replace(s, switch_s=INF, next_life=-1)
+                continue
+            if r not in lost and s.launch <= t:
+                self.end_instance(r, s, t)
+            self.slots[r] = _Slot(-1, t, t + self.p.restart_s, INF, True)
+        self.events.append(ReplayEvent(t, "on_demand", tuple(range(len(self.slots))), why))
 
     def rel_death(self, life: int, launch: float) -> float:
         return max(self.ix.lives[life].remove_s - self.t0, launch)
@@ -270,6 +290,11 @@ class _Replayer:
             alive = [alive[n] for n in order]
         else:
             np.random.default_rng(seed).shuffle(alive)
+        if not self.spot_ok(p.provisioning_s, 0.0):
+            self.slots = [_Slot(-1, 0.0, p.provisioning_s, INF, True) for _ in range(nodes)]
+            what = "on demand: the deadline leaves no slack for spot"
+            self.events.append(ReplayEvent(0.0, "start", tuple(range(nodes)), what))
+            return
         for i in alive[:nodes]:
             self.used.add(i)
             self.slots.append(_Slot(i, 0.0, p.provisioning_s, self.rel_death(i, 0.0)))
@@ -294,6 +319,25 @@ class _Replayer:
             got.append(taken[0] if taken else -1)
             gaps.append(lives[taken[0]].add_s - t0 - t if taken else INF)
         waits = [gap for gap in gaps if gap > self.grace_s]
+        t_od = -INF  # the deadline rule: wait for capacity until then, then on demand
+        if self.rule is not None:
+            rule = self.rule
+            rem = self.work_s - self.committed
+            t_od = float(
+                on_demand_by_s(
+                    rule.deadline_s,
+                    rem,
+                    rule.restart_s,
+                    rule.checkpoint_interval_s,
+                    rule.checkpoint_s,
+                    rule.margin_s,
+                    total_work_s=self.work_s,
+                )
+            )
+            if waits:
+                self.wait += max(
+                    min(t + gap, max(t_od, t)) - t for t, gap in zip(lost_at, gaps, strict=True)
+                )
         if waits and not p.allow_on_demand:
             cap = p.capacity_wait_s
             fails = [t + cap for t, gap in zip(lost_at, gaps, strict=True) if gap > cap]
@@ -304,8 +348,9 @@ class _Replayer:
             if gap <= self.grace_s:  # capacity at once: launched at the loss
                 self.slots[r] = _Slot(g, t, t + boot, self.rel_death(g, t))
                 self.events.append(ReplayEvent(t, "replace", (r,)))
-            elif p.allow_on_demand:  # on demand until the add, then back to spot on it
-                self.slots[r] = _Slot(-1, t, t + boot, INF, True, t + gap, g)
+            elif p.allow_on_demand and t + gap > t_od:  # on demand until the add, then spot
+                t_l = max(t, t_od)
+                self.slots[r] = _Slot(-1, t_l, t_l + boot, INF, True, t + gap, g)
                 what = f"capacity back in {gap:g} s"
                 self.events.append(ReplayEvent(t, "on_demand", (r,), what))
             else:  # wait for the add
@@ -337,11 +382,20 @@ class _Replayer:
         """Capacity is back: the on-demand nodes go back to spot (progress checkpointed)."""
         p, slots = self.p, self.slots
         interval, cycle = p.checkpoint_interval_s, p.checkpoint_interval_s + p.checkpoint_s
+        committed = self.committed
         if t_sw >= t_res:
             e = t_sw - t_res
             k = math.floor(e / cycle + EPS)
             done = k * interval + min(e - k * cycle, interval)
-            self.committed = min(self.committed + done, self.work_s)
+            committed = min(committed + done, self.work_s)
+        if not self.spot_ok(max(t_res, t_sw + p.restart_s), committed):
+            # the deadline rule: the on-demand nodes stay on demand to the end
+            od = tuple(r for r, s in enumerate(slots) if s.on_demand)
+            for r in od:
+                slots[r] = replace(slots[r], switch_s=INF, next_life=-1)
+            self.events.append(ReplayEvent(t_sw, "on_demand", od, "the deadline: staying"))
+            return
+        self.committed = committed
         back = [r for r, s in enumerate(slots) if s.on_demand and s.switch_s <= t_sw]
         for r in back:
             s = slots[r]
@@ -368,6 +422,10 @@ class _Replayer:
             self.fail(d, gone, "max_replacements")
             return False
         gone.sort(key=lambda r: slots[r].death)
+        up = max(t_res, d + p.restart_s)
+        if not self.spot_ok(up, self.committed):
+            self.all_on_demand(d, set(gone), "the deadline: the slack no longer covers a loss")
+            return True
         fail_at = self.refill(gone, [max(slots[r].death, d) for r in gone], p.restart_s)
         if fail_at is not None:
             self.fail(fail_at, gone, "no capacity")

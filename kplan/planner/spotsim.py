@@ -35,6 +35,12 @@ from it), made exact here:
 - **Money**: each instance is billed from its launch to its end (its loss, its return to
   spot, or the job's end) at its market's price, ``billing_min_s`` minimum, rounded up to
   ``billing_increment_s`` (``costs._billed``).
+- **Deadline** (``policy.deadline_s``, kplan/planner/deadline.py): the lanes follow
+  ``deadline.spot_ok`` at the start, at each loss and at each return of capacity; where it says
+  no at a loss, every node goes on demand at the loss (spot survivors billed to it) to the end;
+  where it says no at a return, the on-demand nodes stay on demand to the end. In an outage
+  the job waits until ``deadline.on_demand_by_s`` and then goes on demand until capacity
+  returns (the fallback's launch, not the loss, starts its bill).
 - **Failed runs** keep their time to failure and their cost so far in the distributions
   (``hours_*``, ``cost_*``); ``fail_prob`` counts them. ``wait_hours`` adds the wait of each
   loss event that waited. A run past ``max_events`` events counts as failed.
@@ -50,6 +56,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kplan.planner import deadline
 from kplan.planner.costs import _billed
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 
@@ -209,6 +216,7 @@ def _config_params(
             [max(len(r.outage.durations_h) - 1, 0) if r else 0 for r in risk_list]
         ),
         "no_failover": np.array([not p.zone_failover for p in pol]),
+        "deadline": per_cfg([INF if p.deadline_s is None else p.deadline_s for p in pol]),
         "bmin": bmin,
         "binc": binc,
         "p_spot": p_spot,
@@ -285,6 +293,22 @@ class _Lanes:
         self.cost, self.losses, self.lost = np.zeros(m), np.zeros(m), np.zeros(m)
         self.wait, self.od_s = np.zeros(m), np.zeros(m)
         self.running = np.ones(m, dtype=bool)  # kept until compaction; finished ones are inert
+        self.od_final = np.zeros(m, dtype=bool)  # on demand to the end (the deadline rule)
+        late = ~self.spot_ok(np.arange(m), self.t_res, self.work)
+        if late.any():  # too little slack for spot from the start: on demand throughout
+            on = slot_on & late[:, None]
+            self.on_od |= on
+            self.launch_spot[on] = INF
+            self.death[on] = INF
+            self.n_od = np.where(late, self.n_f[cf], 0.0)
+            self.od_final = late
+
+    def spot_ok(self, idx: NDArray[np.intp], up: Array, remaining: Array) -> NDArray[np.bool_]:
+        """The deadline rule (kplan/planner/deadline.py) for lanes ``idx``."""
+        P = self.P
+        return deadline.spot_ok(
+            P["deadline"][idx], up, remaining, P["restart"][idx], P["interval"][idx], P["ck"][idx]
+        )
 
     def step(self) -> None:
         """One event per running lane: done, back to spot, or a loss."""
@@ -294,7 +318,7 @@ class _Lanes:
         d = self.death.ravel()[flat]
         rem = np.maximum(self.work - self.committed, 0.0)
         fin = self.t_res + rem + P["ck"] * np.floor(rem / P["interval"] + EPS)
-        t_sw = np.where(self.n_od > 0, self.region_until, INF)
+        t_sw = np.where((self.n_od > 0) & ~self.od_final, self.region_until, INF)
         run = self.running
         done = run & (fin <= np.minimum(d, t_sw))
         going = run & ~done
@@ -318,7 +342,12 @@ class _Lanes:
         cyc, ivl = P["cycle"][sr], P["interval"][sr]
         k = np.floor(e / cyc + EPS)
         prog = k * ivl + np.minimum(e - k * cyc, ivl)
-        self.committed[sr] = np.minimum(self.committed[sr] + prog, self.work[sr])
+        done = np.minimum(self.committed[sr] + prog, self.work[sr])
+        up = np.maximum(self.t_res[sr], t_sw[sr] + P["restart"][sr])
+        ok = self.spot_ok(sr, up, self.work[sr] - done)
+        self.od_final[sr[~ok]] = True  # the deadline rule: stay on demand to the end
+        sr, done = sr[ok], done[ok]
+        self.committed[sr] = done
         g_r, g_c = np.nonzero(self.on_od[sr])
         g_r = sr[g_r]
         t = t_sw[g_r]
@@ -359,6 +388,9 @@ class _Lanes:
         dur = d[g_r] - launch[g]
         self.cost += np.bincount(g_r, self.billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
         use_od, no_cap, t_launch = self.capacity(ls, d)
+        up = np.maximum(self.t_res, d + P["restart"])  # were the replacements spot, now
+        force = ls & ~self.spot_ok(np.arange(n_l), up, self.work - self.committed)
+        use_od |= force
         tl = t_launch[g_r]
         od = use_od[g_r]
         launch[g] = tl
@@ -372,6 +404,8 @@ class _Lanes:
         self.on_od.ravel()[g] = od
         self.n_od += np.where(use_od, lost_now, 0)
         self.t_res = np.where(ls, np.maximum(self.t_res, t_launch + P["restart"]), self.t_res)
+        if force.any():
+            self.all_on_demand(force, d, gone)
         too_many = ls & (self.lost > P["max_rep"])
         failed = too_many | no_cap
         if failed.any():
@@ -379,6 +413,21 @@ class _Lanes:
             # the lost slots of a failed run have nothing running (already billed)
             launch[g[failed[g_r]]] = INF
         return t_end, failed
+
+    def all_on_demand(self, force: NDArray[np.bool_], d: Array, gone: NDArray[np.bool_]) -> None:
+        """The deadline rule said no at a loss at ``d``: the spot survivors of lanes ``force``
+        end at ``d`` (billed) and restart on demand with the lost ones, to the end."""
+        P, n_l = self.P, self.orig.size
+        surv = force[:, None] & ~gone & ~self.on_od & (self.launch_spot <= d[:, None])
+        g_r, g_c = np.nonzero(surv)
+        dur = d[g_r] - self.launch[g_r, g_c]
+        self.cost += np.bincount(g_r, self.billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
+        self.launch[g_r, g_c] = d[g_r]
+        self.on_od[g_r, g_c] = True
+        self.launch_spot[force] = INF
+        self.death[force] = INF
+        self.n_od = np.where(force, self.n_f[self.P["cf"]], self.n_od)
+        self.od_final |= force
 
     def capacity(
         self, ls: NDArray[np.bool_], d: Array
@@ -395,11 +444,21 @@ class _Lanes:
         # a capacity wait no longer than the restart is none (as ``replay`` reads a trace)
         out = ls & (still | regional) & (self.region_until - d > P["restart"])
         d_wait = np.where(out, self.region_until - d, 0.0)
-        use_od = out & P["allow_od"]
-        wait_ok = out & ~P["allow_od"] & (d_wait <= P["cap"])
+        # the deadline rule: wait while the slack allows, then on demand until capacity returns
+        dl = np.isfinite(P["deadline"])
+        rem = self.work - self.committed
+        t_od = deadline.on_demand_by_s(
+            P["deadline"], rem, P["restart"], P["interval"], P["ck"], total_work_s=self.work
+        )
+        t_od = np.maximum(t_od, d)
+        dl_wait = out & dl & (self.region_until <= t_od)
+        use_od = out & P["allow_od"] & ~dl_wait
+        wait_ok = out & ((~P["allow_od"] & (d_wait <= P["cap"])) | dl_wait)
         no_cap = out & ~P["allow_od"] & ~wait_ok
-        self.wait += np.where(wait_ok, d_wait, 0.0)
-        t_launch = d + np.where(wait_ok, d_wait, 0.0)
+        with np.errstate(invalid="ignore"):  # lanes without a loss: d is infinite
+            od_wait = np.where(use_od & dl, t_od - d, 0.0)
+        self.wait += np.where(wait_ok, d_wait, 0.0) + od_wait
+        t_launch = d + np.where(wait_ok, d_wait, 0.0) + od_wait
         return use_od, no_cap, t_launch
 
     def finish(self, t_end: Array, failed: NDArray[np.bool_]) -> None:
@@ -478,6 +537,7 @@ _LANE_STATE = (
     "launch_spot",
     "death",
     "held",
+    "od_final",
 )
 
 

@@ -111,6 +111,8 @@ def _render(r: Replay) -> None:
         f"{known(rep.above_spot_only_cost_p90):>13.0%}"
     )
     typer.echo(f"{'loss events':16}{rep.losses:>14.1f}")
+    if rep.met_deadline is not None:  # a deadline-safe plan (kplan/planner/deadline.py)
+        typer.echo(f"deadline: {rep.met_deadline:.0%} of the replays ended by the plan's deadline")
     if rep.heavy_tail:
         typer.echo(
             f"note: a heavy tail puts the replayed mean ({rep.hours_mean:.2f} h, "

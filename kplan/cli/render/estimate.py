@@ -295,6 +295,11 @@ def _spot_line(r: PlanRow) -> str:
         return ""
     wait = rec.capacity_wait_s / 3600.0
     fallback = "falls back to on-demand" if rec.allow_on_demand else f"waits up to {wait:.1f} h"
+    if rec.deadline_s is not None:  # kplan/planner/deadline.py
+        fallback = (
+            f"waits while the slack allows, else on demand; deadline-safe: on demand once the "
+            f"slack no longer covers a preemption, so it ends by {rec.deadline_s / 3600:g} h"
+        )
     return (
         f"spot: {s.basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min, "
         f"up to {rec.max_replacements} lost nodes replaced, with no capacity it {fallback}; "
