@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kplan.planner import nanstat
 from kplan.planner.costs import _billed
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 
@@ -494,18 +495,18 @@ def _summary(results: tuple[Array, ...], shp: tuple[int, int]) -> SimResult:
     )
     return SimResult(
         hours_mean=s.hours.mean(axis=1),
-        hours_p90=np.quantile(s.hours, 0.9, axis=1),
+        hours_p90=nanstat.quantile(s.hours, 0.9, axis=1),
         cost_mean=s.cost_usd.mean(axis=1),
-        cost_p90=np.quantile(s.cost_usd, 0.9, axis=1),
+        cost_p90=nanstat.quantile(s.cost_usd, 0.9, axis=1),
         losses_mean=s.losses.mean(axis=1),
         lost_nodes_mean=s.lost_nodes.mean(axis=1),
-        lost_nodes_p99=np.quantile(s.lost_nodes, 0.99, axis=1),
+        lost_nodes_p99=nanstat.quantile(s.lost_nodes, 0.99, axis=1),
         fail_prob=s.failed.mean(axis=1),
         wait_hours_mean=s.wait_hours.mean(axis=1),
         on_demand_hours_mean=s.on_demand_hours.mean(axis=1),
         samples=s,
-        hours_median=np.quantile(s.hours, 0.5, axis=1),
-        cost_median=np.quantile(s.cost_usd, 0.5, axis=1),
+        hours_median=nanstat.quantile(s.hours, 0.5, axis=1),
+        cost_median=nanstat.quantile(s.cost_usd, 0.5, axis=1),
     )
 
 
