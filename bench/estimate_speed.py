@@ -22,7 +22,9 @@ same alternation: a change's before and after under one load.
 Each command runs once untimed first, with Python's bytecode cache on (in a temporary
 ``PYTHONPYCACHEPREFIX``; ``PYTHONDONTWRITEBYTECODE`` is dropped from the children's environment):
 an installed kplan, like the SkyPilot wheel, runs from compiled bytecode, and a run that compiles
-every kplan module from source first would time the compiler (0.1-0.15 s CPU a run here).
+every kplan module from source first would time the compiler (0.1-0.15 s CPU a run here). The
+kplan runs share a temporary ``KPLAN_HOME``: the warm-up leaves the validated catalog in its
+cache (``kplan/catalogs/catalog_cache.py``), as any kplan's first estimate does.
 
 SkyPilot runs offline: its catalog is placed from /work/shared/data/catalogs/skypilot-v9 (the AWS
 and GCP GPU rows of the US regions; SkyPilot 0.14.1 reads schema v8 paths,
@@ -95,9 +97,11 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="kplan-sky-") as home,
         tempfile.TemporaryDirectory(prefix="kplan-pyc-") as pyc,
+        tempfile.TemporaryDirectory(prefix="kplan-home-") as kplan_home,
     ):
         base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         base["PYTHONPYCACHEPREFIX"] = pyc  # compiled once (the warm-up), read after
+        base["KPLAN_HOME"] = kplan_home  # the warm-up's cached catalog, never the user's
         env = {**base, "PYTHONPATH": str(ROOT)}
         place_sky_catalog(Path(home), args.sky_rows)
         sky_env = {**base, "SKY_HOME": home}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from kplan.core.errors import InfeasibleError
-from kplan.planner import bounds, efficiency
-from kplan.planner import search as search_module
+from kplan.planner import bounds, efficiency, pricing
+from kplan.planner import choose as choose_module
 from kplan.planner.candidates import batch_grid, candidates, with_compression
 from kplan.planner.catalog import Catalog
 from kplan.planner.choose import choose
@@ -49,7 +49,7 @@ def _searched(
         seen.append(t)
         return plan
 
-    monkeypatch.setattr(search_module, "choose", spy)
+    monkeypatch.setattr(choose_module, "choose", spy)  # search imports it when it runs
     plan = search(wl, cat, device_model(), opts)
     monkeypatch.undo()
     return plan, seen[0]
@@ -104,7 +104,7 @@ def test_a_request_below_the_bounds_is_refused_before_any_pricing(
     def no_pricing(*args: object, **kwargs: object) -> None:
         raise AssertionError("priced a request the bounds refuse")
 
-    monkeypatch.setattr(search_module, "price_candidates", no_pricing)
+    monkeypatch.setattr(pricing, "price_candidates", no_pricing)
     with pytest.raises(InfeasibleError) as late:
         search(wl, cat, dm, replace(opts, deadline_hours=f.hours_p90 * scale))
     assert late.value.message == f"no plan meets the deadline {f.hours_p90 * scale:g} h"

@@ -133,3 +133,32 @@ def test_complex_key_order_is_lexsort(seed: int) -> None:
     assert np.array_equal(_order(hours, cost), np.lexsort((cost, hours), axis=-1))
     for r in range(4):
         assert np.array_equal(_order(hours[r], cost[r]), np.lexsort((cost[r], hours[r])))
+
+
+def test_compression_candidates_are_replaced_copies() -> None:
+    """``with_compression`` builds each option's candidates field by field: every field is the
+    dense candidate's, except the option and its statistics (``dataclasses.replace``'s)."""
+    from dataclasses import fields, replace
+
+    from kplan.planner.candidates import Candidate
+
+    opts = SearchOptions(max_nodes=8)
+    dense, _ = candidates(workload(), catalog(), device_model(), opts)
+    both = with_compression(dense, opts)
+    assert len(both) > len(dense) and both[: len(dense)] == dense
+    for i, c in enumerate(both[len(dense) :]):
+        src = dense[i % len(dense)]
+        assert c == replace(src, compression=c.compression, compression_stat=c.compression_stat)
+        assert c.compression != "none" and c.compression_stat is not None
+    assert {f.name for f in fields(Candidate)} == {
+        "offer",
+        "inst",
+        "pred",
+        "preempt_per_hour",
+        "billing_min_s",
+        "billing_increment_s",
+        "risk",
+        "on_demand_usd_per_hour",
+        "compression",
+        "compression_stat",
+    }, "a new Candidate field: copy it in with_compression too"

@@ -24,6 +24,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TypeVar
 
+from kplan.catalogs import catalog_cache
 from kplan.catalogs.csvfile import FILES_HINT, Row, RowError, read_table
 from kplan.catalogs.rows import (
     BILLING_COLUMNS,
@@ -56,7 +57,23 @@ T = TypeVar("T")
 
 
 def load_catalog(directory: Path | None = None) -> Catalog:
-    """Read and validate the catalog in ``directory``, or the shipped one when it is None."""
+    """Read and validate the catalog in ``directory``, or the shipped one when it is None; a
+    catalog loaded before from the same files comes from ``$KPLAN_HOME/cache``
+    (``kplan.catalogs.catalog_cache``)."""
+    if directory is not None and not directory.is_dir():
+        raise CatalogError(f"catalog directory {directory} does not exist", hint=FILES_HINT)
+    root = resources.files("kplan.catalogs").joinpath("data") if directory is None else directory
+    key = catalog_cache.cache_key(root, user_folder=directory is not None)
+    found = None if key is None else catalog_cache.read(key)
+    if found is not None:
+        return found
+    catalog = _load_catalog(directory)
+    if key is not None:
+        catalog_cache.write(key, catalog)
+    return catalog
+
+
+def _load_catalog(directory: Path | None) -> Catalog:
     if directory is None:
         files = _Files(resources.files("kplan.catalogs").joinpath("data"), SHIPPED_LABEL)
     elif not directory.is_dir():

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import efficiency, gnsforecast, perfmodel
+from kplan.planner import efficiency, gnsforecast, nanstat, perfmodel
 from kplan.planner.profile import GnsPoint
 
 Array = NDArray[np.float64]
@@ -117,7 +117,7 @@ def forecast_log_sigma(train_s: Array) -> float:
     (``efficiency.spread_log_sigma``, as a plan row's; 0 for one trajectory)."""
     if train_s.size < 2:
         return 0.0
-    return float(efficiency.spread_log_sigma(np.mean(train_s), np.quantile(train_s, 0.9)))
+    return float(efficiency.spread_log_sigma(np.mean(train_s), nanstat.quantile(train_s, 0.9)))
 
 
 def best_schedule(segment_time: Array, max_phases: int = MAX_PHASES) -> tuple[float, list[int]]:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kplan.planner import gnsforecast
+from kplan.planner import gnsforecast, nanstat
 from kplan.planner.profile import GnsPoint
 
 _Z90 = 1.2815515655446004  # standard normal 90th percentile
@@ -97,7 +97,7 @@ def _forecast_band(
     mixes ask for the same trajectory many times; ``prior``, the one in use, keys the cache)."""
     samples = gnsforecast.factor_samples(gns, base_batch, np.array(batches), start=start)
     mid: NDArray[np.float64] = np.mean(samples, axis=0)
-    hi: NDArray[np.float64] = np.quantile(samples, q, axis=0)
+    hi: NDArray[np.float64] = nanstat.quantile(samples, q, axis=0)
     mid.setflags(write=False)
     hi.setflags(write=False)
     return mid, hi

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kplan.core.errors import InputError
-from kplan.planner import perfmodel
+from kplan.planner import nanstat, perfmodel
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import Measurement
 
@@ -197,7 +197,7 @@ def _initial(d: FitInputs, prior: NDArray[np.float64]) -> NDArray[np.float64]:
     extra = np.maximum(d.step_time / d.accum_steps - (intercept + slope * d.local_batch), 1e-6)
     for rows, beta_i in ((multi & (d.nodes == 1), 4), (multi & (d.nodes > 1), 7)):
         if rows.any() and x[beta_i] == 0.0:
-            x[beta_i] = float(np.median(extra[rows])) / 1.5
+            x[beta_i] = float(nanstat.median(extra[rows])) / 1.5
     return np.clip(x, _LOWER, _UPPER)
 
 
@@ -271,7 +271,7 @@ def _least_squares(
     log_step = np.log(d.step_time)
     # Weak pull of each free parameter toward its initial guess keeps flat directions finite.
     ridge = 1e-3
-    typical = np.full(len(_NAMES), float(np.median(d.step_time)))
+    typical = np.full(len(_NAMES), float(nanstat.median(d.step_time)))
     typical[2] = typical[9] = 1.0  # gamma and two_node are dimensionless
     typical[5] = typical[8] = 1e-4  # per-hop latencies
     scale = np.maximum(np.abs(x0), typical)[free]

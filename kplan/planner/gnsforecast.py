@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kplan.planner import nanstat
 from kplan.planner.profile import GnsPoint
 
 Array = NDArray[np.float64]
@@ -192,7 +193,7 @@ def _hampel(x: Array, logs: Array, sd: float, k: float = CLIP_SD, width: int = 5
     w = min(width, n)
     for i in range(n):
         lo = min(max(0, i - w // 2), n - w)
-        ref = float(np.median(logs[lo : lo + w] - slope * (x[lo : lo + w] - x[i])))
+        ref = float(nanstat.median(logs[lo : lo + w] - slope * (x[lo : lo + w] - x[i])))
         if abs(logs[i] - ref) > k * sd:
             out[i] = ref
     return out
@@ -243,7 +244,7 @@ def _robust_slope(x: Array, y: Array, most: int = 300) -> float:
         return 0.0
     slopes = np.where(ok, dy / np.where(ok, dx, 1.0), np.nan)
     rows = ok.any(axis=1)
-    return float(np.median(np.nanmedian(slopes[rows], axis=1)))
+    return float(nanstat.median(nanstat.nan_median(slopes[rows], axis=1)))
 
 
 def _robust_line(x: Array, y: Array) -> Array:
@@ -251,7 +252,7 @@ def _robust_line(x: Array, y: Array) -> Array:
     if len(x) < 3:
         return y.copy()
     slope = _robust_slope(x, y)
-    out: Array = float(np.median(y - slope * x)) + slope * x
+    out: Array = float(nanstat.median(y - slope * x)) + slope * x
     return out
 
 
@@ -345,8 +346,8 @@ def steps_to_target(
     batch = np.asarray(global_batch, dtype=float)
     f = factor_samples(points, base_batch, batch, start=start, end=target, prior=prior, n=n)
     scale = base_steps * (target - start) * base_batch / batch
-    mid: Array = scale * np.median(f, axis=0)
-    hi: Array = scale * np.quantile(f, quantile, axis=0)
+    mid: Array = scale * nanstat.median(f, axis=0)
+    hi: Array = scale * nanstat.quantile(f, quantile, axis=0)
     return mid, hi
 
 
@@ -375,7 +376,7 @@ def fit_prior(
     mean = float(np.average(slopes_a, weights=ws_a))
     sd = float(np.sqrt(np.average((slopes_a - mean) ** 2, weights=ws_a)))
     r = np.array(resid)
-    noise = float(1.4826 * np.median(np.abs(r - np.median(r))))
+    noise = float(1.4826 * nanstat.median(np.abs(r - nanstat.median(r))))
     base = GnsPrior(slope_mean=mean, slope_sd=sd, noise_sd=noise, slope_drift_sd=0.0)
     for curve, g in zip(curves, groups, strict=True):
         p, y = _points(curve)

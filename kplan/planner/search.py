@@ -16,31 +16,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kplan.core.errors import InfeasibleError
 from kplan.core.precision import Precision
-from kplan.planner import batchsched, bounds, costs, spotplan
-from kplan.planner.candidates import (
-    Candidate,
-    batch_grid,
-    candidates,
-    capacity_wait,
-    with_compression,
-)
+from kplan.planner import bounds
+from kplan.planner.candidates import Candidate, batch_grid, candidates, with_compression
 from kplan.planner.catalog import Catalog
-from kplan.planner.choose import choose
 from kplan.planner.devices import DeviceModel
 from kplan.planner.frontier import cheapest_of_fastest, knee_index, merge_near_times, pareto_front
-from kplan.planner.mix import MixCandidate, search_mixes
 from kplan.planner.plan import BatchSchedule, Plan, PlanRow, SchedulePhase
-from kplan.planner.pricing import price_candidates
 from kplan.planner.searchopts import TIE_TOLERANCE, SearchOptions, default_objective
-from kplan.planner.spotrefine import refine_spot_rows
-from kplan.planner.table import Table, within
 from kplan.planner.workload import Workload
+
+if TYPE_CHECKING:
+    from kplan.planner.mix import MixCandidate
+    from kplan.planner.table import Table
 
 __all__ = [
     "TIE_TOLERANCE",
@@ -73,6 +67,13 @@ def search(workload: Workload, catalog: Catalog, dm: DeviceModel, opts: SearchOp
     refused = bounds.refusal(floor, opts)
     if refused is not None:  # a deadline or budget no configuration can meet: before pricing
         raise InfeasibleError(*refused)
+    # Imported here: a request refused above answers without loading the pricing and choice.
+    from kplan.planner import costs
+    from kplan.planner.choose import choose
+    from kplan.planner.mix import search_mixes
+    from kplan.planner.pricing import price_candidates
+    from kplan.planner.spotrefine import refine_spot_rows
+
     checkpoint_s = costs.checkpoint_seconds(3.0 * workload.gradient_bytes, opts.overheads)
     priced = price_candidates(cands, workload, opts, grid, checkpoint_s)
     if priced.considered == 0:
@@ -104,6 +105,8 @@ def _with_mixes(
 ) -> tuple[Table, int, int]:
     """The table with the mixes' finite rows (each mix is its own frontier); the mixes counted,
     and those within the budget and deadline."""
+    from kplan.planner.table import within
+
     full = table.with_mixes(mixes)
     n = len(table.cost)
     finite = np.isfinite(full.cost) & np.isfinite(full.hours)
@@ -122,6 +125,9 @@ def _with_schedule(
 ) -> Plan:
     """The chosen row with a global-batch schedule on its cluster (kplan/planner/batchsched.py) when
     one beats its best single batch by more than the tie tolerance (single-type rows only)."""
+    from kplan.planner import batchsched, costs, spotplan
+    from kplan.planner.candidates import capacity_wait
+
     r = plan.chosen
     match = [
         c

@@ -23,8 +23,9 @@ MIN_REPLACEMENTS = 20  # the launcher's floor: a crash loop still stops
 REPLACEMENT_MARGIN = 1.5  # over the simulated p99 of lost nodes
 # A simulated run past this many loss events is a crash loop and counts as failed there
 # (``simulate_rows``): without the cut, one such run in a thousand kept the Monte-Carlo going
-# for 10,000 events, most of the planner's time.
-MAX_EVENTS = 250
+# for 10,000 events, most of the planner's time. Above every replacement limit of the README's
+# plans (at most 112); a row whose limit is not below it has its runs go on past it.
+MAX_EVENTS = 128
 MIN_CAPACITY_WAIT_S = 3600.0
 CAPACITY_WAIT_MARGIN = 2.0  # over the longest outage the model draws
 
@@ -119,33 +120,40 @@ def simulate_rows(
     """Monte-Carlo each row; the replacement limit is set from the simulated p99 of lost nodes
     (simulated without a limit, so the limit does not truncate what it is set from). A run past
     ``MAX_EVENTS`` loss events counts as failed at that event: every event loses a node, and the
-    cut stays above each row's replacement limit (else the rows are simulated again with a cut
-    above it), so the launcher would have stopped that run sooner."""
+    cut stays above each row's replacement limit (else the runs still going go on to a cut
+    above it: ``spotsim.simulate``'s ``more_events``), so the launcher would have stopped that
+    run sooner."""
     from kplan.planner import spotsim
 
     if len(risks) == 0:
         return []
     unlimited = [replace(p, max_replacements=10**9) for p in policies]
-    max_events = MAX_EVENTS
-    while True:
-        res = spotsim.simulate(
-            work_s=work_s,
-            nodes=nodes,
-            risks=risks,
-            policies=unlimited,
-            usd_per_hour=usd_per_hour,
-            usd_per_hour_on_demand=usd_per_hour_on_demand,
-            log_sigma=log_sigma,
-            runs=runs,
-            seed=seed,
-            billing_min_s=billing_min_s,
-            billing_increment_s=billing_increment_s,
-            max_events=max_events,
-        )
+
+    def more_events(res: spotsim.SimResult) -> int | None:
+        """At the cut: the runs still going go on to twice the largest replacement limit when
+        the cut is not above it."""
         limit = max(replacement_limit(float(p)) for p in res.lost_nodes_p99)
-        if limit < max_events:
-            break
-        max_events = 2 * limit
+        if limit < cut[0]:
+            return None
+        cut[0] = 2 * limit
+        return cut[0]
+
+    cut = [MAX_EVENTS]
+    res = spotsim.simulate(
+        work_s=work_s,
+        nodes=nodes,
+        risks=risks,
+        policies=unlimited,
+        usd_per_hour=usd_per_hour,
+        usd_per_hour_on_demand=usd_per_hour_on_demand,
+        log_sigma=log_sigma,
+        runs=runs,
+        seed=seed,
+        billing_min_s=billing_min_s,
+        billing_increment_s=billing_increment_s,
+        max_events=MAX_EVENTS,
+        more_events=more_events,
+    )
     out = []
     for j, (risk, pol) in enumerate(zip(risks, policies, strict=True)):
         p99 = float(res.lost_nodes_p99[j])

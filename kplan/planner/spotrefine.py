@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from kplan.planner import costs, spotplan
 from kplan.planner.candidates import Candidate, capacity_wait
+from kplan.planner.nanstat import nan_median
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 from kplan.planner.table import Table
@@ -193,17 +194,17 @@ def carry_ratios(
         for name, before in closed.items():
             ratios[name] = getattr(t, name)[ix] / before
     done: list[int] = []
-    for c in np.unique(t.cand[ix]):
+    for c in sorted(set(t.cand[ix].tolist())):  # distinct (np.unique imports numpy.ma)
         mine = t.cand[ix] == c
         rows = np.flatnonzero((t.cand == c) & ~priced)
         done.append(int(c))
         for name, r in ratios.items():
-            k = float(np.nanmedian(r[mine])) if np.isfinite(r[mine]).any() else math.nan
+            k = float(nan_median(r[mine])) if np.isfinite(r[mine]).any() else math.nan
             if rows.size and math.isfinite(k) and k > 0:
                 getattr(t, name)[rows] *= k
     others = ~priced & ~np.isin(t.cand, done) & is_spot
     if others.any():
         for name, r in ratios.items():
-            k = float(np.nanmedian(r)) if np.isfinite(r).any() else math.nan
+            k = float(nan_median(r)) if np.isfinite(r).any() else math.nan
             if math.isfinite(k) and k > 0:
                 getattr(t, name)[others] *= k

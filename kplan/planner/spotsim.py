@@ -49,14 +49,14 @@ from it), made exact here:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kplan.planner import deadline
+from kplan.planner import deadline, nanstat
 from kplan.planner.costs import _billed
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 
@@ -142,12 +142,17 @@ def simulate(
     billing_min_s: ArrayLike = 60.0,
     billing_increment_s: ArrayLike = 1.0,
     max_events: int = 10_000,
+    more_events: Callable[[SimResult], int | None] | None = None,
 ) -> SimResult:
     """Monte-Carlo of ``runs`` runs of each configuration (the arrays broadcast; ``risks`` and
     ``policies`` have one entry per configuration, or one for all). A risk of ``None`` is an
     on-demand cluster: no preemption. ``usd_per_hour`` is the per-node price of the market the
     nodes run in (spot, or on demand for ``None``); ``usd_per_hour_on_demand`` prices the
-    fallback. A run still going after ``max_events`` events counts as failed."""
+    fallback. A run still going after ``max_events`` events counts as failed.
+
+    ``more_events``: asked with the result at the cut while runs are still going; a larger cut
+    continues those runs to it (the same result as a fresh simulation with that cut: the runs
+    draw the same numbers up to it), None keeps the result."""
     if runs < 1:
         raise ValueError(f"runs={runs} must be >= 1")
     arrays = np.broadcast_arrays(
@@ -172,13 +177,23 @@ def simulate(
     by_cfg = _config_params(risk_list, pol, n_f, (bmin, binc, p_spot, p_od))
     sim = _Lanes(by_cfg, risk_list, pol, n_f, runs, seed)
     sim.start(w0, sig)
-    for _ in range(max_events):
+    done = 0
+    while True:
+        for _ in range(max_events - done):
+            if sim.orig.size == 0:
+                return _summary(sim.results(), (c_n, runs))
+            sim.step()
+        done = max_events
         if sim.orig.size == 0:
-            break
-        sim.step()
-    else:  # runs still going after max_events events: failed, at their last known time
+            return _summary(sim.results(), (c_n, runs))
+        # runs still going after max_events events: failed, at their last known time (each
+        # is recorded again if it goes on and ends)
         sim.give_up()
-    return _summary(sim.results(), (c_n, runs))
+        res = _summary(sim.results(), (c_n, runs))
+        more = None if more_events is None else more_events(res)
+        if more is None or more <= max_events:
+            return res
+        max_events = more
 
 
 def _config_params(
@@ -554,18 +569,18 @@ def _summary(results: tuple[Array, ...], shp: tuple[int, int]) -> SimResult:
     )
     return SimResult(
         hours_mean=s.hours.mean(axis=1),
-        hours_p90=np.quantile(s.hours, 0.9, axis=1),
+        hours_p90=nanstat.quantile(s.hours, 0.9, axis=1),
         cost_mean=s.cost_usd.mean(axis=1),
-        cost_p90=np.quantile(s.cost_usd, 0.9, axis=1),
+        cost_p90=nanstat.quantile(s.cost_usd, 0.9, axis=1),
         losses_mean=s.losses.mean(axis=1),
         lost_nodes_mean=s.lost_nodes.mean(axis=1),
-        lost_nodes_p99=np.quantile(s.lost_nodes, 0.99, axis=1),
+        lost_nodes_p99=nanstat.quantile(s.lost_nodes, 0.99, axis=1),
         fail_prob=s.failed.mean(axis=1),
         wait_hours_mean=s.wait_hours.mean(axis=1),
         on_demand_hours_mean=s.on_demand_hours.mean(axis=1),
         samples=s,
-        hours_median=np.quantile(s.hours, 0.5, axis=1),
-        cost_median=np.quantile(s.cost_usd, 0.5, axis=1),
+        hours_median=nanstat.quantile(s.hours, 0.5, axis=1),
+        cost_median=nanstat.quantile(s.cost_usd, 0.5, axis=1),
     )
 
 
