@@ -86,8 +86,10 @@ def test_crashing_script_alone(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_silent_job_times_out_and_every_worker_is_killed(tmp_path: Path) -> None:
-    trees, err = _run(_script(tmp_path, SILENT), workers=2, startup_timeout_s=6.0)
-    assert "reported nothing in its first 6s" in err.message
+    # 15 s: torchrun must have spawned both workers (each imports torch) before the timeout
+    # fires, or the test cannot see them; 6 s was too short at load 10.
+    trees, err = _run(_script(tmp_path, SILENT), workers=2, startup_timeout_s=15.0)
+    assert "reported nothing in its first 15s" in err.message
     assert "--startup-timeout" in err.hint
     _assert_all_gone(trees[0], at_least=3)
 
