@@ -42,15 +42,15 @@ from numpy.typing import ArrayLike, NDArray
 
 from kplan.app import simulating
 from kplan.planner import spotplan, spotreplay, spotsim
-from kplan.planner.costs import _billed
+from kplan.planner.costs import billed_seconds
 from kplan.planner.deadline import MARGIN_S, on_demand_by_s, remaining_wall_s, reserve_s
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 from kplan.planner.spotpool import pool_markets
 from kplan.planner.spotreplay import ReplayOutcome
 from kplan.planner.spottrace import ADD, SpotTrace
 from scripts.fit_spot_model import (
-    _cat,
     blocks,
+    concat_samples,
     fit_risk,
     pooled_regimes,
     risk_from_sample,
@@ -101,7 +101,7 @@ def pooled_risk(others: list[SpotTrace], m: Market, markets: list[Market]) -> Sp
 
 def naive_pooled_risk(others: list[SpotTrace], m: Market) -> SpotRisk:
     """Every lifetime and loss event of the other traces in one sample (node-hours weigh)."""
-    s = _cat([sample(t) for t in others], "pooled: " + ", ".join(t.name for t in others))
+    s = concat_samples([sample(t) for t in others], "pooled: " + ", ".join(t.name for t in others))
     every_block = [b for t in others for b in blocks(t)]
     regimes = pooled_regimes([every_block])
     return risk_from_sample(s, cloud=m.cloud, family=m.family, region="*", regimes=regimes)
@@ -240,7 +240,7 @@ def young_interval_s(risk: SpotRisk, nodes: int) -> float:
 
 def on_demand_usd(nodes: int, work_s: float, usd: float) -> float:
     wall = PROVISION_S + float(remaining_wall_s(work_s, 1800.0, CHECKPOINT_S))
-    return nodes * usd * float(_billed(np.asarray(wall), 60.0, 1.0)) / 3600.0
+    return nodes * usd * float(billed_seconds(np.asarray(wall), 60.0, 1.0)) / 3600.0
 
 
 @dataclass(frozen=True)

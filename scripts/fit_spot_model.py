@@ -362,7 +362,7 @@ def row_regimes(
     return pooled_regimes(cloud_groups), f"the cloud's {n} blocks pooled (own: {len(own)})"
 
 
-def _cat(samples: Sequence[Sample], name: str) -> Sample:
+def concat_samples(samples: Sequence[Sample], name: str) -> Sample:
     def c(attr: str) -> NDArray[np.generic]:
         return np.concatenate([getattr(s, attr) for s in samples])
 
@@ -541,7 +541,7 @@ def fit_all(data: Path) -> SpotModel:
         )
     for cloud, samples in by_cloud.items():
         names = " + ".join(s.name for s in samples)
-        pooled = _cat(samples, f"pooled {names}")
+        pooled = concat_samples(samples, f"pooled {names}")
         risks.append(
             risk_from_sample(
                 pooled,

@@ -133,8 +133,8 @@ def _time_and_cost(
     wall_p90 = work * m90 + n90 * loss
     run = wall + o.provisioning_s
     run_p90 = wall_p90 + o.provisioning_s
-    billed = _billed(run, billing_min_s, billing_increment_s)
-    billed_p90 = _billed(run_p90, billing_min_s, billing_increment_s)
+    billed = billed_seconds(run, billing_min_s, billing_increment_s)
+    billed_p90 = billed_seconds(run_p90, billing_min_s, billing_increment_s)
     # nodes lost in an event are not billed while they wait for capacity
     unbilled = np.asarray(idle_price, dtype=float) / 3600.0 * wait
     cost = price_total / 3600.0 * billed - preemptions * unbilled
@@ -149,7 +149,8 @@ def _time_and_cost(
     )
 
 
-def _billed(seconds: Array, minimum: ArrayLike, increment: ArrayLike) -> Array:
+def billed_seconds(seconds: Array, minimum: ArrayLike, increment: ArrayLike) -> Array:
+    """Seconds billed for ``seconds`` of use: at least ``minimum``, rounded up to ``increment``."""
     lo = np.maximum(seconds, np.asarray(minimum, dtype=float))
     inc = np.asarray(increment, dtype=float)
     out: Array = np.ceil(lo / inc - 1e-9) * inc

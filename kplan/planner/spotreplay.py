@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kplan.planner.costs import _billed
+from kplan.planner.costs import billed_seconds
 from kplan.planner.deadline import on_demand_by_s
 from kplan.planner.spot import RecoveryPolicy
 from kplan.planner.spottrace import ADD, LOSS_WINDOW_S, REMOVE, SpotTrace
@@ -270,7 +270,7 @@ class _Replayer:
 
     def end_instance(self, slot: int, s: _Slot, end: float) -> None:
         dur = max(end - s.launch, 0.0)
-        billed = float(_billed(np.asarray(dur), *self.billing))
+        billed = float(billed_seconds(np.asarray(dur), *self.billing))
         price = self.prices[1] if s.on_demand else self.prices[0]
         node = "" if s.on_demand or s.life < 0 else self.ix.lives[s.life].node
         market = "on-demand" if s.on_demand else "spot"

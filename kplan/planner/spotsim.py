@@ -34,7 +34,7 @@ from it), made exact here:
   capacity_wait_s`` (survivors stay up and billed until then).
 - **Money**: each instance is billed from its launch to its end (its loss, its return to
   spot, or the job's end) at its market's price, ``billing_min_s`` minimum, rounded up to
-  ``billing_increment_s`` (``costs._billed``).
+  ``billing_increment_s`` (``costs.billed_seconds``).
 - **Deadline** (``policy.deadline_s``, kplan/planner/deadline.py): the lanes follow
   ``deadline.spot_ok`` at the start, at each loss and at each return of capacity; where it says
   no at a loss, every node goes on demand at the loss (spot survivors billed to it) to the end;
@@ -57,7 +57,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kplan.planner import deadline, nanstat
-from kplan.planner.costs import _billed
+from kplan.planner.costs import billed_seconds
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 
 Array = NDArray[np.float64]
@@ -285,7 +285,9 @@ class _Lanes:
         return out
 
     def billed_usd(self, idx: NDArray[np.intp], seconds: Array, usd_h: Array) -> Array:
-        out: Array = usd_h * _billed(seconds, self.P["bmin"][idx], self.P["binc"][idx]) / 3600.0
+        out: Array = (
+            usd_h * billed_seconds(seconds, self.P["bmin"][idx], self.P["binc"][idx]) / 3600.0
+        )
         return out
 
     def start(self, w0: Array, sig: Array) -> None:
