@@ -52,8 +52,8 @@ from kplan.planner.opmodel import (
     class_fit_from_dict,
     device_from_gpu,
     features,
-    matmul_work,
 )
+from kplan.planner.opwork import matmul_work
 from scripts import neusight_data as nd
 
 OUT = Path(__file__).resolve().parents[1] / "kplan" / "catalogs" / "data" / "op_model.json"
@@ -249,16 +249,21 @@ def _graph(label: nd.Label) -> OpGraph:
 
 
 def step_residuals(
-    rows: Rows, gpus: Sequence[str], classes: Mapping[str, Mapping[str, Any]]
+    rows: Rows,
+    gpus: Sequence[str],
+    classes: Mapping[str, Mapping[str, Any]],
+    extra: Sequence[str] = (),
 ) -> dict[str, list[tuple[float, float, str]]]:
-    """Leave one GPU out on the labelled steps of ``gpus``: per path, (log(measured /
-    predicted), the prediction's kernel spread, the held-out GPU) of every step. ``outright``:
-    the step's time from its graph by the model fitted without its GPU; ``ratio``: the same
-    graph measured on another of ``gpus``, moved by that model's ratio. No model's step times
-    enter any fit, so these are also leave-one-model-out residuals."""
-    labels = [lab for lab in nd.labels() if lab.gpu in gpus]
+    """Held-out residuals on the labelled steps of ``gpus`` (leave one GPU out: the model
+    fitted without the step's GPU) and of ``extra`` (labelled GPUs with no kernels in the fit:
+    the model fitted on all of ``gpus``): per path, (log(measured / predicted), the
+    prediction's kernel spread, the held-out GPU) of every step. ``outright``: the step's time
+    from its graph; ``ratio``: the same graph measured on another labelled GPU, moved by the
+    model's ratio. No model's step times enter any fit, so these are also leave-one-model-out
+    residuals."""
+    labels = [lab for lab in nd.labels() if lab.gpu in (*gpus, *extra)]
     out: dict[str, list[tuple[float, float, str]]] = {"outright": [], "ratio": []}
-    for held in gpus:
+    for held in (*gpus, *extra):
         fits = fit_classes(rows, [g for g in gpus if g != held])
         doc = {c: {**fits[c], "sigma": classes[c]["sigma"]} for c in CLASSES}
         model = OpModel.from_dict({"schema": OP_MODEL_SCHEMA, "classes": doc, **_NO_TENSOR})
@@ -298,12 +303,16 @@ def robust_sigma(resid: Sequence[tuple[float, float, str]]) -> float:
 
 
 def calibrate(
-    rows: Rows, gpus: Sequence[str], classes: Mapping[str, Mapping[str, Any]]
+    rows: Rows,
+    gpus: Sequence[str],
+    classes: Mapping[str, Mapping[str, Any]],
+    extra: Sequence[str] = (),
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per path, the FP32 step sigma from the held-out residuals (the labelled steps are all
-    FP32: no other precision has a row) and how the residuals sit about it."""
+    """Per path, the FP32 step sigma from the held-out residuals of ``gpus`` and ``extra``
+    (``step_residuals``; the labelled steps are all FP32: no other precision has a row) and
+    how the residuals sit about it."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for path, resid in step_residuals(rows, gpus, classes).items():
+    for path, resid in step_residuals(rows, gpus, classes, extra).items():
         if not resid:
             continue
         s = robust_sigma(resid)
@@ -342,9 +351,14 @@ def h100_spec() -> OpDevice:
 
 
 def build_document(
-    base: Path | None = None, gpus: Sequence[str] = nd.TRAIN_GPUS, rows: Rows | None = None
+    base: Path | None = None,
+    gpus: Sequence[str] = nd.TRAIN_GPUS,
+    rows: Rows | None = None,
+    extra: Sequence[str] = nd.TEST_GPUS,
 ) -> dict[str, Any]:
-    """The whole op-model document fitted on the kernels of ``gpus`` (``rows``: prebuilt)."""
+    """The whole op-model document fitted on the kernels of ``gpus`` (``rows``: prebuilt), its
+    step sigmas calibrated on held-out steps of ``gpus`` (leave one GPU out) and of ``extra``
+    (labelled GPUs without kernels in the fit, never seen by it)."""
     rows = rows if rows is not None else build_rows(gpus, base)
     classes = fit_classes(rows, gpus)
     held = held_out(rows, gpus) if len(gpus) > 1 else {c: {} for c in CLASSES}
@@ -357,7 +371,7 @@ def build_document(
         "tensor_sigma": 0.0,
     }
     if len(gpus) > 1:
-        doc["calibration"] = calibrate(rows, gpus, classes)
+        doc["calibration"] = calibrate(rows, gpus, classes, extra)
     check = tensor_check(OpModel.from_dict(doc), h100_spec(), base)
     doc["tensor_offset"] = round(check["offset"], 4)
     doc["tensor_sigma"] = round(math.hypot(check["spread"], sig["matmul"]["bias"]), 4)
@@ -369,8 +383,9 @@ def build_document(
         f"standardised features; L-BFGS on log time, {PER_GPU} kernels per GPU and class, "
         f"weights sqrt(min(t_roof, {WEIGHT_CAP_S} s)), each GPU the same total",
         "tensor_check": f"kernels/fp16mm.csv, {check['rows']} fp16 bmm rows taken as H100",
-        "calibration": "leave one GPU out over the fitted GPUs' labelled single-GPU steps "
-        f"(label/, FP32): per path the weighted {ONE_SIGMA:.1%} quantile (midpoints, "
+        "calibration": "held-out labelled single-GPU steps (label/, FP32): the fitted GPUs' "
+        f"left out one at a time, and {', '.join(nd.SHORT[g] for g in extra) or 'no other GPU'}"
+        f" (never fitted); per path the weighted {ONE_SIGMA:.1%} quantile (midpoints, "
         "interpolated) of sqrt(r^2 - spread^2), each held-out GPU weighing the same",
     }
     doc["held_out"] = {"leave_one_gpu_out": held}

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kplan.planner.opgraph import OpCall, OpGraph, fold
-from kplan.planner.opmodel import OpDevice, conv_work, matmul_work, vector_work
+from kplan.planner.opmodel import OpDevice
+from kplan.planner.opwork import conv_work, matmul_work, vector_work
 
 TRAIN_GPUS = (
     "Tesla_P4",

@@ -171,3 +171,29 @@ def test_kplan_profile_with_no_gns_steps_still_records_the_graph() -> None:
     g = profile.opgraph
     assert g is not None and g.local_batch == 8, profile.provenance
     assert {o.phase for o in g.ops} == {"forward", "backward", "optimizer"}
+
+
+def test_causal_attention_counts_the_pairs_it_computes() -> None:
+    """A causal mask keeps L(L+1)/2 of the L^2 (query, key) pairs, forward and backward."""
+    from kplan.profiler.opgraph_ops import causal_pairs
+    from kplan.profiler.opgraph_trace import recording
+
+    bh, length, hd = 4, 64, 16
+    flops: dict[tuple[bool, str], float] = {}
+    for causal in (False, True):
+        q, k, v = (torch.randn(1, bh, length, hd, requires_grad=True) for _ in range(3))
+        with recording("fp32") as calls:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out.sum().backward()
+        att = [c for c in calls if c.kind == "attention"]
+        if not att:
+            pytest.skip("no fused attention kernel on the CPU in this torch")
+        for c in att:
+            assert c.dims == (bh, length, length, hd)
+            flops[(causal, c.phase)] = flops.get((causal, c.phase), 0.0) + c.flops
+    dense = 4.0 * bh * length * length * hd
+    assert flops[(False, "forward")] == dense
+    assert flops[(False, "backward")] == 2 * dense
+    assert flops[(True, "forward")] == dense * causal_pairs(length, length) / length**2
+    assert flops[(True, "backward")] == 2 * flops[(True, "forward")]
+    assert causal_pairs(4, 4) == 10 and causal_pairs(2, 5) == 3 and causal_pairs(5, 2) == 9

@@ -11,7 +11,8 @@ import math
 import pytest
 
 from kplan.catalogs.op_model import load_op_model
-from kplan.planner.opmodel import CLASSES, OpModel, matmul_work, vector_work
+from kplan.planner.opmodel import CLASSES, OpModel
+from kplan.planner.opwork import matmul_work, vector_work
 from scripts import neusight_data as nd
 
 pytestmark = [
@@ -72,10 +73,10 @@ def test_reader_repeats_the_traced_layer() -> None:
 
 
 def test_leave_one_gpu_out_is_calibrated_as_documented() -> None:
-    """The benchmark's state (docs/benchmarks.md): over every labelled GPU, held out, at least
-    half of the measured steps fall within +-1 sigma and at least 85% at or below the p90 on
-    the outright path (89% and 100% on 2026-11-28: the test GPUs are predicted better than the
-    five the sigma is calibrated on), and the ratio path meets the goal (71% and 91%)."""
+    """The benchmark's state (docs/benchmarks.md): over every labelled GPU, held out (each
+    GPU's sigma fitted on the other seven GPUs' held-out residuals), at least half of the
+    measured steps fall within +-1 sigma and at least 85% at or below the p90 on the outright
+    path (74% and 97% on 2026-11-29), and the ratio path meets the goal (67% and 90%)."""
     pytest.importorskip("torch", reason="the fit runs in torch (the `torch` extra)")
     from bench.opgraph_neusight import run
 
@@ -86,7 +87,7 @@ def test_leave_one_gpu_out_is_calibrated_as_documented() -> None:
     below = sum(bool(r["below_p90"]) for r in rows) / len(rows)
     mean_err = sum(abs(float(str(r["error"]))) for r in rows) / len(rows)
     assert inside >= 0.5 and below >= 0.85
-    assert mean_err < 0.15  # 12.2% on 2026-11-28 (13.7% before the in-stream floor)
+    assert mean_err < 0.14  # 11.7% on 2026-11-29 (12.2% with the per-kernel max floor)
     assert all(math.isfinite(float(str(r["sigma"]))) for r in rows)
     inside = sum(bool(r["in_1sigma"]) for r in moved) / len(moved)
     below = sum(bool(r["below_p90"]) for r in moved) / len(moved)

@@ -11,8 +11,8 @@ from kplan.catalogs.loader import shipped_catalog
 from kplan.catalogs.op_model import load_op_model
 from kplan.planner.devices import compute_scale
 from kplan.planner.opgraph import OpCall, OpGraph
-from kplan.planner.opmodel import matmul_work, vector_work
 from kplan.planner.opmodel_paths import speed_from_graph
+from kplan.planner.opwork import matmul_work, vector_work
 
 OPS, DEVICES, GPUS = load_op_model(), load_device_model(), shipped_catalog().gpus
 

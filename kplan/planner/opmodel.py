@@ -5,7 +5,8 @@ Each call of an ``OpGraph`` (``kplan.planner.opgraph``) is timed by its operator
     matmul (mm, bmm, linear), conv      compute or memory bound, tiled into thread blocks
     softmax, norm, elementwise          memory bound, one pass over (rows, row_length)
 
-``attention`` is timed as its two batched matmuls plus a softmax; ``reduction``, ``embedding``,
+``attention`` is timed as its two batched matmuls plus a softmax, their work scaled by the
+call's FLOPs (a backward twice a forward, a causal mask about half); ``reduction``, ``embedding``,
 ``optimizer`` and ``other`` are memory-bound passes timed as elementwise work over their bytes.
 
 The time of one call timed alone is ``t = t_roof / u + floor``, where ``t_roof = max(flops / P,
@@ -21,10 +22,12 @@ its dimensions. The GPU enters only through its peak, bandwidth and SM count (th
 the waves): specs as features of the utilisation itself (FLOPS and GB/s per SM, SM count) were
 tried and rejected on a leave-one-GPU-out over the five fitted GPUs (five GPUs do not teach a
 device trend). The sigmoid keeps any input, however far from the fitted ones, to a physical
-utilisation. A step's time is the sum over calls of ``t_stream * count``, evaluated per class as
-one numpy batch, with ``t_stream = max(t_roof / u, floor)``: in a step the kernels are queued
-asynchronously, so the host's per-kernel cost overlaps the kernels before it and only a kernel
-shorter than that cost waits for it (a kernel timed alone pays both: ``call_seconds``).
+utilisation. A kernel timed alone pays both its device time and the floor (``call_seconds``).
+In a step the host queues each phase's kernels asynchronously (``queued``): a phase (forward,
+backward, optimizer: layer after layer, a repeating stream) lasts the longer of its device
+time ``sum(t_roof / u * count)`` and its host's dispatch time ``sum(floor * count)``, so the
+host runs ahead during long kernels and the floor neither adds to nor swallows device work.
+Every class is evaluated as one numpy batch over the calls and GPUs.
 
 Precision: matmul and conv calls in ``tf32``, ``fp16`` or ``bf16`` run at the GPU's tensor-core
 peak for that precision (``kplan.planner.devices.peak_tflops``: the same peaks and fallbacks as
@@ -69,6 +72,7 @@ from kplan.core.errors import DataFileError, SchemaVersionError
 from kplan.planner.catalog import GpuSpec
 from kplan.planner.devices import peak_tflops
 from kplan.planner.opgraph import OpCall, OpGraph
+from kplan.planner.opwork import conv_out, matmul_work, vector_work
 
 OP_MODEL_SCHEMA: Final = "kplan.op-model/2.1"
 READ_SCHEMAS: Final = (OP_MODEL_SCHEMA, "kplan.op-model/2.0")
@@ -120,37 +124,6 @@ def device_from_gpu(gpu: GpuSpec) -> OpDevice:
         if peak > gpu.fp32_tflops * 1.01:  # a precision it runs on tensor cores
             tensor[p] = peak
     return OpDevice(gpu.name, gpu.fp32_tflops, gpu.mem_bw_gbs, int(gpu.sm_count), tensor)
-
-
-# ---- work of a call (shared by the fitter, the graph readers and the model) -----------------
-
-
-def matmul_work(dims: Sequence[int], itemsize: int = 4) -> tuple[float, float]:
-    """(flops, bytes) of C[B,M,N] = A[B,M,K] @ W[B,K,N]."""
-    b, m, n, k = (float(d) for d in dims)
-    return 2.0 * b * m * n * k, itemsize * b * (m * k + k * n + m * n)
-
-
-def conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
-    return max(1, (size + 2 * padding - kernel) // max(1, stride) + 1)
-
-
-def conv_work(dims: Sequence[int], itemsize: int = 4) -> tuple[float, float]:
-    """(flops, bytes) of a square conv, as its implicit GEMM."""
-    b, cin, cout, k, size, stride, pad = (int(d) for d in dims)
-    out = conv_out(size, k, stride, pad)
-    flops = 2.0 * b * out * out * cout * cin * k * k
-    nbytes = itemsize * (b * cin * size * size + cout * cin * k * k + b * cout * out * out)
-    return flops, float(nbytes)
-
-
-def vector_work(op: str, dims: Sequence[int], itemsize: int = 4) -> tuple[float, float]:
-    """(flops, bytes) of a pass over (rows, row_length): binary ops read two tensors."""
-    n = float(dims[0]) * float(dims[-1])
-    name = op.rsplit(".", 1)[-1]
-    tensors = 3 if name in ("add", "mul", "div", "pow", "sub") else 2
-    per = {"softmax": 5.0, "ln": 8.0, "layer_norm": 8.0}.get(name, 1.0)
-    return per * n, float(itemsize) * tensors * n
 
 
 # ---- features --------------------------------------------------------------------------------
@@ -340,14 +313,15 @@ class ClassFit:
         out: np.ndarray = math.log(self.u_max) - np.logaddexp(0.0, -np.clip(h, -30.0, 30.0))
         return out
 
-    def seconds(
-        self, t_roof: np.ndarray, x: np.ndarray, offset: np.ndarray, *, stream: bool = False
-    ) -> np.ndarray:
-        """Seconds of calls with roofline times ``t_roof``, features ``x`` and a log-time
-        ``offset`` on the bounded part (the tensor-core correction): each timed alone (the
-        floor added), or, with ``stream``, in a step's queue (the floor overlapped)."""
-        body = t_roof * np.exp(offset - self.log_util(x))
-        out: np.ndarray = np.maximum(body, self.floor_s) if stream else body + self.floor_s
+    def body(self, t_roof: np.ndarray, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """The device's seconds ``t_roof / u`` of calls with roofline times ``t_roof``,
+        features ``x`` and a log-time ``offset`` (the tensor-core correction), floor apart."""
+        out: np.ndarray = t_roof * np.exp(offset - self.log_util(x))
+        return out
+
+    def seconds(self, t_roof: np.ndarray, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """Seconds of calls each timed alone, as the fitted kernels were: the floor added."""
+        out: np.ndarray = self.body(t_roof, x, offset) + self.floor_s
         return out
 
 
@@ -392,20 +366,16 @@ class OpModel:
     ) -> float:
         """Seconds of one call of class ``cls`` (one of ``CLASSES``), timed alone (as the
         fitted kernels were: the per-kernel floor added)."""
-        piece: _Piece = (cls, op, dims, flops, nbytes, prec, 1)
-        return float(self._times([piece], dev, stream=False)[0])
+        body, floor = self._parts_on([(cls, op, dims, flops, nbytes, prec, 1)], [dev])
+        return float(body[0, 0] + floor[0, 0])
 
-    def _times(self, pieces: Sequence[_Piece], dev: OpDevice, *, stream: bool) -> np.ndarray:
-        """Seconds of each piece on ``dev``."""
-        out: np.ndarray = self._times_on(pieces, [dev], stream=stream)[0]
-        return out
-
-    def _times_on(
-        self, pieces: Sequence[_Piece], devs: Sequence[OpDevice], *, stream: bool = True
-    ) -> np.ndarray:
-        """Seconds of each piece on each GPU, (GPUs, pieces): every class is evaluated as one
-        numpy batch over all calls and GPUs; ``stream``: in a step's queue."""
+    def _parts_on(
+        self, pieces: Sequence[_Piece], devs: Sequence[OpDevice]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(device seconds ``t_roof / u``, the class's per-kernel floor) of each piece on each
+        GPU, (GPUs, pieces) each: every class one numpy batch over all calls and GPUs."""
         out = np.zeros((len(devs), len(pieces)))
+        floor = np.zeros((len(devs), len(pieces)))
         by_cls: dict[str, list[int]] = {}
         for i, p in enumerate(pieces):
             by_cls.setdefault(p[0], []).append(i)
@@ -418,11 +388,11 @@ class OpModel:
                     for dev in devs
                 ]
             )
-            sec = self.classes[cls].seconds(
-                t_roof.ravel(), x.reshape(-1, x.shape[-1]), offs.ravel(), stream=stream
-            )
+            fit = self.classes[cls]
+            sec = fit.body(t_roof.ravel(), x.reshape(-1, x.shape[-1]), offs.ravel())
             out[:, idx] = sec.reshape(len(devs), len(idx))
-        return out
+            floor[:, idx] = fit.floor_s
+        return out, floor
 
     def pieces(self, call: OpCall, step_precision: str = "fp32") -> tuple[str, list[_Piece]]:
         """(class reported, kernels) of a graph call: attention is its two batched matmuls and
@@ -434,13 +404,7 @@ class OpModel:
             ]
         size = ITEMSIZE.get(call.dtype, 4)
         if call.kind == "attention":
-            bh, lq, lk, hd = call.dims
-            qk, pv, rows = (bh, lq, lk, hd), (bh, lq, hd, lk), (bh * lq, lk)
-            return "matmul", [
-                ("matmul", "bmm", qk, *matmul_work(qk, size), prec, call.count),
-                ("matmul", "bmm", pv, *matmul_work(pv, size), prec, call.count),
-                ("softmax", "softmax", rows, *vector_work("softmax", rows, size), prec, call.count),
-            ]
+            return "matmul", _attention_pieces(call, prec, size)
         n = max(1, int(call.bytes / (2 * size)))
         dims = (max(1, n // 1024), min(n, 1024)) if len(call.dims) != 2 else call.dims
         return "elementwise", [
@@ -450,10 +414,11 @@ class OpModel:
     def time_call(
         self, call: OpCall, dev: OpDevice, step_precision: str = "fp32"
     ) -> tuple[str, float]:
-        """(class, seconds of ONE call) of a graph call on ``dev`` in a step of that precision
-        (in the step's queue: its floor overlapped with the kernels before it)."""
+        """(class, seconds of ONE call) of a graph call on ``dev`` in a step of that precision,
+        on its own in the step's queue: its device time or its host's floor, the larger."""
         cls, pieces = self.pieces(call, step_precision)
-        return cls, float(self._times(pieces, dev, stream=True).sum())
+        body, floor = self._parts_on(pieces, [dev])
+        return cls, float(np.maximum(body, floor).sum())
 
     def step_time(self, graph: OpGraph, dev: OpDevice) -> StepTime:
         """The summed time of every call in ``graph`` on ``dev`` and its held-out sigma."""
@@ -464,14 +429,17 @@ class OpModel:
         per operator class over every call and GPU)."""
         pieces: list[_Piece] = []
         owner: list[str] = []
+        phases: list[str] = []
         for call in graph.ops:
             cls, ps = self.pieces(call, graph.precision)
             pieces += ps
             owner += [cls] * len(ps)
+            phases += [call.phase] * len(ps)
         if not pieces:
             raise ValueError("the operator graph has no work to time")
         counts = np.asarray([p[6] for p in pieces], float)
-        times = self._times_on(pieces, devs) * counts
+        body, floor = self._parts_on(pieces, devs)
+        times = queued(body * counts, floor * counts, np.asarray(phases))
         return [
             self._summed(pieces, owner, row, dev, graph.precision)
             for row, dev in zip(times, devs, strict=True)
@@ -614,6 +582,40 @@ def class_fit_from_dict(row: Any, name: str) -> ClassFit:
     if fit.sigma_bias < 0 or fit.sigma_kernel < 0 or fit.floor_s < 0:
         raise ValueError(f"class {name}: negative sigma or floor")
     return fit
+
+
+def queued(body: np.ndarray, floor: np.ndarray, phases: np.ndarray) -> np.ndarray:
+    """Each kernel's share of a step's time (GPUs, kernels) when the host queues the kernels
+    of a phase (forward, backward, optimizer) asynchronously: the device runs ``body`` seconds,
+    the host spends ``floor`` per kernel dispatching. A phase is a repeating stream (layer after
+    layer), so in steady state it lasts its device time or its host time, whichever is longer:
+    the host runs ahead during long kernels and short ones wait for neither. The host's excess
+    over the device (idle device) is shared out by each kernel's dispatch cost."""
+    out = body.copy()
+    for phase in np.unique(phases):
+        cols = phases == phase
+        b, f = body[:, cols], floor[:, cols]
+        idle = np.maximum(f.sum(axis=1) - b.sum(axis=1), 0.0)
+        out[:, cols] = b + idle[:, None] * f / np.maximum(f.sum(axis=1), 1e-30)[:, None]
+    return out
+
+
+def _attention_pieces(call: OpCall, prec: str, size: int) -> list[_Piece]:
+    """A fused attention call as its QK^T and PV batched matmuls and its softmax, their work
+    scaled by the call's FLOPs over one dense forward's (``4 B L_q L_k head_dim``): 2 for a
+    backward, about half for a causal mask (the tracer's count); 1 when the call has none."""
+    bh, lq, lk, hd = call.dims
+    qk, pv, rows = (bh, lq, lk, hd), (bh, lq, hd, lk), (bh * lq, lk)
+    dense = 4.0 * bh * lq * lk * hd
+    scale = call.flops / dense if call.flops > 0 and dense > 0 else 1.0
+    out: list[_Piece] = []
+    for cls, op, dims, (flops, nbytes) in (
+        ("matmul", "bmm", qk, matmul_work(qk, size)),
+        ("matmul", "bmm", pv, matmul_work(pv, size)),
+        ("softmax", "softmax", rows, vector_work("softmax", rows, size)),
+    ):
+        out.append((cls, op, dims, flops * scale, nbytes * scale, prec, call.count))
+    return out
 
 
 def _tensor(cls: str, prec: str, dev: OpDevice) -> bool:

@@ -79,8 +79,13 @@ def speed_from_graph(
     if graph is None or not (src.sm_count and dst.sm_count):
         why = "no operator graph" if graph is None else "a GPU without an SM count"
         return GraphSpeed("device model", device.factor, 0.0, device.log_sigma, why)
-    a = op_model.step_time(_as_precision(graph, ps), device_from_gpu(src))
-    b = op_model.step_time(_as_precision(graph, pd), device_from_gpu(dst))
+    if ps == pd:  # one graph on both GPUs: one numpy batch per class (OpModel.step_times)
+        a, b = op_model.step_times(
+            _as_precision(graph, ps), [device_from_gpu(src), device_from_gpu(dst)]
+        )
+    else:
+        a = op_model.step_time(_as_precision(graph, ps), device_from_gpu(src))
+        b = op_model.step_time(_as_precision(graph, pd), device_from_gpu(dst))
     ratio, sigma = b.seconds / a.seconds, op_model.ratio_sigma(a, b, pd)
     if sigma < device.log_sigma:
         note = (

@@ -8,7 +8,7 @@ are a per-element estimate (the op-level model times those from their bytes):
 - conv: convolution and convolution_backward (each gradient it computes costs one forward);
   ``dims`` are the square-equivalent kernel and input side (the root of their areas).
 - attention: the fused scaled-dot-product kernels and their backward (four matmuls of
-  ``L_q x L_k x head_dim`` forward, eight backward).
+  ``L_q x L_k x head_dim`` forward, eight backward; a causal mask keeps about half the pairs).
 - softmax, norm (layer, batch, group norm and their backward), reduction (ops tagged
   ``reduction`` by torch, and the NLL loss), elementwise (ops tagged ``pointwise``, dropout),
   embedding (forward and dense backward).
@@ -141,11 +141,7 @@ def _shape(
     if name in CONV:
         return _conv(name, args, outs)
     if name in ATTENTION or name.removesuffix("_backward") in ATTENTION:
-        q, k = args[0], args[1]
-        bh = math.prod(q.shape[:-2])
-        flops = 4.0 * bh * q.shape[-2] * k.shape[-2] * q.shape[-1]
-        flops *= 2.0 if name.endswith("_backward") else 1.0
-        return "attention", (bh, q.shape[-2], k.shape[-2], q.shape[-1]), flops
+        return _attention(name, func, args)
     if name in EMBEDDING:
         indices = args[1]
         dim = outs[0].shape[-1] if name == "embedding" else args[0].shape[-1]
@@ -173,6 +169,28 @@ def _shape(
     if torch.Tag.pointwise in tags or name in ELEMENTWISE_EXTRA:
         return "elementwise", _rows(big), PER_ELEMENT["elementwise"] * n
     return "other", (n,), 0.0
+
+
+def _attention(name: str, func: Any, args: tuple[Any, ...]) -> tuple[str, tuple[int, ...], float]:
+    """A fused attention call: its QK^T and PV matmuls (4 L_q L_k head_dim FLOPs per head
+    forward, twice that backward) over the (query, key) pairs it computes: all of them, or with
+    a causal mask (``is_causal``, or a non-zero ``custom_mask_type``) only the key positions up
+    to each query's (top-left aligned, as torch's ``is_causal``), about half. The arguments are
+    read by their schema names (a backward's first tensor is the output's gradient)."""
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args, strict=False))
+    q, k = bound.get("query", args[0]), bound.get("key", args[1])
+    bh, lq, lk, hd = math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1]
+    causal = bool(bound.get("is_causal", False)) or bool(bound.get("custom_mask_type", 0))
+    flops = 4.0 * bh * hd * (causal_pairs(lq, lk) if causal else lq * lk)
+    flops *= 2.0 if name.endswith("_backward") else 1.0
+    return "attention", (bh, lq, lk, hd), flops
+
+
+def causal_pairs(lq: int, lk: int) -> int:
+    """(query, key) pairs a top-left-aligned causal mask keeps: query i sees keys 0..i."""
+    inside = min(lq, lk)
+    return inside * (inside + 1) // 2 + max(0, lq - lk) * lk
 
 
 def _rows(t: torch.Tensor) -> tuple[int, int]:
