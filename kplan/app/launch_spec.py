@@ -100,6 +100,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> Plan:
     from kplan.app import pins, planning
     from kplan.app.local_plan import epochs_to_run
     from kplan.core.precision import check_precision
+    from kplan.planner.extra_costs import DataSpec
     from kplan.planner.search import SearchOptions, default_objective
 
     if req.example_profile is None and req.profile is None:
@@ -135,6 +136,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> Plan:
         min_nodes=node_pin[0] if node_pin else 1,
         max_nodes=node_pin[1] if node_pin else 64,
         allow_on_demand=req.allow_on_demand,
+        data=DataSpec(req.data_gb, req.data_region),
     )
     # the epochs the script will run: its own --epochs after `--`, read as a local launch reads
     # them (kplan/app/local_plan.py), else kplan's --epochs, else the profile's, said in a note
