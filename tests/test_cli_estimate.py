@@ -103,7 +103,7 @@ def test_estimate_profile_without_fit_is_fitted(tmp_path: Path) -> None:
 def test_estimate_writes_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     _ok(["estimate", "-e", "yolov3", "--out", str(out), "--json"])
-    assert json.loads(out.read_text())["schema"] == "kplan.plan/2.0"
+    assert json.loads(out.read_text())["schema"] == "kplan.plan/2.1"
 
 
 @pytest.mark.parametrize(

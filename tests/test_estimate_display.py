@@ -79,7 +79,7 @@ def test_out_says_where_the_plan_went_and_the_command_uses_it(tmp_path: Path) ->
     out = _run(["estimate", "--example", "yolov3", "--out", str(plan)], columns=200)
     assert f"plan saved to {plan}" in out
     doc = json.loads(plan.read_text())
-    assert doc["schema"] == "kplan.plan/2.0"
+    assert doc["schema"] == "kplan.plan/2.1"
     budget = doc["next_command"].split("--budget ")[1]
     assert float(budget) >= doc["chosen"]["cost_p90_usd"]
     assert f"kplan launch train.py --plan {plan} --budget {budget}" in out

@@ -23,7 +23,8 @@ def _old(name: str) -> dict[str, object]:
 def test_a_flat_job_json_loads_into_the_records(name: str) -> None:
     old = _old(name)
     spec = JobSpec.from_dict(old)
-    newer = {"lease_s", "idle_s"}  # added after the flat form: absent there, at their default
+    # added after the flat form: absent there, at their default
+    newer = {"lease_s", "idle_s", "disk_usd_node_h", "storage_usd_h", "egress_usd"}
     assert newer.isdisjoint(old)
     for flat, (group, key) in FLAT.items():  # every flat value is in its record
         value = getattr(getattr(spec, group), key)
@@ -41,7 +42,7 @@ def test_the_cloud_fixture_sets_every_setting_away_from_its_default() -> None:
         "kp-x-1", "gcp", "r", "t.py", (NodeSpec(0, "t", "spot", "z", 1, 1.0),), 1.0
     )
     spec = JobSpec.from_dict(_old("cloud"))
-    for group in GROUPS:
+    for group in set(GROUPS) - {"costs"}:  # costs came after the fixture (issue 27): zeros
         assert getattr(spec, group) != getattr(default, group), group
 
 

@@ -161,4 +161,5 @@ def test_compression_candidates_are_replaced_copies() -> None:
         "on_demand_usd_per_hour",
         "compression",
         "compression_stat",
+        "extras",
     }, "a new Candidate field: copy it in with_compression too"

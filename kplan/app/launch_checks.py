@@ -86,12 +86,21 @@ def _check_numbers(req: LaunchRequest) -> None:
     )  # fmt: skip
     flags.number("--epochs", req.epochs, high=flags.MAX_EPOCHS, hint="e.g. --epochs 5")
     flags.integer("--dataset-size", req.dataset_size, high=flags.MAX_SAMPLES, hint="samples")
+    flags.number(
+        "--data-gb", req.data_gb, low_open=False, high=flags.MAX_DATA_GB, hint=flags.DATA_HINT
+    )
+    flags.text("--data-region", req.data_region, hint="e.g. us-east-1 (kplan catalog list)")
 
 
 def check_work(req: LaunchRequest, *, plans_now: object) -> None:
     given = [
         flag
-        for flag, value in (("--epochs", req.epochs), ("--dataset-size", req.dataset_size))
+        for flag, value in (
+            ("--epochs", req.epochs),
+            ("--dataset-size", req.dataset_size),
+            ("--data-gb", req.data_gb or None),
+            ("--data-region", req.data_region),
+        )
         if value is not None
     ]
     if given and not plans_now:

@@ -82,3 +82,6 @@ class LaunchRequest:
     epochs: float | None = None
     dataset_size: int | None = None
     price_usd_per_hour: float | None = None  # local: this machine's price (None: free)
+    # The training data for a plan made now (kplan estimate's --data-gb / --data-region)
+    data_gb: float = 0.0
+    data_region: str | None = None

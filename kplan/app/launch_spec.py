@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypedDict
 from kplan.core.errors import InputError
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, nodes_from_plan_row
 from kplan.planner.catalog import Catalog
-from kplan.planner.plan import Plan
+from kplan.planner.plan import Plan, PlanRow
 
 if TYPE_CHECKING:
     from kplan.app.launch_request import LaunchRequest
@@ -100,6 +100,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> Plan:
     from kplan.app import pins, planning
     from kplan.app.local_plan import epochs_to_run
     from kplan.core.precision import check_precision
+    from kplan.planner.extra_costs import DataSpec
     from kplan.planner.search import SearchOptions, default_objective
 
     if req.example_profile is None and req.profile is None:
@@ -135,6 +136,7 @@ def plan_now(req: LaunchRequest, cloud: str) -> Plan:
         min_nodes=node_pin[0] if node_pin else 1,
         max_nodes=node_pin[1] if node_pin else 64,
         allow_on_demand=req.allow_on_demand,
+        data=DataSpec(req.data_gb, req.data_region),
     )
     # the epochs the script will run: its own --epochs after `--`, read as a local launch reads
     # them (kplan/app/local_plan.py), else kplan's --epochs, else the profile's, said in a note
@@ -199,6 +201,7 @@ def spec_from_plan(
         opts.setdefault("capacity_wait_s", rec.capacity_wait_s)
     import json
 
+    disk, storage, egress = job_costs(row)
     return JobSpec.build(
         req.job_id or _new_id(),
         cloud,
@@ -224,6 +227,9 @@ def spec_from_plan(
         price_notes=price_notes,
         precision=row.precision,  # what the plan was made for: the workers train in it
         compression=row.compression,  # the plan's gradient compression runs in the workers
+        disk_usd_node_h=disk,
+        storage_usd_h=storage,
+        egress_usd=egress,
         **opts,
     )
 
@@ -265,3 +271,11 @@ def _new_id() -> str:
     from kplan.launcher.jobspec import new_job_id
 
     return new_job_id()
+
+
+def job_costs(row: PlanRow) -> tuple[float, float, float]:
+    """The launcher's rates of the row's extras (kplan/planner/extra_costs.py: they were priced
+    at the row's hours, so dividing by them gives the rates back): disk per node-hour, storage
+    per hour, egress once."""
+    x, hours = row.extras, row.hours
+    return x.disk_usd / (row.nodes * hours), x.storage_usd / hours, x.egress_usd

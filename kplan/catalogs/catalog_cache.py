@@ -35,6 +35,7 @@ CATALOG_FILES = (
     "spot_rates.csv",
     "billing.csv",
     "zones.csv",
+    "storage_prices.csv",
     "VERSION.txt",
 )
 # The code that turns those files into a Catalog: a change to any of them loads afresh.
@@ -69,6 +70,10 @@ def cache_key(root: Traversable, user_folder: bool) -> str | None:
             h.update(data)
         model = resources.files("kplan.catalogs").joinpath("data", "spot_model.json")
         h.update(model.read_bytes())
+        # a user folder without storage prices uses the shipped ones
+        h.update(
+            resources.files("kplan.catalogs").joinpath("data", "storage_prices.csv").read_bytes()
+        )
         base = Path(__file__).resolve().parent.parent.parent
         for src in _SOURCES:
             h.update((base / src).read_bytes())

@@ -2,7 +2,10 @@
 
 Files (columns in ``kplan.catalogs.rows``; meaning and sources in docs/catalogs.md):
 ``gpus.csv``, ``instances.csv``, ``prices.csv``, ``spot_rates.csv``, ``billing.csv`` and
-``VERSION.txt``; optional ``zones.csv`` (the opt-in zones, ``kplan.catalogs.zones``).
+``VERSION.txt``; optional ``zones.csv`` (the opt-in zones, ``kplan.catalogs.zones``) and
+``storage_prices.csv`` (storage and egress list prices per region; a user directory without one
+uses the shipped file's). A region with offers but no storage prices is noted: its plans count
+no disk, storage or egress.
 
 Rules: a file that is missing or malformed raises ``CatalogError``. A bad row is never used: it
 is dropped and ``Catalog.notes`` records ``file:line: reason``. Rows are bad when a required field
@@ -32,11 +35,13 @@ from kplan.catalogs.rows import (
     INSTANCE_COLUMNS,
     PRICE_COLUMNS,
     SPOT_RATE_COLUMNS,
+    STORAGE_COLUMNS,
     parse_billing,
     parse_gpu,
     parse_instance,
     parse_offer,
     parse_spot_rate,
+    parse_storage,
 )
 from kplan.catalogs.spot_model_file import shipped_spot_model
 from kplan.catalogs.zones import ZONE_COLUMNS, ZONE_FILE, parse_zone, zone_type_from_id
@@ -48,10 +53,12 @@ from kplan.planner.catalog import (
     InstanceType,
     Offer,
     SpotRate,
+    StoragePrice,
     ZoneType,
 )
 
 VERSION_FILE = "VERSION.txt"
+STORAGE_FILE = "storage_prices.csv"
 SHIPPED_LABEL = "kplan.catalogs/data"
 T = TypeVar("T")
 
@@ -101,6 +108,7 @@ def _load_catalog(directory: Path | None) -> Catalog:
         for _, b in files.unique("billing.csv", BILLING_COLUMNS, parse_billing, lambda b: b.cloud)
     }
     _check_complete(files, offers, spot_rates, billing)
+    storage = _load_storage(files, offers)
     return Catalog(
         gpus=gpus,
         instances=instances,
@@ -110,6 +118,7 @@ def _load_catalog(directory: Path | None) -> Catalog:
         version=_version(files, directory),
         notes=tuple(files.notes),
         spot_model=shipped_spot_model(),
+        storage=storage,
     )
 
 
@@ -209,6 +218,28 @@ def _load_offers(
                 )
         offers.append(offer)
     return tuple(offers)
+
+
+def _load_storage(files: _Files, offers: tuple[Offer, ...]) -> dict[tuple[str, str], StoragePrice]:
+    """Storage and egress prices by (cloud, region): the directory's file, else the shipped one;
+    a region with offers and no prices is noted."""
+    source = files
+    if not (files.root / STORAGE_FILE).is_file() and files.label != SHIPPED_LABEL:
+        source = _Files(resources.files("kplan.catalogs").joinpath("data"), SHIPPED_LABEL)
+    storage: dict[tuple[str, str], StoragePrice] = {
+        (p.cloud, p.region): p
+        for _, p in source.unique(
+            STORAGE_FILE, STORAGE_COLUMNS, parse_storage, lambda p: (p.cloud, p.region)
+        )
+    }
+    if source is not files:
+        files.notes.extend(source.notes)
+    for cloud, region in sorted({(o.cloud, o.region) for o in offers} - set(storage)):
+        files.note(
+            f"{STORAGE_FILE}: no prices for {cloud}:{region}; its plans count no disk, "
+            "storage or egress"
+        )
+    return storage
 
 
 def _with_zone_types(files: _Files, offers: tuple[Offer, ...]) -> tuple[Offer, ...]:

@@ -7,6 +7,7 @@ unknown instances, spot above on-demand) are done by ``kplan.catalogs.loader``.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal, cast
 
 from kplan.catalogs.csvfile import Row, RowError, check_shape
@@ -20,6 +21,7 @@ from kplan.planner.catalog import (
     Market,
     Offer,
     SpotRate,
+    StoragePrice,
 )
 
 GPU_COLUMNS = ("name", "memory_gb", "fp32_tflops", "fp16_tflops", "mem_bw_gbs", "source")
@@ -38,6 +40,20 @@ INSTANCE_COLUMNS = (
 PRICE_COLUMNS = ("cloud", "instance_type", "region", "zone", "market", "usd_per_hour", "source")
 SPOT_RATE_COLUMNS = ("cloud", "family", "per_hour", "source")
 BILLING_COLUMNS = ("cloud", "minimum_s", "increment_s", "source")
+STORAGE_COLUMNS = (
+    "cloud",
+    "region",
+    "object_usd_gb_month",
+    "disk_usd_gb_month",
+    "egress_region_usd_gb",
+    "egress_internet_usd_gb",
+    "egress_cloud_usd_gb",
+    "source",
+    "as_of",
+)
+# No cloud lists storage or egress near this: the dearest shipped price is 0.12 USD/GB. A price
+# above it is a slip (cents, a price per TB) that would otherwise be planned with.
+MAX_USD_PER_GB = 5.0
 INTERCONNECTS = ("nvlink", "pcie", "none")
 # No instance costs near this: the dearest shipped offer (8 x B200) is about 114 USD/h. A price
 # above it is a slip (cents, a monthly price, 1e300) that would otherwise be planned with.
@@ -140,4 +156,29 @@ def parse_billing(row: Row) -> Billing:
         minimum_s=row.number("minimum_s", allow_zero=True),
         increment_s=row.number("increment_s"),
         source=row.text("source"),
+    )
+
+
+def parse_storage(row: Row) -> StoragePrice:
+    check_shape(row)
+    prices = {}
+    for column in STORAGE_COLUMNS[2:7]:
+        value = row.number(column, allow_zero=True)
+        if value > MAX_USD_PER_GB:
+            raise RowError(
+                f"{column}={value:g} is above {MAX_USD_PER_GB:g}, more than any cloud lists "
+                "(give USD per GB or per GB-month, not cents or per TB)"
+            )
+        prices[column] = value
+    as_of = row.text("as_of")
+    try:
+        dt.date.fromisoformat(as_of)
+    except ValueError:
+        raise RowError(f"as_of={as_of!r} is not a date (YYYY-MM-DD)") from None
+    return StoragePrice(
+        cloud=_cloud(row),
+        region=row.text("region"),
+        source=row.text("source"),
+        as_of=as_of,
+        **prices,
     )

@@ -209,6 +209,8 @@ def launch_request(f: dict[str, Any]) -> LaunchRequest:
         epochs=f["epochs"],
         dataset_size=f["dataset_size"],
         price_usd_per_hour=f["price"],
+        data_gb=f["data_gb"],
+        data_region=f["data_region"],
     )
 
 
@@ -486,6 +488,25 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
             "--capacity-wait",
             help="Seconds lost nodes wait for capacity anywhere in the region before the job "
             "fails (default: the plan's, else 900).",
+        ),
+    ),
+    Flag(
+        "data_gb",
+        float,
+        0.0,
+        typer.Option(
+            "--data-gb",
+            help="A plan made now: GB of training data, priced as kplan estimate --data-gb "
+            "does (storage for the job's hours, egress from --data-region).",
+        ),
+    ),
+    Flag(
+        "data_region",
+        str | None,
+        None,
+        typer.Option(
+            "--data-region",
+            help="A plan made now: the region the data is stored in (default: the plan's).",
         ),
     ),
     Flag(

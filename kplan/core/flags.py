@@ -20,6 +20,8 @@ MAX_SECONDS = 1e8
 MAX_SAMPLES = 2**53 - 1
 MAX_BATCH = 2**24
 MAX_EPOCHS = 1e6
+MAX_DATA_GB = 1e8  # a training data set (100 PB)
+DATA_HINT = "GB of training data, >= 0, e.g. --data-gb 150"
 
 
 def number(

@@ -122,7 +122,7 @@ def import_job(db: StateDB, doc: ControllerDoc, journal: Journal, clock: Clock) 
         created_at=doc.job_started_at,
         updated_at=now,
     )
-    ledger = Ledger(db, spec.job_id, billing_for(spec.cloud))
+    ledger = Ledger(db, spec.job_id, billing_for(spec.cloud), spec.costs, doc.job_started_at)
     with db.transaction():
         db.create_job(row)
         for rec in doc.instances:
@@ -238,7 +238,10 @@ class _Resumed(JobRun):
         s = self.spec
         self.started = started
         deadline = None if s.deadline_h is None else started + s.deadline_h * 3600
-        self.guard = Guard(s.budget_usd, deadline, s.horizon_s, self.billing)
+        self.guard = Guard(
+            s.budget_usd, deadline, s.horizon_s, self.billing, s.costs.disk_usd_node_h
+        )
+        self.ledger = Ledger(self.db, s.job_id, self.billing, s.costs, started)
         self.adapter = Adapter(s, self.storage, self._event, started)
 
     def _restore_ranks(self) -> str:

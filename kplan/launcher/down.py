@@ -204,7 +204,7 @@ def _settle(
     if job is None:
         return
     now = clock.now()
-    ledger = Ledger(db, job_id, billing_for(job.cloud))
+    ledger = _ledger(db, job, job_id)
     cloud = {i.id: i for i in found}
     with db.transaction():
         rows = {i.id: i for i in db.instances(job_id)}
@@ -235,6 +235,7 @@ def _settle(
                 inst = replace(inst, state=state or "terminated")
             if inst.id not in closed:
                 ledger.close(inst, end)
+        ledger.close_job(now)  # the job's storage row, if the launcher left it open
         if not job.terminal:
             status, reason = _outcome(job, storage, asked, found)
             db.set_status(job_id, status, now, reason)
@@ -340,3 +341,12 @@ def _try_job(db: StateDB, job_id: str) -> JobRecord | None:
 def _note(journal: Journal, clock: Clock, what: str) -> None:
     with contextlib.suppress(KplanError):
         journal.write("note", clock.now(), what=what)
+
+
+def _ledger(db: StateDB, job: JobRecord, job_id: str) -> Ledger:
+    """The job's ledger with its disk and storage rates (its job.json), to close their rows."""
+    try:
+        costs = JobSpec.from_dict(job.spec).costs
+    except (KplanError, KeyError, TypeError, ValueError):
+        costs = None  # a job.json this kplan cannot read: its instance rows only
+    return Ledger(db, job_id, billing_for(job.cloud), costs, job.created_at)

@@ -142,9 +142,10 @@ class DryRun:
 
 def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
     """What the guard says before anything starts: can the budget pay for the whole cluster
-    until the first check plus teardown (``run_job`` asks the same before it uploads)."""
-    guard = Guard(spec.budget_usd, None, spec.horizon_s, billing)
-    return guard.check(0.0, [], 0.0, [n.usd_per_hour for n in spec.nodes])
+    until the first check plus teardown, its boot disks, and the data's egress (``run_job`` asks
+    the same before it uploads)."""
+    guard = Guard(spec.budget_usd, None, spec.horizon_s, billing, spec.costs.disk_usd_node_h)
+    return guard.check(spec.costs.egress_usd, [], 0.0, [n.usd_per_hour for n in spec.nodes])
 
 
 def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:

@@ -10,7 +10,9 @@ later. Each live instance is projected with the cloud's billing rule::
                             + sum_new  price_j * billed(horizon) / 3600
 
 where ``new`` are instances about to be launched (a replacement pays at least the billing
-minimum). The job stops when ``projected > budget`` or ``t + horizon > deadline``.
+minimum). ``closed rows`` include the data's egress the job has yet to record, ``live`` each
+instance's boot disk with it and the job's storage, and each new instance pays its disk too
+(kplan/launcher/ledger.py). The job stops when ``projected > budget`` or ``t + horizon > deadline``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Guard:
     deadline_at: float | None  # epoch seconds; None: no deadline
     horizon_s: float
     billing: BillingRule
+    disk_usd_node_h: float = 0.0  # each new instance's boot disk (kplan/launcher/ledger.py)
 
     def projected(
         self,
@@ -60,7 +63,7 @@ class Guard:
         for inst in live:
             total += self.billing.billed_seconds(max(end - inst.start, 0.0)) * inst.usd_per_hour
         for price in new_prices:
-            total += self.billing.billed_seconds(self.horizon_s) * price
+            total += self.billing.billed_seconds(self.horizon_s) * (price + self.disk_usd_node_h)
         # ``total`` accumulated USD*seconds/hour for the live part; convert once.
         return closed_usd + (total - closed_usd) / 3600.0
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
+from kplan.launcher.ledger import Costs
 from kplan.launcher.provider import Market
 from kplan.launcher.wheel import check_index_url, check_node_install
 
@@ -289,6 +290,7 @@ GROUPS: dict[str, type] = {
     "placement": Placement,
     "adaptation": Adaptation,
     "predicted": Prediction,
+    "costs": Costs,  # disks, storage and egress (kplan/launcher/ledger.py)
 }
 # Flat option names whose record field is named otherwise (every other flat name is its field's).
 _RENAMED = {
@@ -370,6 +372,9 @@ class JobOptions(TypedDict, total=False):
     predicted_hours: float | None
     predicted_cost_usd: float | None
     predicted_cost_p90_usd: float | None
+    disk_usd_node_h: float
+    storage_usd_h: float
+    egress_usd: float
 
 
 def nest(flat: Mapping[str, object], strict: bool = True) -> dict[str, object]:
@@ -413,6 +418,7 @@ class JobSpec:
     placement: Placement = Placement()
     adaptation: Adaptation = Adaptation()
     predicted: Prediction = Prediction()
+    costs: Costs = field(default_factory=Costs)
     plan: Plan | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

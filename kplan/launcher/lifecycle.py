@@ -211,6 +211,7 @@ class JobRun(ChangingRun):
             self._safe("event error", lambda: self._event("error", teardown_error.message))
             raise teardown_error
         self._settle_records()
+        self._safe("storage row", lambda: self.ledger.close_job(self.clock.now()))
         recorded = self._safe("final status", lambda: self._status(status, reason))
         spend = self._spend()
         self._safe(

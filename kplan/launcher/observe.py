@@ -110,12 +110,14 @@ class RunState:
         self.db = db
         self.clock = clock
         self.billing = billing or billing_for(spec.cloud)
-        self.ledger = Ledger(db, spec.job_id, self.billing)
         self.on_event = on_event
         self.cluster = cluster_spec(spec, self.storage.uri)
         self.started = clock.now()
+        self.ledger = Ledger(db, spec.job_id, self.billing, spec.costs, self.started)
         deadline = None if spec.deadline_h is None else self.started + spec.deadline_h * 3600
-        self.guard = Guard(spec.budget_usd, deadline, spec.horizon_s, self.billing)
+        self.guard = Guard(
+            spec.budget_usd, deadline, spec.horizon_s, self.billing, spec.costs.disk_usd_node_h
+        )
         self.generation = 0
         self.head_addr: str | None = None
         self.current: dict[int, str] = {}  # node rank -> id of its newest instance
@@ -152,7 +154,10 @@ class RunState:
         self.db.set_status(self.spec.job_id, status, self.clock.now(), reason)
 
     def _live(self) -> list[Running]:
-        return [Running(r.launched_at, r.price) for r in self.records.values() if r.alive]
+        """Each live instance with its disk, and the job's storage (kplan/launcher/ledger.py)."""
+        disk, storage = self.spec.costs.disk_usd_node_h, self.spec.costs.storage_usd_h
+        live = [Running(r.launched_at, r.price + disk) for r in self.records.values() if r.alive]
+        return live + ([Running(self.started, storage)] if storage > 0 else [])
 
     def _observe(self) -> None:
         """Query the provider; record state changes, close the ledger rows of gone instances."""
@@ -313,6 +318,7 @@ class RunState:
         if decision.stop:
             self._event("guard", decision.message, {"projected_usd": decision.projected_usd})
             raise Finish("stopped", decision.reason or "budget")
+        self.ledger.record_egress(now)  # the guard counted it: the budget pays it
         self._check_idle(now)
         self.renew_lease()
 

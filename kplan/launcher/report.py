@@ -15,12 +15,19 @@ import math
 import shlex
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kplan.launcher.metrics_read import Metrics, read_metrics
 from kplan.launcher.plainscript import not_measured_note
-from kplan.launcher.state import EventRecord, InstanceRecord, JobRecord, LedgerRow, StateDB
+from kplan.launcher.state import (
+    LEDGER_KINDS,
+    EventRecord,
+    InstanceRecord,
+    JobRecord,
+    LedgerRow,
+    StateDB,
+)
 from kplan.launcher.storage import Storage
 
 if TYPE_CHECKING:
@@ -131,6 +138,8 @@ class JobReport:
     # False: no step record at all (a plain script, or a job that never reached a step);
     # ``metrics.note`` says which, and the views show "not measured" instead of zeros
     measured: bool = True
+    # spend by ledger kind (instance, disk, storage, egress: kplan/launcher/ledger.py)
+    by_kind: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -162,7 +171,11 @@ def build_report(
     total = db.spend(job.id)
     by_id = {i.id: i for i in instances}
     lookup = on_demand_price or (lambda _inst: None)
-    spends = [_instance_spend(row, by_id.get(row.instance), lookup) for row in ledger]
+    spends = [
+        _instance_spend(row, by_id.get(row.instance), lookup)
+        for row in ledger
+        if row.kind == "instance"
+    ]
     plan = stored_plan(job.plan)
     chosen = plan.chosen if plan is not None else None
     metrics = read_metrics(storage, job.id) if storage is not None else Metrics(storage_note)
@@ -193,7 +206,7 @@ def build_report(
         deadline_h=job.deadline_h,
         actual_hours=max(end - job.created_at, 0.0) / 3600.0,
         total_usd=total,
-        billed_seconds=math.fsum(r.billed_seconds for r in ledger),
+        billed_seconds=math.fsum(r.billed_seconds for r in ledger if r.kind == "instance"),
         predicted_hours=job.predicted_hours,
         predicted_hours_p90=chosen.hours_p90 if chosen else None,
         predicted_cost_usd=job.predicted_cost_usd,
@@ -216,7 +229,18 @@ def build_report(
         naive=_naive_savings(job, naive(job) if naive is not None else no_naive(job), total),
         metrics=metrics,
         measured=measured,
+        by_kind=spend_by_kind(ledger),
     )
+
+
+def spend_by_kind(ledger: Sequence[LedgerRow]) -> dict[str, float]:
+    """USD by ledger kind, instances first, then disk, storage, egress where the job has them."""
+    out = {"instance": 0.0}
+    for kind in LEDGER_KINDS:
+        rows = [r.usd for r in ledger if r.kind == kind]
+        if rows:
+            out[kind] = math.fsum(rows)
+    return out
 
 
 def _num(value: Any) -> float | None:
@@ -387,8 +411,12 @@ def on_demand_comparison(
             None, None, f"n/a: no on-demand price in the catalog for {', '.join(missing)}"
         )
     usd = math.fsum(s.billed_seconds * (s.on_demand_usd_per_hour or 0.0) / 3600.0 for s in spends)
+    usd += total - math.fsum(s.usd for s in spends)  # disks, storage, egress: the same on demand
     return Comparison(
-        usd, usd - total, "same instances, same billed seconds, at the catalog's on-demand price"
+        usd,
+        usd - total,
+        "same instances, same billed seconds, at the catalog's on-demand price (disks, storage "
+        "and egress as billed)",
     )
 
 

@@ -421,7 +421,7 @@ def section(r: JobReport) -> str:
     )  # fmt: skip
     groups = "".join(
         f"<p>by {name}: " + e(", ".join(f"{k} {money(v)}" for k, v in d.items())) + "</p>"
-        for name, d in (("market", r.by_market), ("zone", r.by_zone))
+        for name, d in (("kind", r.by_kind), ("market", r.by_market), ("zone", r.by_zone))
     )
     pre = _table(
         ["time", "node", "kind", "reason", "work lost s", "downtime s", "lost USD", "boot USD"],

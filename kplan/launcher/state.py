@@ -25,7 +25,7 @@ from kplan.core.paths import kplan_home
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.statecheck import StateError, check_state_file, open_readonly
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ledger rows have a kind (issue 27)
 LAST_JOB = "last"  # names the most recently created job wherever a job id is taken
 _JOB_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # an id or a prefix of one
 GONE_STATES = ("terminated", "preempted")  # instance states that bill nothing more
@@ -96,7 +96,11 @@ CREATE TABLE ledger (
     PRIMARY KEY (job, instance)
 );
 """
-_MIGRATIONS = {1: _SCHEMA_V1}  # version -> script that brings version-1 to version
+# Ledger kinds: an instance's own row, its boot disk (billed with it), the job's object storage
+# (checkpoints, data) and the data's egress (kplan/launcher/ledger.py)
+_SCHEMA_V2 = "ALTER TABLE ledger ADD COLUMN kind TEXT NOT NULL DEFAULT 'instance';"
+LEDGER_KINDS = ("instance", "disk", "storage", "egress")
+_MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}  # version -> script from version-1 to version
 
 
 def default_db_path() -> Path:
@@ -204,6 +208,7 @@ class LedgerRow:
     billed_seconds: float
     usd: float
     closed: bool
+    kind: str = "instance"  # LEDGER_KINDS
 
 
 class StateWriteError(StateError):
@@ -243,7 +248,7 @@ class StateDB:
         # Refuse a foreign or damaged file before anything writes to it (launcher/statecheck.py).
         check_state_file(path)
         if readonly:  # status, logs, report: no write, so a read-only KPLAN_HOME works
-            return cls(open_readonly(path, _SCHEMA_V1), path, clock, lock_wait_s)
+            return cls(open_readonly(path, _SCHEMA_V1 + _SCHEMA_V2), path, clock, lock_wait_s)
         try:
             if path.parent == kplan_home():
                 secure_home(path.parent)
@@ -542,8 +547,8 @@ class StateDB:
     def put_ledger(self, row: LedgerRow) -> None:
         """Insert or update an open row; a closed row is never changed again."""
         self._write(
-            'INSERT INTO ledger (job, instance, start, "end", billed_seconds, usd, closed) '
-            "VALUES (?,?,?,?,?,?,?) ON CONFLICT(job, instance) DO UPDATE SET "
+            'INSERT INTO ledger (job, instance, start, "end", billed_seconds, usd, closed, kind) '
+            "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(job, instance) DO UPDATE SET "
             '"end"=excluded."end", billed_seconds=excluded.billed_seconds, usd=excluded.usd, '
             "closed=excluded.closed WHERE ledger.closed=0",
             (
@@ -554,6 +559,7 @@ class StateDB:
                 row.billed_seconds,
                 row.usd,
                 int(row.closed),
+                row.kind,
             ),
         )
 
@@ -570,6 +576,7 @@ class StateDB:
                 r["billed_seconds"],
                 r["usd"],
                 bool(r["closed"]),
+                r["kind"] if "kind" in r.keys() else "instance",  # noqa: SIM118 (a version-1 file)
             )
             for r in rows
         ]

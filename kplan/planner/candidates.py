@@ -4,7 +4,7 @@ that fits the job, with its prediction, spot risk and billing; and the global ba
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -14,6 +14,7 @@ from kplan.planner import compression, spotplan
 from kplan.planner.catalog import Catalog, InstanceType, Offer
 from kplan.planner.compression import StatCost
 from kplan.planner.devices import DeviceModel
+from kplan.planner.extra_costs import ExtraRates, rates_for
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.spot import SpotRisk
 from kplan.planner.workload import InstancePrediction, Workload, for_instance
@@ -35,6 +36,8 @@ class Candidate:
         "none"  # the gradient compression its rows run (kplan/planner/compression.py)
     )
     compression_stat: StatCost | None = None  # its samples multiplier (None: dense)
+    # its region's disk, storage and egress rates (kplan/planner/extra_costs.py)
+    extras: ExtraRates = field(default_factory=ExtraRates)
 
 
 def candidates(
@@ -99,6 +102,9 @@ def candidates(
                 bill.increment_s,
                 risk,
                 od_price.get((cloud, offer.region, itype)),
+                extras=rates_for(
+                    catalog.storage, cloud, offer.region, opts.data, workload.gradient_bytes
+                ),
             )
         )
     return out, notes
@@ -127,6 +133,7 @@ def with_compression(cands: list[Candidate], opts: SearchOptions) -> list[Candid
             c.on_demand_usd_per_hour,
             spec,
             st,
+            c.extras,
         )
         for spec, st in zip([cc.spec() for cc in comps], stats, strict=True)
         for c in cands
@@ -146,6 +153,12 @@ def _check_filters(catalog: Catalog, opts: SearchOptions) -> None:
                 f"unknown region {r!r}",
                 hint=f"regions in the catalog: {', '.join(sorted(regions))}",
             )
+    if opts.data.region is not None and opts.data.region not in {r for _, r in catalog.storage}:
+        raise InputError(
+            f"unknown data region {opts.data.region!r} (not in the catalog's storage prices)",
+            hint="regions with storage prices: "
+            + ", ".join(sorted({r for _, r in catalog.storage})),
+        )
     known = {g.lower(): g for g in catalog.gpus}
     for g in opts.gpus:
         if g.lower() not in known:

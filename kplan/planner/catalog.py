@@ -132,6 +132,23 @@ class Billing:
 
 
 @dataclass(frozen=True)
+class StoragePrice:
+    """A region's storage and data-transfer list prices (``storage_prices.csv``): object storage
+    and block disk (AWS gp3, GCP pd-balanced) per GB-month, egress per GB to another region of
+    the same cloud, to the internet and to another cloud."""
+
+    cloud: Cloud
+    region: str
+    object_usd_gb_month: float
+    disk_usd_gb_month: float
+    egress_region_usd_gb: float
+    egress_internet_usd_gb: float
+    egress_cloud_usd_gb: float
+    source: str
+    as_of: str  # ISO date the prices were read
+
+
+@dataclass(frozen=True)
 class Catalog:
     """Everything the search needs, validated."""
 
@@ -143,6 +160,8 @@ class Catalog:
     version: str  # e.g. "shipped-2026.11" or "user-2026-11-20"
     notes: tuple[str, ...] = field(default=())  # rows skipped during validation, with reasons
     spot_model: SpotModel | None = None  # the fitted spot model (kplan.catalogs loads it)
+    # storage and egress list prices by (cloud, region): kplan/planner/extra_costs.py
+    storage: dict[tuple[str, str], StoragePrice] = field(default_factory=dict)
 
     def spot_rate(self, cloud: str, instance_type: str) -> SpotRate:
         """The most specific spot rate for an instance type (longest matching prefix)."""

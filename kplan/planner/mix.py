@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import costs, efficiency, perfmodel
+from kplan.planner import costs, efficiency, extra_costs, perfmodel
 from kplan.planner.plan import Group
 
 if TYPE_CHECKING:
@@ -229,4 +229,6 @@ def _price_pair(
         checkpoint_s=checkpoint_s,
         overheads=opts.overheads,
     )
+    # both types are in one region: the same disk, storage and egress prices
+    tc = extra_costs.add_to(tc, c1.extras.per_hour(nodes), c1.extras.egress_usd)
     return step, samples, sigma, tc

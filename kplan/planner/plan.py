@@ -17,6 +17,7 @@ from kplan.core import flags
 from kplan.core.errors import DataFileError, SchemaVersionError
 from kplan.core.precision import PRECISIONS
 from kplan.planner.catalog import Catalog
+from kplan.planner.extra_costs import EGRESS_KINDS, ExtraCosts
 from kplan.planner.plan_schema import (
     CLOUDS,
     GROUP_MARKETS,
@@ -146,6 +147,9 @@ class PlanRow:
     # its all-reduce, codec and step multiplier against dense on the same configuration.
     compression: str = "none"
     compression_why: str = ""
+    # Disks, checkpoint and data storage and the data's egress (kplan/planner/extra_costs.py), at
+    # the expected hours; included in cost_usd (and, at the p90 hours, in cost_p90_usd).
+    extras: ExtraCosts = field(default_factory=ExtraCosts)
 
     @property
     def predicted_hours(self) -> float:
@@ -368,6 +372,31 @@ def _row(d: JsonObject) -> PlanRow:
         schedule=_schedule(d, batch),
         compression=d.word("compression", "none"),
         compression_why=d.text("compression_why", ""),
+        extras=_extras(d.sub("extras", d.get("extras", {}))),
+    )
+
+
+def _extras(d: JsonObject) -> ExtraCosts:
+    """A row's extra costs; a plan saved before schema 2.1 has none: zeros."""
+
+    def usd(key: str) -> float:
+        return d.number(key, 0.0, flags.MAX_USD, default=0.0)
+
+    def gb(key: str) -> float:
+        return d.number(key, 0.0, 1e9, default=0.0)
+
+    return ExtraCosts(
+        disk_usd=usd("disk_usd"),
+        checkpoint_usd=usd("checkpoint_usd"),
+        data_usd=usd("data_usd"),
+        egress_usd=usd("egress_usd"),
+        disk_gb=gb("disk_gb"),
+        checkpoint_gb=gb("checkpoint_gb"),
+        checkpoints_kept=d.integer("checkpoints_kept", 0, 10**6, 0),
+        data_gb=gb("data_gb"),
+        data_region=d.text("data_region", ""),
+        egress=d.choice("egress", EGRESS_KINDS, "none"),
+        source=d.text("source", ""),
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 from kplan.core import flags
 from kplan.core.errors import DataFileError
 
-PLAN_SCHEMA = "kplan.plan/2.0"
+PLAN_SCHEMA = "kplan.plan/2.1"  # 2.1: rows have ``extras`` (2.0 rows load with zeros)
 HINT = "re-create the plan with kplan estimate --out plan.json"
 MAX_ROWS = 10_000  # rows in plans or frontier
 MAX_GROUPS = 64  # groups of one row

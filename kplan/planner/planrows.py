@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from kplan.planner import compression, costs, efficiency, fmt, perfmodel, spotplan
+from kplan.planner import compression, costs, efficiency, extra_costs, fmt, perfmodel, spotplan
 from kplan.planner.candidates import Candidate
 from kplan.planner.plan import Group, PlanRow, SpotTerms
 from kplan.planner.searchopts import SearchOptions
@@ -61,6 +61,7 @@ def plan_row(i: int, t: Table, cands: list[Candidate], workload: Workload) -> Pl
         price = sum(g.usd_per_hour * g.nodes for g in groups)
         nodes = sum(g.nodes for g in groups)
         workers = sum(g.nodes * g.gpus_per_node for g in groups)
+    rates = extra_costs.rates_by_region(cands).get((cloud, region), extra_costs.ExtraRates())
     return PlanRow(
         cloud=cloud,
         region=region,
@@ -91,6 +92,7 @@ def plan_row(i: int, t: Table, cands: list[Candidate], workload: Workload) -> Pl
         forecast_log_sigma=forecast,
         terms=perfmodel.term_sources(workload.params, gpu=gpu, nodes=nodes, workers=workers),
         spot=_spot_terms(t.spot.get(i), market),
+        extras=rates.at(nodes, float(t.hours[i])),
         **_compression_fields(cands[int(t.cand[i])] if t.cand[i] >= 0 else None, t, i, workload),
     )
 

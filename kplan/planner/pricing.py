@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import compression, costs, efficiency, fit, perfmodel, spotplan
+from kplan.planner import compression, costs, efficiency, extra_costs, fit, perfmodel, spotplan
 from kplan.planner.candidates import Candidate, capacity_wait
 from kplan.planner.frontier import front_mask
 from kplan.planner.searchopts import SearchOptions
@@ -219,7 +219,7 @@ def _closed_form(
             else spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
         )
     first = members[0]
-    return costs.time_and_cost(
+    tc = costs.time_and_cost(
         train_seconds=tg.train_s[None, :],
         instances=tg.nodes[None, :],
         usd_per_hour=column([c.offer.usd_per_hour for c in members]),
@@ -232,6 +232,9 @@ def _closed_form(
         co_loss=column(co),
         outage_wait_s=column(waits),
     )
+    # the region's disks, storage and egress (extra_costs.py): in the budget and the frontier
+    per_hour = np.stack([c.extras.per_hour(tg.nodes) for c in members])
+    return extra_costs.add_to(tc, per_hour, column([c.extras.egress_usd for c in members]))
 
 
 def _within_2d(

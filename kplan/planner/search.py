@@ -125,7 +125,7 @@ def _with_schedule(
 ) -> Plan:
     """The chosen row with a global-batch schedule on its cluster (kplan/planner/batchsched.py) when
     one beats its best single batch by more than the tie tolerance (single-type rows only)."""
-    from kplan.planner import batchsched, costs, spotplan
+    from kplan.planner import batchsched, costs, extra_costs, spotplan
     from kplan.planner.candidates import capacity_wait
 
     r = plan.chosen
@@ -159,6 +159,7 @@ def _with_schedule(
             co_loss=co_loss,
             outage_wait_s=wait,
         )
+        tc = extra_costs.add_to(tc, c.extras.per_hour(r.nodes), c.extras.egress_usd)
         return float(tc.hours), float(tc.cost_usd), float(tc.hours_p90), float(tc.cost_p90_usd)
 
     step_sigma = math.log(max(r.step_time_p90_s / r.step_time_s, 1.0)) / costs.Z90

@@ -3,12 +3,14 @@ options (validated on construction: one line and a hint on bad input)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kplan.core.errors import InputError
 from kplan.core.precision import Precision, check_precision
 from kplan.planner import compression, costs
 from kplan.planner.compression import StatCost
+from kplan.planner.extra_costs import DataSpec
 from kplan.planner.plan import OBJECTIVES, Objective
 from kplan.planner.spot import SpotModel
 
@@ -58,6 +60,8 @@ class SearchOptions:
     # Measured statistical costs (spec, samples multiplier, log sigma) that update an option's
     # prior (compression.stat_for), e.g. from a running job's loss curves.
     compression_stats: tuple[tuple[str, float, float], ...] = ()
+    # The training data: its size and region, for its storage and egress (extra_costs.py)
+    data: DataSpec = field(default_factory=DataSpec)
 
     def __post_init__(self) -> None:
         if self.budget_usd is not None and not self.budget_usd > 0:
@@ -65,6 +69,11 @@ class SearchOptions:
         if self.deadline_hours is not None and not self.deadline_hours > 0:
             raise InputError(
                 f"deadline {self.deadline_hours} must be > 0 hours", hint="e.g. --deadline 24"
+            )
+        if not (math.isfinite(self.data.gb) and self.data.gb >= 0):
+            raise InputError(
+                f"data size {self.data.gb} GB must be a finite number >= 0",
+                hint="e.g. --data-gb 50",
             )
         if not 1 <= self.max_nodes <= 1024:
             raise InputError(f"max nodes {self.max_nodes} must be in 1..1024", hint="e.g. 64")

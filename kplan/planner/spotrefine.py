@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import costs, spotplan
+from kplan.planner import costs, extra_costs, spotplan
 from kplan.planner.candidates import Candidate, capacity_wait
 from kplan.planner.nanstat import nan_median
 from kplan.planner.searchopts import SearchOptions
@@ -131,6 +131,12 @@ def refine_spot_rows(
         billing_increment_s=bill_inc,
         overheads=o,
     )
+    # the region's disks, storage and egress, on the Monte-Carlo's hours as on the closed form's
+    xs = extra_costs.rates_by_region(cands)
+    regions = [region_of(t, i, cands) for i in todo]
+    rate = np.array([xs[k].per_hour(t.nodes[i]) for k, i in zip(regions, todo, strict=True)])
+    once = np.array([xs[k].egress_usd for k in regions])
+    od_tc = extra_costs.add_to(od_tc, rate, once)
     for j, v in enumerate(vs):
         if v.on_demand_usd_per_hour is not None:
             priced[j] = replace(
@@ -140,13 +146,23 @@ def refine_spot_rows(
             )
     names = ("hours", "hours_p90", "cost", "cost_p90")
     closed = {n: getattr(t, n)[ix].copy() for n in names}
-    for i, r in zip(todo, priced, strict=True):
+    for k, (i, r) in enumerate(zip(todo, priced, strict=True)):
         t.hours[i], t.hours_p90[i] = r.hours, r.hours_p90
-        t.cost[i], t.cost_p90[i] = r.cost_usd, r.cost_p90_usd
+        t.cost[i] = r.cost_usd + rate[k] * r.hours + once[k]
+        t.cost_p90[i] = r.cost_p90_usd + rate[k] * r.hours_p90 + once[k]
         t.preempt[i] = r.losses
         t.spot[i] = r
     carry_ratios(t, ix, closed, _spot_rows(t, cands))
     return True
+
+
+def region_of(t: Table, i: int, cands: list[Candidate]) -> tuple[str, str]:
+    """The (cloud, region) of table row ``i``: its candidate's, or its mix's."""
+    if t.cand[i] >= 0:
+        o = cands[int(t.cand[i])].offer
+        return (o.cloud, o.region)
+    m = t.mixes[-1 - int(t.cand[i])]
+    return (m.cloud, m.region)
 
 
 def _spot_rows(t: Table, cands: list[Candidate]) -> NDArray[np.bool_]:

@@ -137,6 +137,19 @@ _OPT_IN_ZONES = typer.Option(
     help="Also plan in AWS Local Zones and Wavelength Zones (your account must opt in).",
 )
 
+_DATA_GB = typer.Option(
+    0.0,
+    "--data-gb",
+    help="Size of the training data in GB: its object storage for the job's hours, and its "
+    "egress once when --data-region is another region or cloud (default 0).",
+)
+
+_DATA_REGION = typer.Option(
+    None,
+    "--data-region",
+    help="Region the data is stored in (default: each plan's own region, no egress).",
+)
+
 _TOP = typer.Option(10, help="How many plans to show.")
 
 _OUT = typer.Option(
@@ -146,8 +159,8 @@ _OUT = typer.Option(
 _WIDE = typer.Option(
     False,
     "--wide",
-    help="More per plan: zone, price per hour, preemptions, step p90, samples/s "
-    "(about 120 columns).",
+    help="More per plan: zone, price per hour, preemptions, step p90, samples/s, and the "
+    "dollars of its disks, storage and egress, which its cost includes (about 130 columns).",
 )
 
 _COMPRESSION = typer.Option(
@@ -195,6 +208,8 @@ def estimate_command(
     capacity_wait: float | None = _CAPACITY_WAIT,
     mixed: bool = _MIXED,
     opt_in_zones: bool = _OPT_IN_ZONES,
+    data_gb: float = _DATA_GB,
+    data_region: str | None = _DATA_REGION,
     top: int = _TOP,
     out: Path | None = _OUT,
     wide: bool = _WIDE,
@@ -232,6 +247,8 @@ class _Args:
     capacity_wait: float | None
     mixed: bool
     opt_in_zones: bool
+    data_gb: float
+    data_region: str | None
     top: int
     out: Path | None
     wide: bool
@@ -325,6 +342,10 @@ def _check_flags(a: _Args) -> _Checked:
     prec = check_precision(a.precision) if a.precision is not None else None
     flags.texts("--instance-type", a.instance_type, hint="e.g. p3.16xlarge")
     flags.integer("--top", a.top, high=10_000, hint="e.g. --top 10")
+    flags.number(
+        "--data-gb", a.data_gb, high=flags.MAX_DATA_GB, low_open=False, hint=flags.DATA_HINT
+    )
+    flags.text("--data-region", a.data_region, hint="e.g. us-east-1 (kplan catalog list)")
     flags.number("--capacity-wait", a.capacity_wait, high=30 * 86400.0, hint="seconds, e.g. 3600")
     flags.text("--objective", a.objective, hint="cost, time or knee")
     flags.texts("--cloud", a.cloud, hint="aws or gcp")
@@ -343,6 +364,7 @@ def _check_flags(a: _Args) -> _Checked:
 
 def _options(a: _Args, checked: _Checked) -> SearchOptions:
     """The search the flags ask for."""
+    from kplan.planner.extra_costs import DataSpec
     from kplan.planner.search import SearchOptions, default_objective
 
     node_pin, prec, measured = checked.node_pin, checked.precision, checked.measured
@@ -371,4 +393,5 @@ def _options(a: _Args, checked: _Checked) -> SearchOptions:
         capacity_wait_s=a.capacity_wait,
         compression=a.compression,
         compression_stats=measured,
+        data=DataSpec(a.data_gb, a.data_region),
     )

@@ -108,6 +108,9 @@ def render_plan(
         console.print(safe(sched), highlight=False)
     if plan.chosen.compression_why:
         console.print(safe(f"compression: {plan.chosen.compression_why}"), highlight=False)
+    extras = extras_line(plan.chosen)
+    if extras and (wide or plan.chosen.extras.data_gb > 0):
+        console.print(f"[dim]{safe(extras)}[/dim]")
     spot = _spot_line(plan.chosen)
     if spot:
         console.print(f"[dim]{safe(spot)}[/dim]")
@@ -213,6 +216,9 @@ def _plans(plan: Plan, name: str, wide: bool) -> Table:
         table.add_column("samples\n/s", justify="right", no_wrap=True)
         table.add_column("price\n/h", justify="right", no_wrap=True)
         table.add_column("pre-\nempt.", justify="right", no_wrap=True)
+        table.add_column("disk", justify="right", no_wrap=True)
+        table.add_column("stor-\nage", justify="right", no_wrap=True)
+        table.add_column("egress", justify="right", no_wrap=True)
     table.add_column("time\n(p90)", justify="right", no_wrap=True)
     table.add_column("cost\n(p90)", justify="right", no_wrap=True)
     for i, r in enumerate(plan.plans, 1):
@@ -223,6 +229,9 @@ def _plans(plan: Plan, name: str, wide: bool) -> Table:
                 f"{r.throughput_samples_s:,.0f}",
                 fmt.money(r.usd_per_hour),
                 f"{r.expected_preemptions:.1f}",
+                fmt.money(r.extras.disk_usd),
+                fmt.money(r.extras.storage_usd),
+                fmt.money(r.extras.egress_usd),
             ]
             if wide
             else []
@@ -271,6 +280,30 @@ def _next(console: Console, step: NextStep) -> None:
             "[dim](train.py: your training script, written with kplan.runtime; "
             "see docs/launch.md)[/dim]"
         )
+
+
+def extras_line(r: PlanRow) -> str | None:
+    """What the row's cost holds besides its instances (kplan/planner/extra_costs.py), e.g.
+    ``besides the instances, the cost holds: disks $0.41 (75 GB per node), ...``; else None."""
+    x = r.extras
+    if x.total_usd <= 0:
+        return None
+    parts = [f"disks {fmt.money(x.disk_usd)} ({x.disk_gb:g} GB per node)"]
+    if x.checkpoints_kept:
+        parts.append(
+            f"checkpoints {fmt.money(x.checkpoint_usd)} ({x.checkpoints_kept} x "
+            f"{x.checkpoint_gb:.3g} GB in object storage)"
+        )
+    if x.data_gb > 0:
+        parts.append(f"data {fmt.money(x.data_usd)} ({x.data_gb:g} GB in {x.data_region})")
+    if x.egress != "none":
+        parts.append(f"egress {fmt.money(x.egress_usd)} ({x.data_gb:g} GB {x.egress})")
+    return (
+        "besides the instances, the cost holds: "
+        + ", ".join(parts)
+        + f" at the expected hours; {x.source}; given the hours these are exact, the p90 cost "
+        "counts them at the p90 hours"
+    )
 
 
 def schedule_line(r: PlanRow) -> str | None:

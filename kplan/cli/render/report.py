@@ -48,7 +48,7 @@ def render_report(r: JobReport) -> None:
         s.add_row(safe(i.instance), safe(i.type), safe(i.market), safe(i.zone),
                   f"{i.usd_per_hour:.4f}", f"{i.billed_seconds:,.1f}", money(i.usd))  # fmt: skip
     console.print(s)
-    for name, groups in (("market", r.by_market), ("zone", r.by_zone)):
+    for name, groups in (("kind", r.by_kind), ("market", r.by_market), ("zone", r.by_zone)):
         parts = safe(", ".join(f"{k} {money(v)}" for k, v in groups.items()))
         console.print(f"by {name}: {parts or '-'}", highlight=False)
     for p in r.preemptions:
