@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")  # import-linter: the dev extra
 
@@ -82,3 +84,24 @@ def test_core_imports_only_itself_the_standard_library_and_numpy() -> None:
         for name in _imported_roots(path):
             inside = name == "kplan.core" or name.startswith("kplan.core.")
             assert inside or name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def _tracked() -> list[str]:
+    """``git ls-files -s`` of the checkout: mode, object, stage and path of each tracked file."""
+    out = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    return out.stdout.splitlines()
+
+
+def test_no_symbolic_link_and_no_virtual_environment_is_tracked() -> None:
+    rows = _tracked()
+    assert len(rows) > 100  # the listing is the repository's, not an empty one
+    links = [r.split("\t", 1)[1] for r in rows if r.startswith("120000 ")]
+    venvs = [
+        r.split("\t", 1)[1] for r in rows if r.endswith("/pyvenv.cfg") or r.endswith("\tpyvenv.cfg")
+    ]
+    assert links == [], f"symbolic links in the repository: {links}"
+    assert venvs == [], f"a virtual environment is tracked: {venvs}"

@@ -33,7 +33,7 @@ case "$*" in
   "-m uv python install 3.11")
     echo "uv python install 3.11 into $UV_PYTHON_INSTALL_DIR" >> "$log"; exit {uv_code} ;;
   "-m uv venv --seed --python 3.11 "*)
-    dir=$7; echo "uv venv $dir" >> "$log"
+    dir="${{@: -1}}"; echo "uv venv $dir" >> "$log"
     {real} -m venv --without-pip "$dir" || exit 1
     site=$("$dir/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
     echo {deps} > "$site/deps.pth" ;;
@@ -66,7 +66,7 @@ def _boot(tmp_path: Path, node: dict[str, Path], wheel: NodeWheel) -> tuple[str,
         spec, spec.nodes[0], "h", rendezvous(spec, 0, None), "s3://bkt/pfx", str(node["root"])
     )
     env = {**_env(node, tmp_path), "PATH": f"{node['tools']}:/usr/bin:/bin"}
-    subprocess.run(["bash", "-c", text], env=env, timeout=180, check=False)
+    subprocess.run(["bash", "-c", text], env=env, cwd=tmp_path, timeout=180, check=False)
     log = (node["root"] / "logs" / "node-0.log").read_text()
     return log, json.loads((store / "status" / "node-0.json").read_text())
 
