@@ -10,14 +10,18 @@ import math
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from kplan.planner import compression, efficiency, perfmodel
-from kplan.planner.candidates import batch_grid, candidates, with_compression
+from kplan.planner.candidates import Candidate, batch_grid, candidates, with_compression
+from kplan.planner.catalog import Catalog
 from kplan.planner.choose import shown_key, top_distinct
+from kplan.planner.devices import DeviceModel
 from kplan.planner.frontier import _order, front_mask, pareto_front
-from kplan.planner.pricing import _dense_grid, price_candidates, type_grid
+from kplan.planner.pricing import TypeGrid, _dense_grid, price_candidates, type_grid
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.table import Table
+from kplan.planner.workload import Workload
 from tests.planner_fixtures import catalog, device_model, workload
 
 
@@ -162,3 +166,72 @@ def test_compression_candidates_are_replaced_copies() -> None:
         "compression",
         "compression_stat",
     }, "a new Candidate field: copy it in with_compression too"
+
+
+def _pricing_case(case: int) -> tuple[Workload, Catalog, DeviceModel, SearchOptions]:
+    """Two fixture workloads, then shipped examples on the shipped catalog (one spot-only)."""
+    if case < 2:
+        markets = ("spot", "on-demand") if case == 0 else ("on-demand",)
+        opts = SearchOptions(max_nodes=32, markets=markets)
+        return workload(), catalog(), device_model(), opts
+    from kplan.app import planning
+    from kplan.catalogs.device_model import load_device_model
+    from kplan.catalogs.loader import shipped_catalog
+    from kplan.planner.workload import workload_from_profile
+
+    name, opts = [
+        ("imagenet-resnet50", SearchOptions()),
+        ("bert-squad", SearchOptions()),
+        ("cifar10-resnet18", SearchOptions()),
+        ("yolov3", SearchOptions(markets=("spot",))),
+    ][case - 2]
+    cat = shipped_catalog()
+    wl = workload_from_profile(planning.load_example(name), cat.gpus)
+    return wl, cat, load_device_model(), opts
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_unpriced_dominated_configurations_change_no_kept_row(
+    monkeypatch: pytest.MonkeyPatch, case: int
+) -> None:
+    """The on-demand members' configurations ``_undominated`` drops before pricing are on no
+    member's frontier: the kept table and the counts equal those of pricing every
+    configuration (``_undominated`` keeping all), on the fixtures and shipped examples."""
+    from kplan.planner import pricing
+
+    wl, cat, dm, opts = _pricing_case(case)
+    cands = with_compression(candidates(wl, cat, dm, opts)[0], opts)
+    grid = batch_grid(wl, opts)
+    fast = price_candidates(cands, wl, opts, grid, 10.0)
+    dropped = [(~pricing._undominated(tg)).sum() for tg in _grids(cands, wl, opts, grid)]
+    monkeypatch.setattr(pricing, "_undominated", lambda tg: np.ones(len(tg.nodes), dtype=bool))
+    full = price_candidates(cands, wl, opts, grid, 10.0)
+    assert sum(dropped) > 0
+    assert (fast.considered, fast.feasible) == (full.considered, full.feasible)
+    for f in ("cand", "nodes", "batch", "local", "accum", "step", "sigma", "samples"):
+        assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
+    for f in ("hours", "hours_p90", "cost", "cost_p90", "preempt", "tau"):
+        assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
+
+
+def _grids(
+    cands: list[Candidate], wl: Workload, opts: SearchOptions, grid: NDArray[np.int64]
+) -> list[TypeGrid]:
+    factors = efficiency.sample_factor(wl.gns, wl.base_batch, grid)
+    sigma = efficiency.log_sigma(wl.gns, wl.base_batch, grid)
+    out = [type_grid(c, wl, opts, grid, factors, sigma) for c in cands[:40]]
+    return [tg for tg in out if tg is not None]
+
+
+def test_budget_or_deadline_prices_every_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a budget or deadline the feasible count needs every price: nothing is dropped."""
+    from kplan.planner import pricing
+
+    def never(tg: TypeGrid) -> NDArray[np.bool_]:
+        raise AssertionError("dropped configurations under a budget or deadline")
+
+    monkeypatch.setattr(pricing, "_undominated", never)
+    wl = workload()
+    for opts in (SearchOptions(max_nodes=8, budget_usd=50.0), SearchOptions(deadline_hours=9.0)):
+        cands = candidates(wl, catalog(), device_model(), opts)[0]
+        assert price_candidates(cands, wl, opts, batch_grid(wl, opts), 10.0).considered > 0

@@ -6,6 +6,7 @@ rows together), so it is counted (``considered``, ``feasible``) but never ranked
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +140,7 @@ class Priced:
     feasible: int  # of those, finite and within the budget and deadline
 
 
+_GRID_FIELDS = ("nodes", "accum", "batch", "local", "step", "samples", "train_s", "sigma")
 _FIELDS = ("nodes", "batch", "local", "accum", "step", "sigma", "samples")
 _PRICES = ("hours", "hours_p90", "cost_usd", "cost_p90_usd", "preemptions", "checkpoint_interval_s")
 _COLUMNS = ("hours", "hours_p90", "cost", "cost_p90", "preempt", "tau")
@@ -165,6 +167,9 @@ def price_candidates(
     parts: list[dict[str, NDArray[np.generic]]] = []
     considered = feasible = 0
     dense: dict[tuple[str, str], TypeGrid | None] = {}  # each type's, shared by its options
+    # Without a budget or deadline every finite configuration is feasible: the on-demand
+    # members' dominated configurations are counted without pricing them (_undominated).
+    prune = opts.budget_usd is None and opts.deadline_hours is None
     for members in by_grid.values():
         c = cands[members[0]]
         key = (c.offer.cloud, c.offer.instance_type)
@@ -173,23 +178,16 @@ def price_candidates(
         tg = type_grid(c, workload, opts, grid, factors, work_sigma, dense[key])
         if tg is None:
             continue
-        tc = _closed_form([cands[i] for i in members], tg, opts, checkpoint_s)
-        finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
-        considered += finite.size
-        feasible += int(_within_2d(tc, finite, opts).sum())
-        k = len(members)  # both frontiers in one sort: the expected rows, then the p90 rows
-        both = front_mask(
-            np.concatenate([tc.hours, tc.hours_p90]),
-            np.concatenate([tc.cost_usd, tc.cost_p90_usd]),
-            np.concatenate([finite, finite]),
-        )
-        ks, cols = np.nonzero(both[:k] | both[k:])  # member by member, each in grid order
-        part: dict[str, NDArray[np.generic]] = {f: getattr(tg, f)[cols] for f in _FIELDS}
-        part.update(
-            {col: getattr(tc, p)[ks, cols] for p, col in zip(_PRICES, _COLUMNS, strict=True)}
-        )
-        part["cand"] = np.asarray(members, dtype=np.int64)[ks]
-        parts.append(part)
+        fixed = [i for i in members if _fixed_price(cands[i], opts)] if prune else []
+        groups: list[tuple[list[int], NDArray[np.bool_] | None]] = [(members, None)]
+        if fixed:
+            rest = [i for i in members if not _fixed_price(cands[i], opts)]
+            groups = [(fixed, _undominated(tg)), (rest, None)]
+        for group, cols in groups:
+            if group:
+                part, n_all, n_ok = _price_group(group, cands, tg, cols, opts, checkpoint_s)
+                considered, feasible = considered + n_all, feasible + n_ok
+                parts.append(part)
     names = ("cand", *_FIELDS, *_COLUMNS)
     if not parts:
         cols0 = {n: np.zeros(0) for n in names}
@@ -199,6 +197,92 @@ def price_candidates(
     order = np.argsort(joined["cand"], kind="stable")  # candidate, then grid order
     table = Table(**{n: a[order] for n, a in joined.items()})  # type: ignore[arg-type]
     return Priced(table, considered, feasible)
+
+
+def _price_group(
+    group: list[int],
+    cands: list[Candidate],
+    tg: TypeGrid,
+    cols: NDArray[np.bool_] | None,
+    opts: SearchOptions,
+    checkpoint_s: float,
+) -> tuple[dict[str, NDArray[np.generic]], int, int]:
+    """The rows of ``group`` (candidates of one type grid) on their own frontiers, and their
+    configurations counted (all; those feasible). ``cols``: the configurations priced (the
+    others are dominated for every member and feasible: ``_undominated``); None: all."""
+    sub, at = tg, np.arange(len(tg.nodes))
+    if cols is not None:
+        at = np.flatnonzero(cols)
+        sub = TypeGrid(*(a[at] for a in (getattr(tg, f) for f in _GRID_FIELDS)))
+    tc = _closed_form([cands[i] for i in group], sub, opts, checkpoint_s)
+    finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
+    k = len(group)  # both frontiers in one sort: the expected rows, then the p90 rows
+    considered = k * len(tg.nodes)
+    feasible = int(_within_2d(tc, finite, opts).sum()) + k * (len(tg.nodes) - len(at))
+    both = front_mask(
+        np.concatenate([tc.hours, tc.hours_p90]),
+        np.concatenate([tc.cost_usd, tc.cost_p90_usd]),
+        np.concatenate([finite, finite]),
+    )
+    ks, kept = np.nonzero(both[:k] | both[k:])  # member by member, each in grid order
+    part: dict[str, NDArray[np.generic]] = {f: getattr(sub, f)[kept] for f in _FIELDS}
+    part.update({col: getattr(tc, p)[ks, kept] for p, col in zip(_PRICES, _COLUMNS, strict=True)})
+    part["cand"] = np.asarray(group, dtype=np.int64)[ks]
+    return part, considered, feasible
+
+
+def _fixed_price(c: Candidate, opts: SearchOptions) -> bool:
+    """Whether the candidate's closed form is the same for every member of its kind: no
+    preemptions (an on-demand row, or spot without a spot model), a finite positive price, and
+    every such configuration feasible (useful time 1 >= the least useful fraction)."""
+    o = opts.overheads or costs.Overheads()
+    price = c.offer.usd_per_hour
+    return (
+        c.risk is None
+        and c.preempt_per_hour == 0.0
+        and math.isfinite(price)
+        and price > 0.0
+        and o.min_useful_fraction <= 1.0
+    )
+
+
+def _undominated(tg: TypeGrid) -> NDArray[np.bool_]:
+    """The configurations that may be on the frontier of a candidate without preemptions
+    (``_fixed_price``), whatever its price; each other configuration i is dominated by an
+    earlier one j of the same node count with ``train_s[j] <= train_s[i] * (1 - 1e-9)`` and
+    ``sigma[j] <= sigma[i]``, and is finite.
+
+    Why that is safe: without preemptions, at a fixed node count, the closed form's time is
+    increasing in ``train_s`` and its p90 time in ``train_s`` and ``sigma``, and the cost is the
+    node count's price times the billed seconds, which do not fall as the time grows. The margin
+    (far above the rounding of the closed form) makes j strictly faster on both times, so j comes
+    first in every frontier's order and is no dearer: i is on no member's expected or p90
+    frontier. A frontier of the configurations kept is then the whole grid's frontier (each
+    configuration dropped is dominated by one kept: the relation is transitive), and
+    tests/test_search_speed.py compares the tables."""
+    w, s = tg.train_s, tg.sigma
+    order = np.lexsort((w, tg.nodes))  # by node count, then train_s (ties: grid order)
+    n_s, w_s, s_s = tg.nodes[order], w[order], s[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = n_s[1:] != n_s[:-1]
+    seg = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    pos = np.arange(len(order)) - starts[seg]
+    pad = np.full((len(starts), int(pos.max()) + 1), np.inf)
+    pad[seg, pos] = s_s
+    least = np.minimum.accumulate(pad, axis=1)  # the least sigma up to each place
+    drop = np.zeros(len(order), dtype=bool)
+    later = np.flatnonzero(~first)
+    drop[later] = (
+        (w_s[later - 1] <= w_s[later] * (1.0 - 1e-9))
+        & (least[seg[later], pos[later] - 1] <= s_s[later])
+        & np.isfinite(w_s[later])
+        & (w_s[later] > 0.0)
+        & np.isfinite(s_s[later])
+    )
+    keep = np.ones(len(order), dtype=bool)
+    keep[order[drop]] = False
+    return keep
 
 
 def _closed_form(
