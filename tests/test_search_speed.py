@@ -24,6 +24,8 @@ from kplan.planner.table import Table
 from kplan.planner.workload import Workload
 from tests.planner_fixtures import catalog, device_model, workload
 
+Ints = NDArray[np.intp]
+
 
 @pytest.mark.parametrize("seed", range(8))
 def test_front_mask_with_shared_hours_is_pareto_front_per_row(seed: int) -> None:
@@ -144,8 +146,6 @@ def test_compression_candidates_are_replaced_copies() -> None:
     dense candidate's, except the option and its statistics (``dataclasses.replace``'s)."""
     from dataclasses import fields, replace
 
-    from kplan.planner.candidates import Candidate
-
     opts = SearchOptions(max_nodes=8)
     dense, _ = candidates(workload(), catalog(), device_model(), opts)
     both = with_compression(dense, opts)
@@ -194,33 +194,34 @@ def _pricing_case(case: int) -> tuple[Workload, Catalog, DeviceModel, SearchOpti
 def test_unpriced_dominated_configurations_change_no_kept_row(
     monkeypatch: pytest.MonkeyPatch, case: int
 ) -> None:
-    """The on-demand members' configurations ``_undominated`` drops before pricing are on no
-    member's frontier: the kept table and the counts equal those of pricing every
-    configuration (``_undominated`` keeping all), on the fixtures and shipped examples."""
+    """The configurations ``_undominated`` drops before pricing (on-demand and spot members)
+    are on no member's frontier: the kept table and the counts equal those of pricing every
+    configuration, on the fixtures and shipped examples (one spot only)."""
     from kplan.planner import pricing
 
     wl, cat, dm, opts = _pricing_case(case)
     cands = with_compression(candidates(wl, cat, dm, opts)[0], opts)
     grid = batch_grid(wl, opts)
+    dropped = {"on-demand": 0, "spot": 0}
+    real = pricing._undominated
+
+    def counted(
+        tg: TypeGrid, gap: float, floor: float
+    ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
+        keep, by = real(tg, gap, floor)
+        dropped["spot" if floor > -np.inf else "on-demand"] += int((~keep).sum())
+        return keep, by
+
+    monkeypatch.setattr(pricing, "_undominated", counted)
     fast = price_candidates(cands, wl, opts, grid, 10.0)
-    dropped = [(~pricing._undominated(tg)).sum() for tg in _grids(cands, wl, opts, grid)]
-    monkeypatch.setattr(pricing, "_undominated", lambda tg: np.ones(len(tg.nodes), dtype=bool))
+    monkeypatch.setattr(pricing, "_groups", lambda members, cands, opts: [(members, None)])
     full = price_candidates(cands, wl, opts, grid, 10.0)
-    assert sum(dropped) > 0
+    assert dropped["spot"] > 0 if "on-demand" not in opts.markets else dropped["on-demand"] > 0
     assert (fast.considered, fast.feasible) == (full.considered, full.feasible)
     for f in ("cand", "nodes", "batch", "local", "accum", "step", "sigma", "samples"):
         assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
     for f in ("hours", "hours_p90", "cost", "cost_p90", "preempt", "tau"):
         assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
-
-
-def _grids(
-    cands: list[Candidate], wl: Workload, opts: SearchOptions, grid: NDArray[np.int64]
-) -> list[TypeGrid]:
-    factors = efficiency.sample_factor(wl.gns, wl.base_batch, grid)
-    sigma = efficiency.log_sigma(wl.gns, wl.base_batch, grid)
-    out = [type_grid(c, wl, opts, grid, factors, sigma) for c in cands[:40]]
-    return [tg for tg in out if tg is not None]
 
 
 def test_budget_or_deadline_prices_every_configuration(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -167,8 +167,8 @@ def price_candidates(
     parts: list[dict[str, NDArray[np.generic]]] = []
     considered = feasible = 0
     dense: dict[tuple[str, str], TypeGrid | None] = {}  # each type's, shared by its options
-    # Without a budget or deadline every finite configuration is feasible: the on-demand
-    # members' dominated configurations are counted without pricing them (_undominated).
+    # Without a budget or deadline every finite configuration is feasible: the dominated
+    # configurations are counted without pricing them (_groups, _undominated).
     prune = opts.budget_usd is None and opts.deadline_hours is None
     for members in by_grid.values():
         c = cands[members[0]]
@@ -178,16 +178,11 @@ def price_candidates(
         tg = type_grid(c, workload, opts, grid, factors, work_sigma, dense[key])
         if tg is None:
             continue
-        fixed = [i for i in members if _fixed_price(cands[i], opts)] if prune else []
-        groups: list[tuple[list[int], NDArray[np.bool_] | None]] = [(members, None)]
-        if fixed:
-            rest = [i for i in members if not _fixed_price(cands[i], opts)]
-            groups = [(fixed, _undominated(tg)), (rest, None)]
-        for group, cols in groups:
-            if group:
-                part, n_all, n_ok = _price_group(group, cands, tg, cols, opts, checkpoint_s)
-                considered, feasible = considered + n_all, feasible + n_ok
-                parts.append(part)
+        for group, gap in _groups(members, cands, opts) if prune else [(members, None)]:
+            cols = None if gap is None else _undominated(tg, *gap)
+            part, n_all, n_ok = _price_group(group, cands, tg, cols, opts, checkpoint_s)
+            considered, feasible = considered + n_all, feasible + n_ok
+            parts.append(part)
     names = ("cand", *_FIELDS, *_COLUMNS)
     if not parts:
         cols0 = {n: np.zeros(0) for n in names}
@@ -203,22 +198,24 @@ def _price_group(
     group: list[int],
     cands: list[Candidate],
     tg: TypeGrid,
-    cols: NDArray[np.bool_] | None,
+    cols: tuple[NDArray[np.bool_], NDArray[np.intp]] | None,
     opts: SearchOptions,
     checkpoint_s: float,
 ) -> tuple[dict[str, NDArray[np.generic]], int, int]:
     """The rows of ``group`` (candidates of one type grid) on their own frontiers, and their
-    configurations counted (all; those feasible). ``cols``: the configurations priced (the
-    others are dominated for every member and feasible: ``_undominated``); None: all."""
+    configurations counted (all; those feasible). ``cols``: the configurations priced and, for
+    each other one, a priced one of its node count (``_undominated``); None: all priced."""
     sub, at = tg, np.arange(len(tg.nodes))
     if cols is not None:
-        at = np.flatnonzero(cols)
+        at = np.flatnonzero(cols[0])
         sub = TypeGrid(*(a[at] for a in (getattr(tg, f) for f in _GRID_FIELDS)))
     tc = _closed_form([cands[i] for i in group], sub, opts, checkpoint_s)
     finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
     k = len(group)  # both frontiers in one sort: the expected rows, then the p90 rows
     considered = k * len(tg.nodes)
-    feasible = int(_within_2d(tc, finite, opts).sum()) + k * (len(tg.nodes) - len(at))
+    feasible = int(_within_2d(tc, finite, opts).sum())
+    if cols is not None:  # a dropped configuration is finite where its node count's are
+        feasible += int(finite[:, np.searchsorted(at, cols[1])].sum())
     both = front_mask(
         np.concatenate([tc.hours, tc.hours_p90]),
         np.concatenate([tc.cost_usd, tc.cost_p90_usd]),
@@ -231,58 +228,101 @@ def _price_group(
     return part, considered, feasible
 
 
-def _fixed_price(c: Candidate, opts: SearchOptions) -> bool:
-    """Whether the candidate's closed form is the same for every member of its kind: no
-    preemptions (an on-demand row, or spot without a spot model), a finite positive price, and
-    every such configuration feasible (useful time 1 >= the least useful fraction)."""
-    o = opts.overheads or costs.Overheads()
-    price = c.offer.usd_per_hour
-    return (
-        c.risk is None
-        and c.preempt_per_hour == 0.0
-        and math.isfinite(price)
-        and price > 0.0
-        and o.min_useful_fraction <= 1.0
-    )
+def _groups(
+    members: list[int], cands: list[Candidate], opts: SearchOptions
+) -> list[tuple[list[int], tuple[float, float] | None]]:
+    """A type grid's members in groups priced together: the on-demand ones, the spot ones and
+    any other, each with the (gap, floor) of ``_undominated`` that holds for every member of the
+    group (None: price every configuration).
+
+    On demand (no preemptions) the cost at a node count is a price times billed seconds, which
+    do not fall as the time grows: no gap is needed. A spot row's expected cost is
+    ``P (billed - q wall)`` with ``P`` the cluster's price per second and ``q = rate x wait``
+    (``costs._time_and_cost``: preemptions x unbilled waits), its p90 ``P billed_p90 - U n90``
+    with ``U <= P loss`` (``co_loss <= 1``). Above the billing minimum, billed seconds fall short
+    of the run by at most one increment, so a ``train_s`` longer by more than
+    ``increment / (1 - q)`` is dearer on both, and slower."""
+    od: list[int] = []
+    spot: list[int] = []
+    rest: list[int] = []
+    q_max = 0.0
+    for i in members:
+        c = cands[i]
+        price = c.offer.usd_per_hour
+        if not (math.isfinite(price) and price > 0.0):
+            rest.append(i)
+        elif c.risk is None and c.preempt_per_hour == 0.0:
+            od.append(i)
+        elif c.risk is not None and 0.0 <= c.risk.co_loss <= 1.0 and c.preempt_per_hour >= 0:
+            wait, _ = _risk_terms(c, opts)
+            q_max = max(q_max, c.preempt_per_hour * wait / 3600.0)
+            spot.append(i)
+        else:
+            rest.append(i)
+    first = cands[members[0]]
+    out: list[tuple[list[int], tuple[float, float] | None]] = []
+    if od:
+        out.append((od, (0.0, -math.inf)))
+    if spot:
+        ok = math.isfinite(q_max) and q_max < 1.0
+        gap = first.billing_increment_s / (1.0 - q_max) * (1.0 + 1e-6) + 1e-6
+        out.append((spot, (gap, first.billing_min_s) if ok else None))
+    if rest:
+        out.append((rest, None))
+    return out
 
 
-def _undominated(tg: TypeGrid) -> NDArray[np.bool_]:
-    """The configurations that may be on the frontier of a candidate without preemptions
-    (``_fixed_price``), whatever its price; each other configuration i is dominated by an
-    earlier one j of the same node count with ``train_s[j] <= train_s[i] * (1 - 1e-9)`` and
-    ``sigma[j] <= sigma[i]``, and is finite.
+def _undominated(
+    tg: TypeGrid, gap: float, floor: float
+) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
+    """(the configurations that may be on a frontier of the group ``_groups`` gave this gap and
+    floor, for each configuration dropped a kept one of its node count). A configuration i is
+    dropped when an earlier one j of the same node count has ``train_s[j] <= train_s[i] -
+    max(gap, 1e-9 train_s[i])``, ``train_s[j] >= floor`` and ``sigma[j] <= sigma[i]``, all finite.
 
-    Why that is safe: without preemptions, at a fixed node count, the closed form's time is
-    increasing in ``train_s`` and its p90 time in ``train_s`` and ``sigma``, and the cost is the
-    node count's price times the billed seconds, which do not fall as the time grows. The margin
-    (far above the rounding of the closed form) makes j strictly faster on both times, so j comes
-    first in every frontier's order and is no dearer: i is on no member's expected or p90
-    frontier. A frontier of the configurations kept is then the whole grid's frontier (each
-    configuration dropped is dominated by one kept: the relation is transitive), and
-    tests/test_search_speed.py compares the tables."""
+    Why that is safe: at a fixed node count the closed form's time grows with ``train_s`` and
+    its p90 time with ``train_s`` and ``sigma`` (the node count sets the preemption rate, the
+    checkpoint interval and the useful fraction), and the costs do not fall (``_groups``). The
+    margin is far above the closed form's rounding: j is strictly faster on both times, so it
+    comes first in every frontier's order and is no dearer, and i is on no member's expected or
+    p90 frontier. A frontier of the configurations kept is then the whole grid's (each one
+    dropped is dominated by one kept: the relation is transitive); a dropped configuration is
+    finite where its node count's are. tests/test_search_speed.py compares the tables."""
     w, s = tg.train_s, tg.sigma
+    n = len(w)
     order = np.lexsort((w, tg.nodes))  # by node count, then train_s (ties: grid order)
     n_s, w_s, s_s = tg.nodes[order], w[order], s[order]
-    first = np.ones(len(order), dtype=bool)
+    first = np.ones(n, dtype=bool)
     first[1:] = n_s[1:] != n_s[:-1]
     seg = np.cumsum(first) - 1
     starts = np.flatnonzero(first)
-    pos = np.arange(len(order)) - starts[seg]
+    pos = np.arange(n) - starts[seg]
     pad = np.full((len(starts), int(pos.max()) + 1), np.inf)
-    pad[seg, pos] = s_s
-    least = np.minimum.accumulate(pad, axis=1)  # the least sigma up to each place
-    drop = np.zeros(len(order), dtype=bool)
-    later = np.flatnonzero(~first)
-    drop[later] = (
-        (w_s[later - 1] <= w_s[later] * (1.0 - 1e-9))
-        & (least[seg[later], pos[later] - 1] <= s_s[later])
-        & np.isfinite(w_s[later])
-        & (w_s[later] > 0.0)
-        & np.isfinite(s_s[later])
+    pad[seg, pos] = np.where(np.isfinite(w_s) & np.isfinite(s_s) & (w_s >= floor), s_s, np.inf)
+    least = np.minimum.accumulate(pad, axis=1)  # the least sigma of a dominator up to each place
+    thr = np.minimum(w_s * (1.0 - 1e-9), w_s - gap)
+    # how many of the segment's train_s are <= thr: the data sort before equal thresholds
+    both = np.lexsort(
+        (np.repeat([0, 1], n), np.concatenate([w_s, thr]), np.concatenate([seg, seg]))
     )
-    keep = np.ones(len(order), dtype=bool)
-    keep[order[drop]] = False
-    return keep
+    count = np.empty(n, dtype=np.intp)
+    is_data = both < n
+    count[both[~is_data] - n] = np.cumsum(is_data)[~is_data]
+    count -= starts[seg]
+    ok = np.isfinite(w_s) & (w_s > 0.0) & np.isfinite(s_s) & (count > 0)
+    rows = np.flatnonzero(ok)
+    ok[rows] = least[seg[rows], count[rows] - 1] <= s_s[rows]
+    keep = np.ones(n, dtype=bool)
+    keep[order[ok]] = False
+    return keep, order[starts[seg[ok]]]
+
+
+def _risk_terms(c: Candidate, opts: SearchOptions) -> tuple[float, float]:
+    """(expected capacity wait per loss event, co_loss) of the closed form; 0 on demand."""
+    if c.risk is None:
+        return 0.0, 0.0
+    wait = spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
+    return wait, c.risk.co_loss
 
 
 def _closed_form(
@@ -294,14 +334,7 @@ def _closed_form(
     def column(values: list[float]) -> Array:
         return np.array(values, dtype=float)[:, None]
 
-    waits, co = [], []
-    for c in members:
-        co.append(c.risk.co_loss if c.risk is not None else 0.0)
-        waits.append(
-            0.0
-            if c.risk is None
-            else spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
-        )
+    waits, co = zip(*(_risk_terms(c, opts) for c in members), strict=True)
     first = members[0]
     return costs.time_and_cost(
         train_seconds=tg.train_s[None, :],
@@ -313,8 +346,8 @@ def _closed_form(
         billing_min_s=first.billing_min_s,
         billing_increment_s=first.billing_increment_s,
         overheads=opts.overheads,
-        co_loss=column(co),
-        outage_wait_s=column(waits),
+        co_loss=column(list(co)),
+        outage_wait_s=column(list(waits)),
     )
 
 
