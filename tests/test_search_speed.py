@@ -236,3 +236,29 @@ def test_budget_or_deadline_prices_every_configuration(monkeypatch: pytest.Monke
     for opts in (SearchOptions(max_nodes=8, budget_usd=50.0), SearchOptions(deadline_hours=9.0)):
         cands = candidates(wl, catalog(), device_model(), opts)[0]
         assert price_candidates(cands, wl, opts, batch_grid(wl, opts), 10.0).considered > 0
+
+
+def test_undominated_on_a_grid_out_of_node_order_is_the_same() -> None:
+    """``_undominated`` on a grid whose node counts are not in order (it sorts them) drops the
+    configurations it drops in order, and each dropped one names a kept one of its node count
+    with a smaller ``train_s``."""
+    from kplan.planner import pricing
+
+    wl = workload()
+    opts = SearchOptions(max_nodes=16)
+    cands = candidates(wl, catalog(), device_model(), opts)[0]
+    grid = batch_grid(wl, opts)
+    factors = efficiency.sample_factor(wl.gns, wl.base_batch, grid)
+    sigma = efficiency.log_sigma(wl.gns, wl.base_batch, grid)
+    tg = type_grid(cands[0], wl, opts, grid, factors, sigma)
+    assert tg is not None
+    for gap, floor in ((0.0, -np.inf), (60.0, 60.0)):
+        keep, by = pricing._undominated(tg, gap, floor)
+        assert 0 < keep.sum() < len(keep)
+        assert keep[by].all() and (tg.nodes[by] == tg.nodes[~keep]).all()
+        assert (tg.train_s[by] < tg.train_s[~keep]).all()
+        perm = np.random.default_rng(0).permutation(len(tg.nodes))
+        shuffled = TypeGrid(*(getattr(tg, f)[perm] for f in pricing._GRID_FIELDS))
+        keep2, by2 = pricing._undominated(shuffled, gap, floor)
+        assert np.array_equal(keep2, keep[perm])
+        assert keep2[by2].all() and (shuffled.nodes[by2] == shuffled.nodes[~keep2]).all()

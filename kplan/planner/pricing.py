@@ -277,7 +277,7 @@ def _undominated(
 ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
     """(the configurations that may be on a frontier of the group ``_groups`` gave this gap and
     floor, for each configuration dropped a kept one of its node count). A configuration i is
-    dropped when an earlier one j of the same node count has ``train_s[j] <= train_s[i] -
+    dropped when another one j of the same node count has ``train_s[j] <= train_s[i] -
     max(gap, 1e-9 train_s[i])``, ``train_s[j] >= floor`` and ``sigma[j] <= sigma[i]``, all finite.
 
     Why that is safe: at a fixed node count the closed form's time grows with ``train_s`` and
@@ -288,33 +288,31 @@ def _undominated(
     p90 frontier. A frontier of the configurations kept is then the whole grid's (each one
     dropped is dominated by one kept: the relation is transitive); a dropped configuration is
     finite where its node count's are. tests/test_search_speed.py compares the tables."""
-    w, s = tg.train_s, tg.sigma
-    n = len(w)
-    order = np.lexsort((w, tg.nodes))  # by node count, then train_s (ties: grid order)
-    n_s, w_s, s_s = tg.nodes[order], w[order], s[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = n_s[1:] != n_s[:-1]
+    w, s, nodes = tg.train_s, tg.sigma, tg.nodes
+    if np.any(nodes[1:] < nodes[:-1]):  # a grid is built by node count first: kept anyway
+        order = np.argsort(nodes, kind="stable")
+        keep, by = _undominated(
+            TypeGrid(*(getattr(tg, f)[order] for f in _GRID_FIELDS)), gap, floor
+        )
+        out = np.empty_like(keep)
+        out[order] = keep
+        return out, order[by][np.argsort(order[~keep])]  # in the order of the dropped
+    first = np.ones(len(w), dtype=bool)
+    first[1:] = nodes[1:] != nodes[:-1]
     seg = np.cumsum(first) - 1
     starts = np.flatnonzero(first)
-    pos = np.arange(n) - starts[seg]
-    pad = np.full((len(starts), int(pos.max()) + 1), np.inf)
-    pad[seg, pos] = np.where(np.isfinite(w_s) & np.isfinite(s_s) & (w_s >= floor), s_s, np.inf)
-    least = np.minimum.accumulate(pad, axis=1)  # the least sigma of a dominator up to each place
-    thr = np.minimum(w_s * (1.0 - 1e-9), w_s - gap)
-    # how many of the segment's train_s are <= thr: the data sort before equal thresholds
-    both = np.lexsort(
-        (np.repeat([0, 1], n), np.concatenate([w_s, thr]), np.concatenate([seg, seg]))
-    )
-    count = np.empty(n, dtype=np.intp)
-    is_data = both < n
-    count[both[~is_data] - n] = np.cumsum(is_data)[~is_data]
-    count -= starts[seg]
-    ok = np.isfinite(w_s) & (w_s > 0.0) & np.isfinite(s_s) & (count > 0)
-    rows = np.flatnonzero(ok)
-    ok[rows] = least[seg[rows], count[rows] - 1] <= s_s[rows]
-    keep = np.ones(n, dtype=bool)
-    keep[order[ok]] = False
-    return keep, order[starts[seg[ok]]]
+    pos = np.arange(len(w)) - starts[seg]
+    # per node count, a row of the train_s that may dominate (inf: none) and of sigma
+    can = np.isfinite(w) & np.isfinite(s) & (w >= floor)
+    shape = (len(starts), int(pos.max()) + 1)
+    w_by, s_by = np.full(shape, np.inf), np.full(shape, np.inf)
+    w_by[seg, pos] = np.where(can, w, np.inf)
+    s_by[seg, pos] = s
+    thr = np.minimum(w * (1.0 - 1e-9), w - gap)
+    drop = ((w_by[seg] <= thr[:, None]) & (s_by[seg] <= s[:, None])).any(axis=1)
+    drop &= np.isfinite(w) & (w > 0.0) & np.isfinite(s)
+    rows = seg[drop]  # the least train_s of a row can dominate: it is kept
+    return ~drop, starts[rows] + np.argmin(w_by[rows], axis=1)
 
 
 def _risk_terms(c: Candidate, opts: SearchOptions) -> tuple[float, float]:
