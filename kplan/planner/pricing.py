@@ -231,9 +231,9 @@ def _price_group(
 def _groups(
     members: list[int], cands: list[Candidate], opts: SearchOptions
 ) -> list[tuple[list[int], tuple[float, float] | None]]:
-    """A type grid's members in groups priced together: the on-demand ones, the spot ones and
-    any other, each with the (gap, floor) of ``_undominated`` that holds for every member of the
-    group (None: price every configuration).
+    """A type grid's members in groups priced together, each with the (gap, floor) of
+    ``_undominated`` that holds for every member of the group (None: price every
+    configuration): the on-demand and spot members together, and any other member.
 
     On demand (no preemptions) the cost at a node count is a price times billed seconds, which
     do not fall as the time grows: no gap is needed. A spot row's expected cost is
@@ -241,32 +241,35 @@ def _groups(
     (``costs._time_and_cost``: preemptions x unbilled waits), its p90 ``P billed_p90 - U n90``
     with ``U <= P loss`` (``co_loss <= 1``). Above the billing minimum, billed seconds fall short
     of the run by at most one increment, so a ``train_s`` longer by more than
-    ``increment / (1 - q)`` is dearer on both, and slower."""
-    od: list[int] = []
-    spot: list[int] = []
+    ``increment / (1 - q)`` is dearer on both, and slower. One group's gap is its spot members'
+    (a larger gap drops less: it holds on demand too)."""
+    first = cands[members[0]]
+    ok: list[int] = []
     rest: list[int] = []
-    q_max = 0.0
+    q_max, any_spot = 0.0, False
     for i in members:
         c = cands[i]
         price = c.offer.usd_per_hour
         if not (math.isfinite(price) and price > 0.0):
             rest.append(i)
         elif c.risk is None and c.preempt_per_hour == 0.0:
-            od.append(i)
+            ok.append(i)
         elif c.risk is not None and 0.0 <= c.risk.co_loss <= 1.0 and c.preempt_per_hour >= 0:
             wait, _ = _risk_terms(c, opts)
             q_max = max(q_max, c.preempt_per_hour * wait / 3600.0)
-            spot.append(i)
+            any_spot = True
+            ok.append(i)
         else:
             rest.append(i)
-    first = cands[members[0]]
-    out: list[tuple[list[int], tuple[float, float] | None]] = []
-    if od:
-        out.append((od, (0.0, -math.inf)))
-    if spot:
-        ok = math.isfinite(q_max) and q_max < 1.0
+    if not (math.isfinite(q_max) and q_max < 1.0):
+        return [(members, None)]
+    gap, floor = 0.0, -math.inf
+    if any_spot:
         gap = first.billing_increment_s / (1.0 - q_max) * (1.0 + 1e-6) + 1e-6
-        out.append((spot, (gap, first.billing_min_s) if ok else None))
+        floor = first.billing_min_s
+    out: list[tuple[list[int], tuple[float, float] | None]] = []
+    if ok:
+        out.append((ok, (gap, floor)))
     if rest:
         out.append((rest, None))
     return out
