@@ -214,7 +214,7 @@ def test_unpriced_dominated_configurations_change_no_kept_row(
 
     monkeypatch.setattr(pricing, "_undominated", counted)
     fast = price_candidates(cands, wl, opts, grid, 10.0)
-    monkeypatch.setattr(pricing, "_groups", lambda members, cands, opts: [(members, None)])
+    monkeypatch.setattr(pricing, "_groups", lambda members, *_: [(members, None)])
     full = price_candidates(cands, wl, opts, grid, 10.0)
     assert dropped["with spot" if "spot" in opts.markets else "on-demand only"] > 0
     assert (fast.considered, fast.feasible) == (full.considered, full.feasible)

@@ -170,6 +170,7 @@ def price_candidates(
     # Without a budget or deadline every finite configuration is feasible: the dominated
     # configurations are counted without pricing them (_groups, _undominated).
     prune = opts.budget_usd is None and opts.deadline_hours is None
+    terms = _risk_terms(cands, opts)
     for members in by_grid.values():
         c = cands[members[0]]
         key = (c.offer.cloud, c.offer.instance_type)
@@ -178,9 +179,9 @@ def price_candidates(
         tg = type_grid(c, workload, opts, grid, factors, work_sigma, dense[key])
         if tg is None:
             continue
-        for group, gap in _groups(members, cands, opts) if prune else [(members, None)]:
+        for group, gap in _groups(members, cands, terms, opts) if prune else [(members, None)]:
             cols = None if gap is None else _undominated(tg, *gap)
-            part, n_all, n_ok = _price_group(group, cands, tg, cols, opts, checkpoint_s)
+            part, n_all, n_ok = _price_group(group, cands, terms, tg, cols, opts, checkpoint_s)
             considered, feasible = considered + n_all, feasible + n_ok
             parts.append(part)
     names = ("cand", *_FIELDS, *_COLUMNS)
@@ -197,6 +198,7 @@ def price_candidates(
 def _price_group(
     group: list[int],
     cands: list[Candidate],
+    terms: list[tuple[float, float]],
     tg: TypeGrid,
     cols: tuple[NDArray[np.bool_], NDArray[np.intp]] | None,
     opts: SearchOptions,
@@ -209,7 +211,7 @@ def _price_group(
     if cols is not None:
         at = np.flatnonzero(cols[0])
         sub = TypeGrid(*(a[at] for a in (getattr(tg, f) for f in _GRID_FIELDS)))
-    tc = _closed_form([cands[i] for i in group], sub, opts, checkpoint_s)
+    tc = _closed_form([cands[i] for i in group], [terms[i] for i in group], sub, opts, checkpoint_s)
     finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
     k = len(group)  # both frontiers in one sort: the expected rows, then the p90 rows
     considered = k * len(tg.nodes)
@@ -229,7 +231,10 @@ def _price_group(
 
 
 def _groups(
-    members: list[int], cands: list[Candidate], opts: SearchOptions
+    members: list[int],
+    cands: list[Candidate],
+    terms: list[tuple[float, float]],
+    opts: SearchOptions,
 ) -> list[tuple[list[int], tuple[float, float] | None]]:
     """A type grid's members in groups priced together, each with the (gap, floor) of
     ``_undominated`` that holds for every member of the group (None: price every
@@ -255,7 +260,7 @@ def _groups(
         elif c.risk is None and c.preempt_per_hour == 0.0:
             ok.append(i)
         elif c.risk is not None and 0.0 <= c.risk.co_loss <= 1.0 and c.preempt_per_hour >= 0:
-            wait, _ = _risk_terms(c, opts)
+            wait, _ = terms[i]
             q_max = max(q_max, c.preempt_per_hour * wait / 3600.0)
             any_spot = True
             ok.append(i)
@@ -318,16 +323,32 @@ def _undominated(
     return ~drop, starts[rows] + np.argmin(w_by[rows], axis=1)
 
 
-def _risk_terms(c: Candidate, opts: SearchOptions) -> tuple[float, float]:
-    """(expected capacity wait per loss event, co_loss) of the closed form; 0 on demand."""
-    if c.risk is None:
-        return 0.0, 0.0
-    wait = spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
-    return wait, c.risk.co_loss
+def _risk_terms(cands: list[Candidate], opts: SearchOptions) -> list[tuple[float, float]]:
+    """Per candidate, (expected capacity wait per loss event, co_loss) of the closed form; 0 on
+    demand. Once per spot row: the compression options' candidates share their dense one's."""
+    seen: dict[int, tuple[float, float]] = {}
+    out = []
+    for c in cands:
+        if c.risk is None:
+            out.append((0.0, 0.0))
+            continue
+        key = id(c.risk)
+        if key not in seen:
+            cap = capacity_wait(c.risk, opts)
+            seen[key] = (
+                spotplan.expected_wait_s(c.risk, opts.allow_on_demand, cap),
+                c.risk.co_loss,
+            )
+        out.append(seen[key])
+    return out
 
 
 def _closed_form(
-    members: list[Candidate], tg: TypeGrid, opts: SearchOptions, checkpoint_s: float
+    members: list[Candidate],
+    terms: list[tuple[float, float]],
+    tg: TypeGrid,
+    opts: SearchOptions,
+    checkpoint_s: float,
 ) -> costs.TimeCost:
     """(candidates, configurations) arrays of the closed form: the candidates share a type
     grid (cloud, instance type, compression) and differ in region, market, price and risk."""
@@ -335,7 +356,7 @@ def _closed_form(
     def column(values: list[float]) -> Array:
         return np.array(values, dtype=float)[:, None]
 
-    waits, co = zip(*(_risk_terms(c, opts) for c in members), strict=True)
+    waits, co = zip(*terms, strict=True)
     first = members[0]
     return costs.time_and_cost(
         train_seconds=tg.train_s[None, :],
