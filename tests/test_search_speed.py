@@ -262,3 +262,40 @@ def test_undominated_on_a_grid_out_of_node_order_is_the_same() -> None:
         keep2, by2 = pricing._undominated(shuffled, gap, floor)
         assert np.array_equal(keep2, keep[perm])
         assert keep2[by2].all() and (shuffled.nodes[by2] == shuffled.nodes[~keep2]).all()
+
+
+@pytest.mark.parametrize("billing", [(60.0, 1.0), (3600.0, 3600.0), (0.0, 600.0)])
+def test_unpriced_configurations_under_other_billing_and_overheads(
+    monkeypatch: pytest.MonkeyPatch, billing: tuple[float, float]
+) -> None:
+    """Coarse billing increments (the spot gap grows with them), no billing minimum, other
+    overheads and spot capacity waits: the kept table and counts are still those of pricing
+    every configuration."""
+    from dataclasses import replace
+
+    from kplan.planner import costs, pricing
+
+    wl, cat, dm, _ = _pricing_case(2)  # imagenet-resnet50 on the shipped catalog
+    overheads = costs.Overheads(provisioning_s=0.0, restart_s=900.0, min_useful_fraction=0.5)
+    opts = SearchOptions(overheads=overheads, allow_on_demand=False)
+    cands = with_compression(candidates(wl, cat, dm, opts)[0], opts)
+    bmin, binc = billing
+    cands = [replace(c, billing_min_s=bmin, billing_increment_s=binc) for c in cands]
+    grid = batch_grid(wl, opts)
+    dropped = [0]
+    real = pricing._undominated
+
+    def counted(tg: TypeGrid, gap: float, floor: float) -> tuple[NDArray[np.bool_], Ints]:
+        keep, by = real(tg, gap, floor)
+        dropped[0] += int((~keep).sum())
+        return keep, by
+
+    monkeypatch.setattr(pricing, "_undominated", counted)
+    fast = price_candidates(cands, wl, opts, grid, 30.0)
+    assert dropped[0] > 0
+    monkeypatch.setattr(pricing, "_groups", lambda members, *_: [(members, None)])
+    full = price_candidates(cands, wl, opts, grid, 30.0)
+    assert (fast.considered, fast.feasible) == (full.considered, full.feasible)
+    assert fast.feasible < fast.considered  # some node counts are infeasible here
+    for f in ("cand", "nodes", "batch", "accum", "hours", "hours_p90", "cost", "cost_p90"):
+        assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
