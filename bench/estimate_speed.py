@@ -1,6 +1,7 @@
 """Speed of `kplan estimate` against SkyPilot's optimizer, each timed as a whole process.
 
     python -m bench.estimate_speed --sky-python /work/venv-sky/bin/python [--repeat 5]
+    python -m bench.estimate_speed --before TREE      # kplan alone: this tree against TREE
 
 In one run, alternating the tools so that both see the same machine load:
 
@@ -88,7 +89,9 @@ def timed(cmd: list[str], env: dict[str, str], rc: int = 0) -> tuple[float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--sky-python", required=True, help="SkyPilot 0.14.1's interpreter")
+    parser.add_argument(
+        "--sky-python", help="SkyPilot 0.14.1's interpreter (without it: kplan's runs alone)"
+    )
     parser.add_argument("--sky-rows", type=Path, default=SKY_ROWS)
     parser.add_argument("--before", type=Path, help="another checkout whose kplan is timed too")
     args = parser.parse_args()
@@ -105,7 +108,7 @@ def main() -> None:
         env = {**base, "PYTHONPATH": str(ROOT)}
         place_sky_catalog(Path(home), args.sky_rows)
         sky_env = {**base, "SKY_HOME": home}
-        sky = [args.sky_python, str(ROOT / "bench" / "sky_optimize.py")]
+        sky = [args.sky_python or "", str(ROOT / "bench" / "sky_optimize.py")]
         cases = {
             "kplan wide": ([kplan, *KPLAN_WIDE], env, 0),
             "sky wide": ([*sky, "wide"], sky_env, 0),
@@ -113,6 +116,8 @@ def main() -> None:
             "sky fixed": ([*sky, "fixed"], sky_env, 0),
             "kplan refused": ([kplan, *KPLAN_REFUSED], env, 2),
         }
+        if args.sky_python is None:
+            del cases["sky wide"], cases["sky fixed"]
         if args.before is not None:
             old = {**base, "PYTHONPATH": str(args.before.resolve())}
             for name, cmd in (("wide", KPLAN_WIDE), ("fixed", KPLAN_FIXED)):
@@ -138,9 +143,11 @@ def main() -> None:
     )
     for name, (wall, cpu) in med.items():
         print(f"  {name:14s} wall {wall:6.2f} s   CPU {cpu:6.2f} s")
+    print(f"  kplan refused says: {said['kplan refused']}")
+    if args.sky_python is None:
+        return
     print(f"  sky says: {said['sky wide']}")
     print(f"  sky says: {said['sky fixed']}")
-    print(f"  kplan refused says: {said['kplan refused']}")
     for kind in ("wide", "fixed"):
         (kw, kc), (sw, sc) = med[f"kplan {kind}"], med[f"sky {kind}"]
         print(f"{kind}: kplan is {sw / kw:.1f}x faster (wall), {sc / kc:.1f}x (CPU) than SkyPilot")

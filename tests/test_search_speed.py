@@ -10,15 +10,21 @@ import math
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from kplan.planner import compression, efficiency, perfmodel
-from kplan.planner.candidates import batch_grid, candidates, with_compression
+from kplan.planner.candidates import Candidate, batch_grid, candidates, with_compression
+from kplan.planner.catalog import Catalog
 from kplan.planner.choose import shown_key, top_distinct
+from kplan.planner.devices import DeviceModel
 from kplan.planner.frontier import _order, front_mask, pareto_front
-from kplan.planner.pricing import _dense_grid, price_candidates, type_grid
+from kplan.planner.pricing import TypeGrid, _dense_grid, price_candidates, type_grid
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.table import Table
+from kplan.planner.workload import Workload
 from tests.planner_fixtures import catalog, device_model, workload
+
+Ints = NDArray[np.intp]
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -140,8 +146,6 @@ def test_compression_candidates_are_replaced_copies() -> None:
     dense candidate's, except the option and its statistics (``dataclasses.replace``'s)."""
     from dataclasses import fields, replace
 
-    from kplan.planner.candidates import Candidate
-
     opts = SearchOptions(max_nodes=8)
     dense, _ = candidates(workload(), catalog(), device_model(), opts)
     both = with_compression(dense, opts)
@@ -163,3 +167,136 @@ def test_compression_candidates_are_replaced_copies() -> None:
         "compression_stat",
         "extras",
     }, "a new Candidate field: copy it in with_compression too"
+
+
+def _pricing_case(case: int) -> tuple[Workload, Catalog, DeviceModel, SearchOptions]:
+    """Two fixture workloads, then shipped examples on the shipped catalog (one spot-only)."""
+    if case < 2:
+        markets = ("spot", "on-demand") if case == 0 else ("on-demand",)
+        opts = SearchOptions(max_nodes=32, markets=markets)
+        return workload(), catalog(), device_model(), opts
+    from kplan.app import planning
+    from kplan.catalogs.device_model import load_device_model
+    from kplan.catalogs.loader import shipped_catalog
+    from kplan.planner.workload import workload_from_profile
+
+    name, opts = [
+        ("imagenet-resnet50", SearchOptions()),
+        ("bert-squad", SearchOptions()),
+        ("cifar10-resnet18", SearchOptions()),
+        ("yolov3", SearchOptions(markets=("spot",))),
+    ][case - 2]
+    cat = shipped_catalog()
+    wl = workload_from_profile(planning.load_example(name), cat.gpus)
+    return wl, cat, load_device_model(), opts
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_unpriced_dominated_configurations_change_no_kept_row(
+    monkeypatch: pytest.MonkeyPatch, case: int
+) -> None:
+    """The configurations ``_undominated`` drops before pricing (on-demand and spot members)
+    are on no member's frontier: the kept table and the counts equal those of pricing every
+    configuration, on the fixtures and shipped examples (one spot only)."""
+    from kplan.planner import pricing
+
+    wl, cat, dm, opts = _pricing_case(case)
+    cands = with_compression(candidates(wl, cat, dm, opts)[0], opts)
+    grid = batch_grid(wl, opts)
+    dropped = {"on-demand only": 0, "with spot": 0}
+    real = pricing._undominated
+
+    def counted(
+        tg: TypeGrid, gap: float, floor: float
+    ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
+        keep, by = real(tg, gap, floor)
+        dropped["with spot" if floor > -np.inf else "on-demand only"] += int((~keep).sum())
+        return keep, by
+
+    monkeypatch.setattr(pricing, "_undominated", counted)
+    fast = price_candidates(cands, wl, opts, grid, 10.0)
+    monkeypatch.setattr(pricing, "_groups", lambda members, *_: [(members, None)])
+    full = price_candidates(cands, wl, opts, grid, 10.0)
+    assert dropped["with spot" if "spot" in opts.markets else "on-demand only"] > 0
+    assert (fast.considered, fast.feasible) == (full.considered, full.feasible)
+    for f in ("cand", "nodes", "batch", "local", "accum", "step", "sigma", "samples"):
+        assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
+    for f in ("hours", "hours_p90", "cost", "cost_p90", "preempt", "tau"):
+        assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f
+
+
+def test_budget_or_deadline_prices_every_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a budget or deadline the feasible count needs every price: nothing is dropped."""
+    from kplan.planner import pricing
+
+    def never(tg: TypeGrid) -> NDArray[np.bool_]:
+        raise AssertionError("dropped configurations under a budget or deadline")
+
+    monkeypatch.setattr(pricing, "_undominated", never)
+    wl = workload()
+    for opts in (SearchOptions(max_nodes=8, budget_usd=50.0), SearchOptions(deadline_hours=9.0)):
+        cands = candidates(wl, catalog(), device_model(), opts)[0]
+        assert price_candidates(cands, wl, opts, batch_grid(wl, opts), 10.0).considered > 0
+
+
+def test_undominated_on_a_grid_out_of_node_order_is_the_same() -> None:
+    """``_undominated`` on a grid whose node counts are not in order (it sorts them) drops the
+    configurations it drops in order, and each dropped one names a kept one of its node count
+    with a smaller ``train_s``."""
+    from kplan.planner import pricing
+
+    wl = workload()
+    opts = SearchOptions(max_nodes=16)
+    cands = candidates(wl, catalog(), device_model(), opts)[0]
+    grid = batch_grid(wl, opts)
+    factors = efficiency.sample_factor(wl.gns, wl.base_batch, grid)
+    sigma = efficiency.log_sigma(wl.gns, wl.base_batch, grid)
+    tg = type_grid(cands[0], wl, opts, grid, factors, sigma)
+    assert tg is not None
+    for gap, floor in ((0.0, -np.inf), (60.0, 60.0)):
+        keep, by = pricing._undominated(tg, gap, floor)
+        assert 0 < keep.sum() < len(keep)
+        assert keep[by].all() and (tg.nodes[by] == tg.nodes[~keep]).all()
+        assert (tg.train_s[by] < tg.train_s[~keep]).all()
+        perm = np.random.default_rng(0).permutation(len(tg.nodes))
+        shuffled = TypeGrid(*(getattr(tg, f)[perm] for f in pricing._GRID_FIELDS))
+        keep2, by2 = pricing._undominated(shuffled, gap, floor)
+        assert np.array_equal(keep2, keep[perm])
+        assert keep2[by2].all() and (shuffled.nodes[by2] == shuffled.nodes[~keep2]).all()
+
+
+@pytest.mark.parametrize("billing", [(60.0, 1.0), (3600.0, 3600.0), (0.0, 600.0)])
+def test_unpriced_configurations_under_other_billing_and_overheads(
+    monkeypatch: pytest.MonkeyPatch, billing: tuple[float, float]
+) -> None:
+    """Coarse billing increments (the spot gap grows with them), no billing minimum, other
+    overheads and spot capacity waits: the kept table and counts are still those of pricing
+    every configuration."""
+    from dataclasses import replace
+
+    from kplan.planner import costs, pricing
+
+    wl, cat, dm, _ = _pricing_case(2)  # imagenet-resnet50 on the shipped catalog
+    overheads = costs.Overheads(provisioning_s=0.0, restart_s=900.0, min_useful_fraction=0.5)
+    opts = SearchOptions(overheads=overheads, allow_on_demand=False)
+    cands = with_compression(candidates(wl, cat, dm, opts)[0], opts)
+    bmin, binc = billing
+    cands = [replace(c, billing_min_s=bmin, billing_increment_s=binc) for c in cands]
+    grid = batch_grid(wl, opts)
+    dropped = [0]
+    real = pricing._undominated
+
+    def counted(tg: TypeGrid, gap: float, floor: float) -> tuple[NDArray[np.bool_], Ints]:
+        keep, by = real(tg, gap, floor)
+        dropped[0] += int((~keep).sum())
+        return keep, by
+
+    monkeypatch.setattr(pricing, "_undominated", counted)
+    fast = price_candidates(cands, wl, opts, grid, 30.0)
+    assert dropped[0] > 0
+    monkeypatch.setattr(pricing, "_groups", lambda members, *_: [(members, None)])
+    full = price_candidates(cands, wl, opts, grid, 30.0)
+    assert (fast.considered, fast.feasible) == (full.considered, full.feasible)
+    assert fast.feasible < fast.considered  # some node counts are infeasible here
+    for f in ("cand", "nodes", "batch", "accum", "hours", "hours_p90", "cost", "cost_p90"):
+        assert np.array_equal(getattr(fast.table, f), getattr(full.table, f)), f

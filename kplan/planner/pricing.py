@@ -6,6 +6,7 @@ rows together), so it is counted (``considered``, ``feasible``) but never ranked
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +140,7 @@ class Priced:
     feasible: int  # of those, finite and within the budget and deadline
 
 
+_GRID_FIELDS = ("nodes", "accum", "batch", "local", "step", "samples", "train_s", "sigma")
 _FIELDS = ("nodes", "batch", "local", "accum", "step", "sigma", "samples")
 _PRICES = ("hours", "hours_p90", "cost_usd", "cost_p90_usd", "preemptions", "checkpoint_interval_s")
 _COLUMNS = ("hours", "hours_p90", "cost", "cost_p90", "preempt", "tau")
@@ -165,6 +167,10 @@ def price_candidates(
     parts: list[dict[str, NDArray[np.generic]]] = []
     considered = feasible = 0
     dense: dict[tuple[str, str], TypeGrid | None] = {}  # each type's, shared by its options
+    # Without a budget or deadline every finite configuration is feasible: the dominated
+    # configurations are counted without pricing them (_groups, _undominated).
+    prune = opts.budget_usd is None and opts.deadline_hours is None
+    terms = _risk_terms(cands, opts)
     for members in by_grid.values():
         c = cands[members[0]]
         key = (c.offer.cloud, c.offer.instance_type)
@@ -173,23 +179,11 @@ def price_candidates(
         tg = type_grid(c, workload, opts, grid, factors, work_sigma, dense[key])
         if tg is None:
             continue
-        tc = _closed_form([cands[i] for i in members], tg, opts, checkpoint_s)
-        finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
-        considered += finite.size
-        feasible += int(_within_2d(tc, finite, opts).sum())
-        k = len(members)  # both frontiers in one sort: the expected rows, then the p90 rows
-        both = front_mask(
-            np.concatenate([tc.hours, tc.hours_p90]),
-            np.concatenate([tc.cost_usd, tc.cost_p90_usd]),
-            np.concatenate([finite, finite]),
-        )
-        ks, cols = np.nonzero(both[:k] | both[k:])  # member by member, each in grid order
-        part: dict[str, NDArray[np.generic]] = {f: getattr(tg, f)[cols] for f in _FIELDS}
-        part.update(
-            {col: getattr(tc, p)[ks, cols] for p, col in zip(_PRICES, _COLUMNS, strict=True)}
-        )
-        part["cand"] = np.asarray(members, dtype=np.int64)[ks]
-        parts.append(part)
+        for group, gap in _groups(members, cands, terms, opts) if prune else [(members, None)]:
+            cols = None if gap is None else _undominated(tg, *gap)
+            part, n_all, n_ok = _price_group(group, cands, terms, tg, cols, opts, checkpoint_s)
+            considered, feasible = considered + n_all, feasible + n_ok
+            parts.append(part)
     names = ("cand", *_FIELDS, *_COLUMNS)
     if not parts:
         cols0 = {n: np.zeros(0) for n in names}
@@ -201,8 +195,160 @@ def price_candidates(
     return Priced(table, considered, feasible)
 
 
+def _price_group(
+    group: list[int],
+    cands: list[Candidate],
+    terms: list[tuple[float, float]],
+    tg: TypeGrid,
+    cols: tuple[NDArray[np.bool_], NDArray[np.intp]] | None,
+    opts: SearchOptions,
+    checkpoint_s: float,
+) -> tuple[dict[str, NDArray[np.generic]], int, int]:
+    """The rows of ``group`` (candidates of one type grid) on their own frontiers, and their
+    configurations counted (all; those feasible). ``cols``: the configurations priced and, for
+    each other one, a priced one of its node count (``_undominated``); None: all priced."""
+    sub, at = tg, np.arange(len(tg.nodes))
+    if cols is not None:
+        at = np.flatnonzero(cols[0])
+        sub = TypeGrid(*(a[at] for a in (getattr(tg, f) for f in _GRID_FIELDS)))
+    tc = _closed_form([cands[i] for i in group], [terms[i] for i in group], sub, opts, checkpoint_s)
+    finite = np.isfinite(tc.cost_usd) & np.isfinite(tc.hours)
+    k = len(group)  # both frontiers in one sort: the expected rows, then the p90 rows
+    considered = k * len(tg.nodes)
+    feasible = int(_within_2d(tc, finite, opts).sum())
+    if cols is not None:  # a dropped configuration is finite where its node count's are
+        feasible += int(finite[:, np.searchsorted(at, cols[1])].sum())
+    both = front_mask(
+        np.concatenate([tc.hours, tc.hours_p90]),
+        np.concatenate([tc.cost_usd, tc.cost_p90_usd]),
+        np.concatenate([finite, finite]),
+    )
+    ks, kept = np.nonzero(both[:k] | both[k:])  # member by member, each in grid order
+    part: dict[str, NDArray[np.generic]] = {f: getattr(sub, f)[kept] for f in _FIELDS}
+    part.update({col: getattr(tc, p)[ks, kept] for p, col in zip(_PRICES, _COLUMNS, strict=True)})
+    part["cand"] = np.asarray(group, dtype=np.int64)[ks]
+    return part, considered, feasible
+
+
+def _groups(
+    members: list[int],
+    cands: list[Candidate],
+    terms: list[tuple[float, float]],
+    opts: SearchOptions,
+) -> list[tuple[list[int], tuple[float, float] | None]]:
+    """A type grid's members in groups priced together, each with the (gap, floor) of
+    ``_undominated`` that holds for every member of the group (None: price every
+    configuration): the on-demand and spot members together, and any other member.
+
+    On demand (no preemptions) the cost at a node count is a price times billed seconds, which
+    do not fall as the time grows: no gap is needed. A spot row's expected cost is
+    ``P (billed - q wall)`` with ``P`` the cluster's price per second and ``q = rate x wait``
+    (``costs._time_and_cost``: preemptions x unbilled waits), its p90 ``P billed_p90 - U n90``
+    with ``U <= P loss`` (``co_loss <= 1``). Above the billing minimum, billed seconds fall short
+    of the run by at most one increment, so a ``train_s`` longer by more than
+    ``increment / (1 - q)`` is dearer on both, and slower. One group's gap is its spot members'
+    (a larger gap drops less: it holds on demand too)."""
+    first = cands[members[0]]
+    ok: list[int] = []
+    rest: list[int] = []
+    q_max, any_spot = 0.0, False
+    for i in members:
+        c = cands[i]
+        price = c.offer.usd_per_hour
+        if not (math.isfinite(price) and price > 0.0):
+            rest.append(i)
+        elif c.risk is None and c.preempt_per_hour == 0.0:
+            ok.append(i)
+        elif c.risk is not None and 0.0 <= c.risk.co_loss <= 1.0 and c.preempt_per_hour >= 0:
+            wait, _ = terms[i]
+            q_max = max(q_max, c.preempt_per_hour * wait / 3600.0)
+            any_spot = True
+            ok.append(i)
+        else:
+            rest.append(i)
+    if not (math.isfinite(q_max) and q_max < 1.0):
+        return [(members, None)]
+    gap, floor = 0.0, -math.inf
+    if any_spot:
+        gap = first.billing_increment_s / (1.0 - q_max) * (1.0 + 1e-6) + 1e-6
+        floor = first.billing_min_s
+    out: list[tuple[list[int], tuple[float, float] | None]] = []
+    if ok:
+        out.append((ok, (gap, floor)))
+    if rest:
+        out.append((rest, None))
+    return out
+
+
+def _undominated(
+    tg: TypeGrid, gap: float, floor: float
+) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
+    """(the configurations that may be on a frontier of the group ``_groups`` gave this gap and
+    floor, for each configuration dropped a kept one of its node count). A configuration i is
+    dropped when another one j of the same node count has ``train_s[j] <= train_s[i] -
+    max(gap, 1e-9 train_s[i])``, ``train_s[j] >= floor`` and ``sigma[j] <= sigma[i]``, all finite.
+
+    Why that is safe: at a fixed node count the closed form's time grows with ``train_s`` and
+    its p90 time with ``train_s`` and ``sigma`` (the node count sets the preemption rate, the
+    checkpoint interval and the useful fraction), and the costs do not fall (``_groups``). The
+    margin is far above the closed form's rounding: j is strictly faster on both times, so it
+    comes first in every frontier's order and is no dearer, and i is on no member's expected or
+    p90 frontier. A frontier of the configurations kept is then the whole grid's (each one
+    dropped is dominated by one kept: the relation is transitive); a dropped configuration is
+    finite where its node count's are. tests/test_search_speed.py compares the tables."""
+    w, s, nodes = tg.train_s, tg.sigma, tg.nodes
+    if np.any(nodes[1:] < nodes[:-1]):  # a grid is built by node count first: kept anyway
+        order = np.argsort(nodes, kind="stable")
+        keep, by = _undominated(
+            TypeGrid(*(getattr(tg, f)[order] for f in _GRID_FIELDS)), gap, floor
+        )
+        out = np.empty_like(keep)
+        out[order] = keep
+        return out, order[by][np.argsort(order[~keep])]  # in the order of the dropped
+    first = np.ones(len(w), dtype=bool)
+    first[1:] = nodes[1:] != nodes[:-1]
+    seg = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    pos = np.arange(len(w)) - starts[seg]
+    # per node count, a row of the train_s that may dominate (inf: none) and of sigma
+    can = np.isfinite(w) & np.isfinite(s) & (w >= floor)
+    shape = (len(starts), int(pos.max()) + 1)
+    w_by, s_by = np.full(shape, np.inf), np.full(shape, np.inf)
+    w_by[seg, pos] = np.where(can, w, np.inf)
+    s_by[seg, pos] = s
+    thr = np.minimum(w * (1.0 - 1e-9), w - gap)
+    drop = ((w_by[seg] <= thr[:, None]) & (s_by[seg] <= s[:, None])).any(axis=1)
+    drop &= np.isfinite(w) & (w > 0.0) & np.isfinite(s)
+    rows = seg[drop]  # the least train_s of a row can dominate: it is kept
+    return ~drop, starts[rows] + np.argmin(w_by[rows], axis=1)
+
+
+def _risk_terms(cands: list[Candidate], opts: SearchOptions) -> list[tuple[float, float]]:
+    """Per candidate, (expected capacity wait per loss event, co_loss) of the closed form; 0 on
+    demand. Once per spot row: the compression options' candidates share their dense one's."""
+    seen: dict[int, tuple[float, float]] = {}
+    out = []
+    for c in cands:
+        if c.risk is None:
+            out.append((0.0, 0.0))
+            continue
+        key = id(c.risk)
+        if key not in seen:
+            cap = capacity_wait(c.risk, opts)
+            seen[key] = (
+                spotplan.expected_wait_s(c.risk, opts.allow_on_demand, cap),
+                c.risk.co_loss,
+            )
+        out.append(seen[key])
+    return out
+
+
 def _closed_form(
-    members: list[Candidate], tg: TypeGrid, opts: SearchOptions, checkpoint_s: float
+    members: list[Candidate],
+    terms: list[tuple[float, float]],
+    tg: TypeGrid,
+    opts: SearchOptions,
+    checkpoint_s: float,
 ) -> costs.TimeCost:
     """(candidates, configurations) arrays of the closed form: the candidates share a type
     grid (cloud, instance type, compression) and differ in region, market, price and risk."""
@@ -210,14 +356,7 @@ def _closed_form(
     def column(values: list[float]) -> Array:
         return np.array(values, dtype=float)[:, None]
 
-    waits, co = [], []
-    for c in members:
-        co.append(c.risk.co_loss if c.risk is not None else 0.0)
-        waits.append(
-            0.0
-            if c.risk is None
-            else spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
-        )
+    waits, co = zip(*terms, strict=True)
     first = members[0]
     tc = costs.time_and_cost(
         train_seconds=tg.train_s[None, :],
@@ -229,8 +368,8 @@ def _closed_form(
         billing_min_s=first.billing_min_s,
         billing_increment_s=first.billing_increment_s,
         overheads=opts.overheads,
-        co_loss=column(co),
-        outage_wait_s=column(waits),
+        co_loss=column(list(co)),
+        outage_wait_s=column(list(waits)),
     )
     # the region's disks, storage and egress (extra_costs.py): in the budget and the frontier
     per_hour = np.stack([c.extras.per_hour(tg.nodes) for c in members])

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -586,13 +586,27 @@ def _summary(results: tuple[Array, ...], shp: tuple[int, int]) -> SimResult:
     )
 
 
-from kplan.planner.spotreplay import (  # noqa: E402  (re-exported: spotsim's public names)
-    ReplayEvent,
-    ReplayInstance,
-    ReplayOutcome,
-    replay,
-    replay_many,
-)
+if TYPE_CHECKING:  # spotsim's public names too, imported when first asked for (__getattr__)
+    from kplan.planner.spotreplay import (
+        ReplayEvent,
+        ReplayInstance,
+        ReplayOutcome,
+        replay,
+        replay_many,
+    )
+
+_REPLAY = frozenset({"ReplayEvent", "ReplayInstance", "ReplayOutcome", "replay", "replay_many"})
+
+
+def __getattr__(name: str) -> Any:
+    """The trace replay's names (kplan/planner/spotreplay.py), loaded on first use: an
+    estimate simulates but never replays a trace."""
+    if name in _REPLAY:
+        from kplan.planner import spotreplay
+
+        return getattr(spotreplay, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ReplayEvent",
