@@ -33,7 +33,7 @@ from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.controller import ControllerDoc, read_controller, this_host
 from kplan.launcher.guard import Guard
 from kplan.launcher.jobspec import JobSpec
-from kplan.launcher.journal import Journal, JournalInstance, JournalLog, instance_doc
+from kplan.launcher.journal import Journal, JournalLog, instance_doc, instance_record
 from kplan.launcher.ledger import BillingRule, Ledger, billing_for
 from kplan.launcher.lifecycle import JobOutcome, JobRun, private_umask
 from kplan.launcher.nodes import UNPLACED
@@ -206,7 +206,8 @@ class _Resumed(JobRun):
         for j in log.instances.values():
             rec = self.records.get(j.id)
             if rec is None:  # created, but the database write was lost
-                self._record_new(self._from_journal(j), end=j.gone_at, journal=False)
+                rec = instance_record(j, self.spec.job_id, self.spec.cloud, self.spec.region)
+                self._record_new(rec, end=j.gone_at, journal=False)
             elif rec.alive and j.gone_at is not None:  # seen gone, the database write lost
                 ended = replace(rec, state=j.state or "terminated", ended_at=j.gone_at)
                 self.records[rec.id] = ended
@@ -290,23 +291,6 @@ class _Resumed(JobRun):
             self.ledger.open(rec)
             if end is not None:
                 self.ledger.close(rec, end)
-
-    def _from_journal(self, j: JournalInstance) -> InstanceRecord:
-        s = self.spec
-        return InstanceRecord(
-            id=j.id,
-            job=s.job_id,
-            name=j.name,
-            node_rank=j.node_rank,
-            cloud=s.cloud,
-            region=s.region,
-            zone=j.zone,
-            type=j.type,
-            market=j.market,
-            price=j.price,
-            state=j.state or "running",
-            launched_at=j.launched_at,
-        )
 
     def _from_cloud(self, inst: Instance, asked_at: float) -> InstanceRecord:
         """An instance whose request the journal has (at ``asked_at``) but not its answer:
