@@ -596,6 +596,17 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         ),
     ),
     Flag(
+        "controller",
+        str | None,
+        None,
+        typer.Option(
+            "--controller",
+            help="Where a detached job's controller runs: `instance` (its own small on-demand "
+            "instance, priced from the catalog and billed in the ledger; the default for cloud "
+            "jobs) or `here` (a daemon on this machine; the default for local jobs).",
+        ),
+    ),
+    Flag(
         "quiet",
         bool,
         False,
