@@ -66,7 +66,9 @@ def test_the_rule_spot_on_demand_local_and_asked() -> None:
 
 def test_a_region_without_a_controller_row_or_a_bad_site_is_an_input_error() -> None:
     with pytest.raises(InputError, match=r"no controller instance type for gcp in us-west4"):
-        choose_site(_spec("gcp", "us-west4"), None)
+        choose_site(_spec("gcp", "us-west4"), "instance")
+    fallback = choose_site(_spec("gcp", "us-west4"), None)  # the default says why
+    assert fallback.where == "here" and "no controller type for gcp us-west4" in fallback.reason
     with pytest.raises(InputError, match=r"--controller 'head' is not one of"):
         choose_site(_spec("aws", "us-east-1"), "head")
 
@@ -104,8 +106,25 @@ def test_launch_dry_run_prices_the_controller_instance(tmp_path: Path) -> None:
     assert ctl["predicted_usd"] == pytest.approx(ctl["predicted_hours"] * 0.0208)
     ranks = [i["node_rank"] for r in doc["requests"] for i in r.get("instances", [])]
     assert ranks[0] == -1 and sorted(ranks[1:]) == list(range(len(ranks) - 1))
-    foreground = runner.invoke(app, [*args[:-2], "--json"], env={"KPLAN_HOME": str(tmp_path)})
-    assert json.loads(foreground.stdout)["controller"] is None
+
+    def controller(*more: str) -> object:
+        out = runner.invoke(app, [*args[:-2], *more, "--json"], env={"KPLAN_HOME": str(tmp_path)})
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)["controller"]
+
+    assert controller() == ctl  # a cloud job detaches by default
+    assert controller("--foreground") is None
+    assert controller("--no-detach") is None
+
+
+def test_local_jobs_stay_in_the_foreground_and_contradictions_are_exit_2(tmp_path: Path) -> None:
+    base = ["launch", str(SCRIPT), "--nodes", "1", "--dry-run", "--json"]
+    out = runner.invoke(app, base, env={"KPLAN_HOME": str(tmp_path)})
+    assert out.exit_code == 0 and json.loads(out.stdout)["controller"] is None
+    both = runner.invoke(
+        app, [*base, "--detach", "--foreground"], env={"KPLAN_HOME": str(tmp_path)}
+    )
+    assert both.exit_code == 2 and "contradict" in both.stderr
 
 
 def test_controller_without_detach_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -590,9 +590,20 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         False,
         typer.Option(
             "--detach",
-            help="Start the job's controller (recovery, guard, ledger, teardown) as its own "
-            "process and return at once with the job id; the shell may exit. `kplan controller "
-            "JOB` restarts a controller that died.",
+            help="Run the job's controller (recovery, guard, ledger, teardown) away from this "
+            "command and return at once with the job id; the shell may exit. The default for "
+            "cloud jobs (see --controller). `kplan controller JOB` restarts one that died.",
+        ),
+    ),
+    Flag(
+        "foreground",
+        bool,
+        False,
+        typer.Option(
+            "--foreground",
+            "--no-detach",
+            help="Keep the job's controller in this command until the job ends (the default "
+            "for local jobs); Ctrl-C stops the job.",
         ),
     ),
     Flag(

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kplan.catalogs.controllers import ControllerOffer, controller_offer
+from kplan.catalogs.controllers import ControllerOffer, controller_offer, controller_offers
 from kplan.core.errors import InputError
 from kplan.launcher.bootstrap import (
     CLOUD_ROOT,
@@ -96,7 +96,8 @@ class ControllerSite:
 
 def choose_site(spec: JobSpec, asked: str | None) -> ControllerSite:
     """The rule: ``asked`` (``--controller``) when given; else a cloud job's controller gets
-    its own instance and a local job's stays on this machine."""
+    its own instance (on this machine where the catalog has no controller type for the region)
+    and a local job's stays on this machine."""
     if asked is not None and asked not in SITES:
         raise InputError(f"--controller {asked!r} is not one of: {', '.join(SITES)}", hint="fix it")
     where = asked or ("here" if spec.cloud == "local" else "instance")
@@ -105,6 +106,10 @@ def choose_site(spec: JobSpec, asked: str | None) -> ControllerSite:
         return ControllerSite("here", why, None)
     if spec.cloud == "local":
         return ControllerSite("instance", "--controller instance", LOCAL_OFFER)
+    known = {(o.cloud, o.region) for o in controller_offers()}
+    if asked is None and (spec.cloud, spec.region) not in known:  # the default, without a type
+        why = f"the catalog has no controller type for {spec.cloud} {spec.region}"
+        return ControllerSite("here", why, None)
     spot = any(n.market == "spot" for n in spec.nodes)
     why = (
         "--controller instance"

@@ -38,10 +38,12 @@ _LAUNCH_HELP = (
     "(several --cloud/--region: the search picks among them). --cloud local (the default) runs "
     "--nodes worker groups on this machine, free unless --price; --budget is needed only for a "
     "cost. "
-    "The job's controller stays in the foreground: it replaces preempted spot instances, "
-    "accrues the ledger, stops the job (with a checkpoint) before the budget or the deadline "
-    "would be crossed, and always tears down. --detach runs it as its own process instead and "
-    "returns at once (follow the job with `kplan status/logs/down/report JOB`)."
+    "The job's controller replaces preempted spot instances, accrues the ledger, stops the job "
+    "(with a checkpoint) before the budget or the deadline would be crossed, and always tears "
+    "down. A cloud job is detached by default: its controller runs on a small instance of its "
+    "own (--controller), the command returns at once and the laptop may close (follow the job "
+    "with `kplan status/logs/down/report JOB`); --foreground keeps it in this command. A local "
+    "job's controller stays in the foreground unless --detach."
 )
 _CONTROLLER_HELP = (
     "Run (restart) the controller of a launched job whose controller died, from its durable "
@@ -81,13 +83,22 @@ def launch_command(**given: Any) -> None:
     _say_if_plain(spec, as_json or quiet)
     if spec.cloud != "local" and not (as_json or quiet):
         typer.echo(f"image: {_image(spec).summary()}")
-    site = _site(spec, bool(given["detach"]), given["controller"])
+    site = _site(spec, _detach(spec, given), given["controller"])
     if site is not None and not (as_json or quiet):
         typer.echo(site.summary())
     if given["dry_run"]:  # offline: no provider, no cloud SDK, no credentials (placeholders)
         _dry_run(spec, as_json, site)
         return
     _start(spec, as_json, quiet, explore=bool(given["explore"]), site=site)
+
+
+def _detach(spec: JobSpec, given: dict[str, Any]) -> bool:
+    """--detach, --foreground, else the default: cloud jobs detach, local jobs do not."""
+    if given["detach"] and given["foreground"]:
+        raise InputError("--detach and --foreground contradict", hint="give one of them")
+    if given["detach"] or given["foreground"]:
+        return bool(given["detach"])
+    return spec.cloud != "local"
 
 
 def _site(spec: JobSpec, detach: bool, asked: str | None) -> ControllerSite | None:
