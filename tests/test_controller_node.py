@@ -5,6 +5,7 @@ dry run that prices it; each bad input is one line and exit 2."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,16 @@ def test_the_bootstrap_forwards_only_named_settings_and_runs_the_controller() ->
     assert "s3cr3t" not in data and "KPLAN_GCP_API_KEY" not in data
     assert f"\"$PY\" -c 'from kplan.cli.main import main; main()' controller {spec.job_id}" in data
     assert "shutdown -h +60" in data and data.rstrip().endswith("poweroff")
+    assert '"$PY" -m pip install --quiet boto3' in data  # the provider's SDK
+    install = replace(
+        spec.install,
+        wheel="/w/kplan-0.1.0-py3-none-any.whl",
+        wheel_sha256="0" * 64,
+        requirements=("numpy==2.4.6", "torch==2.13.0"),
+    )
+    data = controller_user_data(replace(spec, install=install), "x", "s3://b/j", {}, None)
+    assert "numpy==2.4.6" in data and "torch" not in data  # the controller trains nothing
+    assert "code/kplan-0.1.0-py3-none-any.whl" in data and "shutdown -h" not in data
     req = controller_spec(spec, choose_site(spec, None), "s3://bucket/jobs", env, 3600)
     assert (req.node_rank, req.market, req.instance_type) == (-1, "on-demand", "t3.small")
     assert req.max_run_s == 3600 and req.zone == "us-east-1a"

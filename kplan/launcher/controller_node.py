@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kplan.catalogs.controllers import ControllerOffer, controller_offer, controller_offers
@@ -44,6 +44,7 @@ from kplan.launcher.bootstrap import (
 from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.provider import CONTROLLER_RANK, TAG_JOB, TAG_MANAGED, TAG_NODE, InstanceSpec
 from kplan.launcher.storage import Storage
+from kplan.launcher.wheel import sdk_requirements
 
 SITES = ("instance", "here")
 LOCAL_OFFER = ControllerOffer("local", "local", "local", 0, 0.0, 0.0, "local: free")
@@ -176,7 +177,8 @@ def controller_user_data(
     node_root: str = CLOUD_ROOT,
 ) -> str:
     """The controller node's cloud-init / startup-script (bash), with no credentials in it:
-    the hard stop, kplan from the job's wheel, then ``kplan controller JOB``; its log goes to
+    the hard stop, kplan from the job's wheel and the cloud's SDK (the launcher's version, from
+    the node's index), then ``kplan controller JOB``; its log goes to
     ``<job>/logs/controller.log`` in the bucket every minute and at the end; then it powers off
     (AWS: terminated on power-off)."""
     q = shlex.quote
@@ -185,6 +187,7 @@ def controller_user_data(
     env = {**forwarded_env(environ), "KPLAN_HOME": f"{node_root}/home", OWN_ENV: name}
     exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(env.items()))
     argv = " ".join(q(a) for a in controller_argv(spec, "@PY@")).replace("@PY@", '"$PY"')
+    sdk = " ".join(q(r) for r in sdk_requirements(spec.cloud))  # the provider's SDK
     return f"""#!/bin/bash
 # kplan controller bootstrap: job {spec.job_id} ({name}). Generated; holds no credentials:
 # the cloud and the bucket are reached with the instance's own role / service account.
@@ -198,7 +201,8 @@ LOG="$W/logs/{LOG_NAME}"
 exec >>"$LOG" 2>&1
 {cloud_hard_stop(spec, storage_uri, max_run_s)}push() {{ {cp} "$LOG" "$STORE/logs/{LOG_NAME}"; }}
 fail() {{ push; poweroff; exit "$1"; }}
-{install_kplan(spec, cp)}( while sleep 60; do push; done ) &
+{install_kplan(_without_torch(spec), cp)}"$PY" -m pip install --quiet {sdk} || fail 97
+( while sleep 60; do push; done ) &
 syncer=$!
 {argv} < /dev/null
 code=$?
@@ -207,6 +211,12 @@ echo "kplan controller exited with code $code"
 push
 poweroff
 """
+
+
+def _without_torch(spec: JobSpec) -> JobSpec:
+    """The controller runs no training: kplan's wheel without torch (a t3.small has 2 GB)."""
+    reqs = tuple(r for r in spec.install.requirements if not r.lower().startswith("torch"))
+    return replace(spec, install=replace(spec.install, requirements=reqs))
 
 
 def controller_spec(
