@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,40 +29,11 @@ from kplan.launcher.controller_resume import resume_job
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, new_job_id
 from kplan.launcher.journal import Journal
 from kplan.launcher.providers import Backend
-from kplan.launcher.providers.aws import AwsProvider
-from kplan.launcher.providers.aws_common import AwsConfig
-from kplan.launcher.providers.aws_storage import S3Storage
 from kplan.launcher.state import EventRecord, StateDB
-from tests.aws_server import PROFILE, REGION, SECRET_KEY, MotoAws, fake_credentials
+from tests.aws_server import BUCKET, REGION, SECRET_KEY, MotoAws, fake_credentials, moto_backend
 
-BUCKET = "kplan-controller-node"
 ZONE = "us-east-1a"
 SPOT = 0.45
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoAws]:
-    server = MotoAws()
-    with pytest.MonkeyPatch.context() as env:
-        fake_credentials(env)
-        server.instance_profile()
-        server.client("s3").create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
-
-
-def _backend(moto: MotoAws) -> Backend:
-    config = AwsConfig(
-        region=REGION,
-        endpoint_url=moto.url,
-        instance_profile=PROFILE,
-        image_id="ami-12c6146b",
-        placement_groups=False,  # moto 5.2.1 does not implement placement groups
-        backoff_s=0.0,
-        poll_s=0.05,
-        cleanup_timeout_s=5.0,
-    )
-    return Backend(AwsProvider(config), S3Storage(f"s3://{BUCKET}/jobs", config))
 
 
 def _spec(tmp_path: Path) -> JobSpec:
@@ -100,7 +70,7 @@ def test_the_controller_instance_is_created_runs_the_job_and_is_billed_once(
 ) -> None:
     fake_credentials(monkeypatch)
     monkeypatch.setenv("KPLAN_AWS_SUBNET", "subnet-0abc")  # forwarded: a name, not a secret
-    backend = _backend(moto)
+    backend = moto_backend(moto)
     spec = _spec(tmp_path)
     job = spec.job_id
     site = choose_site(spec, None)
