@@ -142,3 +142,19 @@ def test_controller_without_detach_is_one_line_and_exit_2(tmp_path: Path) -> Non
     args = ["launch", str(SCRIPT), "--nodes", "1", "--controller", "instance", "--dry-run"]
     out = runner.invoke(app, args, env={"KPLAN_HOME": str(tmp_path)})
     assert out.exit_code == 2 and "add --detach" in out.stderr
+
+
+def test_the_first_check_counts_the_controller_instance() -> None:
+    """A budget that pays for the nodes until the first check but not for the controller
+    instance beside them stops the launch: the guard counts the controller."""
+    from kplan.launcher.dryrun import first_check
+    from kplan.launcher.ledger import billing_for
+
+    spec = _spec("aws", "us-east-1")
+    site = choose_site(spec, None)
+    nodes_only = first_check(spec, billing_for("aws"))
+    with_ctl = first_check(spec, billing_for("aws"), [site.usd_per_hour])
+    assert with_ctl.projected_usd > nodes_only.projected_usd
+    tight = replace(spec, budget_usd=(nodes_only.projected_usd + with_ctl.projected_usd) / 2)
+    assert not first_check(tight, billing_for("aws")).stop
+    assert first_check(tight, billing_for("aws"), [site.usd_per_hour]).stop
