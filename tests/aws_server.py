@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import logging
 import urllib.request
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from kplan.launcher.providers import Backend
+    from kplan.launcher.providers.aws_common import AwsConfig
 
 REGION = "us-east-1"
 ZONE = "us-east-1a"
@@ -19,6 +25,7 @@ ACCESS_KEY = "testing-access-key-4c1d9e"
 SECRET_KEY = "testing-secret-key-8a7f2b6e0d"
 SESSION_TOKEN = "testing-session-token-31f0c5a9"
 PROFILE = "kplan-test-node"
+BUCKET = "kplan-moto-jobs"  # the job bucket of the `moto` fixture (tests/conftest.py)
 
 
 def fake_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,3 +126,44 @@ class MotoAws:
         groups = [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
         volumes = [v["VolumeId"] for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
         return {"instances": alive, "security_groups": groups, "volumes": volumes}
+
+
+def moto_config(server: MotoAws) -> AwsConfig:
+    """The aws provider's settings against ``server``: the test instance profile, a fixed AMI,
+    no placement groups (moto 5.2.1 has none), no backoff and short polls."""
+    from kplan.launcher.providers.aws_common import AwsConfig
+
+    return AwsConfig(
+        region=REGION,
+        endpoint_url=server.url,
+        instance_profile=PROFILE,
+        image_id="ami-12c6146b",
+        placement_groups=False,
+        backoff_s=0.0,
+        poll_s=0.05,
+        cleanup_timeout_s=5.0,
+    )
+
+
+def moto_backend(server: MotoAws) -> Backend:
+    """The aws provider and ``s3://BUCKET/jobs`` against ``server``."""
+    from kplan.launcher.providers import Backend
+    from kplan.launcher.providers.aws import AwsProvider
+    from kplan.launcher.providers.aws_storage import S3Storage
+
+    config = moto_config(server)
+    return Backend(AwsProvider(config), S3Storage(f"s3://{BUCKET}/jobs", config))
+
+
+@contextmanager
+def moto_server() -> Iterator[MotoAws]:
+    """A fresh moto server with the nodes' instance profile and the job bucket :data:`BUCKET`."""
+    server = MotoAws()
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            fake_credentials(env)
+            server.instance_profile()
+            server.client("s3").create_bucket(Bucket=BUCKET)
+        yield server
+    finally:
+        server.stop()

@@ -149,3 +149,43 @@ def test_a_killed_controller_is_restarted_and_the_job_finishes(tmp_path: Path) -
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         kill_leftovers(home)
+
+
+def test_a_controller_node_runs_a_local_job_to_its_end_after_the_launcher_exited(
+    tmp_path: Path,
+) -> None:
+    """``--controller instance`` on the local provider: the controller is a local instance
+    (node rank -1) started as the nodes are; the launching process returns at once, the job
+    succeeds, the controller instance is billed once and ends with its job, nothing is left."""
+    home = tmp_path / "home"
+    try:
+        launch = _kplan(
+            home, "launch", str(SCRIPT), "--nodes", "2", "--check-interval", "1",
+            "--detach", "--controller", "instance", "--json", "--", "--epochs", "1",
+        )  # fmt: skip
+        assert launch.returncode == 0, launch.stderr
+        doc = json.loads(launch.stdout)
+        job, ctl = doc["job_id"], doc["controller_instance"]
+        assert doc["instance_type"] == "local" and doc["usd_per_hour"] == 0.0
+        assert instance_pids(home), "the controller instance runs once the launcher has exited"
+        status = json.loads(_kplan(home, "status", job, "--json").stdout)
+        deadline = time.monotonic() + 240
+        while status["status"] not in ("succeeded", "failed", "stopped", "error", "cancelled"):
+            assert time.monotonic() < deadline, status["status"]
+            time.sleep(2)
+            status = json.loads(_kplan(home, "status", job, "--json").stdout)
+        assert status["status"] == "succeeded", status["reason"]
+        ranks = {i["id"]: (i["node_rank"], i["state"]) for i in status["instances"]}
+        assert ranks[ctl] == (-1, "terminated")
+        assert sorted(r for r, _ in ranks.values()) == [-1, 0, 1]
+        billed = [r["instance"] for r in status["ledger"]]
+        assert sorted(billed) == sorted(ranks) and all(r["closed"] for r in status["ledger"])
+        logs = _kplan(home, "logs", job)
+        assert "==> controller.log <==" in logs.stdout and "controller detached" in logs.stdout
+        for _ in range(100):  # the controller's process ends once it recorded the end
+            if not instance_pids(home):
+                break
+            time.sleep(0.2)
+        assert not instance_pids(home)
+    finally:
+        kill_leftovers(home)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -30,23 +30,11 @@ from kplan.launcher.providers.aws import AwsProvider
 from kplan.launcher.providers.aws_common import AwsConfig
 from kplan.launcher.providers.aws_storage import S3Storage
 from kplan.launcher.state import EventRecord
-from tests.aws_server import PROFILE, REGION, MotoAws, fake_credentials
+from tests.aws_server import BUCKET, REGION, MotoAws, fake_credentials, moto_config
 from tests.test_controller_restart import Death, KillDB, Killed, KillJournal
 
-BUCKET = "kplan-controller"
 ZONE = "us-east-1a"
 SPOT = 0.45
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoAws]:
-    server = MotoAws()
-    with pytest.MonkeyPatch.context() as env:
-        fake_credentials(env)
-        server.instance_profile()
-        server.client("s3").create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
 
 
 class DyingAws(AwsProvider):
@@ -95,19 +83,6 @@ class DyingS3(S3Storage):
         super().delete_prefix(prefix)
 
 
-def _config(moto: MotoAws) -> AwsConfig:
-    return AwsConfig(
-        region=REGION,
-        endpoint_url=moto.url,
-        instance_profile=PROFILE,
-        image_id="ami-12c6146b",
-        placement_groups=False,  # moto 5.2.1 does not implement placement groups
-        backoff_s=0.0,
-        poll_s=0.05,
-        cleanup_timeout_s=5.0,
-    )
-
-
 def _spec(tmp_path: Path) -> JobSpec:
     script = tmp_path / "job" / "train.py"
     script.parent.mkdir(exist_ok=True)
@@ -142,7 +117,7 @@ def test_a_controller_killed_during_a_replacement_is_restarted(
     moto: MotoAws, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, stage: str
 ) -> None:
     fake_credentials(monkeypatch)
-    config = _config(moto)
+    config = moto_config(moto)
     death = Death()
     spec = _spec(tmp_path)
     job = spec.job_id

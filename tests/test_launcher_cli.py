@@ -77,7 +77,10 @@ def test_dry_run_sends_nothing(
     expected = ["storage.put_bytes"] * 2 + ["provider.prepare", "provider.run_instances"]
     assert calls[:4] == expected
     assert doc["requests"][1]["key"].endswith("/code/kplan-0.1.0-py3-none-any.whl")
-    launched = [i for r in doc["requests"][3:] for i in r["instances"]]
+    # a cloud job detaches by default: its controller instance first (controller_node.py)
+    (ctl,) = doc["requests"][3]["instances"]
+    assert (ctl["node_rank"], ctl["market"]) == (-1, "on-demand") and doc["controller"]
+    launched = [i for r in doc["requests"][4:] for i in r["instances"]]
     assert len(launched) == chosen["nodes"]
     assert {i["instance_type"] for i in launched} == {chosen["instance_type"]}
     assert all(i["market"] == "spot" for i in launched)

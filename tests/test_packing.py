@@ -39,7 +39,7 @@ from kplan.launcher.state import EventRecord, StateDB
 from kplan.launcher.storage import LocalStorage
 from kplan.planner.catalog import Billing
 from tests import launcher_fakes
-from tests.aws_server import PROFILE, REGION, ZONE, MotoAws, fake_credentials
+from tests.aws_server import BUCKET, REGION, ZONE, MotoAws, fake_credentials, moto_backend
 from tests.launcher_fakes import SimProvider, fast_dir
 
 runner = CliRunner()
@@ -482,33 +482,12 @@ def test_a_job_the_guard_refuses_uploads_nothing_through_run_job(tmp_path: Path)
 
 # --- acceptance: an AWS job through the real boto3 client and a moto server -----------------
 
-BUCKET = "kplan-packing"
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoAws]:
-    server = MotoAws()
-    with pytest.MonkeyPatch.context() as env:
-        fake_credentials(env)
-        server.instance_profile()
-        server.client("s3").create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
-
 
 def test_the_uploaded_code_object_holds_no_secret(
     moto: MotoAws, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kplan.launcher.providers.aws import AwsProvider
-    from kplan.launcher.providers.aws_common import AwsConfig
-    from kplan.launcher.providers.aws_storage import S3Storage
-
     fake_credentials(monkeypatch)
-    config = AwsConfig(
-        region=REGION, endpoint_url=moto.url, instance_profile=PROFILE, image_id="ami-12c6146b",
-        placement_groups=False, backoff_s=0.0, poll_s=0.05, cleanup_timeout_s=5.0,
-    )  # fmt: skip
-    backend = Backend(AwsProvider(config), S3Storage(f"s3://{BUCKET}/jobs", config))
+    backend = moto_backend(moto)
     script = _project(tmp_path)
     spec = JobSpec.build(
         job_id=new_job_id(), cloud="aws", region=REGION, script=str(script),

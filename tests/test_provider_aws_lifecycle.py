@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,49 +19,24 @@ from kplan.launcher.down import down_job
 from kplan.launcher.jobspec import JobSpec, NodeSpec, new_job_id
 from kplan.launcher.lifecycle import run_job
 from kplan.launcher.providers import Backend, ProviderSettings, get_backend
-from kplan.launcher.providers.aws import AwsProvider
-from kplan.launcher.providers.aws_common import AwsConfig
-from kplan.launcher.providers.aws_storage import S3Storage
 from kplan.launcher.state import EventRecord, StateDB
 from tests.aws_server import (
     ACCESS_KEY,
-    PROFILE,
+    BUCKET,
     REGION,
     SECRET_KEY,
     SESSION_TOKEN,
     ZONE,
     MotoAws,
     fake_credentials,
+    moto_backend,
 )
-
-BUCKET = "kplan-acceptance"
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoAws]:
-    server = MotoAws()
-    with pytest.MonkeyPatch.context() as env:
-        fake_credentials(env)
-        server.instance_profile()
-        server.client("s3").create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
 
 
 @pytest.fixture
 def backend(moto: MotoAws, monkeypatch: pytest.MonkeyPatch) -> Backend:
     fake_credentials(monkeypatch)
-    config = AwsConfig(
-        region=REGION,
-        endpoint_url=moto.url,
-        instance_profile=PROFILE,
-        image_id="ami-12c6146b",
-        placement_groups=False,  # moto 5.2.1 does not implement placement groups
-        backoff_s=0.0,
-        poll_s=0.05,
-        cleanup_timeout_s=5.0,
-    )
-    return Backend(AwsProvider(config), S3Storage(f"s3://{BUCKET}/jobs", config))
+    return moto_backend(moto)
 
 
 def job(tmp_path: Path) -> JobSpec:

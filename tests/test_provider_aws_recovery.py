@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,9 @@ from kplan.launcher.clock import SystemClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, new_job_id
 from kplan.launcher.lifecycle import JobOutcome, run_job
 from kplan.launcher.providers import Backend
-from kplan.launcher.providers.aws import AwsProvider
-from kplan.launcher.providers.aws_common import AwsConfig
-from kplan.launcher.providers.aws_storage import S3Storage
 from kplan.launcher.state import EventRecord, StateDB
-from tests.aws_server import PROFILE, REGION, MotoAws, fake_credentials
+from tests.aws_server import REGION, MotoAws, fake_credentials, moto_backend
 
-BUCKET = "kplan-recovery"
 ZONE_A, ZONE_B = "us-east-1a", "us-east-1b"
 SPOT, ON_DEMAND = 0.45, 1.01
 
@@ -46,17 +42,6 @@ class Capacity:
     def set(self, *pairs: tuple[str, str]) -> None:
         with self.lock:
             self.out = set(pairs)
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoAws]:
-    server = MotoAws()
-    with pytest.MonkeyPatch.context() as env:
-        fake_credentials(env)
-        server.instance_profile()
-        server.client("s3").create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -89,17 +74,7 @@ def capacity(monkeypatch: pytest.MonkeyPatch) -> Capacity:
 @pytest.fixture
 def backend(moto: MotoAws, monkeypatch: pytest.MonkeyPatch) -> Backend:
     fake_credentials(monkeypatch)
-    config = AwsConfig(
-        region=REGION,
-        endpoint_url=moto.url,
-        instance_profile=PROFILE,
-        image_id="ami-12c6146b",
-        placement_groups=False,  # moto 5.2.1 does not implement placement groups
-        backoff_s=0.0,
-        poll_s=0.05,
-        cleanup_timeout_s=5.0,
-    )
-    return Backend(AwsProvider(config), S3Storage(f"s3://{BUCKET}/jobs", config))
+    return moto_backend(moto)
 
 
 def _job(tmp_path: Path, **kw: Any) -> JobSpec:

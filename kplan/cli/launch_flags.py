@@ -611,9 +611,31 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         False,
         typer.Option(
             "--detach",
-            help="Start the job's controller (recovery, guard, ledger, teardown) as its own "
-            "process and return at once with the job id; the shell may exit. `kplan controller "
-            "JOB` restarts a controller that died.",
+            help="Run the job's controller (recovery, guard, ledger, teardown) away from this "
+            "command and return at once with the job id; the shell may exit. The default for "
+            "cloud jobs (see --controller). `kplan controller JOB` restarts one that died.",
+        ),
+    ),
+    Flag(
+        "foreground",
+        bool,
+        False,
+        typer.Option(
+            "--foreground",
+            "--no-detach",
+            help="Keep the job's controller in this command until the job ends (the default "
+            "for local jobs); Ctrl-C stops the job.",
+        ),
+    ),
+    Flag(
+        "controller",
+        str | None,
+        None,
+        typer.Option(
+            "--controller",
+            help="Where a detached job's controller runs: `instance` (its own small on-demand "
+            "instance, priced from the catalog and billed in the ledger; the default for cloud "
+            "jobs) or `here` (a daemon on this machine; the default for local jobs).",
         ),
     ),
     Flag(

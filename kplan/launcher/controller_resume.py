@@ -31,9 +31,10 @@ from dataclasses import replace
 from kplan.core.errors import InputError
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.controller import ControllerDoc, read_controller, this_host
+from kplan.launcher.controller_node import is_controller
 from kplan.launcher.guard import Guard
 from kplan.launcher.jobspec import JobSpec
-from kplan.launcher.journal import Journal, JournalInstance, JournalLog, instance_doc
+from kplan.launcher.journal import Journal, JournalLog, instance_doc, instance_record
 from kplan.launcher.ledger import BillingRule, Ledger, billing_for
 from kplan.launcher.lifecycle import JobOutcome, JobRun, private_umask
 from kplan.launcher.nodes import UNPLACED
@@ -61,10 +62,12 @@ def resume_job(
     on_event: EventSink | None = None,
     journal: Journal | None = None,
     mode: str = "restarted",
+    own: str | None = None,
 ) -> JobOutcome:
     """Take over job ``job_id`` from its durable state and run it to its end (teardown
     included, as ``run_job``). ``mode``: how this controller was started (``detached`` for
-    ``kplan launch --detach``'s, ``restarted`` for ``kplan controller``)."""
+    ``kplan launch --detach``'s, ``restarted`` for ``kplan controller``); ``own``: the name of
+    the controller instance this runs on (kplan/launcher/controller_node.py), if any."""
     clock = clock or SystemClock()
     journal = journal or Journal.for_job(db.path.parent, job_id)
     row = db.job(job_id)
@@ -86,6 +89,7 @@ def resume_job(
     with private_umask():
         run = _Resumed(spec, backend, db, clock, billing, on_event, journal)
         run.mode = mode
+        run.own_name = own
         return run.resume(row, doc)
 
 
@@ -206,7 +210,8 @@ class _Resumed(JobRun):
         for j in log.instances.values():
             rec = self.records.get(j.id)
             if rec is None:  # created, but the database write was lost
-                self._record_new(self._from_journal(j), end=j.gone_at, journal=False)
+                rec = instance_record(j, self.spec.job_id, self.spec.cloud, self.spec.region)
+                self._record_new(rec, end=j.gone_at, journal=False)
             elif rec.alive and j.gone_at is not None:  # seen gone, the database write lost
                 ended = replace(rec, state=j.state or "terminated", ended_at=j.gone_at)
                 self.records[rec.id] = ended
@@ -215,7 +220,9 @@ class _Resumed(JobRun):
             index = _launch_index(name)
             if index is not None:
                 self.launches[index[0]] = max(self.launches.get(index[0], 0), index[1] + 1)
-        self.requested = bool(self.records or log.intents)
+        # a controller instance alone (kplan/launcher/controller_node.py) asked for no node yet
+        nodes = [r for r in self.records.values() if not is_controller(r.node_rank)]
+        self.requested = bool(nodes or any(_launch_index(n) for n in log.intents))
         if not self.requested:
             return "start"
         found = self.provider.query_instances(self.spec.job_id)
@@ -250,13 +257,19 @@ class _Resumed(JobRun):
         finished."""
         newest: dict[int, tuple[int, float, str]] = {}
         for rec in self.records.values():
+            if is_controller(rec.node_rank):
+                continue  # not a node: ended by `kplan down`, or by itself with the job
             index = _launch_index(rec.name)
             key = (index[1] if index else -1, rec.launched_at, rec.id)
             if rec.node_rank not in newest or key > newest[rec.node_rank]:
                 newest[rec.node_rank] = key
         self.current = {rank: key[2] for rank, key in newest.items()}
-        superseded = [
-            r.id for r in self.records.values() if r.alive and self.current[r.node_rank] != r.id
+        superseded = [  # and a dead controller's instance, unless this controller runs on it
+            r.id
+            for r in self.records.values()
+            if r.alive
+            and not self._own(r)
+            and (is_controller(r.node_rank) or self.current[r.node_rank] != r.id)
         ]
         if superseded:
             self.terminating.update(superseded)
@@ -293,23 +306,6 @@ class _Resumed(JobRun):
             self.ledger.open(rec)
             if end is not None:
                 self.ledger.close(rec, end)
-
-    def _from_journal(self, j: JournalInstance) -> InstanceRecord:
-        s = self.spec
-        return InstanceRecord(
-            id=j.id,
-            job=s.job_id,
-            name=j.name,
-            node_rank=j.node_rank,
-            cloud=s.cloud,
-            region=s.region,
-            zone=j.zone,
-            type=j.type,
-            market=j.market,
-            price=j.price,
-            state=j.state or "running",
-            launched_at=j.launched_at,
-        )
 
     def _from_cloud(self, inst: Instance, asked_at: float) -> InstanceRecord:
         """An instance whose request the journal has (at ``asked_at``) but not its answer:

@@ -33,12 +33,13 @@ from kplan.launcher.journal import (
     FOLDER,
     Journal,
     JournalInstance,
+    instance_record,
     read_journal,
 )
 from kplan.launcher.ledger import Ledger, billing_for
 from kplan.launcher.provider import ClusterSpec, Instance
 from kplan.launcher.providers import Backend
-from kplan.launcher.state import GONE_STATES, InstanceRecord, JobRecord, StateDB
+from kplan.launcher.state import GONE_STATES, JobRecord, StateDB
 from kplan.launcher.storage import Storage
 from kplan.launcher.summary import launcher_alive
 
@@ -210,7 +211,14 @@ def _settle(
         rows = {i.id: i for i in db.instances(job_id)}
         for j in known.values():
             if j.id not in rows:  # the launcher's database write failed after it was created
-                rec = _from_journal(job, j)
+                rec = instance_record(
+                    j,
+                    job.id,
+                    job.cloud,
+                    job.region,
+                    ended_at=j.gone_at,
+                    reason="recorded from the launch journal",
+                )
                 db.add_instance(rec)
                 ledger.open(rec)
                 rows[rec.id] = rec
@@ -266,25 +274,6 @@ def _outcome(
     shown = sorted({f"{i.state} ({i.reason})" if i.reason else i.state for i in found})
     what = ", ".join(shown) if shown else "no instance"
     return "error", f"its launcher was gone; the cloud shows {what}"
-
-
-def _from_journal(job: JobRecord, j: JournalInstance) -> InstanceRecord:
-    return InstanceRecord(
-        id=j.id,
-        job=job.id,
-        name=j.name,
-        node_rank=j.node_rank,
-        cloud=job.cloud,
-        region=job.region,
-        zone=j.zone,
-        type=j.type,
-        market=j.market,
-        price=j.price,
-        state=j.state or "running",
-        launched_at=j.launched_at,
-        ended_at=j.gone_at,
-        reason="recorded from the launch journal",
-    )
 
 
 def forget_job(job_id: str, backend: Backend, db: StateDB, clock: Clock) -> float:

@@ -16,6 +16,7 @@ The answer is a :class:`DryRun` record: the terminal view reads its requests and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from kplan.launcher.bootstrap import (
     rendezvous,
     wheel_upload,
 )
+from kplan.launcher.controller_node import ControllerSite, controller_spec
 from kplan.launcher.guard import Decision, Guard
 from kplan.launcher.hardstop import cap_seconds, outlives_s, worst_case_usd
 from kplan.launcher.jobspec import JobSpec
@@ -94,6 +96,34 @@ Request = CodePut | WheelPut | Prepare | RunInstances
 
 
 @dataclass(frozen=True)
+class ControllerCost:
+    """Where a detached job's controller runs and what it adds to the job's cost: its price
+    (the catalog's, with the source) times the plan's hours (None: the plan has none)."""
+
+    where: str  # "instance" or "here"
+    reason: str
+    instance_type: str | None
+    usd_per_hour: float
+    price_source: str | None
+    predicted_hours: float | None
+    predicted_usd: float | None
+
+
+def controller_cost(spec: JobSpec, site: ControllerSite) -> ControllerCost:
+    hours = spec.predicted.hours
+    offer = site.offer
+    return ControllerCost(
+        where=site.where,
+        reason=site.reason,
+        instance_type=None if offer is None else offer.instance_type,
+        usd_per_hour=site.usd_per_hour,
+        price_source=None if offer is None else offer.source,
+        predicted_hours=hours,
+        predicted_usd=None if hours is None else hours * site.usd_per_hour,
+    )
+
+
+@dataclass(frozen=True)
 class DryRun:
     """What ``kplan launch --dry-run`` found: the requests, in order, and the guard's answer."""
 
@@ -115,6 +145,7 @@ class DryRun:
     max_run_s: int | None = None
     worst_case_usd: float = 0.0
     outlives_s: float = 0.0  # how long a node runs on after the last renewal it saw, at most
+    controller: ControllerCost | None = None  # a detached job's controller (None: foreground)
 
     def to_dict(self) -> dict[str, object]:
         """The ``--json`` document (the code lists every file, and the secrets left out)."""
@@ -137,19 +168,26 @@ class DryRun:
                 "worst_case_usd": self.worst_case_usd,
                 "outlives_s": self.outlives_s,
             },
+            "controller": None if self.controller is None else asdict(self.controller),
         }
 
 
-def first_check(spec: JobSpec, billing: BillingRule) -> Decision:
+def first_check(spec: JobSpec, billing: BillingRule, extra: Sequence[float] = ()) -> Decision:
     """What the guard says before anything starts: can the budget pay for the whole cluster
-    until the first check plus teardown, its boot disks, and the data's egress (``run_job`` asks
-    the same before it uploads)."""
+    (and ``extra``: a controller instance's price) until the first check plus teardown, its
+    boot disks, and the data's egress (``run_job`` asks the same before it uploads)."""
     guard = Guard(spec.budget_usd, None, spec.horizon_s, billing, spec.costs.disk_usd_node_h)
-    return guard.check(spec.costs.egress_usd, [], 0.0, [n.usd_per_hour for n in spec.nodes])
+    return guard.check(
+        spec.costs.egress_usd, [], 0.0, [*(n.usd_per_hour for n in spec.nodes), *extra]
+    )
 
 
-def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
-    """The requests, in order, and what the guard would allow (nothing is sent)."""
+def dry_run(
+    spec: JobSpec, storage_uri: str, billing: BillingRule, site: ControllerSite | None = None
+) -> DryRun:
+    """The requests, in order, and what the guard would allow (nothing is sent). ``site``: a
+    detached job's controller; on an instance, its request comes before the nodes' and its
+    price is in the guard's first check and in ``controller``."""
     requests: list[Request] = []
     code: PackedCode | None = None
     if spec.cloud != "local":  # local runs the script in place: nothing is uploaded
@@ -161,6 +199,14 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
     requests.append(Prepare(cluster_spec(spec, storage_uri)))
     head = spec.nodes[0]
     deadline = None if spec.deadline_h is None else spec.deadline_h * 3600
+    on_instance = site is not None and site.where == "instance"
+    extra = [site.usd_per_hour] if site is not None and on_instance else []
+    if site is not None and on_instance:
+        ctl_cap = cap_seconds(spec, 0.0, [], extra, 0.0, deadline)
+        if ctl_cap is not None:
+            ctl_cap += int(spec.timing.grace_s + spec.timing.teardown_s)
+        ctl = controller_spec(spec, site, storage_uri, {}, ctl_cap)  # no forwarded settings
+        requests.append(RunInstances((ctl,)))
     cap = cap_seconds(spec, 0.0, [], [n.usd_per_hour for n in spec.nodes], 0.0, deadline)
     head_spec = instance_spec(
         spec, head, instance_name(spec.job_id, 0, 0), rendezvous(spec, 0, None), storage_uri, cap
@@ -179,7 +225,7 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
     )
     if rest:
         requests.append(RunInstances(rest))
-    first = first_check(spec, billing)
+    first = first_check(spec, billing, extra)
     per_hour = spec.usd_per_hour
     return DryRun(
         job=spec.job_id,
@@ -198,4 +244,5 @@ def dry_run(spec: JobSpec, storage_uri: str, billing: BillingRule) -> DryRun:
         max_run_s=head_spec.max_run_s,
         worst_case_usd=worst_case_usd(spec),
         outlives_s=outlives_s(spec),
+        controller=None if site is None else controller_cost(spec, site),
     )

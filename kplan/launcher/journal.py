@@ -137,6 +137,37 @@ def instance_doc(rec: InstanceRecord) -> InstanceDoc:
     }
 
 
+def instance_record(
+    j: JournalInstance,
+    job_id: str,
+    cloud: str,
+    region: str,
+    *,
+    ended_at: float | None = None,
+    reason: str | None = None,
+) -> InstanceRecord:
+    """The state database's record of an instance the journal knows of (a restarted
+    controller or ``kplan down`` adds it when the database write that should have was lost)."""
+    from kplan.launcher.state import InstanceRecord
+
+    return InstanceRecord(
+        id=j.id,
+        job=job_id,
+        name=j.name,
+        node_rank=j.node_rank,
+        cloud=cloud,
+        region=region,
+        zone=j.zone,
+        type=j.type,
+        market=j.market,
+        price=j.price,
+        state=j.state or "running",
+        launched_at=j.launched_at,
+        ended_at=ended_at,
+        reason=reason,
+    )
+
+
 @dataclass(frozen=True)
 class JournalJob:
     """The ``job`` line: where the job runs."""

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 
 from kplan.core.errors import KplanError
 from kplan.launcher.clock import Clock, SystemClock
@@ -210,6 +211,7 @@ class JobRun(ChangingRun):
             self._safe("status error", lambda: self._status("error", why))
             self._safe("event error", lambda: self._event("error", teardown_error.message))
             raise teardown_error
+        self._end_own()
         self._settle_records()
         self._safe("storage row", lambda: self.ledger.close_job(self.clock.now()))
         recorded = self._safe("final status", lambda: self._status(status, reason))
@@ -220,6 +222,7 @@ class JobRun(ChangingRun):
                 status, f"{status}: {reason}; spent ${spend:,.4f}", {"spend_usd": spend}
             ),
         )
+        self._terminate_own()
         if error is not None:
             raise error
         if not recorded:
@@ -236,6 +239,25 @@ class JobRun(ChangingRun):
             self.clock.now() - self.started,
             self.preemptions,
         )
+
+    def _end_own(self) -> None:
+        """The nodes are gone: close the ledger row of the controller instance this runs on
+        (kplan/launcher/controller_node.py) now; it ends itself right after."""
+        now = self.clock.now()
+        for rec in list(self.records.values()):
+            if rec.alive and self._own(rec):
+                ended = replace(rec, state="terminated", ended_at=now, reason="ended with its job")
+                self.records[rec.id] = ended
+                self._journal_safe("gone", id=rec.id, state="terminated")
+                self._safe(f"end of {rec.id}", partial(self._record_end, ended, now))
+
+    def _terminate_own(self) -> None:
+        """A cloud controller instance ends itself once the job's end is recorded (its
+        bootstrap powers it off too; a local one ends when this process exits)."""
+        own = [r.id for r in self.records.values() if self._own(r)]
+        if own and self.spec.cloud != "local":
+            with contextlib.suppress(Exception):
+                self.provider.terminate_instances(own)
 
     def _monitor(self) -> tuple[str, str]:
         while True:

@@ -19,6 +19,7 @@ from kplan.launcher.bootstrap import (
     rendezvous,
     status_key,
 )
+from kplan.launcher.controller_node import code_in_storage, ship_code
 from kplan.launcher.hardstop import cap_seconds
 from kplan.launcher.jobspec import NodeSpec, place
 from kplan.launcher.journal import instance_doc
@@ -44,25 +45,19 @@ class NodeRun(TeardownRun):
         self.refusals: list[CloudError] = []  # why the last _launch_rank found no place
 
     def _prepare(self) -> None:
-        if self.spec.cloud != "local":
-            from pathlib import Path
-
-            from kplan.launcher.packing import pack_code
-
-            code = pack_code(Path(self.spec.script))
-            self.storage.put_bytes(job_key(self.spec.job_id, CODE_KEY), code.data)
+        code_key = job_key(self.spec.job_id, CODE_KEY)
+        if self.spec.cloud != "local" and code_in_storage(
+            self.spec.script,
+            list(self.storage.list_keys(job_key(self.spec.job_id, "code/"))),
+            code_key,
+        ):
             self._event(
                 "code",
-                f"uploaded the code: {len(code.files):,} file(s), {code.total_bytes:,} bytes "
-                f"({code.archive_bytes:,} packed); left out {len(code.skipped_secrets)} "
-                "secret-looking path(s)",
-                {"files": len(code.files), "skipped_secrets": list(code.skipped_secrets)},
+                "the code and kplan's wheel are in the job's storage (uploaded by the launcher)",
             )
-            from kplan.launcher.bootstrap import ship_wheel
-
-            shipped = ship_wheel(self.spec, self.storage)  # the kplan the nodes install
-            if shipped is not None:
-                self._event("code", shipped)
+        elif self.spec.cloud != "local":
+            for message, data in ship_code(self.spec, self.storage):
+                self._event("code", message, data or None)
         self.storage.delete_prefix(job_key(self.spec.job_id, "status/"))
         self.provider.prepare(self.cluster)
         self._event("prepare", f"prepared {place(self.spec.cloud, self.spec.region)}")

@@ -142,6 +142,12 @@ class RunState:
         self.progress_mark: tuple[int, int, int] | None = None
         self.progress_at = self.started
         self.adapter = Adapter(spec, self.storage, self._event, self.started)
+        # The controller instance this controller runs on (kplan/launcher/controller_node.py):
+        # billed and counted by the guard, but neither observed as a node nor ended by teardown.
+        self.own_name: str | None = None
+
+    def _own(self, rec: InstanceRecord | Instance) -> bool:
+        return self.own_name is not None and rec.name == self.own_name
 
     def _event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         now = self.clock.now()
@@ -166,7 +172,7 @@ class RunState:
         now = self.clock.now()
         self._read_status()
         for rec in list(self.records.values()):
-            if not rec.alive:
+            if not rec.alive or self._own(rec):
                 continue
             inst = found.get(rec.id)
             if inst is not None and inst.private_ip:
@@ -190,7 +196,11 @@ class RunState:
             self._record_end(ended, now)
             self._ended(ended, now)
         for inst in found.values():  # tagged with the job but not ours: never leave it running
-            if inst.state not in GONE_STATES and inst.id not in self.records:
+            if (
+                inst.state not in GONE_STATES
+                and inst.id not in self.records
+                and not self._own(inst)
+            ):
                 self._adopt(inst)
                 self._event("stray", f"terminating {inst.id}: not launched by this run")
                 self.terminating.add(inst.id)

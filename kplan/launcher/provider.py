@@ -26,6 +26,7 @@ INSTANCE_STATES: tuple[InstanceState, ...] = (
 TAG_JOB = "kplan-job"  # tag/label key carrying the job id on every resource
 TAG_NODE = "kplan-node"  # node rank of the worker group on this instance
 TAG_MANAGED = "kplan-managed"  # always "true": what `kplan down --all` looks for
+CONTROLLER_RANK = -1  # the node rank of a job's controller instance (launcher/controller_node.py)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ class TeardownRun(RunState):
         poll = min(self.spec.timing.check_interval_s, 5.0)
         limit = self.clock.now() + self.spec.timing.grace_s + self.spec.timing.teardown_s
         stop = _Stopping(status, reason)
-        known = sorted(r.id for r in self.records.values() if r.alive)
+        known = sorted(r.id for r in self.records.values() if r.alive and not self._own(r))
         if known:  # before any query: an instance the cloud does not list yet is still ended
             try:
                 self._terminate(known, stop)
@@ -105,11 +105,12 @@ class TeardownRun(RunState):
             except Exception as err:  # terminate from memory regardless
                 stop.last_error = err
             if found is not None:
+                found = [i for i in found if not self._own(i)]
                 for inst in found:
                     if inst.state not in GONE_STATES and inst.id not in self.records:
                         self._adopt_safe(inst)
                 self._see_gone({i.id: i for i in found})
-            ids = sorted(r.id for r in self.records.values() if r.alive)
+            ids = sorted(r.id for r in self.records.values() if r.alive and not self._own(r))
             todo = [i for i in ids if i not in stop.asked]
             if found is not None:  # a stopped VM still exists (GCP TERMINATED: its disk bills)
                 todo += [i.id for i in found if i.state in GONE_STATES and i.id not in stop.asked]
@@ -158,7 +159,9 @@ class TeardownRun(RunState):
         try:
             self.provider.cleanup(self.cluster)
         except CloudError as err:
-            if not self.requested:  # job-wide rules/groups only, free; `kplan down` retries
+            # job-wide rules/groups only, free; `kplan down` retries. A controller on its own
+            # instance (controller_node.py) still uses them: they go after it, with `kplan down`.
+            if not self.requested or self.own_name is not None:
                 self._journal_safe("note", what=f"cleanup failed: {err.message}")
                 what = f"cleanup of job-wide resources failed: {err.message}"
                 self._safe("event cleanup", partial(self._event, "cleanup", what))
@@ -181,7 +184,7 @@ class TeardownRun(RunState):
         now = self.clock.now()
         self.listed.update(found)
         for rec in list(self.records.values()):
-            if not rec.alive:
+            if not rec.alive or self._own(rec):
                 continue
             inst = found.get(rec.id)
             if inst is not None and inst.state not in GONE_STATES:

@@ -296,15 +296,29 @@ def node_requirements() -> tuple[str, ...]:
     """pip requirements for a node: kplan's dependencies and its ``torch`` extra, each pinned
     to the version the launcher runs (``name==X``), or as kplan declares it when the launcher
     does not have it (a planner-only install has no torch)."""
+    fallback = ["numpy>=1.26", "scipy>=1.11", "typer>=0.12", "rich>=13", "torch>=2.3"]
+    return _pinned(_NODE_EXTRAS, fallback, base=True)
+
+
+def sdk_requirements(cloud: str) -> tuple[str, ...]:
+    """The cloud SDK a controller node runs the job's provider with (kplan's ``aws`` / ``gcp``
+    extra), pinned to the launcher's versions as :func:`node_requirements` pins."""
+    fallback = {"aws": ["boto3>=1.34"], "gcp": ["google-cloud-compute>=1.57,<2"]}.get(cloud, [])
+    fallback = [f'{r}; extra == "{cloud}"' for r in fallback]
+    return _pinned((cloud,), fallback, base=False)
+
+
+def _pinned(extras: tuple[str, ...], fallback: list[str], *, base: bool) -> tuple[str, ...]:
+    """kplan's declared requirements of ``extras`` (and, ``base``, its own), pinned."""
     try:
         declared = importlib.metadata.requires("kplan") or []
     except importlib.metadata.PackageNotFoundError:
-        declared = ["numpy>=1.26", "scipy>=1.11", "typer>=0.12", "rich>=13", "torch>=2.3"]
+        declared = fallback
     out: list[str] = []
     for req in declared:
         spec, _, marker = req.partition(";")
         extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
-        if extra is not None and extra.group(1) not in _NODE_EXTRAS:
+        if (extra is None and not base) or (extra is not None and extra.group(1) not in extras):
             continue
         match = _NAME.match(spec)
         if match is None:

@@ -9,6 +9,7 @@ in the foreground with its live view. ``kplan status``, ``logs`` and ``down`` ar
 from __future__ import annotations
 
 import json
+import os
 import signal
 from dataclasses import asdict
 from types import FrameType
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from kplan.app.controlling import Detached
     from kplan.catalogs.images import ImagePython
     from kplan.cli.render.live import Started
+    from kplan.launcher.controller_node import ControllerSite
     from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.providers import Backend
     from kplan.launcher.providers.aws import AwsTarget
@@ -36,10 +38,12 @@ _LAUNCH_HELP = (
     "(several --cloud/--region: the search picks among them). --cloud local (the default) runs "
     "--nodes worker groups on this machine, free unless --price; --budget is needed only for a "
     "cost. "
-    "The job's controller stays in the foreground: it replaces preempted spot instances, "
-    "accrues the ledger, stops the job (with a checkpoint) before the budget or the deadline "
-    "would be crossed, and always tears down. --detach runs it as its own process instead and "
-    "returns at once (follow the job with `kplan status/logs/down/report JOB`)."
+    "The job's controller replaces preempted spot instances, accrues the ledger, stops the job "
+    "(with a checkpoint) before the budget or the deadline would be crossed, and always tears "
+    "down. A cloud job is detached by default: its controller runs on a small instance of its "
+    "own (--controller), the command returns at once and the laptop may close (follow the job "
+    "with `kplan status/logs/down/report JOB`); --foreground keeps it in this command. A local "
+    "job's controller stays in the foreground unless --detach."
 )
 _CONTROLLER_HELP = (
     "Run (restart) the controller of a launched job whose controller died, from its durable "
@@ -79,10 +83,36 @@ def launch_command(**given: Any) -> None:
     _say_if_plain(spec, as_json or quiet)
     if spec.cloud != "local" and not (as_json or quiet):
         typer.echo(f"image: {_image(spec).summary()}")
+    site = _site(spec, _detach(spec, given), given["controller"])
+    if site is not None and not (as_json or quiet):
+        typer.echo(site.summary())
     if given["dry_run"]:  # offline: no provider, no cloud SDK, no credentials (placeholders)
-        _dry_run(spec, as_json)
+        _dry_run(spec, as_json, site)
         return
-    _start(spec, as_json, quiet, explore=bool(given["explore"]), detach=bool(given["detach"]))
+    _start(spec, as_json, quiet, explore=bool(given["explore"]), site=site)
+
+
+def _detach(spec: JobSpec, given: dict[str, Any]) -> bool:
+    """--detach, --foreground, else the default: cloud jobs detach, local jobs do not."""
+    if given["detach"] and given["foreground"]:
+        raise InputError("--detach and --foreground contradict", hint="give one of them")
+    if given["detach"] or given["foreground"]:
+        return bool(given["detach"])
+    return spec.cloud != "local"
+
+
+def _site(spec: JobSpec, detach: bool, asked: str | None) -> ControllerSite | None:
+    """Where the detached job's controller runs (None: in the foreground, here)."""
+    from kplan.launcher.controller_node import choose_site
+
+    if not detach:
+        if asked is not None:
+            raise InputError(
+                f"--controller {asked} places a detached job's controller",
+                hint="add --detach, or drop --controller",
+            )
+        return None
+    return choose_site(spec, asked)
 
 
 def _image(spec: JobSpec) -> ImagePython:
@@ -110,7 +140,7 @@ def _say_if_plain(spec: JobSpec, silent: bool) -> None:
         typer.echo(f"note: {PLAIN_NOTE}")
 
 
-def _dry_run(spec: JobSpec, as_json: bool) -> None:
+def _dry_run(spec: JobSpec, as_json: bool, site: ControllerSite | None) -> None:
     from kplan.launcher.dryrun import dry_run as plan_requests
     from kplan.launcher.ledger import billing_for
 
@@ -120,7 +150,7 @@ def _dry_run(spec: JobSpec, as_json: bool) -> None:
         if cloud is None
         else cloud
     )
-    run = plan_requests(spec, target["storage_uri"], billing_for(spec.cloud))
+    run = plan_requests(spec, target["storage_uri"], billing_for(spec.cloud), site)
     if as_json:
         image = None if cloud is None else _image_doc(spec)
         typer.echo(json.dumps({**run.to_dict(), "target": target, "image": image}, indent=1))
@@ -132,7 +162,9 @@ def _dry_run(spec: JobSpec, as_json: bool) -> None:
         _echo_target(spec.cloud, cloud)
 
 
-def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool, detach: bool) -> None:
+def _start(
+    spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool, site: ControllerSite | None
+) -> None:
     from kplan.core.extras import require_extra, require_torch
     from kplan.launcher.dryrun import first_check
     from kplan.launcher.ledger import billing_for
@@ -143,13 +175,21 @@ def _start(spec: JobSpec, as_json: bool, quiet: bool, *, explore: bool, detach: 
         require_extra("launch --explore", "fit")  # its Bayesian optimisation runs here
     backend = _backend(spec.cloud, spec.region, spec.storage_uri)  # checks credentials first
     # Only the guard's answer: the code is packed once, by run_job, after the guard agrees.
-    first = first_check(spec, billing_for(spec.cloud))
+    extra = [] if site is None or site.usd_per_hour == 0 else [site.usd_per_hour]
+    first = first_check(spec, billing_for(spec.cloud), extra)
     if first.stop:
         raise InputError(
             f"--budget {spec.budget_usd:g} cannot start this cluster: {first.message}",
             hint=f"the cluster costs ${spec.usd_per_hour:,.2f}/h; raise --budget",
         )
-    if detach:
+    if site is not None and site.where == "instance":
+        from kplan.app.controller_instance import start_on_instance
+
+        with _db() as db:
+            iid = start_on_instance(spec, backend, db, site)
+            _echo_on_instance(spec.job_id, iid, site, as_json)
+        return
+    if site is not None:
         from kplan.app.controlling import start_detached
 
         with _db() as db:
@@ -168,6 +208,27 @@ def _echo_detached(started: Detached, as_json: bool) -> None:
         f"{started.controller_pid}, log {started.log})"
     )
     for line in started.commands():
+        typer.echo(f"  {line}")
+
+
+def _echo_on_instance(job_id: str, iid: str, site: ControllerSite, as_json: bool) -> None:
+    from kplan.app.controlling import Detached
+
+    commands = Detached(job_id, 0, "").commands()[:-1]
+    if as_json:
+        offer = site.offer
+        doc = {
+            "job_id": job_id,
+            "controller_instance": iid,
+            "instance_type": None if offer is None else offer.instance_type,
+            "usd_per_hour": site.usd_per_hour,
+            "reason": site.reason,
+            "commands": commands,
+        }
+        typer.echo(json.dumps(doc, indent=1))
+        return
+    typer.echo(f"job {job_id} started; its controller runs on instance {iid}")
+    for line in commands:
         typer.echo(f"  {line}")
 
 
@@ -219,7 +280,14 @@ def controller_command(
                 )
             _echo_detached(detach_controller(db, job_id, cloud), as_json)
             return
-    _run(_resumed_spec(job_id, backend), backend, as_json, quiet, resume=mode)
+    from kplan.launcher.controller_node import OWN_ENV
+
+    own = os.environ.get(OWN_ENV) or None  # set on a controller node (controller_node.py)
+    if own is not None:
+        from kplan.app.controller_instance import wait_for_own
+
+        wait_for_own(backend.storage, job_id, own)
+    _run(_resumed_spec(job_id, backend), backend, as_json, quiet, resume=mode, own=own)
 
 
 def _resumed_spec(job_id: str, backend: Backend) -> JobSpec:
@@ -286,7 +354,12 @@ def _echo_target(cloud: str, target: AwsTarget | GcpTarget) -> None:
 
 
 def _run(
-    spec: JobSpec, backend: Backend, as_json: bool, quiet: bool = False, resume: str | None = None
+    spec: JobSpec,
+    backend: Backend,
+    as_json: bool,
+    quiet: bool = False,
+    resume: str | None = None,
+    own: str | None = None,
 ) -> None:
     """Run the job in the foreground; progress goes to a live panel (a terminal), plain lines
     (a file or pipe), JSON lines (``--json``) or nowhere (``--quiet``), then the summary.
@@ -312,7 +385,7 @@ def _run(
                 outcome = (
                     run_job(spec, backend, db, on_event=sink)
                     if resume is None
-                    else resume_job(spec.job_id, backend, db, on_event=sink, mode=resume)
+                    else resume_job(spec.job_id, backend, db, on_event=sink, mode=resume, own=own)
                 )
         finally:
             view.close()

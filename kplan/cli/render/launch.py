@@ -72,6 +72,7 @@ def render_dry_run(run: DryRun) -> None:
         + f"; guard: {safe(run.guard)}"
     )
     _hard_stop_line(console, run)
+    _controller_line(console, run)
     for note in run.price_notes:
         console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
 
@@ -90,6 +91,23 @@ def _hard_stop_line(console: Console, run: DryRun) -> None:
         f"hard stop: lease {minutes:g} min{cap}; if every kplan process dies the job costs at "
         f"most {_money(run.worst_case_usd)} (budget + {run.outlives_s / 60:g} min of this "
         "cluster: the lease and the watchdog's polls)",
+        highlight=False,
+    )
+
+
+def _controller_line(console: Console, run: DryRun) -> None:
+    """A detached job's controller: where, its price and source, and its cost over the plan."""
+    c = run.controller
+    if c is None or c.where != "instance" or c.instance_type is None:
+        return
+    over = (
+        "the plan gives no hours to price it over"
+        if c.predicted_usd is None or c.predicted_hours is None
+        else f"{_money(c.predicted_usd)} over the plan's {_hours(c.predicted_hours)}"
+    )
+    console.print(
+        f"controller: {safe(c.instance_type)} on-demand {_money(c.usd_per_hour)}/h ({over}; "
+        f"price: {safe(c.price_source)}); billed in the ledger and counted by the guard",
         highlight=False,
     )
 

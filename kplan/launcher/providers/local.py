@@ -45,7 +45,13 @@ from typing import cast
 from urllib.parse import unquote, urlparse
 
 from kplan.core.errors import CapacityError, CloudError, InputError
-from kplan.launcher.provider import ClusterSpec, Instance, InstanceSpec, InstanceState
+from kplan.launcher.provider import (
+    CONTROLLER_RANK,
+    ClusterSpec,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+)
 from kplan.launcher.providers import Backend, ProviderSettings
 from kplan.launcher.providers import local_procs as procs
 from kplan.launcher.providers.local_agent import (
@@ -336,7 +342,7 @@ class LocalProvider:
             )
         if not spec.user_data.strip():
             raise InputError(f"instance {spec.name!r} has an empty user_data", "give it a command")
-        if spec.node_rank < 0:
+        if spec.node_rank < 0 and spec.node_rank != CONTROLLER_RANK:
             raise InputError(f"instance {spec.name!r} has node_rank {spec.node_rank}", "use >= 0")
         bad = [k for k in spec.env if not k or "=" in k or "\0" in k + spec.env[k]]
         if bad:
