@@ -1,6 +1,6 @@
 """``kplan launch``: run a plan and keep it alive within its budget and deadline.
 
-The command parses its flags (``kplan/cli/launch_flags.py``: ``LAUNCH_FLAGS``), calls
+The command parses its flags (``kplan/cli/launch_options.py``: ``LAUNCH_FLAGS``), calls
 ``kplan.app.launching.build_spec`` for the job, and renders: a dry run's requests, or the job run
 in the foreground with its live view. ``kplan status``, ``logs`` and ``down`` are in
 ``kplan/cli/commands/jobs.py``.
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 import typer
 
 from kplan.cli.commands.jobs import _backend, _db, _home
-from kplan.cli.launch_flags import LAUNCH_FLAGS, launch_request, takes_flags
+from kplan.cli.launch_flags import launch_request
+from kplan.cli.launch_options import LAUNCH_FLAGS, takes_flags
 from kplan.core.errors import InputError, JobError
 
 if TYPE_CHECKING:
