@@ -259,3 +259,45 @@ def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
         assert db.job("kp-state-1") is None
         db.create_job(_job())  # the next write works
         assert db.job("kp-state-1") is not None
+
+
+# A process other than the test asks for a write lock on SQLite's shared-lock bytes of the file
+# (os.c: PENDING_BYTE 0x40000000, SHARED_FIRST two bytes on, SHARED_SIZE 510).
+_PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 510, 0x40000000 + 2, 0)
+    print("free")
+except OSError:
+    print("held")
+"""
+
+
+def _shared_lock(path: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_a_second_open_in_one_process_keeps_the_first_connections_locks(tmp_path: Path) -> None:
+    """An open WAL connection holds a shared lock on the file; closing any descriptor of the file
+    in the same process drops it (POSIX), and then another process's last connection takes the
+    exclusive lock, checkpoints and deletes the WAL under the living one: three detached jobs
+    corrupted kplan.db that way ("Page 11 is never used"). A second ``StateDB.open`` (a
+    controller's, a live view's) must not read the header with a descriptor of its own."""
+    path = tmp_path / "kplan.db"
+    with StateDB.open(path) as first:
+        first.create_job(_job())
+        assert _shared_lock(path) == "held"  # the probe sees the first connection's lock
+        with StateDB.open(path) as second:
+            assert second.job("kp-state-1") is not None
+            assert _shared_lock(path) == "held"
+        assert _shared_lock(path) == "held"
+        assert first.job("kp-state-1") is not None
+    assert _shared_lock(path) == "free"  # no connection left: the probe can take it

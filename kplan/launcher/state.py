@@ -23,7 +23,7 @@ from typing import Any
 from kplan.core.errors import InputError
 from kplan.core.paths import kplan_home
 from kplan.launcher.clock import Clock, SystemClock
-from kplan.launcher.statecheck import StateError, check_state_file, open_readonly
+from kplan.launcher.statecheck import StateError, check_state_file, connected, open_readonly
 
 SCHEMA_VERSION = 2  # 2: ledger rows have a kind (issue 27)
 LAST_JOB = "last"  # names the most recently created job wherever a job id is taken
@@ -256,6 +256,7 @@ class StateDB:
                 path.parent.mkdir(mode=HOME_MODE, parents=True, exist_ok=True)
             _secure_db_file(path)
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            connected(path)  # a later open in this process must keep this connection's locks
         except (OSError, sqlite3.Error) as err:
             raise StateError(
                 f"cannot open the state database {path}: {err}",

@@ -21,6 +21,12 @@ from pathlib import Path
 from kplan.core.errors import InputError, KplanError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Files (device, inode) whose header this process has read. SQLite's POSIX locks belong to the
+# process, and closing ANY descriptor of the file drops them all (sqlite.org/howtocorrupt.html,
+# 2.2): once a connection may be open, the header is never read with a descriptor of our own
+# again, or a second ``StateDB.open`` in a process would release the first connection's locks
+# and let other processes' writers corrupt the file.
+_HEADER_READ: set[tuple[int, int]] = set()
 KPLAN_TABLES = frozenset({"jobs", "instances", "events", "ledger"})
 
 
@@ -74,6 +80,24 @@ def check_state_file(path: Path) -> None:
         raise StateFileError(f"the state database {path} is not a regular file", hint=_hint(path))
     if st.st_size == 0:
         return
+    if (st.st_dev, st.st_ino) not in _HEADER_READ:
+        _check_header(path)
+        _HEADER_READ.add((st.st_dev, st.st_ino))
+    _check_content(path)
+
+
+def connected(path: Path) -> None:
+    """Note that this process now holds a connection to ``path``: from here on its header is
+    not read with a descriptor of our own (``_HEADER_READ``)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _HEADER_READ.add((st.st_dev, st.st_ino))
+
+
+def _check_header(path: Path) -> None:
+    """The file starts with SQLite's magic (read before this process connects to it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
@@ -85,6 +109,10 @@ def check_state_file(path: Path) -> None:
         ) from None
     if head != SQLITE_MAGIC:
         raise StateFileError(f"{path} is not a kplan state database (not SQLite)", _hint(path))
+
+
+def _check_content(path: Path) -> None:
+    """kplan's tables (or none) and a passing ``quick_check``, through a read-only connection."""
     try:
         conn = connect_readonly(path)
     except sqlite3.OperationalError as err:  # cannot open: permissions, a vanished folder
@@ -120,6 +148,7 @@ def open_readonly(path: Path, schema: str) -> sqlite3.Connection:
     try:
         if path.is_file() and path.stat().st_size > 0:
             conn = connect_readonly(path)
+            connected(path)
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             if not names >= KPLAN_TABLES:
                 conn.close()
