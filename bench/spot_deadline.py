@@ -1,11 +1,12 @@
 """Deadline-safe spot plans judged by replays on the traces they were not fitted on.
 
 Leave one trace out: for each shared spot trace (Bamboo EC2 p3 and g4dn autoscaling groups;
-GCP A100 and V100 spot counts), the spot model is fitted on the other three pooled (one sample
-of every lifetime and loss event; the regimes' spread measured between the 2-hour blocks of all
-three traces taken as one market, so the differences between markets widen the band: a market
-the model never saw). Jobs of 1 and 4 nodes, a few lengths and deadlines, are priced with that
-model by the planner's Monte-Carlo (``spotplan.simulate_rows``, the deadline rule of
+GCP A100 and V100 spot counts), the spot model is the other three, each fitted on its own
+trace, pooled as markets within clouds (``spotpool.pool_markets``: the held-out trace is a
+market the model never saw; ``--naive``: every lifetime and loss event of the three in one
+sample, the regimes measured between the 2-hour blocks of all three as one market). Jobs of 1
+and 4 nodes, a few lengths and deadlines, are priced with that model by the planner's
+Monte-Carlo (``spotplan.simulate_rows``, the deadline rule of
 kplan/planner/deadline.py), then replayed from random starts of the held-out trace
 (``spotsim.replay_many``, the launcher's rules) next to three baselines on the same starts:
 
@@ -25,7 +26,10 @@ hindsight, greedy and on demand, the share of replays above the plan's cost p90 
 mean against the plan's expected cost; the same two for the plan without a deadline (on-demand
 fallback, as today).
 
-Run: .venv/bin/python -m bench.spot_deadline [--runs 200] [--seed 0]
+``--own`` prices each trace with its own fit instead (in-sample: the market's own band, the
+floor for a model that never saw it); ``--flat`` drops the regimes of the model priced.
+
+Run: .venv/bin/python -m bench.spot_deadline [--runs 200] [--seed 0] [--naive | --own] [--flat]
 """
 
 from __future__ import annotations
@@ -96,7 +100,17 @@ def pooled_risk(others: list[SpotTrace], m: Market, markets: list[Market]) -> Sp
         )
         for t, o in zip(others, markets, strict=True)
     ]
-    return pool_markets(fitted, cloud=m.cloud, family=m.family)
+    return pool_markets(
+        fitted, cloud=m.cloud, family=m.family, blocks=[len(blocks(t)) for t in others]
+    )
+
+
+def own_risk(held: SpotTrace, m: Market, others: list[SpotTrace]) -> SpotRisk:
+    """The held-out trace's own fit (in-sample): how wide the market's own band is, the least
+    a model that never saw it can be expected to give."""
+    return fit_risk(
+        held, cloud=m.cloud, family=m.family, region="*", cloud_blocks=[blocks(u) for u in others]
+    )
 
 
 def naive_pooled_risk(others: list[SpotTrace], m: Market) -> SpotRisk:
@@ -359,6 +373,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--naive", action="store_true", help="pool the traces' events in one sample")
+    ap.add_argument(
+        "--own", action="store_true", help="price each trace with its own fit (in-sample)"
+    )
+    ap.add_argument("--flat", action="store_true", help="the model without its regimes")
     args = ap.parse_args()
     t0 = time.time()
     traces = {m.trace: simulating.load_trace(DATA / m.trace) for m in MARKETS}
@@ -370,12 +388,17 @@ def main() -> None:
     for m in MARKETS:
         held = traces[m.trace]
         others = [o for o in MARKETS if o is not m]
-        if args.naive:
+        if args.own:
+            risk = own_risk(held, m, [traces[o.trace] for o in others])
+        elif args.naive:
             risk = naive_pooled_risk([traces[o.trace] for o in others], m)
         else:
             risk = pooled_risk([traces[o.trace] for o in others], m, others)
+        if args.flat:
+            risk = replace(risk, rate_sigma=0.0, outage_sigma=0.0)
         print(
-            f"{m.family} model (pooled from the others): {risk.rate_per_hour:.3f}/node-h, rate "
+            f"{m.family} model ({'its own fit' if args.own else 'pooled from the others'}"
+            f"{', no regimes' if args.flat else ''}): {risk.rate_per_hour:.3f}/node-h, rate "
             f"sigma {risk.rate_sigma:.2f}, outage {risk.outage.prob:.2f} sigma "
             f"{risk.outage_sigma:.2f}"
         )

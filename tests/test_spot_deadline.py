@@ -13,7 +13,7 @@ import pytest
 from kplan.planner import deadline, spotsim
 from kplan.planner.plan import Plan
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
-from kplan.planner.spotpool import between, pool_markets
+from kplan.planner.spotpool import between, components, pool_markets, predict
 from kplan.planner.spottrace import synthetic_trace
 from tests.test_spotsim import BOTH, play, replays, trace
 
@@ -200,13 +200,43 @@ def test_pooled_markets_widen_the_band_of_an_unseen_market() -> None:
     both = pool_markets([calm, busy], cloud="aws", family="p3")
     sd_rate, sd_out = between([calm, busy])
     assert sd_rate == pytest.approx(math.log(5.0) / math.sqrt(2.0))
-    assert both.rate_sigma == pytest.approx(sd_rate)
-    assert both.outage_sigma == pytest.approx(sd_out)
-    # the population's mean rate: above the geometric mean of the two
-    assert both.rate_per_hour > math.sqrt(calm.rate_per_hour * busy.rate_per_hour)
+    # one cloud: the spread between its markets plus the uncertainty of their mean
+    s2 = sd_rate**2 * 1.5
+    assert both.rate_sigma == pytest.approx(math.sqrt(s2))
+    assert both.outage_sigma == pytest.approx(sd_out * math.sqrt(1.5))
+    # each run draws its market: the mean rate is the log-normal's, above the geometric mean
+    mid = math.sqrt(calm.rate_per_hour * busy.rate_per_hour)
+    assert both.rate_per_hour == pytest.approx(mid * math.exp(s2 / 2.0))
     assert both.outage.durations_h == (0.5, 1.0, 2.0)
+    # the noise of each market's mean (its regimes over few blocks) is not a market's spread
+    noisy = [replace(r, rate_sigma=0.8) for r in (calm, busy)]
+    few = pool_markets(noisy, cloud="aws", family="p3", blocks=[2, 2])
+    assert few.rate_sigma < pool_markets(noisy, cloud="aws", family="p3").rate_sigma
     with pytest.raises(ValueError):
         pool_markets([], cloud="aws", family="p3")
+    with pytest.raises(ValueError):
+        pool_markets([calm], cloud="aws", family="p3", blocks=[1, 2])
+
+
+def test_pooled_markets_tell_the_clouds_apart() -> None:
+    """Two calm GCP markets and two busy AWS ones: an unseen AWS market is priced near the
+    AWS pair (not the four's mean), with the spread within a cloud; an unseen cloud gets the
+    spread between clouds too."""
+    aws = [risk(1.0, h, 0.1, Outage(0.3, (0.5,), 1.0), f"aws{h}: x") for h in (1.0, 1.2)]
+    gcp = [
+        replace(risk(1.0, h, 0.1, Outage(0.3, (0.5,), 1.0), f"gcp{h}: x"), cloud="gcp")
+        for h in (8.0, 10.0)
+    ]
+    rates = [r.rate_per_hour for r in aws + gcp]
+    row = pool_markets(aws + gcp, cloud="aws", family="p3")
+    assert math.sqrt(rates[0] * rates[1]) * 0.9 < row.rate_per_hour < rates[0] * 1.1
+    tau_c2, tau_m2 = components([math.log(r) for r in rates], [0.0] * 4, ["aws"] * 2 + ["gcp"] * 2)
+    assert tau_m2 < 0.05 < tau_c2
+    other = pool_markets(aws + gcp, cloud="azure", family="nd")
+    assert other.rate_sigma > 3 * row.rate_sigma
+    m, s2 = predict([math.log(r) for r in rates], [0.0] * 4, ["aws"] * 2 + ["gcp"] * 2, "gcp")
+    assert math.exp(m) == pytest.approx(math.sqrt(rates[2] * rates[3]), rel=0.05)
+    assert s2 < tau_m2 + tau_c2
 
 
 def test_a_deadline_plan_is_priced_with_the_rule_and_says_so() -> None:

@@ -1,18 +1,33 @@
-"""A spot market the model never saw: the fitted markets pooled as draws of one population.
+"""A spot market the model never saw: the fitted markets as draws of a two-level population.
 
 Each fitted ``SpotRisk`` is one market (a pool of one cloud, type and zone over one period). A
-market not among them is taken as another draw from the same population (a random-effects
-model, fitted by the method of moments), so its band holds both the spread between periods of
-one market (each row's regimes) and the spread between markets:
+market not among them is another draw of the same population: a random-effects model with
+two levels, markets within clouds (log rate = grand mean + cloud effect + market effect), its
+variances fitted by the method of moments, each market one vote:
 
-- loss rate: the log of each market's rate (one over its mean life) is a draw of
-  ``N(mu, tau^2)`` (each market one vote, however many node-hours its trace holds); the new
-  market's rate is the population's mean ``exp(mu + tau^2 / 2)`` and its ``rate_sigma`` the
-  square root of the markets' mean ``rate_sigma**2`` plus ``tau^2`` (the regimes' multipliers
-  have mean 1, so the median draw stays near ``exp(mu)``);
-- outage chance: the same on the logit scale (``outage_sigma``); its durations are every
-  market's durations together; the Weibull shape, the co-loss and the region share are the
-  markets' means.
+- each market's log rate ``y_m`` (one over its mean life) is known up to the noise of a mean
+  over its trace's periods, ``v_m = rate_sigma_m^2 / blocks_m`` (its regimes are the spread
+  between ``blocks_m`` 2-hour blocks). That noise is taken out of the spread between markets
+  before it counts: otherwise the period variation, which every run already draws through the
+  regimes, would count twice (once in ``rate_sigma``, once in the between-market spread);
+- ``tau_m^2``: the spread between markets of one cloud (pooled over the clouds with two or
+  more markets) beyond that noise; ``tau_c^2``: the spread between the clouds' means beyond
+  what ``tau_m`` and the noise give them. With no cloud holding two markets the two levels
+  cannot be told apart and all of the spread is between markets;
+- the unseen market of a seen cloud: its cloud's mean shrunk toward the grand mean (the
+  weight ``tau_c^2 / (tau_c^2 + (tau_m^2 + v) / n)``), with the uncertainty of that estimate
+  plus ``tau_m^2``; of an unseen cloud: the grand mean, plus ``tau_c^2``. Its log rate is then
+  ``N(m, s^2)`` (the posterior predictive, normal);
+- each run draws its market and its period: the pooled row's ``rate_sigma`` is
+  ``sqrt(mean(rate_sigma_m^2) + s^2)`` and its ``rate_per_hour`` (the mean of the regimes'
+  mean-1 multiplier) ``exp(m + s^2 / 2)``, so the median run's rate is the predictive's median
+  market's median period, ``exp(m - mean(rate_sigma_m^2) / 2)``. Before, ``m`` was the plain
+  mean of the markets' log rates and ``s^2`` their spread with the noise in it, clouds not told
+  apart: a calm cloud's markets made a busy cloud's unseen market look calm and the reverse;
+- outage chance: the same model on the logit (its noise ``outage_sigma_m^2 / blocks_m``), the
+  median chance and ``outage_sigma = sqrt(mean(outage_sigma_m^2) + s^2)``; the durations are
+  every market's durations together; the Weibull shape, the co-loss and the region share are
+  the markets' means.
 
 With one market the pooled row is that market's; ``between`` says how wide the population is.
 """
@@ -36,7 +51,8 @@ def _logit(p: float) -> float:
 
 
 def between(risks: Sequence[SpotRisk]) -> tuple[float, float]:
-    """(sd of the log loss rate, sd of the outage logit) between the markets (n - 1)."""
+    """(sd of the log loss rate, sd of the outage logit) between the markets (n - 1), noise
+    and clouds not taken apart."""
     if len(risks) < 2:
         return 0.0, 0.0
     log_rate = np.log([r.rate_per_hour for r in risks])
@@ -44,37 +60,99 @@ def between(risks: Sequence[SpotRisk]) -> tuple[float, float]:
     return float(np.std(log_rate, ddof=1)), float(np.std(logit, ddof=1))
 
 
+def components(
+    y: Sequence[float], v: Sequence[float], clouds: Sequence[str]
+) -> tuple[float, float]:
+    """(tau_c^2, tau_m^2): the variance between clouds and between the markets of a cloud
+    (module docstring), method of moments, each ``y`` known up to its noise variance ``v``."""
+    groups = sorted(set(clouds))
+    idx = [[i for i, c in enumerate(clouds) if c == g] for g in groups]
+    df = sum(len(ix) - 1 for ix in idx)
+    if df == 0:  # no cloud with two markets: one level
+        if len(y) < 2:
+            return 0.0, 0.0
+        return 0.0, max(0.0, float(np.var(y, ddof=1)) - float(np.mean(v)))
+    within = sum(float(np.sum((np.take(y, ix) - np.mean(np.take(y, ix))) ** 2)) for ix in idx)
+    noise = float(np.mean([v[i] for ix in idx if len(ix) > 1 for i in ix]))
+    tau_m2 = max(0.0, within / df - noise)
+    if len(groups) < 2:
+        return 0.0, tau_m2
+    means = [float(np.mean(np.take(y, ix))) for ix in idx]
+    share = [(tau_m2 + float(np.mean(np.take(v, ix)))) / len(ix) for ix in idx]
+    return max(0.0, float(np.var(means, ddof=1)) - float(np.mean(share))), tau_m2
+
+
+def predict(
+    y: Sequence[float], v: Sequence[float], clouds: Sequence[str], cloud: str
+) -> tuple[float, float]:
+    """(m, s^2): the posterior predictive of an unseen market of ``cloud`` (normal)."""
+    tau_c2, tau_m2 = components(y, v, clouds)
+    groups = sorted(set(clouds))
+    idx = [[i for i, c in enumerate(clouds) if c == g] for g in groups]
+    means = np.array([float(np.mean(np.take(y, ix))) for ix in idx])
+    share = np.array([(tau_m2 + float(np.mean(np.take(v, ix)))) / len(ix) for ix in idx])
+    prec = tau_c2 + share
+    if np.all(prec > 0):
+        a, var_a = float(np.sum(means / prec) / np.sum(1 / prec)), float(1 / np.sum(1 / prec))
+    else:  # a cloud known without noise: the clouds' plain mean
+        a, var_a = float(np.mean(means)), 0.0
+    if cloud not in groups:
+        return a, var_a + tau_c2 + tau_m2
+    k = groups.index(cloud)
+    if tau_c2 + share[k] == 0:
+        return float(means[k]), tau_m2
+    w = tau_c2 / (tau_c2 + share[k])
+    m = a + w * (float(means[k]) - a)
+    return m, w * float(share[k]) + (1 - w) ** 2 * var_a + tau_m2
+
+
 def pool_markets(
-    risks: Sequence[SpotRisk], *, cloud: str, family: str, region: str = "*"
+    risks: Sequence[SpotRisk],
+    *,
+    cloud: str,
+    family: str,
+    region: str = "*",
+    blocks: Sequence[int] | None = None,
 ) -> SpotRisk:
-    """The row of an unseen market of the population ``risks`` stand for (module docstring)."""
+    """The row of an unseen market of ``cloud`` in the population ``risks`` stand for (module
+    docstring). ``blocks``: the number of 2-hour blocks each market's regimes were measured
+    on (its mean's noise); None: each market's mean taken as known."""
     if not risks:
         raise ValueError("pooling needs at least one fitted market")
+    if blocks is not None and len(blocks) != len(risks):
+        raise ValueError(f"{len(blocks)} block counts for {len(risks)} markets")
+    n = [max(1, b) for b in blocks] if blocks is not None else None
+    clouds = [r.cloud for r in risks]
+    rs2 = [r.rate_sigma**2 for r in risks]
+    os2 = [r.outage_sigma**2 for r in risks]
+    y = [math.log(r.rate_per_hour) for r in risks]
+    m, s2 = predict(
+        y, [a / b for a, b in zip(rs2, n, strict=True)] if n else [0.0] * len(y), clouds, cloud
+    )
+    lo = [_logit(r.outage.prob) for r in risks]
+    mo, so2 = predict(
+        lo, [a / b for a, b in zip(os2, n, strict=True)] if n else [0.0] * len(lo), clouds, cloud
+    )
     shape = float(np.mean([r.lifetime.shape for r in risks]))
-    sd_rate, sd_out = between(risks)
-    # the population's mean rate: exp(mu + tau^2 / 2) for log rates ~ N(mu, tau^2); the
-    # regimes' multipliers have mean 1, so the draws' median rate stays near exp(mu)
-    log_rate = float(np.mean(np.log([r.rate_per_hour for r in risks]))) + sd_rate**2 / 2.0
-    mean_life_h = math.exp(-log_rate)
-    scale = mean_life_h / math.gamma(1.0 + 1.0 / shape)
-    rate_sigma = math.sqrt(np.mean([r.rate_sigma**2 for r in risks]) + sd_rate**2)
-    outage_sigma = math.sqrt(np.mean([r.outage_sigma**2 for r in risks]) + sd_out**2)
-    p = 1.0 / (1.0 + math.exp(-float(np.mean([_logit(r.outage.prob) for r in risks]))))
+    mean_life_h = math.exp(-(m + s2 / 2.0))
+    rate_sigma = math.sqrt(float(np.mean(rs2)) + s2)
+    outage_sigma = math.sqrt(float(np.mean(os2)) + so2)
     durations = tuple(sorted(d for r in risks for d in r.outage.durations_h))
     names = "; ".join(r.source.split(":", 1)[0] for r in risks)
     source = (
-        f"{len(risks)} markets pooled as one population ({names}): mean life "
-        f"{mean_life_h:.2f} h (the population's mean rate), between markets sd {sd_rate:.2f} "
-        f"of the log rate and {sd_out:.2f} of the outage logit, added to the regimes"
+        f"{len(risks)} markets pooled as a population of markets within clouds ({names}): "
+        f"mean life {mean_life_h:.2f} h (the predictive's mean market), predictive sd "
+        f"{math.sqrt(s2):.2f} of the log rate and {math.sqrt(so2):.2f} of the outage logit "
+        f"(between markets and clouds, beyond the noise of each market's mean), with the regimes"
     )
     return SpotRisk(
         cloud=cloud,
         family=family,
         region=region,
-        lifetime=Weibull(shape, scale),
+        lifetime=Weibull(shape, mean_life_h / math.gamma(1.0 + 1.0 / shape)),
         co_loss=float(np.mean([r.co_loss for r in risks])),
         outage=Outage(
-            prob=p if durations else 0.0,
+            prob=1.0 / (1.0 + math.exp(-mo)) if durations else 0.0,
             durations_h=durations,
             region_prob=float(np.mean([r.outage.region_prob for r in risks])),
         ),
