@@ -490,8 +490,9 @@ def test_shipped_sigmas_are_the_held_out_ones() -> None:
     logo = [p for p in held_out(data, "gpu") if p.pair.cross_gpu]
     lomo = held_out(data, "model")
     shipped = load_device_model().sigma
-    assert shipped == fit_sigma(sigma_residuals(data))  # from one-precision profiles
-    assert shipped != fit_sigma(logo + lomo)  # not from the two-precision path's smaller errors
+    assert _refit_matches(fit_sigma(sigma_residuals(data)), shipped)  # one-precision profiles
+    # not from the two-precision path's smaller errors
+    assert not _refit_matches(fit_sigma(logo + lomo), shipped)
 
 
 @pytest.mark.skipif(not HAVE_DATA, reason="shared GPU data (../shared/data/gpu) not present")
@@ -499,7 +500,29 @@ def test_shipped_file_is_what_the_fit_script_writes() -> None:
     from scripts.fit_device_model import fit_document
 
     shipped = copy.deepcopy(load_device_model().to_dict())
-    assert json.loads(json.dumps(fit_document(load_dataset()))) == shipped
+    assert _refit_matches(json.loads(json.dumps(fit_document(load_dataset()))), shipped)
+
+
+def _refit_matches(refit: Any, shipped: Any) -> bool:
+    """``refit`` is ``shipped`` written again: the same keys, texts and structure, and every
+    number within 0.001 (the file rounds to 4 decimals): numpy and scipy releases (unpinned, a
+    fresh install takes the newest) move the fits and their held-out errors by up to 0.0005
+    (numpy 2.4.6 / scipy 1.17.1 against the versions that wrote the file). A real change of the
+    fit or the data moves them by more."""
+    if isinstance(refit, dict) and isinstance(shipped, dict):
+        return refit.keys() == shipped.keys() and all(
+            _refit_matches(refit[k], shipped[k]) for k in refit
+        )
+    if isinstance(refit, list) and isinstance(shipped, list):
+        return len(refit) == len(shipped) and all(
+            _refit_matches(a, b) for a, b in zip(refit, shipped, strict=True)
+        )
+    numbers = (int, float)
+    if isinstance(refit, numbers) and isinstance(shipped, numbers):
+        if isinstance(refit, bool) or isinstance(shipped, bool):
+            return refit is shipped
+        return math.isclose(refit, shipped, rel_tol=1e-6, abs_tol=1e-3)
+    return bool(refit == shipped)
 
 
 def test_gpu_catalog_reads_the_optional_tensor_columns(tmp_path: Path) -> None:
