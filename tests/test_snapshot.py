@@ -203,3 +203,52 @@ def test_s3_round_trip(moto: object, tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert sync(second, storage.storage, JOB) == (5, 470.0)
     assert {i.id for i in second.instances(JOB)} == {"i-0", "i-1"}
     assert second.spend(JOB) == pytest.approx(0.101)
+
+
+def test_status_and_report_merge_the_snapshot_from_the_jobs_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another machine's KPLAN_HOME holds only the job row; the controller's database is
+    another file; `kplan status`/`report` show its nodes and spend after the sync, and a
+    damaged snapshot is exit 2 with this database untouched."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from kplan.cli.commands.jobs import _storage_or_none
+    from kplan.cli.main import app
+    from kplan.launcher.jobspec import JobSpec
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
+    now = time.time()
+    with StateDB.open() as laptop:
+        laptop.create_job(
+            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
+        )
+        rec = laptop.job(JOB)
+    assert rec is not None
+    storage = _storage_or_none(rec)
+    remote = _controller_db(tmp_path / "controller.db")
+    remote.set_status(JOB, "running", now)
+    publish(remote, storage, JOB, 1, now - 40)
+    runner = CliRunner()
+    status = runner.invoke(app, ["status", JOB])
+    assert status.exit_code == 0, status.output
+    assert "controller state as of" in status.output
+    shown = runner.invoke(app, ["status", JOB, "--json"])
+    doc = json.loads(shown.output)
+    assert {i["id"] for i in doc["instances"]} == {"i-0", "i-1"}
+    report = runner.invoke(app, ["report", JOB])
+    assert report.exit_code == 0, report.output
+    assert "controller state as of" in report.output
+    with StateDB.open() as laptop:
+        assert laptop.spend(JOB) == pytest.approx(0.101)
+        before = (laptop.instances(JOB), laptop.ledger(JOB), laptop.events(JOB))
+    storage.put_bytes(snapshot_key(JOB), b"{damaged")
+    bad = runner.invoke(app, ["status", JOB])
+    assert bad.exit_code == 2
+    with StateDB.open() as laptop:
+        assert (laptop.instances(JOB), laptop.ledger(JOB), laptop.events(JOB)) == before
