@@ -119,7 +119,13 @@ def test_a_stale_snapshot_of_the_same_database_does_not_go_back(tmp_path: Path) 
     snap = build_snapshot(db, JOB, 1, 470.0)
     db.update_instance(JOB, "i-0", "terminated", ended_at=480.0)
     db.put_ledger(LedgerRow(JOB, "i-1", 100.0, 490.0, 390.0, 0.055, False))
-    assert merge_snapshot(db, snap)
+    assert not merge_snapshot(db, snap)  # written from this very database
+    other = StateDB.open(tmp_path / "other.db")
+    other.create_job(_job())
+    other.add_instance(replace(_node(0), state="terminated", ended_at=480.0))
+    other.put_ledger(LedgerRow(JOB, "i-1", 100.0, 490.0, 390.0, 0.055, False))
+    assert merge_snapshot(other, snap)
+    db = other
     assert {i.id: i.state for i in db.instances(JOB)}["i-0"] == "terminated"
     assert {r.instance: r.usd for r in db.ledger(JOB)}["i-1"] == 0.055
 

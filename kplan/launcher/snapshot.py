@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from kplan.core.errors import InputError
+from kplan.launcher.controller import this_host
 from kplan.launcher.state import (
     JOB_STATUSES,
     LEDGER_KINDS,
@@ -60,6 +62,7 @@ def build_snapshot(db: StateDB, job_id: str, seq: int, now: float) -> dict[str, 
         "job_id": job_id,
         "seq": int(seq),
         "written_at": float(now),
+        "source": _source(db),
         "job": asdict(job),
         "instances": [asdict(i) for i in db.instances(job_id)],
         "events": [
@@ -67,6 +70,11 @@ def build_snapshot(db: StateDB, job_id: str, seq: int, now: float) -> dict[str, 
         ],
         "ledger": [asdict(r) for r in db.ledger(job_id)],
     }
+
+
+def _source(db: StateDB) -> str:
+    """The writing database (host and path): a snapshot of this very database is not merged."""
+    return f"{this_host()}:{Path(db.path).resolve()}"
 
 
 def publish(db: StateDB, storage: Storage, job_id: str, seq: int, now: float) -> int:
@@ -138,8 +146,8 @@ def merge_snapshot(db: StateDB, snap: dict[str, Any]) -> bool:
     job_id = str(snap["job_id"])
     seq = int(snap["seq"])
     last = merged_seq(db, job_id)
-    if last is not None and seq <= last[0]:
-        return False
+    if (last is not None and seq <= last[0]) or snap.get("source") == _source(db):
+        return False  # not newer, or written from this database (the local provider)
     job = _job_record(snap["job"])
     with db.transaction():
         local = db.job(job_id)

@@ -217,6 +217,7 @@ def logs_command(
 
     if node is not None and not 0 <= node < 4096:
         raise InputError(f"--node {node} must be a node rank >= 0", hint="e.g. --node 0")
+    sync_job(job, time.time())  # the detached controller's events and nodes first
     with _db(readonly=True) as db:
         rec = _job_or_fail(db, job)
         job = rec.id
