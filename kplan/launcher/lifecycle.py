@@ -24,6 +24,7 @@ from kplan.launcher.journal import Journal
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.observe import EventSink, Finish
 from kplan.launcher.providers import Backend
+from kplan.launcher.snapshot import publish
 from kplan.launcher.state import InstanceRecord, JobRecord, StateDB, StateWriteError
 
 
@@ -81,6 +82,7 @@ class JobRun(ChangingRun):
     mode = "foreground"  # how its controller was started (controller.py: MODES)
     controller_since: float | None = None
     heartbeat_failing = False
+    snapshot_seq = 0  # the last published state snapshot's number (kplan/launcher/snapshot.py)
 
     def _tick(self) -> None:
         """One monitor check, then the controller's heartbeat (its durable state)."""
@@ -94,13 +96,17 @@ class JobRun(ChangingRun):
         return super()._launch(nodes)
 
     def heartbeat(self) -> None:
-        """Write ``<job>/controller.json`` (kplan/launcher/controller.py); a failed write is
+        """Write ``<job>/controller.json`` (kplan/launcher/controller.py) and the state snapshot
+        the read commands of other machines merge (kplan/launcher/snapshot.py); a failed write is
         an event once per run of failures (the job goes on: the state database has the rest)."""
         now = self.clock.now()
         if self.controller_since is None:
             self.controller_since = now
         try:
             write_controller(self.storage, self.controller_doc(now))
+            # grows across a restarted controller too: at least the clock in milliseconds
+            self.snapshot_seq = max(self.snapshot_seq + 1, int(now * 1000))
+            publish(self.db, self.storage, self.spec.job_id, self.snapshot_seq, now)
             self.heartbeat_failing = False
         except (OSError, KplanError) as err:
             if not self.heartbeat_failing:

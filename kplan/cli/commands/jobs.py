@@ -45,6 +45,19 @@ def _job_or_fail(db: StateDB, job_id: str) -> JobRecord:
     return rec
 
 
+def sync_job(job_id: str, now: float) -> str | None:
+    """Merge the job's controller state snapshot from its storage into this machine's database
+    (kplan/launcher/snapshot.py); the ``controller state as of ...`` line, or None without one.
+    A damaged or foreign snapshot is exit 2 before anything is merged."""
+    from kplan.launcher.snapshot import age_line, merged_seq, sync
+
+    with _db() as db:
+        rec = _job_or_fail(db, job_id)
+        storage = _storage_or_none(rec)
+        merged = merged_seq(db, rec.id) if storage is None else sync(db, storage, rec.id)
+    return age_line(merged, now)
+
+
 def status_command(
     job: Annotated[
         str | None,
@@ -74,6 +87,7 @@ def status_command(
     if job is not None:  # a prefix or `last` names one job for the whole watch
         with _db(readonly=True) as db:
             job = _job_or_fail(db, job).id
+    age = None if job is None else sync_job(job, time.time())
     if watch and not as_json and sys.stdout.isatty():
         _watch_live(job, interval)  # redrawn in place until the job ends (or Ctrl-C)
         return
@@ -96,6 +110,8 @@ def status_command(
                     typer.echo(json.dumps({**doc.to_dict(), "controller": state}, indent=1))
                 else:
                     render_job(doc)
+                    if age is not None:
+                        typer.echo(age)
                     if not rec.terminal:
                         typer.echo(_controller_line(rec.id, alive, doc.launcher))
                 finished = doc.status not in _ACTIVE or doc.launcher == "gone"
@@ -201,6 +217,7 @@ def logs_command(
 
     if node is not None and not 0 <= node < 4096:
         raise InputError(f"--node {node} must be a node rank >= 0", hint="e.g. --node 0")
+    sync_job(job, time.time())  # the detached controller's events and nodes first
     with _db(readonly=True) as db:
         rec = _job_or_fail(db, job)
         job = rec.id

@@ -71,7 +71,7 @@ def report_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    from kplan.cli.commands.jobs import _db, _job_or_fail
+    from kplan.cli.commands.jobs import _db, _job_or_fail, sync_job
 
     if (job is None) == (not all_jobs):
         raise InputError("give a job id or --all", hint="kplan report kp-... or kplan report --all")
@@ -90,6 +90,12 @@ def report_command(
 
         require_extra("report --html", "report")  # matplotlib draws the plots
         check_writable(html, "--html")
+    if job is not None:  # the detached controller's rows first (kplan/launcher/snapshot.py)
+        import time
+
+        age = sync_job(job, time.time())
+        if age is not None and not as_json:
+            typer.echo(age)
     with _db(readonly=True) as db:
         records = [_job_or_fail(db, job)] if job is not None else db.jobs()
         measured = (

@@ -1,0 +1,197 @@
+"""A job's durable state published to its storage, and merged into another machine's database.
+
+A detached job's controller runs on its own instance with its own state database; it writes
+``<job>/state/snapshot.json`` to the job's storage (local folder, S3 or GCS) as its rows change:
+the job row, its instances, events and ledger rows (with kinds), a format tag, a sequence number
+that grows with each write and the controller's clock time. ``put_bytes`` replaces the object
+whole (S3/GCS objects are atomic; the local folder writes a temporary file and renames it), so a
+reader sees one snapshot or the next, never a mix. The events kept are the last
+:data:`MAX_EVENTS`, so the size is bounded by the job's nodes and ledger rows.
+
+The read commands (``kplan status``/``report``/``logs``/``down``) pull it and merge it
+(:func:`merge_snapshot`) into their own database, idempotently: instances and ledger rows are
+upserted by primary key, a closed ledger row never changes (``StateDB.put_ledger``), neither an
+instance seen gone here nor an open ledger row accrued further here goes back, an event
+already held (same time, kind and message) is not added twice, a snapshot whose sequence number
+is not above the last merged one changes nothing, and the rows the local machine wrote itself
+(for example the controller instance's row and ledger row written by the laptop) are kept. The
+merged sequence number and the snapshot's time are recorded as a ``snapshot`` event, which is
+how ``status`` says how old the controller's state is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kplan.core.errors import InputError
+from kplan.launcher.controller import this_host
+from kplan.launcher.state import (
+    JOB_STATUSES,
+    LEDGER_KINDS,
+    InstanceRecord,
+    JobRecord,
+    LedgerRow,
+    StateDB,
+)
+from kplan.launcher.storage import Storage
+
+FORMAT = "kplan-state-snapshot/1"
+MAX_EVENTS = 500  # the newest events kept in a snapshot (bounded size)
+SNAPSHOT_EVENT = "snapshot"  # the event kind recording a merged snapshot (seq, written_at)
+_HINT = (
+    "the file under <job>/state/ was not written by this kplan's controller; check --storage "
+    "names the job's bucket, or delete the object and let the controller write it again"
+)
+
+
+def snapshot_key(job_id: str) -> str:
+    return f"{job_id}/state/snapshot.json"
+
+
+def build_snapshot(db: StateDB, job_id: str, seq: int, now: float) -> dict[str, Any]:
+    """The job's rows as a JSON-able mapping (``seq``: the writer's counter, ``written_at``)."""
+    job = db.job(job_id)
+    if job is None:
+        raise InputError(f"no job {job_id!r} in {db.path}", hint="run `kplan status` for the jobs")
+    events = [e for e in db.events(job_id) if e.kind != SNAPSHOT_EVENT][-MAX_EVENTS:]
+    return {
+        "format": FORMAT,
+        "job_id": job_id,
+        "seq": int(seq),
+        "written_at": float(now),
+        "source": _source(db),
+        "job": asdict(job),
+        "instances": [asdict(i) for i in db.instances(job_id)],
+        "events": [
+            {"time": e.time, "kind": e.kind, "message": e.message, "data": e.data} for e in events
+        ],
+        "ledger": [asdict(r) for r in db.ledger(job_id)],
+    }
+
+
+def _source(db: StateDB) -> str:
+    """The writing database (host and path): a snapshot of this very database is not merged."""
+    return f"{this_host()}:{Path(db.path).resolve()}"
+
+
+def publish(db: StateDB, storage: Storage, job_id: str, seq: int, now: float) -> int:
+    """Write the job's snapshot to ``storage`` whole; returns its size in bytes."""
+    data = json.dumps(build_snapshot(db, job_id, seq, now), sort_keys=True).encode()
+    storage.put_bytes(snapshot_key(job_id), data)
+    return len(data)
+
+
+def _bad(where: str, why: str) -> InputError:
+    return InputError(f"controller state snapshot {where} is unreadable: {why}", hint=_HINT)
+
+
+def parse_snapshot(data: bytes, job_id: str, where: str) -> dict[str, Any]:
+    """The snapshot's mapping, checked whole before anything is merged (InputError if not)."""
+    try:
+        snap = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise _bad(where, f"not JSON ({err})") from None
+    if not isinstance(snap, dict) or snap.get("format") != FORMAT:
+        got = snap.get("format") if isinstance(snap, dict) else type(snap).__name__
+        raise _bad(where, f"format {got!r}, expected {FORMAT!r}")
+    if snap.get("job_id") != job_id:
+        raise _bad(where, f"it is job {snap.get('job_id')!r}'s, not {job_id!r}'s")
+    try:
+        int(snap["seq"])
+        float(snap["written_at"])
+        _job_record(snap["job"])
+        [InstanceRecord(**i) for i in snap["instances"]]
+        [_ledger_row(r) for r in snap["ledger"]]
+        [(float(e["time"]), str(e["kind"]), str(e["message"])) for e in snap["events"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise _bad(where, f"a field is missing or of the wrong type ({err})") from None
+    return snap
+
+
+def pull(storage: Storage, job_id: str) -> dict[str, Any] | None:
+    """The job's published snapshot, checked; None when the controller has written none."""
+    data = storage.get_bytes(snapshot_key(job_id))
+    if data is None:
+        return None
+    return parse_snapshot(data, job_id, f"{storage.uri}/{snapshot_key(job_id)}")
+
+
+def _job_record(raw: dict[str, Any]) -> JobRecord:
+    job = JobRecord(**raw)
+    if job.status not in JOB_STATUSES:
+        raise ValueError(f"unknown job status {job.status!r}")
+    return job
+
+
+def _ledger_row(raw: dict[str, Any]) -> LedgerRow:
+    row = LedgerRow(**raw)
+    if row.kind not in LEDGER_KINDS:
+        raise ValueError(f"unknown ledger kind {row.kind!r}")
+    return row
+
+
+def merged_seq(db: StateDB, job_id: str) -> tuple[int, float] | None:
+    """The last merged snapshot's (seq, written_at), or None."""
+    for event in reversed(db.events(job_id)):
+        if event.kind == SNAPSHOT_EVENT and event.data is not None:
+            return int(event.data["seq"]), float(event.data["written_at"])
+    return None
+
+
+def merge_snapshot(db: StateDB, snap: dict[str, Any]) -> bool:
+    """Merge a parsed snapshot into ``db``; False when it is not newer than the last merged."""
+    job_id = str(snap["job_id"])
+    seq = int(snap["seq"])
+    last = merged_seq(db, job_id)
+    if (last is not None and seq <= last[0]) or snap.get("source") == _source(db):
+        return False  # not newer, or written from this database (the local provider)
+    job = _job_record(snap["job"])
+    with db.transaction():
+        local = db.job(job_id)
+        if local is None:
+            db.create_job(job)
+        elif job.updated_at >= local.updated_at:
+            db.set_status(job_id, job.status, job.updated_at, job.reason)
+        gone = {i.id for i in db.instances(job_id) if not i.alive}
+        for raw in snap["instances"]:
+            if raw["id"] not in gone:  # an instance seen gone here stays gone
+                db.add_instance(InstanceRecord(**raw))
+        accrued = {r.instance: r.end for r in db.ledger(job_id)}
+        for raw in snap["ledger"]:
+            row = _ledger_row(raw)
+            if row.end >= accrued.get(row.instance, row.end):  # never an older accrual
+                db.put_ledger(row)
+        held = {(e.time, e.kind, e.message) for e in db.events(job_id)}
+        for e in snap["events"]:
+            if (float(e["time"]), e["kind"], e["message"]) not in held:
+                db.add_event(job_id, float(e["time"]), e["kind"], e["message"], e["data"])
+        db.add_event(
+            job_id,
+            float(snap["written_at"]),
+            SNAPSHOT_EVENT,
+            f"merged controller state snapshot {seq}",
+            {"seq": seq, "written_at": float(snap["written_at"])},
+        )
+    return True
+
+
+def sync(db: StateDB, storage: Storage, job_id: str) -> tuple[int, float] | None:
+    """Pull and merge the job's snapshot; the merged (seq, written_at) now held, or None."""
+    snap = pull(storage, job_id)
+    if snap is not None:
+        merge_snapshot(db, snap)
+    return merged_seq(db, job_id)
+
+
+def age_line(merged: tuple[int, float] | None, now: float) -> str | None:
+    """``controller state as of 40 s ago`` (the snapshot's own clock against this one)."""
+    if merged is None:
+        return None
+    age = max(0.0, now - merged[1])
+    return (
+        f"controller state as of {age:.0f} s ago (snapshot {merged[0]}; the age is this "
+        "machine's clock minus the controller's, so it carries their clock difference)"
+    )
