@@ -258,3 +258,45 @@ def test_status_and_report_merge_the_snapshot_from_the_jobs_storage(
     assert bad.exit_code == 2
     with StateDB.open() as laptop:
         assert (laptop.instances(JOB), laptop.ledger(JOB), laptop.events(JOB)) == before
+
+
+def test_read_only_home_shows_the_snapshot_age_and_merges_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KPLAN_HOME this process cannot write (a read-only mount; here the writable open fails
+    as it does there): `kplan status JOB` still answers, says how old the controller's snapshot
+    is and that it was not merged, and the database is unchanged."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from kplan.cli.commands import jobs
+    from kplan.cli.main import app
+    from kplan.launcher.jobspec import JobSpec
+    from kplan.launcher.statecheck import StateError
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
+    now = time.time()
+    with StateDB.open() as laptop:
+        laptop.create_job(
+            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
+        )
+        rec = laptop.job(JOB)
+    assert rec is not None
+    publish(_controller_db(tmp_path / "controller.db"), jobs._storage_or_none(rec), JOB, 3, now)
+    real_db = jobs._db
+
+    def read_only_db(readonly: bool = False) -> StateDB:
+        if not readonly:
+            raise StateError("cannot open the state database for writing", hint="read-only")
+        return real_db(readonly=True)
+
+    monkeypatch.setattr(jobs, "_db", read_only_db)
+    status = CliRunner().invoke(app, ["status", JOB])
+    assert status.exit_code == 0, status.output
+    assert "snapshot 3" in status.output and "not merged" in status.output
+    with StateDB.open() as laptop:
+        assert laptop.instances(JOB) == [] and merged_seq(laptop, JOB) is None

@@ -49,13 +49,25 @@ def sync_job(job_id: str, now: float) -> str | None:
     """Merge the job's controller state snapshot from its storage into this machine's database
     (kplan/launcher/snapshot.py); the ``controller state as of ...`` line, or None without one.
     A damaged or foreign snapshot is exit 2 before anything is merged."""
-    from kplan.launcher.snapshot import age_line, merged_seq, sync
+    from kplan.launcher.snapshot import age_line, merged_seq, pull, sync
+    from kplan.launcher.statecheck import StateError
 
-    with _db() as db:
+    with _db(readonly=True) as db:  # a read-only KPLAN_HOME still shows what it holds
         rec = _job_or_fail(db, job_id)
         storage = _storage_or_none(rec)
-        merged = merged_seq(db, rec.id) if storage is None else sync(db, storage, rec.id)
-    return age_line(merged, now)
+        merged = merged_seq(db, rec.id)
+    if storage is None:
+        return age_line(merged, now)
+    try:
+        db = _db()
+    except StateError:  # cannot write here: say how old the snapshot is, merge nothing
+        snap = pull(storage, rec.id)
+        line = age_line(
+            None if snap is None else (int(snap["seq"]), float(snap["written_at"])), now
+        )
+        return None if line is None else f"{line}; not merged (the state database is read-only)"
+    with db:
+        return age_line(sync(db, storage, rec.id), now)
 
 
 def status_command(
