@@ -1,7 +1,8 @@
 """``kplan attach JOB --storage URI``: a second machine (an empty KPLAN_HOME of its own) follows a
 job from the controller's state snapshot alone, through LocalStorage and through S3 (moto): attach,
-status, report; attaching again, or a job already here, merges and never duplicates; a damaged,
-foreign or missing snapshot is exit 2 and writes nothing."""
+status, report, down (which ends the job's EC2 instances); attaching again, or a job already here,
+merges and never duplicates; a damaged, foreign or missing snapshot is exit 2 and writes nothing;
+``kplan down`` merges the latest snapshot first, best-effort."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from kplan.cli.main import app
 from kplan.launcher.jobspec import JobSpec, NodeSpec, new_job_id
 from kplan.launcher.snapshot import merged_seq, publish, snapshot_key
 from kplan.launcher.state import InstanceRecord, JobRecord, LedgerRow, StateDB
-from kplan.launcher.storage import LocalStorage
+from kplan.launcher.storage import LocalStorage, Storage
 
 
 def _row(spec: JobSpec, now: float) -> JobRecord:
@@ -212,12 +213,71 @@ def test_attach_refuses_a_uri_that_is_no_storage(tmp_path: Path) -> None:
     assert not (tmp_path / "h").exists()
 
 
-def test_s3_round_trip_attach_status_and_report(
+class _Unreachable:
+    """A job storage whose every call fails as a cloud's does when the network is down."""
+
+    uri = "s3://kplan-unreachable/jobs"
+
+    def _fail(self, *args: object) -> Any:
+        from kplan.core.errors import CloudError
+
+        raise CloudError("read s3://kplan-unreachable/jobs: could not connect", hint="network")
+
+    put_bytes = get_bytes = list_keys = delete_prefix = _fail
+
+
+def test_down_merges_the_latest_snapshot_first_and_goes_on_without_storage(
+    tmp_path: Path,
+) -> None:
+    """`kplan down` merges the controller's newest rows (its third node, which this database
+    never saw, is recorded as ended) and, when the storage cannot be reached, says so in one
+    line and ends the job all the same."""
+    from kplan.app.stopping import DownRequest, take_down
+    from kplan.launcher.down import DownResult
+    from kplan.launcher.providers import Backend
+    from kplan.launcher.providers.local import LocalProvider
+
+    now = time.time()
+    bucket = LocalStorage(tmp_path / "bucket")
+    spec = _local_job(tmp_path, bucket)
+    spec = replace(spec, nodes=(*spec.nodes, replace(spec.nodes[0], node_rank=2)))
+    job = spec.job_id
+    home = tmp_path / "home"
+    with StateDB.open(home / "kplan.db") as db:
+        db.create_job(replace(_row(spec, now), launcher_pid=None))
+    remote = _controller_db(tmp_path / "controller.db", spec, ["n-0", "n-1", "n-2"], now)
+    publish(remote, bucket, job, 5, now - 3)
+
+    def run(storage: Storage) -> DownResult:
+        def backend_for(cloud: str, region: str | None, uri: str | None) -> Backend:
+            return Backend(LocalProvider(home), storage)
+
+        results = take_down(
+            DownRequest(job, wait_s=0.0), lambda: StateDB.open(home / "kplan.db"), backend_for
+        )
+        assert isinstance(results, list)
+        return results[0]
+
+    unreachable = run(_Unreachable())  # type: ignore[arg-type]
+    assert unreachable.snapshot is not None
+    assert unreachable.snapshot.startswith("controller state snapshot not merged (read s3://")
+    assert unreachable.status is not None and unreachable.recorded
+    with StateDB.open(home / "kplan.db") as db:
+        db.set_status(job, "running", now)  # as it was, to take it down again with the bucket
+    merged = run(bucket)
+    assert merged.snapshot is not None and "controller state as of" in merged.snapshot
+    with StateDB.open(home / "kplan.db") as db:
+        rows = db.instances(job)
+        assert {i.id for i in rows} == {"n-0", "n-1", "n-2"}
+        assert not any(i.alive for i in rows) and all(r.closed for r in db.ledger(job))
+
+
+def test_s3_round_trip_attach_status_report_and_down_ends_the_instances(
     moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The controller's machine launched two spot nodes in EC2 (moto) and published its rows
     to S3; a second machine with an empty KPLAN_HOME and only credentials attaches the job,
-    sees its nodes and spend and reports it."""
+    sees its nodes and spend, reports it, and `kplan down` terminates the nodes in EC2."""
     from kplan.launcher.bootstrap import cluster_spec, instance_spec, rendezvous
     from tests.aws_server import BUCKET, REGION, ZONE, fake_credentials, moto_backend
 
@@ -264,3 +324,13 @@ def test_s3_round_trip_attach_status_and_report(
     report = runner.invoke(app, ["report", job])
     assert report.exit_code == 0, report.output
     assert "controller state as of" in report.output
+
+    down = runner.invoke(app, ["down", job, "--wait", "0"])
+    assert down.exit_code == 0, down.output
+    assert "controller state as of" in down.output and "terminated" in down.output
+    assert moto.leftovers(job) == {"instances": [], "security_groups": [], "volumes": []}
+    with StateDB.open(tmp_path / "second" / "kplan.db") as db:
+        rec = db.job(job)
+        assert rec is not None and rec.status == "cancelled"
+        assert {i.state for i in db.instances(job)} == {"terminated"}
+        assert all(r.closed for r in db.ledger(job))
