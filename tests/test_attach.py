@@ -334,3 +334,58 @@ def test_s3_round_trip_attach_status_report_and_down_ends_the_instances(
         assert rec is not None and rec.status == "cancelled"
         assert {i.state for i in db.instances(job)} == {"terminated"}
         assert all(r.closed for r in db.ledger(job))
+
+
+def test_gcs_round_trip_attach_status_and_down_ends_the_instances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through Cloud Storage and Compute Engine (the local servers): attach from
+    gs://, the nodes and spend in `status --json`, and `kplan down` deletes the job's VMs."""
+    from kplan.launcher.provider import TAG_JOB, ClusterSpec, InstanceSpec
+    from kplan.launcher.providers import ProviderSettings, get_backend
+    from tests.gcp_server import FakeCompute
+    from tests.gcs_server import FakeGCS
+
+    bucket, zone, t4 = "kplan-attach-bucket", "us-central1-a", "n1-standard-8+1xT4"
+    compute, gcs = FakeCompute(boot_delay_s=0.0), FakeGCS(bucket)
+    with compute.serve() as compute_url, gcs.serve() as gcs_url:
+        for var, value in (
+            ("KPLAN_GCP_PROJECT", "kplan-attach-1"),
+            ("KPLAN_GCP_ENDPOINT", compute_url),
+            ("KPLAN_GCS_ENDPOINT", gcs_url),
+            ("KPLAN_GCP_ANONYMOUS", "1"),
+        ):
+            monkeypatch.setenv(var, value)
+        uri = f"gs://{bucket}/jobs"
+        script = tmp_path / "train.py"
+        script.write_text("print('training')\n")
+        nodes = tuple(NodeSpec(r, t4, "spot", zone, gpus=1, usd_per_hour=0.16) for r in (0, 1))
+        spec = JobSpec.build(
+            job_id=new_job_id(), cloud="gcp", region="us-central1", script=str(script),
+            nodes=nodes, budget_usd=5.0, storage_uri=uri,
+        )  # fmt: skip
+        job = spec.job_id
+        launcher = get_backend("gcp", ProviderSettings(tmp_path / "controller", None, uri))
+        cluster = ClusterSpec(job_id=job, cloud="gcp", region="us-central1")
+        launcher.provider.prepare(cluster)
+        made = launcher.provider.run_instances(
+            cluster,
+            [
+                InstanceSpec(job, f"{job}-n{r}-r0", "gcp", "us-central1", zone, t4, "spot", r, "")
+                for r in (0, 1)
+            ],
+        )
+        now = time.time()
+        remote = _controller_db(tmp_path / "controller.db", spec, [i.id for i in made], now)
+        publish(remote, launcher.storage, job, 2, now)
+
+        monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "second"))
+        runner = CliRunner()
+        done = runner.invoke(app, ["attach", job, "--storage", uri])
+        assert done.exit_code == 0, done.output
+        doc = json.loads(runner.invoke(app, ["status", job, "--json"]).output)
+        assert {i["id"] for i in doc["instances"]} == {i.id for i in made}
+        assert doc["spend_usd"] == pytest.approx(0.10)
+        down = runner.invoke(app, ["down", job, "--wait", "0"])
+        assert down.exit_code == 0, down.output
+        assert not [i for i in compute.instances.values() if i["labels"].get(TAG_JOB) == job]
