@@ -71,6 +71,8 @@ CONFIGS = "nodes,workers,local_batch\n1,1,16\n2,8,32\n"
 SCRIPT = "print('hello')\n"
 SPOT_PLAN = Mut("plan", ("chosen", "market"), "spot")
 SIM = ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv")
+ATTACH = ("attach", "kp-corpus-far", "--storage", "{d}/bucket")
+SNAPSHOT = "bucket/kp-corpus-far/state/snapshot.json"  # the controller's (launcher/snapshot.py)
 TRACE = "# end_s=36000\ntime_s,event,node\n0,add,a\n0,add,b\n1800,remove,a\n2000,add,c\n"
 # Work that grows with a trace (issue 24): 40,000 events at the default --runs, and GCP counts
 # that flip between 0 and a million VMs (a million adds or removes per row).
@@ -511,6 +513,32 @@ def _enum_cases() -> list[Case]:
         ("down-neither", ("down",), 2, "--all", {}),
         ("down-bad-id", ("down", "Bad Id"), 2, "job id", {}),
         ("down-unknown-no-cloud", ("down", "kp-nope"), 2, "--cloud", {}),
+        # kplan attach: a storage without the job's controller snapshot, or with one that is
+        # damaged or another's (issue 26): one line, a hint, nothing written
+        ("attach-no-snapshot", ATTACH, 2, "no controller state snapshot",
+         {"bucket/kp-corpus-far/logs/node-0.log": "hi\n"}),
+        ("attach-empty-folder", ("attach", "kp-corpus-far", "--storage", "{d}"), 2,
+         "no controller state snapshot", {}),
+        ("attach-snapshot-damaged", ATTACH, 2, "not JSON",
+         {SNAPSHOT: '{"format": "kplan-state-snapshot/1", "job_'}),
+        ("attach-snapshot-empty", ATTACH, 2, "not JSON", {SNAPSHOT: ""}),
+        ("attach-snapshot-binary", ATTACH, 2, "not JSON", {SNAPSHOT: b"\xff\xfe\x00snap"}),
+        ("attach-snapshot-foreign", ATTACH, 2, "format 'other/1'",
+         {SNAPSHOT: '{"format": "other/1", "job_id": "kp-corpus-far"}'}),
+        ("attach-snapshot-other-job", ATTACH, 2, "not 'kp-corpus-far''s",
+         {SNAPSHOT: '{"format": "kplan-state-snapshot/1", "job_id": "kp-corpus-near"}'}),
+        ("attach-snapshot-fields", ATTACH, 2, "missing or of the wrong type",
+         {SNAPSHOT: '{"format": "kplan-state-snapshot/1", "job_id": "kp-corpus-far", '
+                    '"seq": "many"}'}),
+        ("attach-snapshot-dir", ATTACH, 2, "no controller state snapshot", {SNAPSHOT: DIR}),
+        ("attach-storage-bad", ("attach", "kp-corpus-far", "--storage", "ftp://h/x"), 2,
+         "not a job storage URI", {}),
+        ("attach-storage-empty", ("attach", "kp-corpus-far", "--storage", ""), 2,
+         "not a job storage URI", {}),
+        ("attach-storage-bucketless", ("attach", "kp-corpus-far", "--storage", "s3://"), 2,
+         "not a job storage URI", {}),
+        ("attach-bad-id", ("attach", "../../etc", "--storage", "{d}"), 2, "job id", {}),
+        ("attach-no-storage", ("attach", "kp-corpus-far"), 2, "--storage", {}),
         # kplan simulate: traces that are not traces, plans it cannot replay (issue 11)
         ("simulate-no-trace", ("simulate", "--plan", "{d}/p.json"), 2, "exactly one",
          {"p.json": SPOT_PLAN}),

@@ -34,7 +34,7 @@ _EXAMPLE = (
     Path(__file__).resolve().parents[1] / "kplan" / "planner" / "examples" / "cifar10-resnet18.json"
 )
 _COMMANDS = {"estimate", "profile", "model", "launch", "status", "logs", "down", "report",
-             "catalog", "simulate", "check"}  # fmt: skip
+             "catalog", "simulate", "check", "attach"}  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -1,20 +1,26 @@
 """``kplan down`` as a library call: terminate a job's instances (or every job that may still
 run), found through the state database, else the job's launch journal, else by tag in the
-``--cloud``/``--region`` given; or forget a job whose instances are all gone."""
+``--cloud``/``--region`` given; or forget a job whose instances are all gone.
+
+A job in the database first gets its controller's latest state snapshot merged from its storage
+(kplan/launcher/snapshot.py), best-effort: the instances and ledger rows a detached controller
+added are then recorded as ended too. A storage that cannot be reached, or a snapshot that cannot
+be read, never stops a ``kplan down``: the result says so in one line."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from kplan.core.errors import InputError
+from kplan.core.errors import InputError, KplanError
 
 if TYPE_CHECKING:
     from kplan.launcher.down import DownResult
     from kplan.launcher.provider import ClusterSpec
     from kplan.launcher.providers import Backend
     from kplan.launcher.state import StateDB
+    from kplan.launcher.storage import Storage
 
 MAX_WAIT_S = 86400.0
 
@@ -78,11 +84,28 @@ def _take_down(
         if req.forget:
             spent = forget_job(job_id, backend, db, SystemClock())
             return Forgotten(job_id, True, spent)
+        merged = _merge_latest(db, backend.storage, job_id, SystemClock().now())
         result = down_job(
             job_id, backend, db, SystemClock(), wait_launcher_s=req.wait_s, cluster=cluster
         )
-        results.append(result)
+        results.append(replace(result, snapshot=merged))
     return results
+
+
+def _merge_latest(db: StateDB, storage: Storage, job_id: str, now: float) -> str | None:
+    """Merge the job's latest controller snapshot, best-effort: the line to show (its age, or
+    why it was not merged), None when the job has none or is not in the database."""
+    import sqlite3
+
+    from kplan.launcher.snapshot import age_line, sync
+
+    if db.job(job_id) is None:
+        return None
+    try:
+        return age_line(sync(db, storage, job_id), now)
+    except (KplanError, OSError, ValueError, sqlite3.Error) as err:
+        why = err.message if isinstance(err, KplanError) else f"{type(err).__name__}: {err}"
+        return f"controller state snapshot not merged ({why}); going on with this machine's records"
 
 
 def _locate(
@@ -103,7 +126,8 @@ def _locate(
     if req.cloud is None:
         raise InputError(
             f"job {job_id!r} is not in {db.path}",
-            hint="give --cloud (and --region) to find its instances by tag",
+            hint="give --cloud (and --region) to find its instances by tag, or record it here "
+            "first: `kplan attach JOB --storage URI`",
         )
     which = req.cloud.lower()
     cluster = None

@@ -45,6 +45,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "status": ("kplan status", "kplan status kp-261123-101500-ab12 --watch"),
     "logs": ("kplan logs kp-261123-101500-ab12 --node 0 --follow",),
     "down": ("kplan down kp-261123-101500-ab12", "kplan down --all"),
+    "attach": (
+        "kplan attach kp-261123-101500-ab12 --storage s3://my-bucket/kplan",
+        "kplan attach kp-261123-101500-ab12 --storage gs://my-bucket/kplan --json",
+    ),
     "report": (
         "kplan report kp-261123-101500-ab12 --html report.html",
         "kplan report --all --json",

@@ -149,6 +149,7 @@ _COMMANDS = {
     "status": "jobs",
     "logs": "jobs",
     "down": "jobs",
+    "attach": "attach",
     "report": "report",
     "simulate": "simulate",
     "model": "model",

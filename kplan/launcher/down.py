@@ -56,6 +56,7 @@ class DownResult:
     status: str | None  # the job's status afterwards (None: not in the database)
     recorded: bool = True  # False: the instances are gone but the database write failed
     note: str | None = None  # why it was not recorded
+    snapshot: str | None = None  # the controller's snapshot merged first, or why it was not
 
 
 def leftover_jobs(db: StateDB) -> list[str]:

@@ -17,17 +17,24 @@ is not above the last merged one changes nothing, and the rows the local machine
 (for example the controller instance's row and ledger row written by the laptop) are kept. The
 merged sequence number and the snapshot's time are recorded as a ``snapshot`` event, which is
 how ``status`` says how old the controller's state is.
+
+A machine without the job's row at all attaches it (:func:`attach`, ``kplan attach JOB --storage
+URI``): the snapshot is pulled and checked before the database is opened, then merged, which
+creates the job's row from the snapshot's (its spec included, so ``kplan down`` reaches the
+cloud), with no launcher on this machine (the pid is the controller's, on its own machine) and
+the storage this machine reached it through.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kplan.core.errors import InputError
+from kplan.core.errors import InputError, KplanError
 from kplan.launcher.controller import this_host
+from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.state import (
     JOB_STATUSES,
     LEDGER_KINDS,
@@ -141,8 +148,9 @@ def merged_seq(db: StateDB, job_id: str) -> tuple[int, float] | None:
     return None
 
 
-def merge_snapshot(db: StateDB, snap: dict[str, Any]) -> bool:
-    """Merge a parsed snapshot into ``db``; False when it is not newer than the last merged."""
+def merge_snapshot(db: StateDB, snap: dict[str, Any], storage_uri: str | None = None) -> bool:
+    """Merge a parsed snapshot into ``db``; False when it is not newer than the last merged.
+    A job row it creates gets ``storage_uri`` (where this machine read it) in its spec."""
     job_id = str(snap["job_id"])
     seq = int(snap["seq"])
     last = merged_seq(db, job_id)
@@ -152,7 +160,7 @@ def merge_snapshot(db: StateDB, snap: dict[str, Any]) -> bool:
     with db.transaction():
         local = db.job(job_id)
         if local is None:
-            db.create_job(job)
+            db.create_job(_attached(job, storage_uri))
         elif job.updated_at >= local.updated_at:
             db.set_status(job_id, job.status, job.updated_at, job.reason)
         gone = {i.id for i in db.instances(job_id) if not i.alive}
@@ -178,6 +186,13 @@ def merge_snapshot(db: StateDB, snap: dict[str, Any]) -> bool:
     return True
 
 
+def _attached(job: JobRecord, storage_uri: str | None) -> JobRecord:
+    """A job row made here from another database's: no launcher here (its pid is the
+    controller's, on the controller's machine), its storage where this machine found it."""
+    spec = job.spec if storage_uri is None else {**job.spec, "storage_uri": storage_uri}
+    return replace(job, launcher_pid=None, spec=spec)
+
+
 def sync(db: StateDB, storage: Storage, job_id: str) -> tuple[int, float] | None:
     """Pull and merge the job's snapshot; the merged (seq, written_at) now held, or None."""
     snap = pull(storage, job_id)
@@ -195,3 +210,45 @@ def age_line(merged: tuple[int, float] | None, now: float) -> str | None:
         f"controller state as of {age:.0f} s ago (snapshot {merged[0]}; the age is this "
         "machine's clock minus the controller's, so it carries their clock difference)"
     )
+
+
+@dataclass(frozen=True)
+class Attached:
+    """What ``kplan attach`` did: the job's row as it is now, whether it is new here, whether
+    the snapshot changed anything (False: it was merged before), and its (seq, written_at)."""
+
+    job: JobRecord
+    created: bool
+    merged: bool
+    seq: int
+    written_at: float
+
+
+def pull_or_fail(storage: Storage, job_id: str) -> dict[str, Any]:
+    """The job's snapshot, checked; InputError (exit 2) when there is none at ``storage``."""
+    snap = pull(storage, job_id)
+    if snap is None:
+        raise InputError(
+            f"no controller state snapshot of job {job_id!r} at "
+            f"{storage.uri}/{snapshot_key(job_id)}",
+            hint="give the job's id and the --storage its launch used (`kplan launch --storage`, "
+            "else the cloud's default bucket); the controller writes it at every heartbeat",
+        )
+    try:  # the row made from it must serve `kplan down` and `logs`: its spec must read
+        JobSpec.from_dict(snap["job"]["spec"])
+    except (KeyError, TypeError, ValueError, KplanError) as err:
+        why = err.message if isinstance(err, KplanError) else f"{type(err).__name__}: {err}"
+        raise _bad(f"{storage.uri}/{snapshot_key(job_id)}", f"its job spec ({why})") from None
+    return snap
+
+
+def attach(db: StateDB, snap: dict[str, Any], storage: Storage) -> Attached:
+    """Merge a checked snapshot (:func:`pull_or_fail`) into ``db``, creating the job's row if
+    this database lacks it; attaching again, or a job already here, merges (never duplicates)."""
+    job_id = str(snap["job_id"])
+    created = db.job(job_id) is None
+    merged = merge_snapshot(db, snap, storage.uri)
+    job = db.job(job_id)
+    if job is None:  # merge_snapshot creates it; a writer that removed it meanwhile
+        raise InputError(f"job {job_id!r} vanished from {db.path}", hint="attach it again")
+    return Attached(job, created, merged, int(snap["seq"]), float(snap["written_at"]))

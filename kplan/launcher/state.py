@@ -430,7 +430,9 @@ class StateDB:
             )
         if known_only:
             raise InputError(
-                f"no job {text!r} in {self.path}", hint="`kplan status` lists the jobs"
+                f"no job {text!r} in {self.path}",
+                hint="`kplan status` lists the jobs; one launched on another machine: "
+                "`kplan attach JOB --storage URI`",
             )
         return text
 

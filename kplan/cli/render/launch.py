@@ -285,6 +285,8 @@ def render_down(results: list[DownResult]) -> None:
     if not results:
         typer.echo("nothing to take down")
     for r in results:
+        if r.snapshot is not None:  # the controller's latest rows, merged first (or why not)
+            typer.echo(clean(f"{r.job_id}: {r.snapshot}"))
         what = f"terminated {', '.join(r.terminated)}" if r.terminated else "nothing running"
         status = f" (job {r.status})" if r.status else ""
         typer.echo(clean(f"{r.job_id}: {what}{status}"))

@@ -14,6 +14,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from kplan.core.errors import InputError
 from kplan.launcher.provider import Provider
@@ -24,6 +25,25 @@ FACTORIES: dict[str, str] = {
     "aws": "kplan.launcher.providers.aws:create",
     "gcp": "kplan.launcher.providers.gcp:create",
 }
+
+# A job storage URI's scheme -> the cloud whose provider reads it (a bare path is a local folder).
+STORAGE_CLOUDS = {"s3": "aws", "gs": "gcp", "file": "local"}
+
+
+def storage_cloud(uri: str) -> tuple[str, str]:
+    """(cloud, URI) of a job's storage given as ``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX``,
+    ``file:///FOLDER`` or a local folder (made a ``file://`` URI)."""
+    text = uri.strip()
+    scheme = urlparse(text).scheme if "://" in text else ""
+    if text and not scheme:
+        return "local", Path(text).expanduser().resolve().as_uri()
+    if scheme not in STORAGE_CLOUDS or not text.split("://", 1)[1].strip("/"):
+        raise InputError(
+            f"storage {uri[:80]!r} is not a job storage URI",
+            hint="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, or a local folder: the --storage "
+            "the job was launched with",
+        )
+    return STORAGE_CLOUDS[scheme], text
 
 
 @dataclass(frozen=True)
