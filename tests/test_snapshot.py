@@ -300,3 +300,65 @@ def test_read_only_home_shows_the_snapshot_age_and_merges_nothing(
     assert "snapshot 3" in status.output and "not merged" in status.output
     with StateDB.open() as laptop:
         assert laptop.instances(JOB) == [] and merged_seq(laptop, JOB) is None
+
+
+def test_status_watch_follows_a_controller_on_its_own_instance_until_the_job_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No launcher runs on this machine (the job's launcher pid is None: "gone"), but a
+    controller elsewhere beats fresh: `kplan status JOB --watch` keeps refreshing, merging the
+    snapshot each time, and ends when the controller's snapshot says the job succeeded (before,
+    it printed one block and stopped at "launcher gone")."""
+    import threading
+    import time
+
+    from typer.testing import CliRunner
+
+    from kplan.cli.commands import jobs
+    from kplan.cli.main import app
+    from kplan.launcher.controller import ControllerDoc, write_controller
+    from kplan.launcher.jobspec import JobSpec
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
+    now = time.time()
+    with StateDB.open() as laptop:
+        laptop.create_job(
+            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
+        )
+        rec = laptop.job(JOB)
+    assert rec is not None
+    storage = jobs._storage_or_none(rec)
+    remote = _controller_db(tmp_path / "controller.db")
+    remote.set_status(JOB, "running", now)
+    publish(remote, storage, JOB, 1, now)
+
+    def beat(at: float) -> None:
+        write_controller(storage, ControllerDoc(
+            job=JOB, host="controller-vm", pid=4242, mode="instance", started_at=now - 60,
+            heartbeat_at=at, check_interval_s=2.0, job_started_at=now - 60, generation=1,
+            launches={0: 1, 1: 1}, lost_nodes=0, counted=(),
+        ))  # fmt: skip
+
+    beat(now)
+
+    def controller() -> None:  # the job ends a moment later, as a controller would publish it
+        time.sleep(0.8)
+        with StateDB.open(tmp_path / "controller.db") as own:  # a connection of this thread
+            own.set_status(JOB, "succeeded", time.time())
+            publish(own, storage, JOB, 2, time.time())
+        beat(time.time())
+
+    thread = threading.Thread(target=controller)
+    thread.start()
+    res = CliRunner().invoke(app, ["status", JOB, "--watch", "--interval", "0.2"])
+    thread.join()
+    assert res.exit_code == 0, res.output
+    assert "controller: alive (instance, pid 4242 on controller-vm" in res.output
+    assert res.output.count("controller state as of") >= 3  # refreshed, not one block
+    with StateDB.open() as laptop:
+        job = laptop.job(JOB)
+        assert job is not None and job.status == "succeeded"
+        assert merged_seq(laptop, JOB) is not None and merged_seq(laptop, JOB)[0] == 2

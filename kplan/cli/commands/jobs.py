@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -104,8 +105,10 @@ def status_command(
         _watch_live(job, interval)  # redrawn in place until the job ends (or Ctrl-C)
         return
     with _db(readonly=True) as db, contextlib.suppress(KeyboardInterrupt):
-        while True:
+        for refresh in itertools.count():
             now = time.time()
+            if job is not None and refresh:  # what the controller did since the last refresh
+                age = _resync(job, now, age)
             if job is None:
                 docs = [job_summary(db, j, now, events=0) for j in db.jobs()]
                 if as_json:
@@ -126,10 +129,32 @@ def status_command(
                         typer.echo(age)
                     if not rec.terminal:
                         typer.echo(_controller_line(rec.id, alive, doc.launcher))
-                finished = doc.status not in _ACTIVE or doc.launcher == "gone"
+                finished = _finished(doc.status, doc.launcher, alive)
             if not watch or finished:
                 return
             time.sleep(interval)
+
+
+def _resync(job_id: str, now: float, age: str | None) -> str | None:
+    """A watch's later merge of the controller's snapshot: a storage that fails for a moment
+    (network, a snapshot being replaced) keeps the last view and says so; the first merge,
+    before the watch, is the one that refuses a damaged snapshot with exit 2."""
+    import sqlite3
+
+    from kplan.core.errors import KplanError
+
+    try:
+        return sync_job(job_id, now)
+    except (KplanError, OSError, ValueError, sqlite3.Error) as err:
+        why = err.message if isinstance(err, KplanError) else f"{type(err).__name__}: {err}"
+        last = (age or "controller state").split("; this refresh not merged")[0]
+        return f"{last}; this refresh not merged ({why})"
+
+
+def _finished(status: str, launcher: str, alive: Liveness | None) -> bool:
+    """Nothing more to watch: the job ended, or neither its launcher nor a controller whose
+    heartbeat is fresh (a detached controller on its own instance) is running."""
+    return status not in _ACTIVE or (launcher == "gone" and not (alive and alive.alive))
 
 
 def _controller(rec: JobRecord, now: float) -> Liveness | None:
@@ -186,9 +211,11 @@ def _watch_live(job: str | None, interval: float) -> None:
 
             def frame() -> tuple[Any, bool]:
                 now = time.time()
-                doc = job_summary(db, _job_or_fail(db, job), now, events=5)
+                _resync(job, now, None)  # the detached controller's rows since the last frame
+                rec = _job_or_fail(db, job)
+                doc = job_summary(db, rec, now, events=5)
                 snap = tracker.snapshot(db, now)
-                done = doc.status not in _ACTIVE or doc.launcher == "gone"
+                done = _finished(doc.status, doc.launcher, _controller(rec, now))
                 if snap is None:
                     return job_view(doc), done
                 return Group(progress_panel(snap, "kplan status"), job_view(doc)), done
