@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,6 +25,9 @@ from kplan.planner.catalog import Catalog
 from kplan.planner.plan import Plan
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
+
+if TYPE_CHECKING:
+    from kplan.app.simulating_pools import Moves
 
 FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
 EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: kplan/planner/traces/<name>.csv (Bamboo, MIT)
@@ -89,6 +92,7 @@ class Replay:
     samples_hours: tuple[float, ...] | None = None  # each finished replay's, when asked
     samples_cost_usd: tuple[float, ...] | None = None
     spot_only: SpotOnly | None = None
+    moves: Moves | None = None  # several pools: the moves, against staying in the first
 
     def to_dict(self) -> dict[str, Any]:
         doc = {f: getattr(self, f) for f in _REPLAY_KEYS}
@@ -103,6 +107,8 @@ class Replay:
             }
         if self.spot_only is not None:
             doc["spot_only"] = asdict(self.spot_only)
+        if self.moves is not None:
+            doc["moves"] = asdict(self.moves)
         return doc
 
 
@@ -327,7 +333,7 @@ def replay_plan(
         billing_increment_s=job.billing_increment_s,
         seed=seed,
     )
-    out, hours, cost = _distribution(job, trace, outs, samples)
+    out, hours, cost = distribution(job, trace, outs, samples)
     if risk is None:
         return out
     pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
@@ -341,7 +347,7 @@ def replay_plan(
     return replace(out, replayed=rep, spot_only=pred)
 
 
-def _distribution(
+def distribution(
     job: Job, trace: SpotTrace, outs: list[Any], samples: bool
 ) -> tuple[Replay, NDArray[np.float64], NDArray[np.float64]]:
     """The replays' time and cost against the plan's, and the finished replays' hours and
