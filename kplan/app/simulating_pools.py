@@ -111,6 +111,7 @@ def build_pools(
         raise InputError(f"{len(traces)} pools; at most {MAX_POOLS}", hint="give fewer --trace")
     pools: list[Pool] = []
     for k, (name, trace) in enumerate(traces):
+        _check_zones(name, trace, {o.zone for o in catalog.offers if o.region == name})
         offers = _offers(catalog, r, name)
         if not offers:
             raise InputError(
@@ -119,7 +120,6 @@ def build_pools(
                 hint=POOL_HINT + " (kplan catalog list)",
             )
         region = offers[0].region
-        _check_zones(name, region, trace)
         if (r.cloud, region) not in catalog.storage:
             raise InputError(
                 f"pool {name!r}: the catalog has no egress price for {r.cloud}:{region}",
@@ -140,10 +140,16 @@ def build_pools(
     return pools
 
 
-def _check_zones(name: str, region: str, trace: SpotTrace) -> None:
-    """A trace whose zone column names another zone than its pool is refused."""
-    zones = {z for z in trace.zones if z}
-    wrong = sorted(z for z in zones if z != name and not (name == region and z.startswith(region)))
+def _check_zones(name: str, trace: SpotTrace, zones_of_name: set[str]) -> None:
+    """A trace whose zone column names a zone that is not its pool (the pool's name, a zone
+    of the region of that name in the catalog, or a name that starts with it) is refused."""
+    wrong = sorted(
+        {
+            z
+            for z in trace.zones
+            if z and z != name and z not in zones_of_name and not z.startswith(name)
+        }
+    )
     if wrong:
         raise InputError(
             f"pool {name!r}: its trace {trace.name} is of zone {wrong[0]}",
