@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,9 +25,6 @@ from kplan.planner.catalog import Catalog
 from kplan.planner.plan import Plan
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
-
-if TYPE_CHECKING:
-    from kplan.app.simulating_pools import Moves
 
 FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
 EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: kplan/planner/traces/<name>.csv (Bamboo, MIT)
@@ -72,6 +69,41 @@ class Replayed(Spread):
     above_spot_only_hours_p90: float | None = None  # with a spot-only prediction
     above_spot_only_cost_p90: float | None = None
     met_deadline: float | None = None  # share of replays that ended by the plan's deadline
+
+
+@dataclass(frozen=True)
+class MovePrice:
+    """What moving from one pool to another costs, and how long the first must be dry first."""
+
+    from_pool: str
+    to_pool: str
+    kind: str  # zone or inter-region
+    usd_per_gb: float
+    egress_usd: float
+    copy_s: float
+    break_even_s: float | None  # None: never pays (on demand here no dearer than spot there)
+
+
+@dataclass(frozen=True)
+class Moves:
+    """The replays with moves against the same starts staying in the first pool (both over the
+    replays that finished inside every trace)."""
+
+    pools: tuple[str, ...]
+    checkpoint_gb: float
+    copy_gbps: float
+    prices: tuple[MovePrice, ...]
+    moves_mean: float  # moves per replay
+    moved: float  # share of replays that moved at least once
+    egress_usd_mean: float
+    stay_hours: float  # median
+    stay_cost_usd: float
+    stay_hours_mean: float
+    stay_cost_mean_usd: float
+    stay_failed: int
+    cost_vs_stay: float  # mean cost with moves / mean cost staying
+    hours_vs_stay: float
+    stay_met_deadline: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,21 @@ nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kplan.app.simulating import MAX_REPLAY_WORK, MAX_RUNS, Job, Replay, distribution
+from kplan.app.simulating import (
+    MAX_REPLAY_WORK,
+    MAX_RUNS,
+    Job,
+    MovePrice,
+    Moves,
+    Replay,
+    distribution,
+)
 from kplan.core.errors import InputError
 from kplan.planner.catalog import Catalog
 from kplan.planner.plan import Plan, PlanRow
@@ -28,41 +36,6 @@ from kplan.planner.spottrace import SpotTrace
 
 MAX_POOLS = 8
 POOL_HINT = "name each pool by a region or zone of the plan's cloud, e.g. --trace us-east-1=a.csv"
-
-
-@dataclass(frozen=True)
-class MovePrice:
-    """What moving from one pool to another costs, and how long the first must be dry first."""
-
-    from_pool: str
-    to_pool: str
-    kind: str  # zone or inter-region
-    usd_per_gb: float
-    egress_usd: float
-    copy_s: float
-    break_even_s: float | None  # None: never pays (on demand here no dearer than spot there)
-
-
-@dataclass(frozen=True)
-class Moves:
-    """The replays with moves against the same starts staying in the first pool (both over the
-    replays that finished inside every trace)."""
-
-    pools: tuple[str, ...]
-    checkpoint_gb: float
-    copy_gbps: float
-    prices: tuple[MovePrice, ...]
-    moves_mean: float  # moves per replay
-    moved: float  # share of replays that moved at least once
-    egress_usd_mean: float
-    stay_hours: float  # median
-    stay_cost_usd: float
-    stay_hours_mean: float
-    stay_cost_mean_usd: float
-    stay_failed: int
-    cost_vs_stay: float  # mean cost with moves / mean cost staying
-    hours_vs_stay: float
-    stay_met_deadline: float | None = None
 
 
 def split_spec(spec: str) -> tuple[str | None, Path]:

@@ -12,8 +12,7 @@ from kplan.core.errors import InputError
 from kplan.planner.spotmove import DEFAULT_COPY_GBPS
 
 if TYPE_CHECKING:
-    from kplan.app.simulating import Replay, Replayed
-    from kplan.app.simulating_pools import Moves
+    from kplan.app.simulating import Moves, Replay, Replayed
 
 
 def register(app: typer.Typer) -> None:
