@@ -20,8 +20,11 @@ def register(app: typer.Typer) -> None:
         "simulate",
         help="Replay a spot plan against a spot trace (when the cloud granted and preempted "
         "nodes) with the launcher's recovery rules, and set the distribution of time and cost "
-        "against the plan's prediction. Trace formats: docs/spot_traces.md. Example: kplan "
-        "simulate --plan plan.json --example-trace p3 --runs 500",
+        "against the plan's prediction. With a trace per pool (--trace POOL=FILE, repeated), the "
+        "job may move between zones or regions when its pool runs dry, paying the checkpoint's "
+        "egress and copy time, set against staying in the first pool. Trace formats: "
+        "docs/spot_traces.md. Example: kplan simulate --plan plan.json --example-trace p3 "
+        "--runs 500",
     )(simulate_command)
 
 
