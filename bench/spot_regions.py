@@ -219,12 +219,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--paid-only",
+        "--count-stall",
         action="store_true",
-        help="the rent counts only what staying pays at once (not the slack a wait spends)",
+        help="the rent counts the slack of a stall also where the deadline rule waits",
     )
     args = ap.parse_args()
-    spotmove.PAID_ONLY[0] = args.paid_only
+    spotmove.COUNT_STALL[0] = args.count_stall
     t0 = time.time()
     traces = {m.trace: simulating.load_trace(DATA / m.trace) for m in MARKETS}
     print(

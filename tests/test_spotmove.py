@@ -178,3 +178,37 @@ def test_the_rule_refuses_bad_terms() -> None:
     with pytest.raises(ValueError, match="repeat"):
         replay_pools([pools[0], pools[0]], [0.0], nodes=1, work_s=H, policy=_policy(),
                      terms=MoveTerms("aws", 1.0, storage=STORAGE))  # fmt: skip
+
+
+def test_move_at_is_when_the_rent_paid_reaches_the_moves_price() -> None:
+    from kplan.planner.spotmove import MoveCost, move_at
+
+    cost = MoveCost(egress_usd=2.0, copy_s=100.0, usd_per_gb=0.02, kind="inter-region")
+    u = (3.0 - 1.0) / 3600.0
+    price = 2.0 + 4 * u * 100.0  # the copy stalls all 4 nodes
+    # two nodes on demand from t = 50 (no stall): 2u a second
+    assert move_at(cost, 4, (50.0, 50.0, 2), 3.0, 1.0) == pytest.approx(50.0 + price / (2 * u))
+    # a stall of all 4 nodes long enough: 4u a second from its start
+    assert move_at(cost, 4, (0.0, 1e9, 0), 3.0, 1.0) == pytest.approx(price / (4 * u))
+    # a short stall (100 s), then one node on demand
+    t = move_at(cost, 4, (0.0, 100.0, 1), 3.0, 1.0)
+    assert t == pytest.approx(100.0 + (price - 4 * u * 100.0) / u)
+    # nothing paid: never; a free move: at once; on demand no dearer than spot there: never
+    assert move_at(cost, 4, (0.0, 0.0, 0), 3.0, 1.0) == float("inf")
+    free = MoveCost(0.0, 0.0, 0.0, "zone")
+    assert move_at(free, 4, (7.0, 7.0, 0), 3.0, 1.0) == 7.0
+    assert move_at(cost, 4, (0.0, 1e9, 4), 1.0, 1.0) == float("inf")
+
+
+def test_the_two_pool_hindsight_bound_lies_between_free_moves_and_staying() -> None:
+    from bench.spot_deadline import bound_usd
+    from bench.spot_regions import two_pool_bound_usd
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        good_a, good_b = rng.random(30) < rng.random(), rng.random(30) < rng.random()
+        work = 300.0 * float(rng.integers(1, 15))
+        for lag in (0, 2):
+            two = two_pool_bound_usd((good_a, good_b), 2, work, (0.4, 3.0), (0.5, lag))
+            assert bound_usd(good_a | good_b, 2, work, (0.4, 3.0)) - 1e-9 <= two
+            assert two <= bound_usd(good_a, 2, work, (0.4, 3.0)) + 1e-9

@@ -81,7 +81,9 @@ class MovePrice:
     usd_per_gb: float
     egress_usd: float
     copy_s: float
-    break_even_s: float | None  # None: never pays (on demand here no dearer than spot there)
+    # the dry spell's length after which the move pays when every node pays on demand (or
+    # stalls without a fallback); None: never (on demand here no dearer than spot there)
+    break_even_s: float | None
 
 
 @dataclass(frozen=True)

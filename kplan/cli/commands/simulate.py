@@ -182,7 +182,7 @@ def _render_moves(m: Moves, rep: Replayed) -> None:
         pays = (
             "never pays (on demand here is no dearer than spot there)"
             if p.break_even_s is None
-            else f"pays after {p.break_even_s / 60:.1f} min dry"
+            else f"pays after {p.break_even_s / 60:.1f} min of the whole cluster on demand"
         )
         typer.echo(
             f"  {clean(p.from_pool)} -> {clean(p.to_pool)}: {p.kind}, ${p.usd_per_gb:.3f}/GB "
