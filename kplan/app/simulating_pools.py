@@ -184,21 +184,27 @@ def replay_pools_plan(
     home = pools[0].trace
     rng = np.random.default_rng(seed)
     starts = [home.first_with(job.nodes, float(t)) for t in rng.uniform(0.0, end - horizon, runs)]
-    kw = dict(
+    moved = replay_pools(
+        pools,
+        starts,
         nodes=job.nodes,
         work_s=job.work_s,
         policy=job.policy,
+        terms=terms,
         billing_min_s=job.billing_min_s,
         billing_increment_s=job.billing_increment_s,
     )
-    moved = replay_pools(pools, starts, terms=terms, **kw)  # type: ignore[arg-type]
     stay = spotsim.replay_many(
         home,
         starts,
+        nodes=job.nodes,
+        work_s=job.work_s,
+        policy=job.policy,
         usd_per_hour=job.usd_per_hour,
         usd_per_hour_on_demand=job.usd_per_hour_on_demand,
+        billing_min_s=job.billing_min_s,
+        billing_increment_s=job.billing_increment_s,
         seed=seed,
-        **kw,  # type: ignore[arg-type]
     )
     keep = [i for i in range(runs) if not (moved[i].truncated or stay[i].truncated)]
     trace = SpotTrace(
