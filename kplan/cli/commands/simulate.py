@@ -80,21 +80,14 @@ def simulate_command(
         )
     typed = read_plan(plan)
     catalog = plan_catalog(typed)
-    job = simulating.job_from_plan(typed, row, catalog)
     specs = [simulating_pools.split_spec(t) for t in trace or []]
-    if len(specs) > 1 or any(name for name, _ in specs):
+    if len(specs) > 1 or any(name for name, _ in specs):  # several pools: moves
         result = simulating_pools.simulate_pools(
-            typed,
-            row,
-            catalog,
-            specs,
-            fmt=fmt,
-            runs=runs,
-            seed=seed,
-            checkpoint_gb=checkpoint_gb,
-            copy_gbps=copy_gbps,
-        )
+            typed, row, catalog, specs, fmt=fmt, runs=runs, seed=seed,
+            checkpoint_gb=checkpoint_gb, copy_gbps=copy_gbps,
+        )  # fmt: skip
     else:
+        job = simulating.job_from_plan(typed, row, catalog)
         tr = (
             simulating.load_trace(specs[0][1], fmt)
             if specs
