@@ -57,7 +57,7 @@ from bench.spot_deadline import (
 )
 from kplan.app import simulating
 from kplan.catalogs.loader import shipped_catalog
-from kplan.planner import spotmove, spotsim
+from kplan.planner import spotsim
 from kplan.planner.deadline import remaining_wall_s
 from kplan.planner.spot import RecoveryPolicy
 from kplan.planner.spotmove import MoveTerms, Pool, move_cost, replay_pools
@@ -139,6 +139,7 @@ def judge(
     gb: float,
     runs: int,
     seed: int,
+    count_stall: bool = False,
 ) -> Row | None:
     """One job on the pair (home first): moves allowed against staying, and hindsight."""
     nodes, work_s, deadline_s = job
@@ -148,7 +149,7 @@ def judge(
         Pool(regions[0], regions[0], pair[0], *usd),
         Pool(regions[1], regions[1], pair[1], *usd),
     ]
-    terms = MoveTerms(m.cloud, gb, COPY_GBPS, shipped_catalog().storage)
+    terms = MoveTerms(m.cloud, gb, COPY_GBPS, shipped_catalog().storage, count_stall)
     pol = RecoveryPolicy(
         restart_s=RESTART_S,
         provisioning_s=PROVISION_S,
@@ -224,7 +225,6 @@ def main() -> None:
         help="the rent counts the slack of a stall also where the deadline rule waits",
     )
     args = ap.parse_args()
-    spotmove.COUNT_STALL[0] = args.count_stall
     t0 = time.time()
     traces = {m.trace: simulating.load_trace(DATA / m.trace) for m in MARKETS}
     print(
@@ -242,7 +242,8 @@ def main() -> None:
                 end = min(t.end_s for t in pair)
                 for nodes, work, deadline in jobs(end):
                     interval = young_interval_s(risk, nodes)
-                    r = judge(pair, m, interval, (nodes, work, deadline), gb, args.runs, args.seed)
+                    job = (nodes, work, deadline)
+                    r = judge(pair, m, interval, job, gb, args.runs, args.seed, args.count_stall)
                     if r is not None:
                         rows.append(r)
             print(_line(m.family, gb, rows), flush=True)

@@ -36,10 +36,11 @@ them, the **move rule**:
   spell's length, the rule pays (in this accounting) at most twice what a clairvoyant choice
   between staying and moving pays for it, and exactly what staying pays when the spell ends
   before the break-even; it reads no model and no future. Counting a stall as rent also where
-  the deadline rule waits (every node's slack bought back on demand at worst: ``COUNT_STALL``)
-  moves sooner: on the held-out pairs it saved up to 1.3 points more with 1 GB checkpoints and
-  lost up to 1.7 points against staying with 100 GB (bench/spot_regions.py --count-stall,
-  docs/benchmarks.md); the rule counts what staying pays.
+  the deadline rule waits (every node's slack bought back on demand at worst:
+  ``MoveTerms.count_stall``) moves sooner: on the held-out pairs it saved up to 1.3 points
+  more with 1 GB checkpoints and lost up to 1.7 points against staying with 100 GB
+  (bench/spot_regions.py --count-stall, docs/benchmarks.md); the rule counts what staying
+  pays.
 
 Nothing here is fitted: the prices, the checkpoint size and the bandwidth are the rule's inputs.
 """
@@ -62,9 +63,6 @@ from kplan.planner.spotreplay import (
 from kplan.planner.spottrace import LOSS_WINDOW_S, SpotTrace
 
 INF = math.inf
-# The rent's accounting (``_MoveReplayer.rent``): False, the rule; True, a stall counts also
-# where the deadline rule waits (measured against it by bench/spot_regions.py --count-stall).
-COUNT_STALL = [False]
 DEFAULT_COPY_GBPS = 1.0  # a conservative copy rate between regions (one stream), Gbit/s
 
 
@@ -101,6 +99,9 @@ class MoveTerms:
     checkpoint_gb: float
     copy_gbps: float = DEFAULT_COPY_GBPS
     storage: dict[tuple[str, str], StoragePrice] | None = None
+    # the rent's other accounting (``_MoveReplayer.rent``): a stall counts also where the
+    # deadline rule waits (bench/spot_regions.py --count-stall measures it against the rule)
+    count_stall: bool = False
 
     def __post_init__(self) -> None:
         if not (self.checkpoint_gb >= 0 and math.isfinite(self.checkpoint_gb)):
@@ -130,7 +131,8 @@ def break_even_s(
     cost: MoveCost, nodes: int, usd_on_demand_here: float, usd_spot_there: float
 ) -> float:
     """``T* = copy_s + egress / v``, ``v = nodes x (on demand here - spot there) / 3600``: how
-    long the pool must have been dry before a move pays (inf: never)."""
+    long every node must have paid on demand (or stalled, without a fallback) in a dry spell
+    before a move pays (inf: never)."""
     v = nodes * (usd_on_demand_here - usd_spot_there) / 3600.0
     if v <= 0:
         return INF
@@ -292,13 +294,13 @@ class _MoveReplayer(_Replayer):
         """How staying pays for this dry spell: (a stall's start, its end, the nodes on demand
         after it). The lost nodes on demand until capacity returns pay from their launch;
         without an on-demand fallback the cluster stalls from the first loss (``n`` nodes pay)
-        until capacity returns; a wait the deadline rule affords pays nothing. ``COUNT_STALL``
-        (the benchmark's comparison): the cluster stalls from the first loss until the last
-        lost node is up on demand, also where the deadline rule waits."""
+        until capacity returns; a wait the deadline rule affords pays nothing. With
+        ``terms.count_stall`` (the benchmark's comparison) the cluster stalls from the first
+        loss until the last lost node is up on demand, also where the deadline rule waits."""
         od = [s.launch for s in self.slots if s.on_demand and s.switch_s < INF]
         waiting = any(not s.on_demand and s.launch > now for s in self.slots)
         stall_to = self.dry_since
-        if not self.p.allow_on_demand or COUNT_STALL[0]:
+        if not self.p.allow_on_demand or self.terms.count_stall:
             stall_to = INF if waiting or not od else max(od)
         return self.dry_since, stall_to, len(od)
 
