@@ -145,3 +145,28 @@ def test_zones_of_one_region_move_at_once_and_copy_nothing(tmp_path: Path) -> No
     there = m["prices"][0]
     assert there["kind"] == "zone" and there["egress_usd"] == 0 and there["break_even_s"] == 0
     assert m["moves_mean"] > 0 and m["egress_usd_mean"] == 0
+
+
+def test_the_plan_states_a_moves_price_and_simulate_copies_the_plans_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The plan's extras price one move (its checkpoint x the region's egress, the copy at 1
+    Gbit/s); without --checkpoint-gb a replayed move costs exactly that."""
+    plan = _plan(tmp_path)
+    x = json.loads(plan.read_text())["chosen"]["extras"]
+    assert x["checkpoint_gb"] > 0
+    assert x["move_usd"] == pytest.approx(x["checkpoint_gb"] * EGRESS_US_EAST_1)
+    assert x["move_copy_s"] == pytest.approx(x["checkpoint_gb"] * 8 / 1.0)
+    a = _dry_spells(tmp_path / "a.csv", 2.5 * 3600)
+    b = _always(tmp_path / "b.csv")
+    res = runner.invoke(
+        app,
+        ["simulate", "--plan", str(plan), "--trace", f"us-east-1={a}", "--trace",
+         f"us-east-2={b}", "--runs", "100", "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)["moves"]
+    assert m["checkpoint_gb"] == x["checkpoint_gb"]
+    assert m["prices"][0]["egress_usd"] == pytest.approx(x["move_usd"])
+    assert m["prices"][0]["copy_s"] == pytest.approx(x["move_copy_s"])
+    assert m["egress_usd_mean"] == pytest.approx(m["moves_mean"] * x["move_usd"])

@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kplan.planner.catalog import StoragePrice
+from kplan.planner.extra_costs import MOVE_COPY_GBPS
 from kplan.planner.spot import RecoveryPolicy
 from kplan.planner.spotreplay import (
     ReplayEvent,
@@ -63,7 +64,7 @@ from kplan.planner.spotreplay import (
 from kplan.planner.spottrace import LOSS_WINDOW_S, SpotTrace
 
 INF = math.inf
-DEFAULT_COPY_GBPS = 1.0  # a conservative copy rate between regions (one stream), Gbit/s
+DEFAULT_COPY_GBPS = MOVE_COPY_GBPS  # a conservative copy rate between regions (one stream)
 
 
 @dataclass(frozen=True)
