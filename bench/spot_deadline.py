@@ -151,11 +151,32 @@ def pool_bound_usd(
 ) -> float:
     """An optimistic bound: spot usable in a slot when the pool holds the job's nodes through
     it (a clairvoyant picks survivors), consecutive usable slots without a restart."""
+    good = usable_slots(life, start_s, nodes, deadline_s)
+    return bound_usd(good, nodes, work_s, usd)
+
+
+def usable_slots(
+    life: tuple[NDArray[np.float64], NDArray[np.float64]],
+    start_s: float,
+    nodes: int,
+    deadline_s: float,
+) -> NDArray[np.bool_]:
+    """Each slot before the deadline: does the pool hold the job's nodes through it."""
     n = int(deadline_s // SLOT_S)
-    k = math.ceil(work_s / SLOT_S - 1e-9)
     t = start_s + SLOT_S * np.arange(n)
     add, rem = life
-    good = ((add[None, :] <= t[:, None]) & (rem[None, :] >= t[:, None] + SLOT_S)).sum(1) >= nodes
+    alive = (add[None, :] <= t[:, None]) & (rem[None, :] >= t[:, None] + SLOT_S)
+    good: NDArray[np.bool_] = alive.sum(1) >= nodes
+    return good
+
+
+def bound_usd(
+    good: NDArray[np.bool_], nodes: int, work_s: float, usd: tuple[float, float]
+) -> float:
+    """The cheapest schedule over slots (spot where ``good``, on demand, idle), each switch
+    into spot or on demand one slot of boot, ``work_s`` done by the last slot."""
+    n = len(good)
+    k = math.ceil(work_s / SLOT_S - 1e-9)
     c_spot, c_od = (nodes * p * SLOT_S / 3600.0 for p in usd)
     inf = math.inf
     idle, spot, od = np.full(k + 1, inf), np.full(k + 1, inf), np.full(k + 1, inf)

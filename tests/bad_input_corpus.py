@@ -74,6 +74,8 @@ SIM = ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv")
 ATTACH = ("attach", "kp-corpus-far", "--storage", "{d}/bucket")
 SNAPSHOT = "bucket/kp-corpus-far/state/snapshot.json"  # the controller's (launcher/snapshot.py)
 TRACE = "# end_s=36000\ntime_s,event,node\n0,add,a\n0,add,b\n1800,remove,a\n2000,add,c\n"
+TRACE_ZONE = "# end_s=36000\ntime_s,event,node,zone\n0,add,a,us-west-2a\n"
+SIM2 = ("simulate", "--plan", "{d}/p.json", "--trace", "us-east-1={d}/t.csv")  # several pools
 # Work that grows with a trace (issue 24): 40,000 events at the default --runs, and GCP counts
 # that flip between 0 and a million VMs (a million adds or removes per row).
 TRACE_40K = "# end_s=400000\ntime_s,event,node\n" + "".join(
@@ -116,6 +118,10 @@ def _flag_cases() -> list[Case]:
          "int1", ()),
         ("simulate", ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv"), "--row",
          "int0", ()),
+        ("simulate", ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv"),
+         "--copy-gbps", "pos", ()),
+        ("simulate", ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv"),
+         "--checkpoint-gb", "nonneg", ()),
         ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
          "--gradient-bytes", "pos", ()),
         ("model fit", ("model", "fit", "-m", "{d}/m.csv", "--out", "{d}/model.json"),
@@ -574,6 +580,20 @@ def _enum_cases() -> list[Case]:
          {"p.json": SPOT_PLAN, "t.csv": "2021-12-11, 11:11:30, many\n"}),
         ("simulate-trace-40k-events", SIM, 2, "more replay work than the bound",
          {"p.json": SPOT_PLAN, "t.csv": TRACE_40K}),
+        # kplan simulate over several pools (issue 27 item 3)
+        ("simulate-pool-unknown", ("simulate", "--plan", "{d}/p.json", "--trace",
+                                   "mars-9={d}/t.csv", "--trace", "us-east-1={d}/t.csv"), 2,
+         "unknown pool 'mars-9'",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-pool-zone-mismatch", ("simulate", "--plan", "{d}/p.json", "--trace",
+                                         "us-east-2={d}/z.csv", "--trace", "x={d}/t.csv"),
+         2, "is of zone us-west-2a", {"p.json": SPOT_PLAN, "z.csv": TRACE_ZONE, "t.csv": TRACE}),
+        ("simulate-pool-unnamed", (*SIM2, "--trace", "{d}/t.csv"), 2, "no pool name",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-pool-twice", (*SIM2, "--trace", "us-east-1={d}/t.csv"), 2, "named twice",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        ("simulate-pool-trace-bad", (*SIM2, "--trace", "us-east-2={d}/u.csv"), 2, "event",
+         {"p.json": SPOT_PLAN, "t.csv": TRACE, "u.csv": "time_s,event,node\n0,add,a\n1,boom,a\n"}),
         ("simulate-gcp-counts-flip", (*SIM, "--format", "gcp-counts"), 2, "more than 200,000",
          {"p.json": SPOT_PLAN, "t.csv": COUNTS_FLIP}),
         ("model-fit-missing-out", ("model", "fit", "-m", "{d}/m.csv"), 2, "--out",

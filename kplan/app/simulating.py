@@ -72,6 +72,43 @@ class Replayed(Spread):
 
 
 @dataclass(frozen=True)
+class MovePrice:
+    """What moving from one pool to another costs, and how long the first must be dry first."""
+
+    from_pool: str
+    to_pool: str
+    kind: str  # zone or inter-region
+    usd_per_gb: float
+    egress_usd: float
+    copy_s: float
+    # the dry spell's length after which the move pays when every node pays on demand (or
+    # stalls without a fallback); None: never (on demand here no dearer than spot there)
+    break_even_s: float | None
+
+
+@dataclass(frozen=True)
+class Moves:
+    """The replays with moves against the same starts staying in the first pool (both over the
+    replays that finished inside every trace)."""
+
+    pools: tuple[str, ...]
+    checkpoint_gb: float
+    copy_gbps: float
+    prices: tuple[MovePrice, ...]
+    moves_mean: float  # moves per replay
+    moved: float  # share of replays that moved at least once
+    egress_usd_mean: float
+    stay_hours: float  # median
+    stay_cost_usd: float
+    stay_hours_mean: float
+    stay_cost_mean_usd: float
+    stay_failed: int
+    cost_vs_stay: float  # mean cost with moves / mean cost staying
+    hours_vs_stay: float
+    stay_met_deadline: float | None = None
+
+
+@dataclass(frozen=True)
 class Replay:
     """``kplan simulate``'s answer: the replays of a plan against a trace (``--json`` prints
     :meth:`to_dict`: the optional parts only where they apply)."""
@@ -89,6 +126,7 @@ class Replay:
     samples_hours: tuple[float, ...] | None = None  # each finished replay's, when asked
     samples_cost_usd: tuple[float, ...] | None = None
     spot_only: SpotOnly | None = None
+    moves: Moves | None = None  # several pools: the moves, against staying in the first
 
     def to_dict(self) -> dict[str, Any]:
         doc = {f: getattr(self, f) for f in _REPLAY_KEYS}
@@ -103,6 +141,8 @@ class Replay:
             }
         if self.spot_only is not None:
             doc["spot_only"] = asdict(self.spot_only)
+        if self.moves is not None:
+            doc["moves"] = asdict(self.moves)
         return doc
 
 
@@ -327,7 +367,7 @@ def replay_plan(
         billing_increment_s=job.billing_increment_s,
         seed=seed,
     )
-    out, hours, cost = _distribution(job, trace, outs, samples)
+    out, hours, cost = distribution(job, trace, outs, samples)
     if risk is None:
         return out
     pred = spot_only_prediction(job, risk, runs=max(runs, 1000), seed=seed)
@@ -341,7 +381,7 @@ def replay_plan(
     return replace(out, replayed=rep, spot_only=pred)
 
 
-def _distribution(
+def distribution(
     job: Job, trace: SpotTrace, outs: list[Any], samples: bool
 ) -> tuple[Replay, NDArray[np.float64], NDArray[np.float64]]:
     """The replays' time and cost against the plan's, and the finished replays' hours and

@@ -54,7 +54,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "kplan report --all --json",
         "kplan report kp-261123-101500-topk --against kp-261123-091500-dense",
     ),
-    "simulate": ("kplan simulate --plan plan.json --example-trace p3 --runs 500",),
+    "simulate": (
+        "kplan simulate --plan plan.json --example-trace p3 --runs 500",
+        "kplan simulate --plan p.json --trace us-east-1=a.csv --trace us-east-2=b.csv",
+    ),
     "model": ("kplan model fit --measurements m.csv --out model.json",),
     "model fit": ("kplan model fit --measurements m.csv --out model.json",),
     "model predict": ("kplan model predict --model model.json --configs configs.csv",),

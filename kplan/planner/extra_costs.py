@@ -8,6 +8,11 @@ source and date). For a plan of ``n`` nodes running ``h`` hours (``M = 730`` hou
     checkpoint  C * K * object $/GB-month * h / M                   C = F * gradient bytes
     data        D * object $/GB-month (the data's region) * h / M
     egress      D * egress $/GB (the data's region: to another region, or to another cloud)
+    a move      C * egress $/GB to another region (the plan's region), C * 8 / 1 Gbit/s copy
+
+A move (``spotmove.py``: the job leaves a pool that ran dry for another region) is priced, not
+counted: how many a job makes is the market's (``kplan simulate`` replays them); the plan
+states what one costs, its egress and copy time at ``MOVE_COPY_GBPS``.
 
 ``F = CHECKPOINT_FACTOR`` (weights plus two Adam moments, the same factor the checkpoint time
 uses), ``K = CHECKPOINTS_KEPT`` (the runtime keeps its last two), ``D`` is ``--data-gb``, copied
@@ -34,6 +39,7 @@ CHECKPOINTS_KEPT = 2  # kplan.runtime.checkpoint keeps the last two
 # which the launcher does not change); GCP, the launcher's default (GcpConfig.disk_size_gb).
 BOOT_DISK_GB = {"aws": 75.0, "gcp": 200.0}
 EGRESS_KINDS = ("none", "inter-region", "cross-cloud")
+MOVE_COPY_GBPS = 1.0  # a move's checkpoint copy between regions, Gbit/s: one stream, assumed
 
 
 class HasExtras(Protocol):
@@ -68,6 +74,8 @@ class ExtraRates:
     data_region: str = ""
     egress: str = "none"
     source: str = ""
+    move_usd: float = 0.0
+    move_copy_s: float = 0.0
 
     def per_hour(self, nodes: ArrayLike) -> np.ndarray:
         """USD per hour of a plan with ``nodes`` nodes."""
@@ -89,6 +97,8 @@ class ExtraRates:
             data_region=self.data_region,
             egress=self.egress,
             source=self.source,
+            move_usd=self.move_usd,
+            move_copy_s=self.move_copy_s,
         )
 
 
@@ -108,6 +118,10 @@ class ExtraCosts:
     data_region: str = ""
     egress: str = "none"  # none, inter-region or cross-cloud
     source: str = ""  # the price rows used (source and date)
+    # one move of the job to another region (not in the total): the checkpoint's egress and
+    # its copy time at MOVE_COPY_GBPS
+    move_usd: float = 0.0
+    move_copy_s: float = 0.0
 
     @property
     def total_usd(self) -> float:
@@ -155,6 +169,8 @@ def rates_for(
         data_region=home.region,
         egress=egress,
         source="list prices, storage_prices.csv (" + ", ".join(sorted(sources)) + ")",
+        move_usd=ckpt_gb * here.egress_region_usd_gb,
+        move_copy_s=ckpt_gb * 8.0 / MOVE_COPY_GBPS,
     )
 
 

@@ -397,6 +397,8 @@ def _extras(d: JsonObject) -> ExtraCosts:
         data_region=d.text("data_region", ""),
         egress=d.choice("egress", EGRESS_KINDS, "none"),
         source=d.text("source", ""),
+        move_usd=usd("move_usd"),
+        move_copy_s=d.number("move_copy_s", 0.0, 1e12, default=0.0),
     )
 
 

@@ -41,6 +41,7 @@ class ReplayInstance:
     end_s: float
     billed_s: float
     usd: float
+    pool: str = ""  # the pool it ran in (a replay over several pools: spotmove.py)
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,7 @@ class _Replayer:
         self.losses = self.lost = 0
         self.failed = False
         self.rule = policy.deadline_rule()
+        self.pool = ""  # the pool's name, where a replay has several (spotmove.py)
 
     def spot_ok(self, up: float, committed: float) -> bool:
         return self.rule is None or self.rule.spot_ok(up, self.work_s - committed)
@@ -275,21 +277,29 @@ class _Replayer:
         node = "" if s.on_demand or s.life < 0 else self.ix.lives[s.life].node
         market = "on-demand" if s.on_demand else "spot"
         usd = price * billed / 3600.0
-        self.instances.append(ReplayInstance(slot, market, node, s.launch, end, billed, usd))
+        self.instances.append(
+            ReplayInstance(slot, market, node, s.launch, end, billed, usd, self.pool)
+        )
 
-    def start(self, nodes: int, pick: str, seed: int) -> None:
-        """Take ``nodes`` alive nodes by ``pick``; the missing ones from later adds."""
-        lives, p = self.ix.lives, self.p
-        alive = self.ix.alive_at(self.t0)
+    def picked_alive(self, t: float, pick: str = "youngest", seed: int = 0) -> list[int]:
+        """The pool's nodes alive at ``t`` (from the job's start) and not used yet, in the
+        order ``pick`` takes them."""
+        lives = self.ix.lives
+        alive = [i for i in self.ix.alive_at(self.t0 + t) if i not in self.used]
         # nodes of unknown age (``alive`` at the trace's start) count as the oldest
         age_key = [-INF if lives[i].node in self.ix.unknown_age else lives[i].add_s for i in alive]
         order = sorted(range(len(alive)), key=lambda n: age_key[n])
         if pick == "youngest":
-            alive = [alive[n] for n in reversed(order)]
-        elif pick == "oldest":
-            alive = [alive[n] for n in order]
-        else:
-            np.random.default_rng(seed).shuffle(alive)
+            return [alive[n] for n in reversed(order)]
+        if pick == "oldest":
+            return [alive[n] for n in order]
+        np.random.default_rng(seed).shuffle(alive)
+        return alive
+
+    def start(self, nodes: int, pick: str, seed: int) -> None:
+        """Take ``nodes`` alive nodes by ``pick``; the missing ones from later adds."""
+        p = self.p
+        alive = self.picked_alive(0.0, pick, seed)
         if not self.spot_ok(p.provisioning_s, 0.0):
             self.slots = [_Slot(-1, 0.0, p.provisioning_s, INF, True) for _ in range(nodes)]
             what = "on demand: the deadline leaves no slack for spot"
@@ -359,8 +369,9 @@ class _Replayer:
                 self.events.append(ReplayEvent(t + gap, "replace", (r,)))
         return None
 
-    def step(self) -> bool:
-        """The next event (done, back to spot, or a loss); False once the job has ended."""
+    def next_times(self) -> tuple[float, float, float, float, list[int]]:
+        """(the end if nothing happens first, the next spot death, the next return of
+        capacity to an on-demand node, when the cluster resumes, the spot slots)."""
         p, slots = self.p, self.slots
         interval, ck = p.checkpoint_interval_s, p.checkpoint_s
         t_res = max(s.up for s in slots)
@@ -369,6 +380,23 @@ class _Replayer:
         spot = [r for r, s in enumerate(slots) if not s.on_demand]
         d = min((slots[r].death for r in spot), default=INF)
         t_sw = min((s.switch_s for s in slots if s.on_demand), default=INF)
+        return fin, d, t_sw, t_res, spot
+
+    def progress_at(self, t: float, t_res: float) -> float:
+        """The committed progress when the cluster (resumed at ``t_res``) checkpoints at
+        ``t`` before it stops (no lost work)."""
+        p = self.p
+        interval, cycle = p.checkpoint_interval_s, p.checkpoint_interval_s + p.checkpoint_s
+        if t < t_res:
+            return self.committed
+        e = t - t_res
+        k = math.floor(e / cycle + EPS)
+        done = k * interval + min(e - k * cycle, interval)
+        return min(self.committed + done, self.work_s)
+
+    def step(self) -> bool:
+        """The next event (done, back to spot, or a loss); False once the job has ended."""
+        fin, d, t_sw, t_res, spot = self.next_times()
         if fin <= min(d, t_sw):
             self.t_end = fin
             self.events.append(ReplayEvent(fin, "done", ()))
@@ -381,13 +409,7 @@ class _Replayer:
     def to_spot(self, t_sw: float, t_res: float) -> None:
         """Capacity is back: the on-demand nodes go back to spot (progress checkpointed)."""
         p, slots = self.p, self.slots
-        interval, cycle = p.checkpoint_interval_s, p.checkpoint_interval_s + p.checkpoint_s
-        committed = self.committed
-        if t_sw >= t_res:
-            e = t_sw - t_res
-            k = math.floor(e / cycle + EPS)
-            done = k * interval + min(e - k * cycle, interval)
-            committed = min(committed + done, self.work_s)
+        committed = self.progress_at(t_sw, t_res)
         if not self.spot_ok(max(t_res, t_sw + p.restart_s), committed):
             # the deadline rule: the on-demand nodes stay on demand to the end
             od = tuple(r for r, s in enumerate(slots) if s.on_demand)

@@ -298,11 +298,17 @@ def extras_line(r: PlanRow) -> str | None:
         parts.append(f"data {fmt.money(x.data_usd)} ({x.data_gb:g} GB in {x.data_region})")
     if x.egress != "none":
         parts.append(f"egress {fmt.money(x.egress_usd)} ({x.data_gb:g} GB {x.egress})")
+    move = ""
+    if x.move_usd > 0:
+        move = (
+            f"; a move to another region (kplan simulate --trace POOL=FILE) would add "
+            f"{fmt.money(x.move_usd)} egress and {x.move_copy_s:.0f} s of copy"
+        )
     return (
         "besides the instances, the cost holds: "
         + ", ".join(parts)
         + f" at the expected hours; {x.source}; given the hours these are exact, the p90 cost "
-        "counts them at the p90 hours"
+        "counts them at the p90 hours" + move
     )
 
 
