@@ -103,7 +103,7 @@ def test_a_killed_controller_is_restarted_and_the_job_finishes(tmp_path: Path) -
     try:
         launch = _kplan(
             home, "launch", str(SCRIPT), "--nodes", "2", "--check-interval", "1",
-            "--detach", "--json", "--", "--epochs", "2",
+            "--detach", "--json", "--", "--epochs", "4",
         )  # fmt: skip
         assert launch.returncode == 0, launch.stderr
         doc = json.loads(launch.stdout)
@@ -120,10 +120,14 @@ def test_a_killed_controller_is_restarted_and_the_job_finishes(tmp_path: Path) -
             if not pid_alive(first):
                 break
             time.sleep(0.1)
+        at_kill = _steps(home, job)
+        while _steps(home, job) <= at_kill:  # the nodes train on without their controller
+            assert instance_pids(home), f"the nodes stopped at step {at_kill} with the controller"
+            assert time.monotonic() < deadline, "no training step after the controller's kill"
+            time.sleep(0.2)
         status = _kplan(home, "status", job)
         assert "controller: not running" in status.stdout
         assert f"kplan controller {job}" in status.stdout
-        assert instance_pids(home), "the nodes train on without their controller"
         again = _kplan(home, "controller", job, "--detach", "--json")
         assert again.returncode == 0, again.stderr
         second = json.loads(again.stdout)["controller_pid"]
