@@ -60,6 +60,7 @@ def test_a_detached_local_job_finishes_after_its_launcher_exited(tmp_path: Path)
         status = json.loads(_kplan(home, "status", job, "--json").stdout)
         assert status["controller"]["alive"] and status["controller"]["mode"] == "detached"
         assert status["status"] not in ("succeeded", "failed", "error", "cancelled")
+        _followed_from_another_home(home, tmp_path / "other", job)
         deadline = time.monotonic() + 240
         while status["status"] not in ("succeeded", "failed", "stopped", "error", "cancelled"):
             assert time.monotonic() < deadline, status["status"]
@@ -85,6 +86,26 @@ def test_a_detached_local_job_finishes_after_its_launcher_exited(tmp_path: Path)
         if pid is not None and pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
         kill_leftovers(home)
+
+
+def _followed_from_another_home(home: Path, other: Path, job: str) -> None:
+    """A second KPLAN_HOME of this machine attaches the running job from its storage and shows
+    it; its `kplan down` is refused (exit 2: its provider cannot see the job's processes) and
+    the job runs on."""
+    deadline = time.monotonic() + 60
+    while True:  # the controller publishes its snapshot at its first heartbeat
+        attach = _kplan(other, "attach", job, "--storage", str(home / "jobs"))
+        if attach.returncode == 0:
+            break
+        assert attach.returncode == 2 and "snapshot" in attach.stderr, attach.stderr
+        assert time.monotonic() < deadline, attach.stderr
+        time.sleep(0.5)
+    seen = json.loads(_kplan(other, "status", job, "--json").stdout)
+    assert seen["id"] == job and len(seen["instances"]) == 2
+    down = _kplan(other, "down", job)
+    assert down.returncode == 2, down.stdout + down.stderr
+    assert "another KPLAN_HOME" in down.stderr and f"KPLAN_HOME={home}" in down.stderr
+    assert instance_pids(home), "the job runs on after the refused down"
 
 
 def _steps(home: Path, job: str) -> int:

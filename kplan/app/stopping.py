@@ -80,6 +80,8 @@ def _take_down(
     results: list[DownResult] = []
     for job_id in targets:
         which, where, storage, cluster = _locate(req, db, job_id)
+        if which == "local":
+            _refuse_another_homes_job(job_id, storage)
         backend = backend_for(which, where, storage)
         if req.forget:
             spent = forget_job(job_id, backend, db, SystemClock())
@@ -106,6 +108,28 @@ def _merge_latest(db: StateDB, storage: Storage, job_id: str, now: float) -> str
     except (KplanError, OSError, ValueError, sqlite3.Error) as err:
         why = err.message if isinstance(err, KplanError) else f"{type(err).__name__}: {err}"
         return f"controller state snapshot not merged ({why}); going on with this machine's records"
+
+
+def _refuse_another_homes_job(job_id: str, storage: str | None) -> None:
+    """A local job attached from another ``KPLAN_HOME`` of this machine (its storage is that
+    home's ``jobs`` folder, whose ``local/JOB`` holds its processes): this home's provider cannot
+    see them, so ending it here would record it ended while it runs on. Exit 2 instead."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    from kplan.core.paths import kplan_home
+
+    if storage is None or not storage.startswith("file://"):
+        return
+    owner = Path(unquote(urlparse(storage).path)).parent
+    if owner.resolve() == kplan_home().resolve():
+        return
+    if (owner / "local" / job_id / "state.json").is_file():
+        raise InputError(
+            f"job {job_id} runs on this machine under another KPLAN_HOME ({owner}): this home "
+            "cannot end its processes",
+            hint=f"end it from its own home: KPLAN_HOME={owner} kplan down {job_id}",
+        )
 
 
 def _locate(
