@@ -136,10 +136,9 @@ def test_closed_ledger_row_never_changes(tmp_path: Path) -> None:
     remote.put_ledger(LedgerRow(JOB, "i-0", 100.0, 400.0, 300.0, 0.04, True))
     merge_snapshot(laptop, build_snapshot(remote, JOB, 1, 470.0))
     snap = build_snapshot(remote, JOB, 2, 480.0)
-    for row in snap["ledger"]:
-        if row["instance"] == "i-0":
-            row.update(end=900.0, billed_seconds=800.0, usd=9.0, closed=False)
-    assert merge_snapshot(laptop, snap)
+    grown = replace(snap.ledger[0], end=900.0, billed_seconds=800.0, usd=9.0, closed=False)
+    assert grown.instance == "i-0"
+    assert merge_snapshot(laptop, replace(snap, ledger=(grown, *snap.ledger[1:])))
     (row,) = [r for r in laptop.ledger(JOB) if r.instance == "i-0"]
     assert (row.usd, row.closed, row.end) == (0.04, True, 400.0)
 
@@ -162,7 +161,7 @@ def test_snapshot_size_is_bounded_by_its_event_cap(tmp_path: Path) -> None:
     for k in range(800):
         remote.add_event(JOB, 200.0 + k, "progress", f"step {k}")
     snap = build_snapshot(remote, JOB, 1, 1000.0)
-    assert len(snap["events"]) == 500 and snap["events"][-1]["message"] == "step 799"
+    assert len(snap.events) == 500 and snap.events[-1].message == "step 799"
 
 
 @pytest.mark.parametrize(
@@ -192,10 +191,22 @@ def test_damaged_or_foreign_snapshot_is_refused_and_merges_nothing(
 
 def test_unknown_ledger_kind_is_refused(tmp_path: Path) -> None:
     remote = _controller_db(tmp_path / "controller.db")
-    snap = build_snapshot(remote, JOB, 1, 470.0)
-    snap["ledger"][0]["kind"] = "gold"
+    doc = json.loads(build_snapshot(remote, JOB, 1, 470.0).to_json())
+    doc["ledger"][0]["kind"] = "gold"
     with pytest.raises(InputError, match="unknown ledger kind"):
-        parse_snapshot(json.dumps(snap).encode(), JOB, "here")
+        parse_snapshot(json.dumps(doc).encode(), JOB, "here")
+
+
+def test_a_snapshot_round_trips_through_its_json(tmp_path: Path) -> None:
+    """What the controller writes is what a reader parses: every row, typed."""
+    remote = _controller_db(tmp_path / "controller.db")
+    remote.add_event(JOB, 130.0, "guard", "spend 0.1", {"usd": 0.1})
+    snap = build_snapshot(remote, JOB, 4, 470.0)
+    assert parse_snapshot(snap.to_json(), JOB, "here") == snap
+    doc = json.loads(snap.to_json())
+    doc["events"][-1]["data"] = [1]
+    with pytest.raises(InputError, match="not a mapping"):
+        parse_snapshot(json.dumps(doc).encode(), JOB, "here")
 
 
 def test_s3_round_trip(moto: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,12 +54,12 @@ def attach_job(
     cloud, uri = storage_cloud(req.storage_uri)
     storage = backend_for(cloud, req.region, uri).storage
     snap = pull_or_fail(storage, req.job_id)  # before the database is opened: nothing written
-    runs_on = str(snap["job"]["cloud"])
+    runs_on = snap.job.cloud
     if runs_on != cloud:  # its storage would be read through the wrong provider from now on
         raise InputError(
             f"job {req.job_id} runs on {runs_on}, but {uri} is {cloud} storage",
             hint=f"attach it with the storage its launch used: "
-            f"{snap['job']['spec'].get('storage_uri') or 'its --storage'}",
+            f"{snap.job.spec.get('storage_uri') or 'its --storage'}",
         )
     with open_db() as db:
         done = attach(db, snap, storage)

@@ -58,25 +58,59 @@ def snapshot_key(job_id: str) -> str:
     return f"{job_id}/state/snapshot.json"
 
 
-def build_snapshot(db: StateDB, job_id: str, seq: int, now: float) -> dict[str, Any]:
-    """The job's rows as a JSON-able mapping (``seq``: the writer's counter, ``written_at``)."""
+@dataclass(frozen=True)
+class SnapshotEvent:
+    time: float
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A job's rows as its controller published them: ``seq`` grows with each write,
+    ``written_at`` is the writer's clock, ``source`` the writing database (host and path)."""
+
+    job_id: str
+    seq: int
+    written_at: float
+    source: str
+    job: JobRecord
+    instances: tuple[InstanceRecord, ...]
+    events: tuple[SnapshotEvent, ...]
+    ledger: tuple[LedgerRow, ...]
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "job_id": self.job_id,
+            "seq": self.seq,
+            "written_at": self.written_at,
+            "source": self.source,
+            "job": asdict(self.job),
+            "instances": [asdict(i) for i in self.instances],
+            "events": [asdict(e) for e in self.events],
+            "ledger": [asdict(r) for r in self.ledger],
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+
+def build_snapshot(db: StateDB, job_id: str, seq: int, now: float) -> Snapshot:
+    """The job's rows now (``seq``: the writer's counter, ``now``: its clock)."""
     job = db.job(job_id)
     if job is None:
         raise InputError(f"no job {job_id!r} in {db.path}", hint="run `kplan status` for the jobs")
     events = [e for e in db.events(job_id) if e.kind != SNAPSHOT_EVENT][-MAX_EVENTS:]
-    return {
-        "format": FORMAT,
-        "job_id": job_id,
-        "seq": int(seq),
-        "written_at": float(now),
-        "source": _source(db),
-        "job": asdict(job),
-        "instances": [asdict(i) for i in db.instances(job_id)],
-        "events": [
-            {"time": e.time, "kind": e.kind, "message": e.message, "data": e.data} for e in events
-        ],
-        "ledger": [asdict(r) for r in db.ledger(job_id)],
-    }
+    return Snapshot(
+        job_id=job_id,
+        seq=int(seq),
+        written_at=float(now),
+        source=_source(db),
+        job=job,
+        instances=tuple(db.instances(job_id)),
+        events=tuple(SnapshotEvent(e.time, e.kind, e.message, e.data) for e in events),
+        ledger=tuple(db.ledger(job_id)),
+    )
 
 
 def _source(db: StateDB) -> str:
@@ -86,7 +120,7 @@ def _source(db: StateDB) -> str:
 
 def publish(db: StateDB, storage: Storage, job_id: str, seq: int, now: float) -> int:
     """Write the job's snapshot to ``storage`` whole; returns its size in bytes."""
-    data = json.dumps(build_snapshot(db, job_id, seq, now), sort_keys=True).encode()
+    data = build_snapshot(db, job_id, seq, now).to_json()
     storage.put_bytes(snapshot_key(job_id), data)
     return len(data)
 
@@ -95,30 +129,40 @@ def _bad(where: str, why: str) -> InputError:
     return InputError(f"controller state snapshot {where} is unreadable: {why}", hint=_HINT)
 
 
-def parse_snapshot(data: bytes, job_id: str, where: str) -> dict[str, Any]:
-    """The snapshot's mapping, checked whole before anything is merged (InputError if not)."""
+def parse_snapshot(data: bytes, job_id: str, where: str) -> Snapshot:
+    """The snapshot, checked whole before anything is merged (InputError if not)."""
     try:
-        snap = json.loads(data)
+        doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
         raise _bad(where, f"not JSON ({err})") from None
-    if not isinstance(snap, dict) or snap.get("format") != FORMAT:
-        got = snap.get("format") if isinstance(snap, dict) else type(snap).__name__
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise _bad(where, f"format {got!r}, expected {FORMAT!r}")
-    if snap.get("job_id") != job_id:
-        raise _bad(where, f"it is job {snap.get('job_id')!r}'s, not {job_id!r}'s")
+    if doc.get("job_id") != job_id:
+        raise _bad(where, f"it is job {doc.get('job_id')!r}'s, not {job_id!r}'s")
     try:
-        int(snap["seq"])
-        float(snap["written_at"])
-        _job_record(snap["job"])
-        [InstanceRecord(**i) for i in snap["instances"]]
-        [_ledger_row(r) for r in snap["ledger"]]
-        [(float(e["time"]), str(e["kind"]), str(e["message"])) for e in snap["events"]]
+        return Snapshot(
+            job_id=job_id,
+            seq=int(doc["seq"]),
+            written_at=float(doc["written_at"]),
+            source=str(doc.get("source", "")),
+            job=_job_record(doc["job"]),
+            instances=tuple(InstanceRecord(**i) for i in doc["instances"]),
+            events=tuple(_event(e) for e in doc["events"]),
+            ledger=tuple(_ledger_row(r) for r in doc["ledger"]),
+        )
     except (KeyError, TypeError, ValueError) as err:
         raise _bad(where, f"a field is missing or of the wrong type ({err})") from None
-    return snap
 
 
-def pull(storage: Storage, job_id: str) -> dict[str, Any] | None:
+def _event(raw: dict[str, Any]) -> SnapshotEvent:
+    data = raw.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise TypeError(f"an event's data is {type(data).__name__}, not a mapping")
+    return SnapshotEvent(float(raw["time"]), str(raw["kind"]), str(raw["message"]), data)
+
+
+def pull(storage: Storage, job_id: str) -> Snapshot | None:
     """The job's published snapshot, checked; None when the controller has written none."""
     data = storage.get_bytes(snapshot_key(job_id))
     if data is None:
@@ -148,15 +192,14 @@ def merged_seq(db: StateDB, job_id: str) -> tuple[int, float] | None:
     return None
 
 
-def merge_snapshot(db: StateDB, snap: dict[str, Any], storage_uri: str | None = None) -> bool:
+def merge_snapshot(db: StateDB, snap: Snapshot, storage_uri: str | None = None) -> bool:
     """Merge a parsed snapshot into ``db``; False when it is not newer than the last merged.
     A job row it creates gets ``storage_uri`` (where this machine read it) in its spec."""
-    job_id = str(snap["job_id"])
-    seq = int(snap["seq"])
+    job_id, seq = snap.job_id, snap.seq
     last = merged_seq(db, job_id)
-    if (last is not None and seq <= last[0]) or snap.get("source") == _source(db):
+    if (last is not None and seq <= last[0]) or snap.source == _source(db):
         return False  # not newer, or written from this database (the local provider)
-    job = _job_record(snap["job"])
+    job = snap.job
     with db.transaction():
         local = db.job(job_id)
         if local is None:
@@ -164,24 +207,23 @@ def merge_snapshot(db: StateDB, snap: dict[str, Any], storage_uri: str | None = 
         elif job.updated_at >= local.updated_at:
             db.set_status(job_id, job.status, job.updated_at, job.reason)
         gone = {i.id for i in db.instances(job_id) if not i.alive}
-        for raw in snap["instances"]:
-            if raw["id"] not in gone:  # an instance seen gone here stays gone
-                db.add_instance(InstanceRecord(**raw))
+        for inst in snap.instances:
+            if inst.id not in gone:  # an instance seen gone here stays gone
+                db.add_instance(inst)
         accrued = {r.instance: r.end for r in db.ledger(job_id)}
-        for raw in snap["ledger"]:
-            row = _ledger_row(raw)
+        for row in snap.ledger:
             if row.end >= accrued.get(row.instance, row.end):  # never an older accrual
                 db.put_ledger(row)
         held = {(e.time, e.kind, e.message) for e in db.events(job_id)}
-        for e in snap["events"]:
-            if (float(e["time"]), e["kind"], e["message"]) not in held:
-                db.add_event(job_id, float(e["time"]), e["kind"], e["message"], e["data"])
+        for e in snap.events:
+            if (e.time, e.kind, e.message) not in held:
+                db.add_event(job_id, e.time, e.kind, e.message, e.data)
         db.add_event(
             job_id,
-            float(snap["written_at"]),
+            snap.written_at,
             SNAPSHOT_EVENT,
             f"merged controller state snapshot {seq}",
-            {"seq": seq, "written_at": float(snap["written_at"])},
+            {"seq": seq, "written_at": snap.written_at},
         )
     return True
 
@@ -224,7 +266,7 @@ class Attached:
     written_at: float
 
 
-def pull_or_fail(storage: Storage, job_id: str) -> dict[str, Any]:
+def pull_or_fail(storage: Storage, job_id: str) -> Snapshot:
     """The job's snapshot, checked; InputError (exit 2) when there is none at ``storage``."""
     snap = pull(storage, job_id)
     if snap is None:
@@ -235,20 +277,20 @@ def pull_or_fail(storage: Storage, job_id: str) -> dict[str, Any]:
             "else the cloud's default bucket); the controller writes it at every heartbeat",
         )
     try:  # the row made from it must serve `kplan down` and `logs`: its spec must read
-        JobSpec.from_dict(snap["job"]["spec"])
+        JobSpec.from_dict(snap.job.spec)
     except (KeyError, TypeError, ValueError, KplanError) as err:
         why = err.message if isinstance(err, KplanError) else f"{type(err).__name__}: {err}"
         raise _bad(f"{storage.uri}/{snapshot_key(job_id)}", f"its job spec ({why})") from None
     return snap
 
 
-def attach(db: StateDB, snap: dict[str, Any], storage: Storage) -> Attached:
+def attach(db: StateDB, snap: Snapshot, storage: Storage) -> Attached:
     """Merge a checked snapshot (:func:`pull_or_fail`) into ``db``, creating the job's row if
     this database lacks it; attaching again, or a job already here, merges (never duplicates)."""
-    job_id = str(snap["job_id"])
+    job_id = snap.job_id
     created = db.job(job_id) is None
     merged = merge_snapshot(db, snap, storage.uri)
     job = db.job(job_id)
     if job is None:  # merge_snapshot creates it; a writer that removed it meanwhile
         raise InputError(f"job {job_id!r} vanished from {db.path}", hint="attach it again")
-    return Attached(job, created, merged, int(snap["seq"]), float(snap["written_at"]))
+    return Attached(job, created, merged, snap.seq, snap.written_at)

@@ -63,9 +63,7 @@ def sync_job(job_id: str, now: float) -> str | None:
         db = _db()
     except StateError:  # cannot write here: say how old the snapshot is, merge nothing
         snap = pull(storage, rec.id)
-        line = age_line(
-            None if snap is None else (int(snap["seq"]), float(snap["written_at"])), now
-        )
+        line = age_line(None if snap is None else (snap.seq, snap.written_at), now)
         return None if line is None else f"{line}; not merged (the state database is read-only)"
     with db:
         return age_line(sync(db, storage, rec.id), now)
