@@ -373,3 +373,55 @@ def test_status_watch_follows_a_controller_on_its_own_instance_until_the_job_end
         job = laptop.job(JOB)
         assert job is not None and job.status == "succeeded"
         assert merged_seq(laptop, JOB) is not None and merged_seq(laptop, JOB)[0] == 2
+
+
+def test_a_controller_restarted_without_the_database_keeps_every_ledger_kind(
+    tmp_path: Path,
+) -> None:
+    """The controller's instance is lost with its database; the one restarted elsewhere
+    rebuilds the job from the bucket: the snapshot brings the storage and egress rows (the
+    guard counts them; from the controller document alone they were missing, and the egress
+    would be recorded a second time), the plan and the events; the document, written later,
+    brings the node that ended since. Spend equals the dead controller's."""
+    from kplan.launcher.clock import FakeClock
+    from kplan.launcher.controller import ControllerDoc
+    from kplan.launcher.controller_resume import import_job
+    from kplan.launcher.jobspec import JobSpec
+    from kplan.launcher.journal import Journal
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
+    remote = StateDB.open(tmp_path / "controller.db")
+    remote.create_job(replace(_job(), spec=spec.to_dict(), plan={"chosen": {"nodes": 2}}))
+    for rank in (0, 1):
+        remote.add_instance(_node(rank))
+        remote.put_ledger(LedgerRow(JOB, f"i-{rank}", 100.0, 460.0, 360.0, 0.05, False))
+    remote.put_ledger(LedgerRow(JOB, "storage", 100.0, 460.0, 360.0, 0.001, False, "storage"))
+    remote.put_ledger(LedgerRow(JOB, "egress", 100.0, 100.0, 0.0, 0.9, True, "egress"))
+    remote.add_event(JOB, 120.0, "nodes", "2 nodes running")
+    bucket = LocalStorage(tmp_path / "bucket")
+    publish(remote, bucket, JOB, 7, 460.0)
+    ended = replace(_node(1), state="preempted", ended_at=470.0)
+    doc = ControllerDoc(
+        job=JOB, host="lost-vm", pid=77, mode="instance", started_at=100.0, heartbeat_at=470.0,
+        check_interval_s=10.0, job_started_at=100.0, generation=1, launches={0: 1, 1: 1},
+        spec=spec.to_dict(), instances=(_node(0), ended),
+    )  # fmt: skip
+    fresh = StateDB.open(tmp_path / "elsewhere" / "kplan.db")
+    journal = Journal.for_job(tmp_path / "elsewhere", JOB)
+    snap = pull(bucket, JOB)
+    row = import_job(fresh, doc, journal, FakeClock(480.0), snap)
+    assert row.plan == {"chosen": {"nodes": 2}}
+    kinds = {r.instance: (r.kind, r.usd, r.closed) for r in fresh.ledger(JOB)}
+    assert kinds["storage"][0] == "storage" and kinds["egress"] == ("egress", 0.9, True)
+    assert kinds["i-1"][2] is True and kinds["i-0"][2] is False  # ended since the snapshot
+    assert fresh.spend(JOB) >= remote.spend(JOB) - 1e-12
+    states = {i.id: i.state for i in fresh.instances(JOB)}
+    assert states == {"i-0": "running", "i-1": "preempted"}
+    messages = [e.message for e in fresh.events(JOB)]
+    assert "2 nodes running" in messages
+    assert any("and its state snapshot 7" in m for m in messages)
+    bare = StateDB.open(tmp_path / "bare" / "kplan.db")  # no snapshot: the document alone
+    import_job(bare, doc, Journal.for_job(tmp_path / "bare", JOB), FakeClock(480.0))
+    assert {r.kind for r in bare.ledger(JOB)} == {"instance"}

@@ -41,6 +41,7 @@ from kplan.launcher.nodes import UNPLACED
 from kplan.launcher.observe import EventSink
 from kplan.launcher.provider import Instance
 from kplan.launcher.providers import Backend
+from kplan.launcher.snapshot import Snapshot, merge_snapshot, pull
 from kplan.launcher.state import (
     GONE_STATES,
     TERMINAL_STATUSES,
@@ -79,7 +80,7 @@ def resume_job(
                 hint="give the job's --cloud, --region and --storage (where its controller "
                 "wrote controller.json)",
             )
-        row = import_job(db, doc, journal, clock)
+        row = import_job(db, doc, journal, clock, _snapshot_or_none(backend, job_id))
     if row.terminal:
         raise InputError(
             f"job {job_id} already ended ({row.status}): there is nothing to control",
@@ -93,10 +94,18 @@ def resume_job(
         return run.resume(row, doc)
 
 
-def import_job(db: StateDB, doc: ControllerDoc, journal: Journal, clock: Clock) -> JobRecord:
-    """The job's row, instances and ledger rebuilt from its controller document (a machine
-    without the job's database): each ledger row from its instance's request and end, as the
-    controller that wrote the document kept it."""
+def import_job(
+    db: StateDB,
+    doc: ControllerDoc,
+    journal: Journal,
+    clock: Clock,
+    snap: Snapshot | None = None,
+) -> JobRecord:
+    """The job's row, instances and ledger rebuilt on a machine without the job's database:
+    from its state snapshot where there is one (the row with its plan, every ledger row of
+    every kind, as the storage, disk and egress rows the guard counts, and the events), then
+    from its controller document (newer: written before every request for instances), each
+    instance's ledger row from its request and end as the controller that wrote them kept it."""
     spec = JobSpec.from_dict(doc.spec)
     now = clock.now()
     journal.write(
@@ -108,7 +117,41 @@ def import_job(db: StateDB, doc: ControllerDoc, journal: Journal, clock: Clock) 
         storage_uri=spec.storage_uri,
         pid=os.getpid(),
     )
-    row = JobRecord(
+    merged = snap is not None and snap.job_id == spec.job_id and merge_snapshot(db, snap)
+    row = db.job(spec.job_id) if merged else None
+    ledger = Ledger(db, spec.job_id, billing_for(spec.cloud), spec.costs, doc.job_started_at)
+    with db.transaction():
+        if row is None:
+            row = _row_from(doc, spec, now)
+            db.create_job(row)
+        known = {i.id: i for i in db.instances(spec.job_id)}
+        billed = {r.instance for r in db.ledger(spec.job_id)}
+        for rec in doc.instances:
+            held = known.get(rec.id)
+            if held is not None and not held.alive:
+                continue  # seen gone in the snapshot: stays gone, its row as it was closed
+            db.add_instance(rec)
+            if rec.id not in billed:
+                ledger.open(rec)
+            if rec.ended_at is not None:
+                ledger.close(rec, rec.ended_at)
+        source = controller_where(doc)
+        if merged and snap is not None:
+            source += f" and its state snapshot {snap.seq}"
+        db.add_event(
+            spec.job_id,
+            now,
+            "controller",
+            f"imported from {source}: {len(doc.instances)} instance(s)",
+        )
+    if doc.instances:
+        journal.write("created", now, instances=[instance_doc(r) for r in doc.instances])
+    return row
+
+
+def _row_from(doc: ControllerDoc, spec: JobSpec, now: float) -> JobRecord:
+    """The job's row from its controller document alone (no snapshot to take it from)."""
+    return JobRecord(
         id=spec.job_id,
         status="running" if doc.instances else "pending",
         reason=None,
@@ -126,23 +169,15 @@ def import_job(db: StateDB, doc: ControllerDoc, journal: Journal, clock: Clock) 
         created_at=doc.job_started_at,
         updated_at=now,
     )
-    ledger = Ledger(db, spec.job_id, billing_for(spec.cloud), spec.costs, doc.job_started_at)
-    with db.transaction():
-        db.create_job(row)
-        for rec in doc.instances:
-            db.add_instance(rec)
-            ledger.open(rec)
-            if rec.ended_at is not None:
-                ledger.close(rec, rec.ended_at)
-        db.add_event(
-            spec.job_id,
-            now,
-            "controller",
-            f"imported from {controller_where(doc)}: {len(doc.instances)} instance(s)",
-        )
-    if doc.instances:
-        journal.write("created", now, instances=[instance_doc(r) for r in doc.instances])
-    return row
+
+
+def _snapshot_or_none(backend: Backend, job_id: str) -> Snapshot | None:
+    """The job's state snapshot, if its storage holds a readable one: a damaged one does not
+    stop a restart (the controller document alone rebuilds the job, as before snapshots)."""
+    try:
+        return pull(backend.storage, job_id)
+    except (InputError, OSError):
+        return None
 
 
 def controller_where(doc: ControllerDoc) -> str:
