@@ -223,6 +223,10 @@ def test_status_lists_and_details(recorded: dict[str, Any]) -> None:
     assert res.exit_code == 0 and "kp-cli-done" in res.output
     res = _invoke("status", "kp-cli-orphan", "--watch", "--interval", "0.01")
     assert res.exit_code == 0 and "launcher gone" in res.output
+    # every job: one ended, one whose launcher is gone with no controller's heartbeat: the
+    # watch ends too (it refreshed forever without a terminal)
+    res = _invoke("status", "--watch", "--interval", "0.01")
+    assert res.exit_code == 0 and "kp-cli-orphan" in res.output and "kp-cli-done" in res.output
 
 
 def test_status_and_logs_bad_input(recorded: dict[str, Any]) -> None:

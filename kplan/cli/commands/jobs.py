@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kplan.launcher.controller import Liveness
     from kplan.launcher.providers import Backend
     from kplan.launcher.state import JobRecord, StateDB
+    from kplan.launcher.summary import JobSummary
 
 
 def _home() -> Path:
@@ -108,12 +109,13 @@ def status_command(
             if job is not None and refresh:  # what the controller did since the last refresh
                 age = _resync(job, now, age)
             if job is None:
-                docs = [job_summary(db, j, now, events=0) for j in db.jobs()]
+                recs = db.jobs()
+                docs = [job_summary(db, j, now, events=0) for j in recs]
                 if as_json:
                     typer.echo(json.dumps([d.to_dict() for d in docs], indent=1))
                 else:
                     render_jobs(docs)
-                finished = all(d.status not in _ACTIVE for d in docs)
+                finished = _all_finished(recs, docs, now)
             else:
                 rec = _job_or_fail(db, job)
                 doc = job_summary(db, rec, now)
@@ -153,6 +155,15 @@ def _finished(status: str, launcher: str, alive: Liveness | None) -> bool:
     """Nothing more to watch: the job ended, or neither its launcher nor a controller whose
     heartbeat is fresh (a detached controller on its own instance) is running."""
     return status not in _ACTIVE or (launcher == "gone" and not (alive and alive.alive))
+
+
+def _all_finished(recs: list[JobRecord], docs: list[JobSummary], now: float) -> bool:
+    """Every job ended, or runs with neither its launcher nor a live controller (the
+    controller's heartbeat is read only for those whose launcher is gone)."""
+    return all(
+        _finished(d.status, d.launcher, _controller(r, now) if d.launcher == "gone" else None)
+        for r, d in zip(recs, docs, strict=True)
+    )
 
 
 def _controller(rec: JobRecord, now: float) -> Liveness | None:
@@ -195,9 +206,9 @@ def _watch_live(job: str | None, interval: float) -> None:
         if job is None:
 
             def frame() -> tuple[Any, bool]:
-                docs = [job_summary(db, j, time.time(), events=0) for j in db.jobs()]
-                done = all(d.status not in _ACTIVE or d.launcher == "gone" for d in docs)
-                return jobs_view(docs), done
+                now, recs = time.time(), db.jobs()
+                docs = [job_summary(db, j, now, events=0) for j in recs]
+                return jobs_view(docs), _all_finished(recs, docs, now)
 
         else:
             from rich.console import Group
