@@ -24,7 +24,7 @@ from kplan.launcher.snapshot import (
     sync,
 )
 from kplan.launcher.state import InstanceRecord, JobRecord, LedgerRow, StateDB
-from kplan.launcher.storage import LocalStorage
+from kplan.launcher.storage import LocalStorage, Storage
 
 JOB = "j-snap"
 
@@ -76,6 +76,26 @@ def _laptop_db(path: Path) -> StateDB:
     db.add_instance(replace(_node(9), id="i-ctl", name="controller", node_rank=-1))
     db.put_ledger(LedgerRow(JOB, "i-ctl", 100.0, 130.0, 30.0, 0.0001, False))
     return db
+
+
+def _laptop_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, now: float) -> Storage:
+    """A KPLAN_HOME (``laptop``) holding only the job's row, a local job made a minute before
+    ``now``; the job's storage, where a controller elsewhere publishes."""
+    from kplan.cli.commands.jobs import _storage_or_none
+    from kplan.launcher.jobspec import JobSpec
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
+    with StateDB.open() as laptop:
+        laptop.create_job(
+            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
+        )
+        rec = laptop.job(JOB)
+    assert rec is not None
+    storage: Storage = _storage_or_none(rec)
+    return storage
 
 
 def test_merge_brings_nodes_and_spend_and_keeps_local_rows(tmp_path: Path) -> None:
@@ -232,22 +252,10 @@ def test_status_and_report_merge_the_snapshot_from_the_jobs_storage(
 
     from typer.testing import CliRunner
 
-    from kplan.cli.commands.jobs import _storage_or_none
     from kplan.cli.main import app
-    from kplan.launcher.jobspec import JobSpec
 
-    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
-    script = tmp_path / "train.py"
-    script.write_text("print('hi')\n")
-    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
     now = time.time()
-    with StateDB.open() as laptop:
-        laptop.create_job(
-            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
-        )
-        rec = laptop.job(JOB)
-    assert rec is not None
-    storage = _storage_or_none(rec)
+    storage = _laptop_home(tmp_path, monkeypatch, now)
     remote = _controller_db(tmp_path / "controller.db")
     remote.set_status(JOB, "running", now)
     publish(remote, storage, JOB, 1, now - 40)
@@ -283,21 +291,16 @@ def test_read_only_home_shows_the_snapshot_age_and_merges_nothing(
 
     from kplan.cli.commands import jobs
     from kplan.cli.main import app
-    from kplan.launcher.jobspec import JobSpec
     from kplan.launcher.statecheck import StateError
 
-    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
-    script = tmp_path / "train.py"
-    script.write_text("print('hi')\n")
-    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
     now = time.time()
-    with StateDB.open() as laptop:
-        laptop.create_job(
-            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
-        )
-        rec = laptop.job(JOB)
-    assert rec is not None
-    publish(_controller_db(tmp_path / "controller.db"), jobs._storage_or_none(rec), JOB, 3, now)
+    publish(
+        _controller_db(tmp_path / "controller.db"),
+        _laptop_home(tmp_path, monkeypatch, now),
+        JOB,
+        3,
+        now,
+    )
     real_db = jobs._db
 
     def read_only_db(readonly: bool = False) -> StateDB:
@@ -325,23 +328,11 @@ def test_status_watch_follows_a_controller_on_its_own_instance_until_the_job_end
 
     from typer.testing import CliRunner
 
-    from kplan.cli.commands import jobs
     from kplan.cli.main import app
     from kplan.launcher.controller import ControllerDoc, write_controller
-    from kplan.launcher.jobspec import JobSpec
 
-    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "laptop"))
-    script = tmp_path / "train.py"
-    script.write_text("print('hi')\n")
-    spec = JobSpec.local(str(script), job_id=JOB, rdzv_port=29500)
     now = time.time()
-    with StateDB.open() as laptop:
-        laptop.create_job(
-            replace(_job(now - 60), cloud="local", region="local", spec=spec.to_dict())
-        )
-        rec = laptop.job(JOB)
-    assert rec is not None
-    storage = jobs._storage_or_none(rec)
+    storage = _laptop_home(tmp_path, monkeypatch, now)
     remote = _controller_db(tmp_path / "controller.db")
     remote.set_status(JOB, "running", now)
     publish(remote, storage, JOB, 1, now)
@@ -372,7 +363,8 @@ def test_status_watch_follows_a_controller_on_its_own_instance_until_the_job_end
     with StateDB.open() as laptop:
         job = laptop.job(JOB)
         assert job is not None and job.status == "succeeded"
-        assert merged_seq(laptop, JOB) is not None and merged_seq(laptop, JOB)[0] == 2
+        seq = merged_seq(laptop, JOB)
+        assert seq is not None and seq[0] == 2
 
 
 def test_a_controller_restarted_without_the_database_keeps_every_ledger_kind(
