@@ -310,9 +310,8 @@ class _Lanes:
         slot_on = np.arange(n_max)[None, :] < self.n_f[cf][:, None]  # (lanes, n_max)
         self.launch = np.where(slot_on, 0.0, INF)
         self.launch_spot = self.launch.copy()
-        every = np.broadcast_to(np.arange(m)[:, None], slot_on.shape)
-        cols = np.broadcast_to(np.arange(n_max)[None, :], slot_on.shape)
-        self.death = np.where(slot_on, self.lives(every, cols), INF)
+        self.death = np.full((m, n_max), INF)
+        self.death[slot_on] = self.lives(*np.nonzero(slot_on))
         self.on_od = np.zeros((m, n_max), dtype=bool)
         self.held = np.full((m, n_max), INF)  # the running clock of a slot while on demand
         self.t_res = self.prov[cf].copy()  # when every node is up (training resumes)
@@ -402,15 +401,15 @@ class _Lanes:
         train = ls & (d >= self.t_res)
         ahead = np.minimum(self.committed + k * P["interval"], self.work)
         self.committed = np.where(train, ahead, self.committed)
-        gone = self.death <= d[:, None]
-        if self.any_co:
-            rows = np.flatnonzero(ls)
-            slot = spotdraws.CO_LOSS * spotdraws.SLOT_SPAN + np.arange(self.n_max)[None, :]
-            u = spotdraws.uniform(P["lane"][rows, None], self.ev[rows, None], slot)
-            gone[rows] |= u < P["co"][rows, None]
-        gone &= self.launch_spot <= d[:, None]
-        gone.ravel()[first] = True
-        gone &= ls[:, None]
+        spot_up = (self.launch_spot <= d[:, None]) & ls[:, None]  # launched spot slots
+        gone = spot_up & (self.death <= d[:, None])
+        if self.any_co:  # each other launched spot slot goes too with probability co_loss
+            cand = np.flatnonzero(spot_up & ~gone)
+            r = cand // self.n_max
+            slot = spotdraws.CO_LOSS * spotdraws.SLOT_SPAN + (cand - r * self.n_max)
+            u = spotdraws.uniform(P["lane"][r], self.ev[r], slot)
+            gone.ravel()[cand[u < P["co"][r]]] = True
+        gone.ravel()[first[ls]] = True
         g = np.flatnonzero(gone)  # the lost slots, flat, lane by lane (as np.nonzero)
         g_r = g // self.n_max
         self.losses += ls
@@ -468,10 +467,11 @@ class _Lanes:
         (the lanes going on demand, those failing, when the replacements launch)."""
         P = self.P
         still = self.region_until > d
-        u1, u2, u3 = (
-            spotdraws.uniform(P["lane"], self.ev, s * spotdraws.SLOT_SPAN)
-            for s in (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
-        )
+        # the three draws of the lanes losing now (the others' are never read)
+        il = np.flatnonzero(ls)
+        u = np.full((3, ls.size), 0.5)
+        u[:, il] = spotdraws.uniform(P["lane"][il], self.ev[il], _CAP_SLOTS)
+        u1, u2, u3 = u
         nd = P["n_dur"]
         draw_d = self.durs[P["cf"], np.minimum((u3 * nd).astype(np.intp), P["last_dur"])]
         regional = (u1 < P["out_p"]) & (P["no_failover"] | (u2 < P["region_p"]))
@@ -554,6 +554,12 @@ class _Lanes:
         )
 
 
+_CAP_SLOTS = np.array(
+    [
+        [s * spotdraws.SLOT_SPAN]
+        for s in (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
+    ]
+)
 _LANE_STATE = (
     "orig",
     "ev",
