@@ -554,12 +554,8 @@ class _Lanes:
         )
 
 
-_CAP_SLOTS = np.array(
-    [
-        [s * spotdraws.SLOT_SPAN]
-        for s in (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
-    ]
-)
+_CAP = (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
+_CAP_SLOTS = np.array([[s * spotdraws.SLOT_SPAN] for s in _CAP])  # (3, 1): per lane, broadcast
 _LANE_STATE = (
     "orig",
     "ev",
