@@ -272,6 +272,8 @@ class _Lanes:
                     np.asarray(r.outage.durations_h) * 3600.0
                 )
         self.any_co = bool(np.any(by_cfg["co"] > 0))
+        # without a deadline the rule always allows spot (deadline.spot_ok): not evaluated
+        self.any_dl = bool(np.isfinite(by_cfg["deadline"]).any())
         self.cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
         # per-lane copies of the parameters, compacted with the state (no gather per event)
         self.P = {key: x[self.cf] for key, x in by_cfg.items()}
@@ -420,8 +422,11 @@ class _Lanes:
         self.cost += np.bincount(g_r, self.billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
         use_od, no_cap, t_launch = self.capacity(ls, d)
         up = np.maximum(self.t_res, d + P["restart"])  # were the replacements spot, now
-        force = ls & ~self.spot_ok(np.arange(n_l), up, self.work - self.committed)
-        use_od |= force
+        if self.any_dl:
+            force = ls & ~self.spot_ok(np.arange(n_l), up, self.work - self.committed)
+            use_od |= force
+        else:
+            force = np.zeros(n_l, dtype=bool)
         tl = t_launch[g_r]
         od = use_od[g_r]
         launch[g] = tl
@@ -479,6 +484,11 @@ class _Lanes:
         # a capacity wait no longer than the restart is none (as ``replay`` reads a trace)
         out = ls & (still | regional) & (self.region_until - d > P["restart"])
         d_wait = np.where(out, self.region_until - d, 0.0)
+        if not self.any_dl:
+            use_od = out & P["allow_od"]
+            wait_ok = out & ~P["allow_od"] & (d_wait <= P["cap"])
+            self.wait += np.where(wait_ok, d_wait, 0.0)
+            return use_od, out & ~P["allow_od"] & ~wait_ok, d + np.where(wait_ok, d_wait, 0.0)
         # the deadline rule: wait while the slack allows, then on demand until capacity returns
         dl = np.isfinite(P["deadline"])
         rem = self.work - self.committed
