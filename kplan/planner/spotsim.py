@@ -514,9 +514,10 @@ class _Lanes:
         te = t_end[er]
         ln = self.launch[er]
         g_r, g_c = np.nonzero(ln <= te[:, None])
-        dur = np.minimum(self.death[er][g_r, g_c], te[g_r]) - ln[g_r, g_c]
-        odf = self.on_od[er][g_r, g_c]
         lane = er[g_r]
+        fl = self.flat_rows[lane] + g_c  # the launched slots, as flat indices
+        dur = np.minimum(self.death.ravel()[fl], te[g_r]) - ln[g_r, g_c]
+        odf = self.on_od.ravel()[fl]
         price = np.where(odf, P["p_od"][lane], P["p_spot"][lane])
         self.cost[er] += np.bincount(g_r, self.billed_usd(lane, dur, price), er.size)
         self.od_s[er] += np.bincount(g_r, np.where(odf, dur, 0.0), er.size)
@@ -525,11 +526,12 @@ class _Lanes:
         self.r_lost[o], self.r_wait[o], self.r_od[o] = self.lost[er], self.wait[er], self.od_s[er]
         self.r_failed[o] = failed[er]
         self.running[er] = False
-        self.death[er] = INF  # inert: no event of theirs is looked at again
         n_l = self.orig.size
         stopped = n_l - int(self.running.sum())
         if stopped * 4 > n_l or stopped == n_l:  # compact (a copy of every array)
             self.compact()
+        else:
+            self.death[er] = INF  # inert: no event of theirs is looked at again
 
     def compact(self) -> None:
         keep = self.running
