@@ -42,10 +42,10 @@ def mix(x: U64) -> U64:
     z = np.add(x, _GAMMA, dtype=np.uint64)
     if not isinstance(z, np.ndarray) or z.ndim == 0:
         with np.errstate(over="ignore"):
-            z = np.uint64(z)
-            z = (z ^ (z >> _S30)) * _M1
-            z = (z ^ (z >> _S27)) * _M2
-            return np.asarray(z ^ (z >> _S31))
+            y = np.uint64(z)
+            y = (y ^ (y >> _S30)) * _M1
+            y = (y ^ (y >> _S27)) * _M2
+            return np.asarray(y ^ (y >> _S31))
     z ^= z >> _S30
     z *= _M1
     z ^= z >> _S27
