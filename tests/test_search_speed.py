@@ -111,6 +111,38 @@ def test_compression_grid_on_the_shared_dense_grid_is_the_same() -> None:
     assert compared > 0
 
 
+def test_node_pairs_are_the_distinct_pairs_and_price_the_same_steps() -> None:
+    """A type grid's (nodes, workers) pairs read from its ascending node counts equal the
+    unique over the grid, and a compression option's step times with them equal those
+    without; a grid out of node order gets None (the caller's unique then)."""
+    wl = workload()
+    opts = SearchOptions(max_nodes=8)
+    cands, _ = candidates(wl, catalog(), device_model(), opts)
+    grid = batch_grid(wl, opts)
+    factors = efficiency.sample_factor(wl.gns, wl.base_batch, grid)
+    sigma = efficiency.log_sigma(wl.gns, wl.base_batch, grid)
+    compared = 0
+    for c in cands:
+        tg = _dense_grid(c, wl, opts, grid, factors, sigma)
+        if tg is None:
+            continue
+        g = c.inst.gpu_count
+        workers = tg.nodes * g
+        pairs = compression.node_pairs(tg.nodes, g)
+        assert pairs is not None
+        for a, b in zip(pairs, compression.distinct_pairs(tg.nodes, workers), strict=True):
+            assert np.array_equal(a, b)
+        for spec in ("fp16", "powersgd:4", "topk:0.01:ag"):
+            comp = compression.parse(spec)
+            shapes = compression.assumed_shapes(wl.gradient_bytes)
+            args = (c.pred.params, comp, shapes, tg.nodes, workers, tg.local, tg.accum, 0.01)
+            with_pairs = compression.step_time(*args, pairs=pairs)
+            assert np.array_equal(with_pairs, compression.step_time(*args))
+            compared += 1
+    assert compared > 0
+    assert compression.node_pairs(np.array([2.0, 1.0]), 4) is None
+
+
 def test_shown_key_is_the_plan_rows_key() -> None:
     """The key told before building a row is the built row's (cloud, type, market), and the
     distinct rows are the first of each key in order."""

@@ -302,20 +302,23 @@ def step_time(
     codec_s: float = 0.0,
     skew_s: float = 0.0,
     forward_share: float | None = None,
+    pairs: tuple[Array, Array, NDArray[np.intp]] | None = None,
 ) -> Array:
     """Seconds per optimizer step with ``c`` (module notes); ``none`` is perfmodel's exactly.
     ``skew_s``: a worker's mean wait at a barrier after a step's compute beyond the link's
     latency (the others still computing), paid once a step where a blocking round is a barrier
     (module notes).
     ``forward_share``: the part of the compute no round overlaps (the profile's measured
-    ``model.forward_share``; None: ``FORWARD_SHARE``)."""
+    ``model.forward_share``; None: ``FORWARD_SHARE``).
+    ``pairs``: the distinct (nodes, workers) pairs and each entry's index, as
+    ``distinct_pairs`` gives them, where the caller has them already."""
     if c.kind == "none":
         return perfmodel.step_time(p, nodes, workers, local_batch, accum_steps)
     tc = perfmodel.compute_time(p, local_batch)
     s = np.asarray(accum_steps, dtype=float)
     # the rounds depend on (nodes, workers) alone: priced once per distinct pair
     n, k = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(workers, dtype=float))
-    un, uk, inv = _distinct_pairs(n, k)
+    un, uk, inv = distinct_pairs(n, k) if pairs is None else pairs
     sync = sync_time(p, c, shapes, un, uk, part="overlapped")[0][inv]
     codec = np.where(k > 1, codec_s, 0.0)
     blocking, hidden = (x[inv] for x in blocking_time(p, c, shapes, un, uk, skew_s))
@@ -329,7 +332,18 @@ def step_time(
     return (s - 1.0) * tc + perfmodel.overlap(tc + codec, sync, gamma) + blocking
 
 
-def _distinct_pairs(n: Array, k: Array) -> tuple[Array, Array, NDArray[np.intp]]:
+def node_pairs(nodes: Array, gpus: int) -> tuple[Array, Array, NDArray[np.intp]] | None:
+    """``distinct_pairs(nodes, nodes * gpus)`` of node counts in ascending order (a type grid's:
+    the workers follow from the nodes), from the change points; None where not ascending."""
+    if nodes.size == 0 or np.any(nodes[1:] < nodes[:-1]):
+        return None
+    first = np.ones(nodes.size, dtype=bool)
+    first[1:] = nodes[1:] != nodes[:-1]
+    un = nodes[first]
+    return un, un * float(gpus), np.cumsum(first) - 1
+
+
+def distinct_pairs(n: Array, k: Array) -> tuple[Array, Array, NDArray[np.intp]]:
     """The distinct (nodes, workers) pairs and each entry's index into them (whole counts are
     keyed as one number: far faster than a unique over rows)."""
     top = float(k.max(initial=0.0)) + 1.0

@@ -72,7 +72,7 @@ def search_mixes(
         if i in best_cost:
             by_region.setdefault((c.offer.cloud, c.offer.region), []).append(i)
     out: list[MixCandidate] = []
-    per_batch = _per_batch(workload, grid)
+    per_batch = _per_batch(workload, opts, grid)
     for (cloud, region), members in by_region.items():
         best = sorted(members, key=lambda i: best_cost[i])[:PER_REGION]
         for i, j in itertools.combinations(best, 2):
@@ -82,15 +82,34 @@ def search_mixes(
     return out
 
 
-def _per_batch(workload: Workload, grid: NDArray[np.int64]) -> dict[str, Array]:
-    """Each global batch of the grid with its samples to train and the GNS forecast's spread
-    (the same for every pair: computed once)."""
+def _per_batch(
+    workload: Workload, opts: SearchOptions, grid: NDArray[np.int64]
+) -> dict[str, Array]:
+    """Each global batch of the grid with its samples to train and the GNS forecast's spread,
+    and every (n1, n2, accumulation, batch index) a pair may run (the same for every pair:
+    computed once)."""
     batch = grid.astype(float)
+    counts = NODE_COUNTS[opts.max_nodes >= NODE_COUNTS]
+    n1, n2, s, gi = (
+        a.ravel()
+        for a in np.meshgrid(
+            counts,
+            counts,
+            np.array(opts.accum_steps, dtype=float),
+            np.arange(len(batch)),
+            indexing="ij",
+        )
+    )
+    keep = n1 + n2 <= opts.max_nodes
     return {
         "batch": batch,
         "samples": workload.samples_at_base
         * efficiency.sample_factor(workload.gns, workload.base_batch, batch),
         "sigma": efficiency.log_sigma(workload.gns, workload.base_batch, batch),
+        "n1": n1[keep],
+        "n2": n2[keep],
+        "s": s[keep],
+        "gi": gi[keep],
     }
 
 
@@ -105,7 +124,7 @@ def _pair(
     checkpoint_s: float,
 ) -> list[MixCandidate]:
     """The time/cost frontier of the mixes of ``c1`` and ``c2`` nodes in one region."""
-    cfg = _pair_grid(c1, c2, opts, per_batch["batch"])
+    cfg = _pair_grid(c1, c2, per_batch)
     if cfg is None:
         return []
     step, samples, sigma, tc = _price_pair(c1, c2, cfg, per_batch, opts, checkpoint_s)
@@ -156,24 +175,12 @@ def _group(c: Candidate, nodes: int, local_batch: int) -> Group:
 
 
 def _pair_grid(
-    c1: Candidate, c2: Candidate, opts: SearchOptions, batches: Array
+    c1: Candidate, c2: Candidate, per_batch: dict[str, Array]
 ) -> dict[str, Array] | None:
-    """Node counts, accumulation and global batch of a pair, with each group's local batch
-    (equal finish times, module notes); None when none fits."""
-    counts = NODE_COUNTS[opts.max_nodes >= NODE_COUNTS]
-    n1, n2, s, gi = (
-        a.ravel()
-        for a in np.meshgrid(
-            counts,
-            counts,
-            np.array(opts.accum_steps, dtype=float),
-            np.arange(len(batches)),
-            indexing="ij",
-        )
-    )
-    keep = n1 + n2 <= opts.max_nodes
-    n1, n2, s, gi = n1[keep], n2[keep], s[keep], gi[keep]
-    batch = batches[gi]
+    """Node counts, accumulation and global batch of a pair (``_per_batch``'s), with each
+    group's local batch (equal finish times, module notes); None when none fits."""
+    n1, n2, s, gi = (per_batch[k] for k in ("n1", "n2", "s", "gi"))
+    batch = per_batch["batch"][gi]
     p1, p2 = c1.pred.params, c2.pred.params
     g1, g2 = float(c1.inst.gpu_count), float(c2.inst.gpu_count)
     w1, w2 = n1 * g1, n2 * g2

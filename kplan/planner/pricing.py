@@ -61,6 +61,7 @@ def type_grid(
     inputs = compression.variant_inputs(
         comp, workload, p.gradient_bytes or workload.gradient_bytes, c.pred.codec_factor
     )
+    pairs = compression.node_pairs(nodes, c.inst.gpu_count)  # the rounds' distinct inputs
     step = np.minimum.reduce(  # auto: the faster of AR's and AG's
         [
             compression.step_time(
@@ -73,6 +74,7 @@ def type_grid(
                 accum,
                 codec,
                 forward_share=workload.forward_share,
+                pairs=pairs,
             )
             for cc, shapes, (codec, _) in inputs
         ]

@@ -36,13 +36,22 @@ CO_LOSS = 11  # a slot's co-loss (+ node rank)
 
 
 def mix(x: U64) -> U64:
-    """splitmix64: one step of the sequence, then its finaliser (a bijection of uint64)."""
-    with np.errstate(over="ignore"):
-        z = x + _GAMMA
-        z = (z ^ (z >> _S30)) * _M1
-        z = (z ^ (z >> _S27)) * _M2
-    out: U64 = z ^ (z >> _S31)
-    return out
+    """splitmix64: one step of the sequence, then its finaliser (a bijection of uint64).
+    In place on a fresh array (arrays wrap silently; a 0-d input takes the scalar path, whose
+    overflow numpy would report)."""
+    z = np.add(x, _GAMMA, dtype=np.uint64)
+    if not isinstance(z, np.ndarray) or z.ndim == 0:
+        with np.errstate(over="ignore"):
+            y = np.uint64(z)
+            y = (y ^ (y >> _S30)) * _M1
+            y = (y ^ (y >> _S27)) * _M2
+            return np.asarray(y ^ (y >> _S31))
+    z ^= z >> _S30
+    z *= _M1
+    z ^= z >> _S27
+    z *= _M2
+    z ^= z >> _S31
+    return z
 
 
 def _u64(x: NDArray[np.integer] | int) -> U64:

@@ -61,6 +61,7 @@ from numpy.typing import ArrayLike, NDArray
 from kplan.planner import deadline, nanstat, spotdraws
 from kplan.planner.costs import billed_seconds
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
+from kplan.planner.spotparams import config_params, draw_regimes
 
 Array = NDArray[np.float64]
 INF = math.inf
@@ -99,28 +100,6 @@ class SimResult:
     samples: SimSamples
     hours_median: Array
     cost_median: Array
-
-
-def _draw_regimes(
-    P: dict[str, NDArray[Any]], risks: list[SpotRisk | None], cf: NDArray[np.intp]
-) -> None:
-    """Each run's market period (spot.py, Regimes): the loss hazard times ``exp(s z - s^2/2)``
-    (a Weibull's scale times that to the power -1/k) and the outage chance's logit plus
-    ``s' z'``. Drawn from their own slots: with no spread the runs are unchanged."""
-    rate_sd = np.array([r.rate_sigma if r else 0.0 for r in risks])[cf]
-    out_sd = np.array([r.outage_sigma if r else 0.0 for r in risks])[cf]
-    if not (np.any(rate_sd > 0) or np.any(out_sd > 0)):
-        return
-    d = spotdraws
-    z1 = d.normal(P["lane"], np.zeros(cf.size, np.int64), d.REGIME_Z1, d.REGIME_Z2)
-    z2 = d.normal(P["lane"], np.zeros(cf.size, np.int64), d.REGIME_Z3, d.REGIME_Z4)
-    mult = np.exp(rate_sd * z1 - rate_sd**2 / 2.0)
-    with np.errstate(invalid="ignore", over="ignore"):
-        P["scale"] = np.where(np.isfinite(P["scale"]), P["scale"] * mult ** (-P["k_inv"]), INF)
-    p = np.clip(P["out_p"], 0.0, 1.0)
-    inner = (p > 0) & (p < 1)
-    logit = np.log(np.where(inner, p, 0.5) / np.where(inner, 1.0 - p, 0.5)) + out_sd * z2
-    P["out_p"] = np.where(inner, 1.0 / (1.0 + np.exp(-logit)), p)
 
 
 def _per_config(values: Sequence[object], c: int, name: str) -> list[object]:
@@ -177,7 +156,7 @@ def simulate(
     if len(pol) != c_n:
         raise ValueError("policies must be RecoveryPolicy")
     risk_list = [r if isinstance(r, SpotRisk) else None for r in rk]
-    by_cfg = _config_params(risk_list, pol, n_f, (bmin, binc, p_spot, p_od))
+    by_cfg = config_params(risk_list, pol, n_f, (bmin, binc, p_spot, p_od))
     rows = [
         (float(w0[i]), n_f[i], rk[i], pol[i], p_spot[i], p_od[i], sig[i], bmin[i], binc[i])
         for i in range(c_n)
@@ -204,50 +183,6 @@ def simulate(
         max_events = more
 
 
-def _config_params(
-    risk_list: list[SpotRisk | None],
-    pol: list[RecoveryPolicy],
-    n_f: Array,
-    prices: tuple[Array, Array, Array, Array],
-) -> dict[str, NDArray[Any]]:
-    """Each configuration's parameters, by name (one entry per configuration)."""
-
-    def per_cfg(vals: Sequence[float]) -> Array:
-        return np.asarray(vals, dtype=float)
-
-    co_loss = per_cfg([r.co_loss if r else 0.0 for r in risk_list])
-    interval = per_cfg([p.checkpoint_interval_s for p in pol])
-    ck_s = per_cfg([p.checkpoint_s for p in pol])
-    bmin, binc, p_spot, p_od = prices
-    return {
-        "k_inv": per_cfg([1.0 / r.lifetime.shape if r else 1.0 for r in risk_list]),
-        # each slot's loss clock: the life's scale stretched by 1 + co_loss (n - 1) (spot.py)
-        "scale": per_cfg([r.lifetime.scale_h * 3600.0 if r else INF for r in risk_list])
-        * (1.0 + co_loss * (n_f - 1.0)),
-        "co": co_loss.astype(np.float32),
-        "out_p": per_cfg([r.outage.prob if r else 0.0 for r in risk_list]),
-        "region_p": per_cfg([r.outage.region_prob if r else 0.0 for r in risk_list]),
-        "allow_od": np.array([p.allow_on_demand for p in pol]),
-        "restart": per_cfg([p.restart_s for p in pol]),
-        "interval": interval,
-        "ck": ck_s,
-        "cycle": interval + ck_s,
-        "max_rep": per_cfg([float(p.max_replacements) for p in pol]),
-        "cap": per_cfg([p.capacity_wait_s for p in pol]),
-        "n_dur": np.array([len(r.outage.durations_h) if r else 0 for r in risk_list]),
-        "last_dur": np.array(
-            [max(len(r.outage.durations_h) - 1, 0) if r else 0 for r in risk_list]
-        ),
-        "no_failover": np.array([not p.zone_failover for p in pol]),
-        "deadline": per_cfg([INF if p.deadline_s is None else p.deadline_s for p in pol]),
-        "bmin": bmin,
-        "binc": binc,
-        "p_spot": p_spot,
-        "p_od": p_od,
-        "cf": np.arange(len(pol)),
-    }
-
-
 class _Lanes:
     """The state of the lanes still running (one lane = one run of one configuration),
     compacted as lanes finish, and the results by original lane. Slots are node ranks:
@@ -272,13 +207,15 @@ class _Lanes:
                     np.asarray(r.outage.durations_h) * 3600.0
                 )
         self.any_co = bool(np.any(by_cfg["co"] > 0))
+        # without a deadline the rule always allows spot (deadline.spot_ok): not evaluated
+        self.any_dl = bool(np.isfinite(by_cfg["deadline"]).any())
         self.cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
         # per-lane copies of the parameters, compacted with the state (no gather per event)
         self.P = {key: x[self.cf] for key, x in by_cfg.items()}
         # each lane's random stream (spotdraws): its row's key and its run index
         self.P["lane"] = spotdraws.lane_keys(self.P.pop("key"), np.tile(np.arange(runs), c_n))
         self.ev = np.zeros(self.m, dtype=np.int64)  # each lane's event counter
-        _draw_regimes(self.P, risk_list, self.cf)
+        draw_regimes(self.P, risk_list, self.cf)
         self.prov = np.array([p.provisioning_s for p in pol])
         m = self.m
         self.r_end, self.r_cost, self.r_losses = np.zeros(m), np.zeros(m), np.zeros(m)
@@ -310,9 +247,8 @@ class _Lanes:
         slot_on = np.arange(n_max)[None, :] < self.n_f[cf][:, None]  # (lanes, n_max)
         self.launch = np.where(slot_on, 0.0, INF)
         self.launch_spot = self.launch.copy()
-        every = np.broadcast_to(np.arange(m)[:, None], slot_on.shape)
-        cols = np.broadcast_to(np.arange(n_max)[None, :], slot_on.shape)
-        self.death = np.where(slot_on, self.lives(every, cols), INF)
+        self.death = np.full((m, n_max), INF)
+        self.death[slot_on] = self.lives(*np.nonzero(slot_on))
         self.on_od = np.zeros((m, n_max), dtype=bool)
         self.held = np.full((m, n_max), INF)  # the running clock of a slot while on demand
         self.t_res = self.prov[cf].copy()  # when every node is up (training resumes)
@@ -402,15 +338,15 @@ class _Lanes:
         train = ls & (d >= self.t_res)
         ahead = np.minimum(self.committed + k * P["interval"], self.work)
         self.committed = np.where(train, ahead, self.committed)
-        gone = self.death <= d[:, None]
-        if self.any_co:
-            rows = np.flatnonzero(ls)
-            slot = spotdraws.CO_LOSS * spotdraws.SLOT_SPAN + np.arange(self.n_max)[None, :]
-            u = spotdraws.uniform(P["lane"][rows, None], self.ev[rows, None], slot)
-            gone[rows] |= u < P["co"][rows, None]
-        gone &= self.launch_spot <= d[:, None]
-        gone.ravel()[first] = True
-        gone &= ls[:, None]
+        spot_up = (self.launch_spot <= d[:, None]) & ls[:, None]  # launched spot slots
+        gone = spot_up & (self.death <= d[:, None])
+        if self.any_co:  # each other launched spot slot goes too with probability co_loss
+            cand = np.flatnonzero(spot_up & ~gone)
+            r = cand // self.n_max
+            slot = spotdraws.CO_LOSS * spotdraws.SLOT_SPAN + (cand - r * self.n_max)
+            u = spotdraws.uniform(P["lane"][r], self.ev[r], slot)
+            gone.ravel()[cand[u < P["co"][r]]] = True
+        gone.ravel()[first[ls]] = True
         g = np.flatnonzero(gone)  # the lost slots, flat, lane by lane (as np.nonzero)
         g_r = g // self.n_max
         self.losses += ls
@@ -421,8 +357,11 @@ class _Lanes:
         self.cost += np.bincount(g_r, self.billed_usd(g_r, dur, P["p_spot"][g_r]), n_l)
         use_od, no_cap, t_launch = self.capacity(ls, d)
         up = np.maximum(self.t_res, d + P["restart"])  # were the replacements spot, now
-        force = ls & ~self.spot_ok(np.arange(n_l), up, self.work - self.committed)
-        use_od |= force
+        if self.any_dl:
+            force = ls & ~self.spot_ok(np.arange(n_l), up, self.work - self.committed)
+            use_od |= force
+        else:
+            force = np.zeros(n_l, dtype=bool)
         tl = t_launch[g_r]
         od = use_od[g_r]
         launch[g] = tl
@@ -468,10 +407,11 @@ class _Lanes:
         (the lanes going on demand, those failing, when the replacements launch)."""
         P = self.P
         still = self.region_until > d
-        u1, u2, u3 = (
-            spotdraws.uniform(P["lane"], self.ev, s * spotdraws.SLOT_SPAN)
-            for s in (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
-        )
+        # the three draws of the lanes losing now (the others' are never read)
+        il = np.flatnonzero(ls)
+        u = np.full((3, ls.size), 0.5)
+        u[:, il] = spotdraws.uniform(P["lane"][il], self.ev[il], _CAP_SLOTS)
+        u1, u2, u3 = u
         nd = P["n_dur"]
         draw_d = self.durs[P["cf"], np.minimum((u3 * nd).astype(np.intp), P["last_dur"])]
         regional = (u1 < P["out_p"]) & (P["no_failover"] | (u2 < P["region_p"]))
@@ -479,6 +419,11 @@ class _Lanes:
         # a capacity wait no longer than the restart is none (as ``replay`` reads a trace)
         out = ls & (still | regional) & (self.region_until - d > P["restart"])
         d_wait = np.where(out, self.region_until - d, 0.0)
+        if not self.any_dl:
+            use_od = out & P["allow_od"]
+            wait_ok = out & ~P["allow_od"] & (d_wait <= P["cap"])
+            self.wait += np.where(wait_ok, d_wait, 0.0)
+            return use_od, out & ~P["allow_od"] & ~wait_ok, d + np.where(wait_ok, d_wait, 0.0)
         # the deadline rule: wait while the slack allows, then on demand until capacity returns
         dl = np.isfinite(P["deadline"])
         rem = self.work - self.committed
@@ -504,9 +449,10 @@ class _Lanes:
         te = t_end[er]
         ln = self.launch[er]
         g_r, g_c = np.nonzero(ln <= te[:, None])
-        dur = np.minimum(self.death[er][g_r, g_c], te[g_r]) - ln[g_r, g_c]
-        odf = self.on_od[er][g_r, g_c]
         lane = er[g_r]
+        fl = self.flat_rows[lane] + g_c  # the launched slots, as flat indices
+        dur = np.minimum(self.death.ravel()[fl], te[g_r]) - ln[g_r, g_c]
+        odf = self.on_od.ravel()[fl]
         price = np.where(odf, P["p_od"][lane], P["p_spot"][lane])
         self.cost[er] += np.bincount(g_r, self.billed_usd(lane, dur, price), er.size)
         self.od_s[er] += np.bincount(g_r, np.where(odf, dur, 0.0), er.size)
@@ -515,11 +461,12 @@ class _Lanes:
         self.r_lost[o], self.r_wait[o], self.r_od[o] = self.lost[er], self.wait[er], self.od_s[er]
         self.r_failed[o] = failed[er]
         self.running[er] = False
-        self.death[er] = INF  # inert: no event of theirs is looked at again
         n_l = self.orig.size
         stopped = n_l - int(self.running.sum())
         if stopped * 4 > n_l or stopped == n_l:  # compact (a copy of every array)
             self.compact()
+        else:
+            self.death[er] = INF  # inert: no event of theirs is looked at again
 
     def compact(self) -> None:
         keep = self.running
@@ -554,6 +501,8 @@ class _Lanes:
         )
 
 
+_CAP = (spotdraws.CAP_OUT, spotdraws.CAP_REGION, spotdraws.CAP_DUR)
+_CAP_SLOTS = np.array([[s * spotdraws.SLOT_SPAN] for s in _CAP])  # (3, 1): per lane, broadcast
 _LANE_STATE = (
     "orig",
     "ev",
