@@ -15,7 +15,7 @@ from kplan.planner.plan import Plan
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
 from kplan.planner.spotpool import between, components, pool_markets, predict
 from kplan.planner.spottrace import synthetic_trace
-from tests.test_spotsim import BOTH, play, replays, trace
+from tests.spot_fixtures import BOTH, play, replays, trace
 
 # restart 300 s, boot 240 s, a 10 s checkpoint every 1800 s: undisturbed, WORK takes 3860 s;
 # the reserve is 300 + 1800 + 10 + 60 = 2170 s

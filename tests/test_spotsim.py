@@ -11,51 +11,14 @@ import pytest
 
 from kplan.planner import costs, spotsim
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
-from kplan.planner.spottrace import ADD, REMOVE, SpotTrace, synthetic_trace
+from kplan.planner.spottrace import ADD, SpotTrace, synthetic_trace
+from tests.spot_fixtures import BOTH, POL, WORK, play, replays, trace
 
-# restart 300 s, boot 240 s, a 10 s checkpoint every 1800 s of progress: a cycle is 1810 s
-POL = RecoveryPolicy(
-    restart_s=300.0,
-    provisioning_s=240.0,
-    checkpoint_interval_s=1800.0,
-    checkpoint_s=10.0,
-    max_replacements=20,
-    capacity_wait_s=900.0,
-)
-WORK = 3600.0  # two intervals: undisturbed, 240 + 3600 + 2 * 10 = 3860 s
 NO_RISK = Outage(0.0, (), 0.0)
-
-
-def trace(rows: list[tuple[float, str, str]], end_s: float = 1e6) -> SpotTrace:
-    return SpotTrace(
-        name="hand",
-        source="test",
-        times_s=np.array([r[0] for r in rows], dtype=float),
-        kinds=np.array([ADD if r[1] == "add" else REMOVE for r in rows], dtype=np.int8),
-        nodes=tuple(r[2] for r in rows),
-        end_s=end_s,
-    )
-
-
-def play(
-    rows: list[tuple[float, str, str]], nodes: int = 2, policy: RecoveryPolicy = POL
-) -> spotsim.ReplayOutcome:
-    return spotsim.replay(
-        trace(rows),
-        start_s=0.0,
-        nodes=nodes,
-        work_s=WORK,
-        policy=policy,
-        usd_per_hour=1.0,
-        usd_per_hour_on_demand=4.0,
-    )
 
 
 def billed(out: spotsim.ReplayOutcome) -> list[tuple[str, float, float, float]]:
     return sorted((x.market, x.launch_s, x.end_s, x.billed_s) for x in out.instances)
-
-
-BOTH = [(0.0, "add", "a"), (0.0, "add", "b")]
 
 
 # --- replay, by hand ------------------------------------------------------------------------
@@ -361,18 +324,6 @@ def model(r: SpotRisk, pol: RecoveryPolicy) -> spotsim.SimResult:
         usd_per_hour_on_demand=4.0,
         runs=50000,
         seed=3,
-    )
-
-
-def replays(tr: SpotTrace, starts: list[float], pol: RecoveryPolicy) -> list[spotsim.ReplayOutcome]:
-    return spotsim.replay_many(
-        tr,
-        starts,
-        nodes=4,
-        work_s=12 * 3600.0,
-        policy=pol,
-        usd_per_hour=1.0,
-        usd_per_hour_on_demand=4.0,
     )
 
 
