@@ -101,6 +101,10 @@ def _followed_from_another_home(home: Path, other: Path, job: str) -> None:
         assert time.monotonic() < deadline, attach.stderr
         time.sleep(0.5)
     seen = json.loads(_kplan(other, "status", job, "--json").stdout)
+    while len(seen["instances"]) < 2:  # a first snapshot may predate the second node's row
+        assert time.monotonic() < deadline, seen["instances"]
+        time.sleep(0.5)
+        seen = json.loads(_kplan(other, "status", job, "--json").stdout)  # merges the newer one
     assert seen["id"] == job and len(seen["instances"]) == 2
     down = _kplan(other, "down", job)
     assert down.returncode == 2, down.stdout + down.stderr
