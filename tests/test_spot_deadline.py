@@ -15,19 +15,12 @@ from kplan.planner.plan import Plan
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
 from kplan.planner.spotpool import between, components, pool_markets, predict
 from kplan.planner.spottrace import synthetic_trace
+from tests import spot_fixtures
 from tests.spot_fixtures import BOTH, play, replays, trace
 
 # restart 300 s, boot 240 s, a 10 s checkpoint every 1800 s: undisturbed, WORK takes 3860 s;
 # the reserve is 300 + 1800 + 10 + 60 = 2170 s
-POL = RecoveryPolicy(
-    restart_s=300.0,
-    provisioning_s=240.0,
-    checkpoint_interval_s=1800.0,
-    checkpoint_s=10.0,
-    max_replacements=20,
-    capacity_wait_s=900.0,
-    allow_on_demand=True,
-)
+POL = replace(spot_fixtures.POL, allow_on_demand=True)
 
 
 def risk(shape: float, mean_h: float, co: float, out: Outage, name: str = "t") -> SpotRisk:
