@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,6 +25,9 @@ from kplan.planner.catalog import Catalog
 from kplan.planner.plan import Plan
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
+
+if TYPE_CHECKING:
+    from kplan.planner.spotsim import ReplayOutcome
 
 FORMATS = ("auto", "kplan", "bamboo", "gcp-counts")
 EXAMPLE_TRACES = ("p3", "g4dn")  # shipped: kplan/planner/traces/<name>.csv (Bamboo, MIT)
@@ -224,6 +227,23 @@ class Job:
     billing_increment_s: float
     notes: tuple[str, ...]
 
+    def replay_on(self, trace: SpotTrace, starts: list[float], seed: int) -> list[ReplayOutcome]:
+        """This job replayed with the launcher's rules from each of ``starts`` on ``trace``."""
+        from kplan.planner import spotsim
+
+        return spotsim.replay_many(
+            trace,
+            starts,
+            nodes=self.nodes,
+            work_s=self.work_s,
+            policy=self.policy,
+            usd_per_hour=self.usd_per_hour,
+            usd_per_hour_on_demand=self.usd_per_hour_on_demand,
+            billing_min_s=self.billing_min_s,
+            billing_increment_s=self.billing_increment_s,
+            seed=seed,
+        )
+
 
 def job_from_plan(plan: Plan, row: int | None = None, catalog: Catalog | None = None) -> Job:
     """The chosen row (or ``plans[row]``) as a job to replay, checked against the plan's catalog
@@ -330,7 +350,6 @@ def replay_plan(
 ) -> Replay:
     """Replay ``job`` from ``runs`` random starts of ``trace``; the distribution against the
     plan (and, given the plan's ``risk``, against its spot-only prediction)."""
-    from kplan.planner import spotsim
 
     if not 1 <= runs <= MAX_RUNS:
         raise InputError(f"--runs {runs} must be in 1..{MAX_RUNS}", hint="e.g. --runs 500")
@@ -352,21 +371,10 @@ def replay_plan(
         )
     rng = np.random.default_rng(seed)
     starts = [
-        _with_capacity(trace, float(t), job.nodes)
+        trace.first_with(job.nodes, float(t))  # a replay starts when its nodes can be had
         for t in rng.uniform(0.0, trace.end_s - horizon, size=runs)
     ]
-    outs = spotsim.replay_many(
-        trace,
-        starts,
-        nodes=job.nodes,
-        work_s=job.work_s,
-        policy=job.policy,
-        usd_per_hour=job.usd_per_hour,
-        usd_per_hour_on_demand=job.usd_per_hour_on_demand,
-        billing_min_s=job.billing_min_s,
-        billing_increment_s=job.billing_increment_s,
-        seed=seed,
-    )
+    outs = job.replay_on(trace, starts, seed)
     out, hours, cost = distribution(job, trace, outs, samples)
     if risk is None:
         return out
@@ -416,13 +424,6 @@ def distribution(
         samples_cost_usd=tuple(cost.tolist()) if samples else None,
     )
     return out, hours, cost
-
-
-def _with_capacity(trace: SpotTrace, t: float, nodes: int) -> float:
-    """The first event time at or after ``t`` with ``nodes`` nodes alive in the pool (or ``t``
-    when the pool never has them): a replay starts when its nodes can be had, as the plan's
-    prediction does (the first boot is its provisioning, not a capacity wait)."""
-    return trace.first_with(nodes, t)
 
 
 def plan_risk(

@@ -157,7 +157,6 @@ def replay_pools_plan(
 ) -> Replay:
     """Replay ``job`` from ``runs`` random starts with moves allowed, and from the same starts
     in the first pool alone; the first's distribution with :class:`Moves` beside it."""
-    from kplan.planner import spotsim
     from kplan.planner.spotmove import replay_pools
 
     if not 1 <= runs <= MAX_RUNS:
@@ -194,18 +193,7 @@ def replay_pools_plan(
         billing_min_s=job.billing_min_s,
         billing_increment_s=job.billing_increment_s,
     )
-    stay = spotsim.replay_many(
-        home,
-        starts,
-        nodes=job.nodes,
-        work_s=job.work_s,
-        policy=job.policy,
-        usd_per_hour=job.usd_per_hour,
-        usd_per_hour_on_demand=job.usd_per_hour_on_demand,
-        billing_min_s=job.billing_min_s,
-        billing_increment_s=job.billing_increment_s,
-        seed=seed,
-    )
+    stay = job.replay_on(home, starts, seed)
     keep = [i for i in range(runs) if not (moved[i].truncated or stay[i].truncated)]
     trace = SpotTrace(
         name=" + ".join(p.name for p in pools),
