@@ -43,7 +43,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kplan.catalogs.spot_traces import from_bamboo_csv, from_gcp_counts
-from kplan.planner.spot import MODEL_FILE, Outage, RecoveryPolicy, SpotModel, SpotRisk, Weibull
+from kplan.planner.spot import (
+    MODEL_FILE,
+    REGIME_BLOCK_H,
+    Outage,
+    RecoveryPolicy,
+    SpotModel,
+    SpotRisk,
+    Weibull,
+)
 from kplan.planner.spottrace import (
     LOSS_WINDOW_S,
     SpotTrace,
@@ -282,7 +290,7 @@ def sample(
     )
 
 
-BLOCK_H = 2.0  # the market periods whose spread the regimes measure (jobs of hours)
+BLOCK_H = REGIME_BLOCK_H  # the market periods whose spread the regimes measure (jobs of hours)
 
 
 def blocks(
@@ -309,33 +317,88 @@ def blocks(
 MIN_BLOCKS = 6  # fewer blocks than this in a row's own span: the cloud's pooled spread
 
 
-def regime_sigmas(parts: Sequence[Sample], restart_s: float = RESTART_S) -> tuple[float, float]:
-    """(rate_sigma, outage_sigma) of one span cut into blocks; see ``pooled_regimes``."""
+Regimes = tuple[float, float, float]  # (rate_sigma, outage_sigma, rate_sigma_long)
+MAX_MERGE = 8  # the lasting spread: windows of 1 to 8 blocks (2 to 16 hours)
+
+
+def regime_sigmas(parts: Sequence[Sample], restart_s: float = RESTART_S) -> Regimes:
+    """(rate_sigma, outage_sigma, rate_sigma_long) of one span cut into blocks; see
+    ``pooled_regimes``."""
     return pooled_regimes([parts], restart_s)
 
 
-def pooled_regimes(
-    groups: Sequence[Sequence[Sample]], restart_s: float = RESTART_S
-) -> tuple[float, float]:
-    """(rate_sigma, outage_sigma): the spread of the loss rate and of the outage chance between
-    blocks beyond chance (method of moments), each block against its own group's (trace's)
-    rate. Rate: removals r_j in e_j node-hours against the common rate rho, Var(r_j) =
+def _rate_var(groups: Sequence[tuple[Array, Array]]) -> tuple[float, int, int]:
+    """The log-normal variance of the rate multiplier between windows beyond chance (method
+    of moments; see ``pooled_regimes``) from each group's (removals, node-hours) per window,
+    each window against its own group's rate; with the number of windows and of groups used
+    (groups of fewer than 2 windows, or with no removals, are left out)."""
+    num = den = 0.0
+    windows = used = 0
+    for r, e in groups:
+        if len(r) < 2 or not (e.sum() > 0 and r.sum() > 0):
+            continue
+        mu = r.sum() / e.sum() * e
+        num += float(np.sum((r - mu) ** 2 - mu))
+        den += float(np.sum(mu**2))
+        windows += len(r)
+        used += 1
+    return (math.log1p(max(num / den, 0.0)) if den > 0 else 0.0), windows, used
+
+
+def _merged(parts: Sequence[Sample], m: int) -> tuple[Array, Array]:
+    """Removals and node-hours of consecutive windows of ``m`` blocks (a last part of fewer
+    than ``m`` blocks is left out)."""
+    k = len(parts) // m
+    r = np.array([float(p.removals) for p in parts[: k * m]]).reshape(k, m).sum(axis=1)
+    e = np.array([float(p.node_hours) for p in parts[: k * m]]).reshape(k, m).sum(axis=1)
+    return r, e
+
+
+def long_rate_sigma(groups: Sequence[Sequence[Sample]], rate_sigma: float) -> float:
+    """The part of the rate's spread that lasts however long a run is (``SpotRisk``'s
+    ``rate_sigma_long``). The blocks are merged into windows of ``m = 1 .. MAX_MERGE`` blocks
+    and the spread between windows measured at each width (``_rate_var``; a width with fewer
+    than 3 windows is not measured); a block-to-block part averages out as ``1 / m`` and a
+    lasting part does not, so ``var(m) = a + c / m`` is fitted by least squares weighted by
+    each width's degrees of freedom (windows less groups), and the lasting part is ``sqrt(a)``,
+    at most ``rate_sigma``. With fewer than two widths measured, or a spread that does not
+    fall as the windows grow (``c <= 0``), all of ``rate_sigma`` lasts (the cautious
+    reading: nothing is averaged away)."""
+    xs, ys, ws = [], [], []
+    for m in range(1, MAX_MERGE + 1):
+        var, windows, used = _rate_var([_merged(g, m) for g in groups])
+        if windows < 3:
+            break
+        xs.append(1.0 / m)
+        ys.append(var)
+        ws.append(max(windows - used, 1))
+    if len(xs) < 2:
+        return rate_sigma
+    w = np.sqrt(np.asarray(ws, dtype=float))
+    design = np.column_stack([np.ones(len(xs)), np.asarray(xs)]) * w[:, None]
+    a, c = np.linalg.lstsq(design, np.asarray(ys) * w, rcond=None)[0]
+    if not c > 0:
+        return rate_sigma
+    return round(min(math.sqrt(max(float(a), 0.0)), rate_sigma), 4)
+
+
+def pooled_regimes(groups: Sequence[Sequence[Sample]], restart_s: float = RESTART_S) -> Regimes:
+    """(rate_sigma, outage_sigma, rate_sigma_long): the spread of the loss rate and of the
+    outage chance between blocks beyond chance (method of moments), each block against its
+    own group's (trace's) rate, and the part of the rate's that lasts (``long_rate_sigma``).
+    Rate: removals r_j in e_j node-hours against the common rate rho, Var(r_j) =
     rho e_j + (rho e_j)^2 s^2 for a rate multiplier of variance s^2, so
     s^2 = sum((r_j - rho e_j)^2 - rho e_j) / sum((rho e_j)^2) and the log-normal's
     sigma^2 = log(1 + s^2). Outage: k_j outages in n_j losses; the binomial's excess variance
     over sum(n_j^2 (p (1 - p))^2) is the variance of the logit. Fewer than 2 blocks: 0."""
-    num_r = den_r = num_o = den_o = 0.0
-    count = 0
+    num_o = den_o = 0.0
+    count = sum(len(parts) for parts in groups if len(parts) >= 2)
+    if count < 2:
+        return 0.0, 0.0, 0.0
+    var_r, _, _ = _rate_var([_merged(parts, 1) for parts in groups])
     for parts in groups:
         if len(parts) < 2:
             continue
-        count += len(parts)
-        r = np.array([float(p.removals) for p in parts])
-        e = np.array([float(p.node_hours) for p in parts])
-        if e.sum() > 0 and r.sum() > 0:
-            mu = r.sum() / e.sum() * e
-            num_r += float(np.sum((r - mu) ** 2 - mu))
-            den_r += float(np.sum(mu**2))
         fits = [outage_estimate(p.wait_s, p.censored, p.continues, restart_s) for p in parts]
         n = np.array([float(f.events) for f in fits])
         k = np.array([float(f.outages) for f in fits])
@@ -344,16 +407,14 @@ def pooled_regimes(
             v = q * (1.0 - q)
             num_o += float(np.sum((k - q * n) ** 2 - v * n))
             den_o += float(np.sum((n * v) ** 2))
-    if count < 2:
-        return 0.0, 0.0
-    rate = math.sqrt(math.log1p(max(num_r / den_r, 0.0))) if den_r > 0 else 0.0
+    rate = round(min(math.sqrt(var_r), 5.0), 4)
     outage = math.sqrt(max(num_o / den_o, 0.0)) if den_o > 0 else 0.0
-    return round(min(rate, 5.0), 4), round(min(outage, 5.0), 4)
+    return rate, round(min(outage, 5.0), 4), long_rate_sigma(groups, rate)
 
 
 def row_regimes(
     own: Sequence[Sample], cloud_groups: Sequence[Sequence[Sample]]
-) -> tuple[tuple[float, float], str]:
+) -> tuple[Regimes, str]:
     """A row's regimes: its own span's spread when it has ``MIN_BLOCKS`` blocks, else the
     spread pooled over the cloud's traces (a span of a few blocks cannot show it)."""
     if len(own) >= MIN_BLOCKS:
@@ -393,7 +454,7 @@ def risk_from_sample(
     cluster_sizes: Sequence[int] = CLUSTER_SIZES,
     pool_view: bool = True,
     smooth_tail: bool = True,
-    regimes: tuple[float, float] = (0.0, 0.0),
+    regimes: Regimes = (0.0, 0.0, 0.0),
 ) -> SpotRisk:
     life, se = weibull_mle(s.life_h, s.removed, s.entry_h)
     co = co_loss_estimate(s.size, s.pool, cluster_sizes)
@@ -418,8 +479,9 @@ def risk_from_sample(
         f"too: {pool_view}) waited > {restart_s:g} s for the pool's next add "
         f"({out.lower_bounds} still waiting at the end: lower bounds); durations are "
         f"the whole waits.{tail} Regimes: the spread between {BLOCK_H:g} h blocks beyond "
-        f"chance, rate sigma {regimes[0]:.2f}, outage logit sigma {regimes[1]:.2f}. {REGION}."
-        + (f" {note}" if note else "")
+        f"chance, rate sigma {regimes[0]:.2f} ({regimes[2]:.2f} of it lasting: the spread "
+        f"between windows of up to {MAX_MERGE} blocks), outage logit sigma {regimes[1]:.2f}. "
+        f"{REGION}." + (f" {note}" if note else "")
     )
     return SpotRisk(
         cloud=cloud,
@@ -431,6 +493,7 @@ def risk_from_sample(
         source=source,
         rate_sigma=regimes[0],
         outage_sigma=regimes[1],
+        rate_sigma_long=regimes[2],
     )
 
 
@@ -466,7 +529,7 @@ def fit_risk(
         smooth_tail=smooth_tail,
         regimes=_span_regimes(trace, since_s, until_s, restart_s, cloud_blocks)
         if regimes
-        else (0.0, 0.0),
+        else (0.0, 0.0, 0.0),
     )
 
 
@@ -476,7 +539,7 @@ def _span_regimes(
     until_s: float | None,
     restart_s: float,
     cloud_blocks: Sequence[Sequence[Sample]],
-) -> tuple[float, float]:
+) -> Regimes:
     own = blocks(trace, since_s, until_s, restart_s=restart_s)
     return row_regimes(own, [*cloud_blocks, own] if cloud_blocks else [own])[0]
 

@@ -209,6 +209,16 @@ def test_pooled_markets_widen_the_band_of_an_unseen_market() -> None:
         pool_markets([], cloud="aws", family="p3")
     with pytest.raises(ValueError):
         pool_markets([calm], cloud="aws", family="p3", blocks=[1, 2])
+    # the spread between markets lasts a whole run; each market's lasting part is pooled
+    lasting = [replace(r, rate_sigma=0.8, rate_sigma_long=0.3) for r in (calm, busy)]
+    pooled = pool_markets(lasting, cloud="aws", family="p3")
+    assert pooled.rate_sigma_long == pytest.approx(math.sqrt(0.3**2 + s2))
+    assert pooled.rate_sigma == pytest.approx(math.sqrt(0.8**2 + s2))
+    # a model file without the field (before it): all of each market's spread lasts
+    assert both.rate_sigma_long == pytest.approx(both.rate_sigma)
+    old = {k: v for k, v in lasting[0].to_dict().items() if k != "rate_sigma_long"}
+    assert SpotRisk.from_dict(old).rate_sigma_long is None
+    assert SpotRisk.from_dict(lasting[0].to_dict()) == lasting[0]
 
 
 def test_pooled_markets_tell_the_clouds_apart() -> None:

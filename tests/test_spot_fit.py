@@ -157,37 +157,62 @@ def test_the_outage_tail_is_a_log_normal_through_the_recorded_waits() -> None:
     assert fit.lognormal_durations(recorded[:2], restart) == recorded[:2]
 
 
+def _blocks(rates: list[float], rng: np.random.Generator, e: float = 50.0) -> list[fit.Sample]:
+    """Blocks of ``e`` node-hours whose removals are Poisson at the given rates."""
+    return [
+        fit.Sample(
+            name="b",
+            life_h=np.zeros(0),
+            removed=np.zeros(0, dtype=bool),
+            entry_h=np.zeros(0),
+            size=np.ones(0, dtype=np.int64),
+            pool=np.ones(0, dtype=np.int64),
+            wait_s=np.zeros(0),
+            censored=np.zeros(0, dtype=bool),
+            continues=np.zeros(0, dtype=bool),
+            hours=2.0,
+            node_hours=e,
+            removals=int(rng.poisson(rate * e)),
+        )
+        for rate in rates
+    ]
+
+
+def _multipliers(rng: np.random.Generator, sd: float, n: int, run: int = 1) -> np.ndarray:
+    """Mean-1 log-normal multipliers of log-sd ``sd``, each held for ``run`` blocks."""
+    z = np.repeat(rng.standard_normal(-(-n // run)), run)[:n]
+    out: np.ndarray = np.exp(sd * z - sd**2 / 2)
+    return out
+
+
 def test_regime_spread_is_found_where_blocks_differ_and_not_where_they_do_not() -> None:
     """Blocks whose loss rates are drawn around a common one (a multiplier of log-sd 0.6)
     give a rate sigma near 0.6; blocks of one Poisson rate give about 0."""
     rng = np.random.default_rng(11)
 
     def parts(sd: float, n: int = 400) -> list[fit.Sample]:
-        out = []
-        for _ in range(n):
-            e = 50.0  # node-hours per block
-            rate = 0.6 * math.exp(sd * rng.standard_normal() - sd**2 / 2)
-            r = int(rng.poisson(rate * e))
-            out.append(
-                fit.Sample(
-                    name="b",
-                    life_h=np.zeros(0),
-                    removed=np.zeros(0, dtype=bool),
-                    entry_h=np.zeros(0),
-                    size=np.ones(0, dtype=np.int64),
-                    pool=np.ones(0, dtype=np.int64),
-                    wait_s=np.zeros(0),
-                    censored=np.zeros(0, dtype=bool),
-                    continues=np.zeros(0, dtype=bool),
-                    hours=2.0,
-                    node_hours=e,
-                    removals=r,
-                )
-            )
-        return out
+        return _blocks(list(0.6 * _multipliers(rng, sd, n)), rng)
 
-    spread, _ = fit.regime_sigmas(parts(0.6))
+    spread, _, long = fit.regime_sigmas(parts(0.6))
     assert spread == pytest.approx(0.6, abs=0.1)
-    calm, _ = fit.regime_sigmas(parts(0.0))
+    assert long < 0.25  # every block drew its own: a long run averages it away
+    calm, _, _ = fit.regime_sigmas(parts(0.0))
     assert calm < 0.1
-    assert fit.regime_sigmas(parts(0.6, n=1)) == (0.0, 0.0)  # one block: no spread to see
+    assert fit.regime_sigmas(parts(0.6, n=1)) == (0.0, 0.0, 0.0)  # one block: no spread to see
+
+
+def test_the_lasting_part_of_the_spread_is_what_longer_windows_keep() -> None:
+    """A market busy or calm for 8 blocks at a time (log-sd 0.5) with a block-to-block
+    spread on top (0.8): the lasting part is found near 0.5 and the whole near
+    sqrt(0.5^2 + 0.8^2); a market whose periods last 8 blocks with nothing on top keeps all
+    of its spread (the estimator reads no fall with the window, so nothing is averaged)."""
+    rng = np.random.default_rng(5)
+    n = 1600
+    both = _multipliers(rng, 0.5, n, run=8) * _multipliers(rng, 0.8, n)
+    rate, _, long = fit.regime_sigmas(_blocks(list(0.6 * both), rng))
+    assert rate == pytest.approx(math.sqrt(0.5**2 + 0.8**2), abs=0.12)
+    assert long == pytest.approx(0.5, abs=0.15)
+    lasting = _multipliers(rng, 0.5, n, run=8)
+    rate, _, long = fit.regime_sigmas(_blocks(list(0.6 * lasting), rng))
+    assert long == pytest.approx(rate, abs=0.08)
+    assert fit.long_rate_sigma([_blocks([0.6, 0.6], rng)], 0.3) == 0.3  # one width: all lasts

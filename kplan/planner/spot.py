@@ -22,7 +22,11 @@ launcher's recovery rules (``kplan/launcher/lifecycle.py``), so that all three f
   (zone failover does not help).
 - **Regimes**: the traces are calm for hours, then busy: each run draws its period's loss rate
   and outage chance around the fitted ones (``rate_sigma``, ``outage_sigma``: the spread
-  between 2-hour blocks of the traces beyond what chance alone gives).
+  between 2-hour blocks of the traces beyond what chance alone gives). A run longer than a
+  block sees the mean of its blocks' rates: the part of the spread that lasts
+  (``rate_sigma_long``, from how the spread falls as the blocks are merged into longer
+  windows) stays, the rest shrinks as one over the run's length in blocks
+  (``SpotRisk.rate_sigma_for``).
 - **Recovery** (``RecoveryPolicy``): training stops on any loss and resumes from the last
   checkpoint once every node is back; a replacement goes to the same zone, else another zone of
   the region, else (``allow_on_demand``) on demand, which goes back to spot when capacity returns
@@ -52,6 +56,7 @@ from kplan.planner.deadline import DeadlineRule
 Array = NDArray[np.float64]
 SCHEMA = "1.0"
 MODEL_FILE = "spot_model.json"
+REGIME_BLOCK_H = 2.0  # the market period ``rate_sigma`` is measured over (hours)
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,9 @@ class SpotRisk:
     # outage chance (logit + outage_sigma z'); 0: the same market throughout.
     rate_sigma: float = 0.0
     outage_sigma: float = 0.0
+    # The part of ``rate_sigma`` a longer run does not average away (the spread of the rate
+    # over long windows: markets that stay busy for a day); None: all of it lasts.
+    rate_sigma_long: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.co_loss <= 1.0:
@@ -139,6 +147,21 @@ class SpotRisk:
             v = getattr(self, name)
             if not (0.0 <= v <= 5.0):
                 raise ValueError(f"{name} {v} must be in [0, 5]")
+        long = self.rate_sigma_long
+        if long is not None and not (0.0 <= long <= self.rate_sigma):
+            raise ValueError(f"rate_sigma_long {long} must be in [0, rate_sigma]")
+
+    def rate_sigma_for(self, run_h: ArrayLike) -> Array:
+        """The spread of the loss rate over a run of ``run_h`` hours: the lasting part plus the
+        block-to-block part over the run's number of blocks (one at most: a run shorter than a
+        block sees one block's spread)."""
+        total = self.rate_sigma**2
+        long = total if self.rate_sigma_long is None else self.rate_sigma_long**2
+        h = np.asarray(run_h, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(h > REGIME_BLOCK_H, REGIME_BLOCK_H / h, 1.0)
+        out: Array = np.sqrt(long + (total - long) * share)
+        return out
 
     @property
     def rate_per_hour(self) -> float:
@@ -158,6 +181,7 @@ class SpotRisk:
             },
             "rate_sigma": self.rate_sigma,
             "outage_sigma": self.outage_sigma,
+            **({} if self.rate_sigma_long is None else {"rate_sigma_long": self.rate_sigma_long}),
             "source": self.source,
         }
 
@@ -178,6 +202,9 @@ class SpotRisk:
             source=str(d["source"]),
             rate_sigma=float(d.get("rate_sigma", 0.0)),
             outage_sigma=float(d.get("outage_sigma", 0.0)),
+            rate_sigma_long=None
+            if d.get("rate_sigma_long") is None
+            else float(d["rate_sigma_long"]),
         )
 
 

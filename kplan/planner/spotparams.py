@@ -22,8 +22,11 @@ def config_params(
     pol: list[RecoveryPolicy],
     n_f: Array,
     prices: tuple[Array, Array, Array, Array],
+    work_s: Array,
 ) -> dict[str, NDArray[Any]]:
-    """Each configuration's parameters, by name (one entry per configuration)."""
+    """Each configuration's parameters, by name (one entry per configuration). ``work_s``:
+    each configuration's training time without losses, the length of market its regimes
+    average over (``SpotRisk.rate_sigma_for``)."""
 
     def per_cfg(vals: Sequence[float]) -> Array:
         return np.asarray(vals, dtype=float)
@@ -39,6 +42,12 @@ def config_params(
         * (1.0 + co_loss * (n_f - 1.0)),
         "co": co_loss.astype(np.float32),
         "out_p": per_cfg([r.outage.prob if r else 0.0 for r in risk_list]),
+        "rate_sd": per_cfg(
+            [
+                float(r.rate_sigma_for(w / 3600.0)) if r else 0.0
+                for r, w in zip(risk_list, work_s, strict=True)
+            ]
+        ),
         "region_p": per_cfg([r.outage.region_prob if r else 0.0 for r in risk_list]),
         "allow_od": np.array([p.allow_on_demand for p in pol]),
         "restart": per_cfg([p.restart_s for p in pol]),
@@ -66,8 +75,9 @@ def draw_regimes(
 ) -> None:
     """Each run's market period (spot.py, Regimes): the loss hazard times ``exp(s z - s^2/2)``
     (a Weibull's scale times that to the power -1/k) and the outage chance's logit plus
-    ``s' z'``. Drawn from their own slots: with no spread the runs are unchanged."""
-    rate_sd = np.array([r.rate_sigma if r else 0.0 for r in risks])[cf]
+    ``s' z'``, with ``s`` the configuration's spread over its run (``rate_sd``). Drawn from
+    their own slots: with no spread the runs are unchanged."""
+    rate_sd = P.pop("rate_sd")
     out_sd = np.array([r.outage_sigma if r else 0.0 for r in risks])[cf]
     if not (np.any(rate_sd > 0) or np.any(out_sd > 0)):
         return

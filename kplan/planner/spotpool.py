@@ -21,7 +21,10 @@ variances fitted by the method of moments, each market one vote:
 - each run draws its market and its period: the pooled row's ``rate_sigma`` is
   ``sqrt(mean(rate_sigma_m^2) + s^2)`` and its ``rate_per_hour`` (the mean of the regimes'
   mean-1 multiplier) ``exp(m + s^2 / 2)``, so the median run's rate is the predictive's median
-  market's median period, ``exp(m - mean(rate_sigma_m^2) / 2)``. Before, ``m`` was the plain
+  market's median period, ``exp(m - mean(rate_sigma_m^2) / 2)``. The spread between markets
+  is a run's whole length (a run stays in its market), so it is in the lasting part too:
+  ``rate_sigma_long = sqrt(mean(rate_sigma_long_m^2) + s^2)`` (``SpotRisk.rate_sigma_for``).
+  Before, ``m`` was the plain
   mean of the markets' log rates and ``s^2`` their spread with the noise in it, clouds not told
   apart: a calm cloud's markets made a busy cloud's unseen market look calm and the reverse;
 - outage chance: the same model on the logit (its noise ``outage_sigma_m^2 / blocks_m``), the
@@ -136,6 +139,9 @@ def pool_markets(
     shape = float(np.mean([r.lifetime.shape for r in risks]))
     mean_life_h = math.exp(-(m + s2 / 2.0))
     rate_sigma = math.sqrt(float(np.mean(rs2)) + s2)
+    # the spread between markets lasts however long the run: it is in the long part whole
+    long2 = [(r.rate_sigma if r.rate_sigma_long is None else r.rate_sigma_long) ** 2 for r in risks]
+    rate_sigma_long = math.sqrt(float(np.mean(long2)) + s2)
     outage_sigma = math.sqrt(float(np.mean(os2)) + so2)
     durations = tuple(sorted(d for r in risks for d in r.outage.durations_h))
     names = "; ".join(r.source.split(":", 1)[0] for r in risks)
@@ -159,4 +165,5 @@ def pool_markets(
         source=source,
         rate_sigma=min(rate_sigma, MAX_SIGMA),
         outage_sigma=min(outage_sigma, MAX_SIGMA),
+        rate_sigma_long=min(rate_sigma_long, rate_sigma, MAX_SIGMA),
     )

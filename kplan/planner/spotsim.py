@@ -156,7 +156,7 @@ def simulate(
     if len(pol) != c_n:
         raise ValueError("policies must be RecoveryPolicy")
     risk_list = [r if isinstance(r, SpotRisk) else None for r in rk]
-    by_cfg = config_params(risk_list, pol, n_f, (bmin, binc, p_spot, p_od))
+    by_cfg = config_params(risk_list, pol, n_f, (bmin, binc, p_spot, p_od), w0)
     rows = [
         (float(w0[i]), n_f[i], rk[i], pol[i], p_spot[i], p_od[i], sig[i], bmin[i], binc[i])
         for i in range(c_n)
