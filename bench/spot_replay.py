@@ -35,7 +35,7 @@ from kplan.planner.plan import Plan
 from kplan.planner.search import SearchOptions
 from kplan.planner.spot import SpotModel
 from kplan.planner.spottrace import SpotTrace
-from scripts.fit_spot_model import blocks, fit_risk
+from scripts.fit_spot_model import blocks, fit_risk, period_sigma
 from scripts.traces import data_root
 
 DATA = data_root() / "spot" / "bamboo-nsdi23-traces" / "traces"
@@ -105,6 +105,20 @@ def _old_model(job: simulating.Job, rate: float) -> tuple[float, float, float, f
     return float(tc.hours), float(tc.hours_p90), float(tc.cost_usd), float(tc.cost_p90_usd)
 
 
+def _period_from_others(case: Case, traces: dict[str, SpotTrace]) -> float:
+    """``period_sigma`` fitted on the other traces, each whole (``fit_spot_model.period_sigma``)."""
+    fits = []
+    for c in CASES:
+        if c == case:
+            continue
+        cloud = [blocks(traces[o.trace]) for o in CASES if o.cloud == c.cloud and o != c]
+        t = traces[c.trace]
+        fits.append(
+            (t, fit_risk(t, cloud=c.cloud, family=c.family, region="*", cloud_blocks=cloud))
+        )
+    return period_sigma(fits)[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=200)
@@ -134,6 +148,8 @@ def main() -> None:
             until_s=half,
             cloud_blocks=others,
         )
+        # the spread between periods, from the other traces' halves (never the replayed one)
+        risk = replace(risk, period_sigma=_period_from_others(case, traces))
         model = SpotModel((risk, replace(risk, family="*", region="*")))
         second = full.window(half, full.end_s)
         target_h = second.end_s / 3600.0 / 5.0  # a fifth of the half: starts spread over 2/3

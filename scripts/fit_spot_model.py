@@ -5,7 +5,8 @@
 (``--data``: the shared data folder, default $KPLAN_SHARED_DATA or ../shared/data.)
 
 One ``SpotRisk`` per trace (AWS p3 and g4dn from the Bamboo autoscaling-group events, GCP a2
-and n1 from the running-VM counts) and one ``*`` row per cloud pooled from its traces; writes
+and n1 from the running-VM counts) and one ``*`` row per cloud, a market of the cloud no trace
+watched: the traced markets pooled as a population (``kplan.planner.spotpool``); writes
 ``kplan/catalogs/data/spot_model.json`` and prints a table. ``--check`` compares the fit with the
 shipped file instead of writing it. The definitions (lifetime, loss event, wait, outage) are
 those of ``kplan.planner.spottrace``; the estimators are below:
@@ -23,7 +24,10 @@ those of ``kplan.planner.spottrace``; the estimators are below:
   those waits, whole (from the loss to the add: the replacement launches then and is up a
   restart later; with no outage it launches at the loss). A wait still running at the end of
   the trace is a lower bound: kept when already longer than the restart, else dropped;
-- region_prob: 1.0 (assumed: no shared trace watches several zones at once; see ``REGION``).
+- region_prob: 1.0 (assumed: no shared trace watches several zones at once; see ``REGION``);
+- regimes: ``pooled_regimes`` (the spread between 2-hour blocks beyond chance) and
+  ``long_rate_sigma`` (its lasting part); the spread between periods: ``period_sigma`` (the
+  traces' halves), one value for every traced row.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import comb
 from pathlib import Path
 
@@ -52,6 +56,7 @@ from kplan.planner.spot import (
     SpotRisk,
     Weibull,
 )
+from kplan.planner.spotpool import pool_markets
 from kplan.planner.spottrace import (
     LOSS_WINDOW_S,
     SpotTrace,
@@ -327,19 +332,31 @@ def regime_sigmas(parts: Sequence[Sample], restart_s: float = RESTART_S) -> Regi
     return pooled_regimes([parts], restart_s)
 
 
+def _own_mean_factor(x: Array) -> Array:
+    """``1 - 2 w_j + sum(w^2)`` with ``w = x / sum(x)``: the share of a window's variance
+    left in its deviation from its group's mean, which the window itself pulls toward it
+    (about ``(k - 1) / k`` for ``k`` equal windows; without it two halves read half their
+    spread)."""
+    w = x / x.sum()
+    out: Array = 1.0 - 2.0 * w + float(np.sum(w**2))
+    return out
+
+
 def _rate_var(groups: Sequence[tuple[Array, Array]]) -> tuple[float, int, int]:
     """The log-normal variance of the rate multiplier between windows beyond chance (method
     of moments; see ``pooled_regimes``) from each group's (removals, node-hours) per window,
-    each window against its own group's rate; with the number of windows and of groups used
-    (groups of fewer than 2 windows, or with no removals, are left out)."""
+    each window against its own group's rate (``_own_mean_factor`` takes out the pull of the
+    window on that rate); with the number of windows and of groups used (groups of fewer
+    than 2 windows, or with no removals, are left out)."""
     num = den = 0.0
     windows = used = 0
     for r, e in groups:
         if len(r) < 2 or not (e.sum() > 0 and r.sum() > 0):
             continue
         mu = r.sum() / e.sum() * e
-        num += float(np.sum((r - mu) ** 2 - mu))
-        den += float(np.sum(mu**2))
+        c = _own_mean_factor(e)
+        num += float(np.sum((r - mu) ** 2 - c * mu))
+        den += float(np.sum(c * mu**2))
         windows += len(r)
         used += 1
     return (math.log1p(max(num / den, 0.0)) if den > 0 else 0.0), windows, used
@@ -405,8 +422,9 @@ def pooled_regimes(groups: Sequence[Sequence[Sample]], restart_s: float = RESTAR
         if n.sum() > 0 and 0 < k.sum() < n.sum():
             q = k.sum() / n.sum()
             v = q * (1.0 - q)
-            num_o += float(np.sum((k - q * n) ** 2 - v * n))
-            den_o += float(np.sum((n * v) ** 2))
+            c = _own_mean_factor(n)
+            num_o += float(np.sum((k - q * n) ** 2 - c * v * n))
+            den_o += float(np.sum(c * (n * v) ** 2))
     rate = round(min(math.sqrt(var_r), 5.0), 4)
     outage = math.sqrt(max(num_o / den_o, 0.0)) if den_o > 0 else 0.0
     return rate, round(min(outage, 5.0), 4), long_rate_sigma(groups, rate)
@@ -581,44 +599,75 @@ def _lives(trace: SpotTrace) -> tuple[Array, NDArray[np.bool_]]:
     return lv.life_h, lv.removed
 
 
+def halves(trace: SpotTrace, restart_s: float = RESTART_S) -> tuple[Array, Array]:
+    """Removals and node-hours of the trace's two halves in time."""
+    mid = trace.end_s / 2.0
+    a, b = sample(trace, None, mid, restart_s), sample(trace, mid, None, restart_s)
+    r = np.array([float(a.removals), float(b.removals)])
+    return r, np.array([a.node_hours, b.node_hours])
+
+
+def period_sigma(fits: Sequence[tuple[SpotTrace, SpotRisk]]) -> tuple[float, str]:
+    """The spread of a market's log rate from one period to another beyond what its regimes
+    draw (``SpotRisk.period_sigma``), with how it was found: the spread between the two halves
+    of each trace beyond chance (``_rate_var``, pooled over the traces) less the mean of what
+    each trace's row draws for a run of half its trace (``rate_sigma_for``). 0 where the
+    regimes already draw as much."""
+    var, _, used = _rate_var([halves(t) for t, _ in fits])
+    drawn = [float(r.rate_sigma_for(t.end_s / 7200.0)) ** 2 for t, r in fits]
+    excess = max(var - float(np.mean(drawn)), 0.0) if fits else 0.0
+    names = ", ".join(t.name for t, _ in fits)
+    why = (
+        f"Period: the halves of {used} traces ({names}) differ by a log-sd of "
+        f"{math.sqrt(var):.2f} beyond chance, the regimes draw {math.sqrt(np.mean(drawn)):.2f} "
+        f"for a half: period_sigma {math.sqrt(excess):.2f}."
+    )
+    return round(math.sqrt(excess), 4), why
+
+
 def fit_all(data: Path) -> SpotModel:
-    risks: list[SpotRisk] = []
-    by_cloud: dict[str, list[Sample]] = {}
+    """A row per trace, with the spread between periods of every trace, and a ``*`` row per
+    cloud: an unseen market of the cloud, the traced markets pooled (``spotpool``)."""
     groups: dict[str, list[list[Sample]]] = {}
     loaded = load_traces(data)
     for cloud, _family, _region, trace, _note in loaded:
         groups.setdefault(cloud, []).append(blocks(trace))
+    fits: list[tuple[SpotTrace, SpotRisk]] = []
     for cloud, family, region, trace, note in loaded:
-        s = sample(trace)
-        by_cloud.setdefault(cloud, []).append(s)
         regimes, basis = row_regimes(blocks(trace), groups[cloud])
-        risks.append(
-            risk_from_sample(
-                s,
-                cloud=cloud,
-                family=family,
-                region=region,
-                note=f"{note} Regimes from {basis}.",
-                regimes=regimes,
-            )
+        risk = risk_from_sample(
+            sample(trace),
+            cloud=cloud,
+            family=family,
+            region=region,
+            note=f"{note} Regimes from {basis}.",
+            regimes=regimes,
         )
-    for cloud, samples in by_cloud.items():
-        names = " + ".join(s.name for s in samples)
-        pooled = concat_samples(samples, f"pooled {names}")
-        risks.append(
-            risk_from_sample(
-                pooled,
-                cloud=cloud,
-                family="*",
-                region="*",
-                note=(
-                    f"Fallback for {cloud} families and regions without a trace: the "
-                    f"{cloud} traces pooled (lifetimes, loss events and waits together)."
-                ),
-                regimes=pooled_regimes(groups[cloud]),
-            )
-        )
-    return SpotModel(risks=tuple(risks), fitted="")
+        fits.append((trace, risk))
+    period, why = period_sigma(fits)
+    risks = [replace(r, period_sigma=period, source=f"{r.source} {why}") for _, r in fits]
+    sizes = [len(blocks(t)) for t, _ in fits]
+    pooled = [
+        _rounded(pool_markets(risks, cloud=cloud, family="*", blocks=sizes))
+        for cloud in dict.fromkeys(r.cloud for r in risks)
+    ]
+    return SpotModel(risks=tuple(risks + pooled), fitted="")
+
+
+def _rounded(r: SpotRisk) -> SpotRisk:
+    """A pooled row with its numbers to 4 places (the file's precision)."""
+    life = Weibull(round(r.lifetime.shape, 4), round(r.lifetime.scale_h, 4))
+    out = Outage(round(r.outage.prob, 4), r.outage.durations_h, round(r.outage.region_prob, 4))
+    long = None if r.rate_sigma_long is None else round(r.rate_sigma_long, 4)
+    return replace(
+        r,
+        lifetime=life,
+        co_loss=round(r.co_loss, 4),
+        outage=out,
+        rate_sigma=round(r.rate_sigma, 4),
+        outage_sigma=round(r.outage_sigma, 4),
+        rate_sigma_long=long if long is None else min(long, round(r.rate_sigma, 4)),
+    )
 
 
 def table(model: SpotModel, samples: dict[str, float]) -> str:

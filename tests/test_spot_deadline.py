@@ -219,6 +219,15 @@ def test_pooled_markets_widen_the_band_of_an_unseen_market() -> None:
     old = {k: v for k, v in lasting[0].to_dict().items() if k != "rate_sigma_long"}
     assert SpotRisk.from_dict(old).rate_sigma_long is None
     assert SpotRisk.from_dict(lasting[0].to_dict()) == lasting[0]
+    # a market's spread between periods is in the spread between markets: not added again
+    moving = [replace(r, period_sigma=0.5) for r in lasting]
+    assert pool_markets(moving, cloud="aws", family="p3") == pooled
+    assert SpotRisk.from_dict(moving[0].to_dict()) == moving[0]
+    assert SpotRisk.from_dict(lasting[0].to_dict()).period_sigma == 0.0
+    lasts = 0.5**2 + 0.3**2  # the period's and the regimes' lasting part
+    assert float(moving[0].rate_sigma_for(1000.0)) == pytest.approx(
+        math.sqrt(lasts + (0.8**2 - 0.3**2) * 2.0 / 1000.0)
+    )
 
 
 def test_pooled_markets_tell_the_clouds_apart() -> None:

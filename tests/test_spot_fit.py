@@ -136,9 +136,20 @@ def test_shipped_model_is_the_fit_of_the_shared_traces() -> None:
     assert p3.family == "p3" and "167 removals" in p3.source and "273.1 node-hours" in p3.source
     assert shipped.lookup("aws", "g5.xlarge", "us-west-2").family == "*"
     assert shipped.lookup("gcp", "a2-highgpu-1g", "us-east1").region == "us-east1"
+    traced = [r for r in shipped.risks if r.family != "*"]
+    unseen = [r for r in shipped.risks if r.family == "*"]
     for r in shipped.risks:
-        assert r.outage.region_prob == 1.0 and "region_prob 1.0 assumed" in r.source
+        assert r.outage.region_prob == 1.0
         assert all(d * 3600 > 300 for d in r.outage.durations_h)
+    for r in traced:  # one spread between periods, from every trace's halves
+        assert "region_prob 1.0 assumed" in r.source and "Period: the halves" in r.source
+        assert r.period_sigma == traced[0].period_sigma > 0
+    # an unseen family is a market of the population: wider than any traced one's regimes,
+    # its spread between markets holding the periods'
+    assert {r.cloud for r in unseen} == {"aws", "gcp"}
+    for r in unseen:
+        assert "markets pooled" in r.source and r.period_sigma == 0.0
+        assert r.rate_sigma > max(t.rate_sigma for t in traced if t.cloud == r.cloud)
 
 
 def test_the_outage_tail_is_a_log_normal_through_the_recorded_waits() -> None:
@@ -216,3 +227,41 @@ def test_the_lasting_part_of_the_spread_is_what_longer_windows_keep() -> None:
     rate, _, long = fit.regime_sigmas(_blocks(list(0.6 * lasting), rng))
     assert long == pytest.approx(rate, abs=0.08)
     assert fit.long_rate_sigma([_blocks([0.6, 0.6], rng)], 0.3) == 0.3  # one width: all lasts
+
+
+def test_two_halves_read_their_whole_spread() -> None:
+    """Each window is measured against its own group's rate, which it pulls toward itself:
+    without taking that pull out, groups of two halves read about half their spread."""
+    rng = np.random.default_rng(0)
+    for sd in (0.3, 0.6):
+        groups = []
+        for _ in range(3000):
+            e = rng.uniform(50.0, 150.0, 2)
+            m = np.exp(sd * rng.standard_normal(2) - sd**2 / 2)
+            groups.append((rng.poisson(0.5 * e * m).astype(float), e))
+        var, windows, used = fit._rate_var(groups)
+        assert (windows, used) == (6000, 3000)
+        true = math.exp(sd**2) - 1  # the multiplier's variance
+        assert math.exp(var) - 1 == pytest.approx(true, rel=0.25)
+        # without the pull taken out: about half
+        num = den = 0.0
+        for r, e in groups:
+            mu = r.sum() / e.sum() * e
+            num += float(np.sum((r - mu) ** 2 - mu))
+            den += float(np.sum(mu**2))
+        assert num / den < 0.65 * true
+    assert fit._own_mean_factor(np.array([1.0, 1.0])) == pytest.approx([0.5, 0.5])
+
+
+def test_a_market_that_keeps_its_rate_has_no_spread_between_periods() -> None:
+    """Traces drawn from one market throughout: the halves differ by chance only, so the
+    spread between periods is about 0; a market whose second half runs at five times the
+    rate of its first has one."""
+    calm = _risk(1.0, 4.0, 0.0, 0.0)
+    fits = [(synthetic_trace(calm, pool=8, hours=400, seed=s), calm) for s in range(4)]
+    period, why = fit.period_sigma(fits)
+    assert period < 0.15 and "4 traces" in why
+    r = np.array([40.0, 200.0])
+    e = np.array([100.0, 100.0])
+    var, _, _ = fit._rate_var([(r, e)])
+    assert math.sqrt(var) > 0.7  # one pair five times apart: far beyond chance

@@ -26,7 +26,10 @@ launcher's recovery rules (``kplan/launcher/lifecycle.py``), so that all three f
   block sees the mean of its blocks' rates: the part of the spread that lasts
   (``rate_sigma_long``, from how the spread falls as the blocks are merged into longer
   windows) stays, the rest shrinks as one over the run's length in blocks
-  (``SpotRisk.rate_sigma_for``).
+  (``SpotRisk.rate_sigma_for``). A plan runs in a later period than the trace it was fitted
+  on, and markets move between periods beyond their regimes (the halves of the shared traces
+  differ up to 5x): ``period_sigma``, the spread of a market's rate from one half of its trace
+  to the other beyond what the regimes draw, lasts a whole run.
 - **Recovery** (``RecoveryPolicy``): training stops on any loss and resumes from the last
   checkpoint once every node is back; a replacement goes to the same zone, else another zone of
   the region, else (``allow_on_demand``) on demand, which goes back to spot when capacity returns
@@ -139,11 +142,15 @@ class SpotRisk:
     # The part of ``rate_sigma`` a longer run does not average away (the spread of the rate
     # over long windows: markets that stay busy for a day); None: all of it lasts.
     rate_sigma_long: float | None = None
+    # The spread of the market's log rate between the period it was fitted on and another (a
+    # plan runs in a later one), beyond what the regimes draw: lasts a whole run. 0 for a row
+    # pooled over markets, whose spread between markets holds it.
+    period_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.co_loss <= 1.0:
             raise ValueError(f"co_loss {self.co_loss} must be in [0, 1]")
-        for name in ("rate_sigma", "outage_sigma"):
+        for name in ("rate_sigma", "outage_sigma", "period_sigma"):
             v = getattr(self, name)
             if not (0.0 <= v <= 5.0):
                 raise ValueError(f"{name} {v} must be in [0, 5]")
@@ -152,15 +159,15 @@ class SpotRisk:
             raise ValueError(f"rate_sigma_long {long} must be in [0, rate_sigma]")
 
     def rate_sigma_for(self, run_h: ArrayLike) -> Array:
-        """The spread of the loss rate over a run of ``run_h`` hours: the lasting part plus the
-        block-to-block part over the run's number of blocks (one at most: a run shorter than a
-        block sees one block's spread)."""
+        """The spread of the loss rate over a run of ``run_h`` hours: the period's and the
+        regimes' lasting part, plus the block-to-block part over the run's number of blocks
+        (one at most: a run shorter than a block sees one block's spread)."""
         total = self.rate_sigma**2
         long = total if self.rate_sigma_long is None else self.rate_sigma_long**2
         h = np.asarray(run_h, dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(h > REGIME_BLOCK_H, REGIME_BLOCK_H / h, 1.0)
-        out: Array = np.sqrt(long + (total - long) * share)
+        out: Array = np.sqrt(self.period_sigma**2 + long + (total - long) * share)
         return out
 
     @property
@@ -182,6 +189,7 @@ class SpotRisk:
             "rate_sigma": self.rate_sigma,
             "outage_sigma": self.outage_sigma,
             **({} if self.rate_sigma_long is None else {"rate_sigma_long": self.rate_sigma_long}),
+            **({"period_sigma": self.period_sigma} if self.period_sigma else {}),
             "source": self.source,
         }
 
@@ -205,6 +213,7 @@ class SpotRisk:
             rate_sigma_long=None
             if d.get("rate_sigma_long") is None
             else float(d["rate_sigma_long"]),
+            period_sigma=float(d.get("period_sigma", 0.0)),
         )
 
 

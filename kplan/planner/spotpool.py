@@ -24,6 +24,8 @@ variances fitted by the method of moments, each market one vote:
   market's median period, ``exp(m - mean(rate_sigma_m^2) / 2)``. The spread between markets
   is a run's whole length (a run stays in its market), so it is in the lasting part too:
   ``rate_sigma_long = sqrt(mean(rate_sigma_long_m^2) + s^2)`` (``SpotRisk.rate_sigma_for``).
+  Each market was seen in one period, so the spread between them holds the spread between
+  periods too: the markets' ``period_sigma`` is not added, and the pooled row's is 0.
   Before, ``m`` was the plain
   mean of the markets' log rates and ``s^2`` their spread with the noise in it, clouds not told
   apart: a calm cloud's markets made a busy cloud's unseen market look calm and the reverse;
