@@ -111,3 +111,19 @@ def deadline_wait(spec: JobSpec, view: JobView, now: float, deadline_at: float |
         span, work, p.restart_s, p.checkpoint_interval_s, p.checkpoint_s, total_work_s=total
     )
     return float(by) > elapsed
+
+
+def move_fits_deadline(
+    spec: JobSpec, view: JobView, now: float, deadline_at: float | None, copy_s: float
+) -> bool:
+    """The move rule's deadline check (kplan/planner/spotmove.py, as its replayer makes it):
+    with the cluster up in the other region a copy and a restart from now, the slack still
+    covers the reserve. True without a deadline or a plan to pace the job."""
+    work = remaining_work_s(spec, view)
+    if deadline_at is None or work is None:
+        return True
+    p = spec.recovery_policy()
+    up = copy_s + p.restart_s
+    left = deadline_at - now
+    ok = deadline.spot_ok(left, up, work, p.restart_s, p.checkpoint_interval_s, p.checkpoint_s)
+    return bool(ok)
