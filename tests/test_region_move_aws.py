@@ -324,3 +324,35 @@ def test_a_spot_replacement_in_another_zone_is_no_move(
     assert "move" not in _kinds(db, spec.job_id)
     assert {i.region for i in db.instances(spec.job_id)} == {REGION}
     assert not [r for r in db.ledger(spec.job_id) if r.kind == "egress"]
+
+
+def test_lost_nodes_on_the_on_demand_fallback_pay_the_rent_until_the_job_moves(
+    backends: dict[str, Backend], moto: MotoAws, capacity: Capacity, tmp_path: Path
+) -> None:
+    """Node 1 runs on demand at home (no spot capacity there): its premium over spot in the
+    other region is the rent (``k u`` for k = 1 node); the job moves once it reaches M."""
+    spec = _spec(tmp_path, allow_on_demand=True)
+    db = StateDB.open(tmp_path / "kplan.db")
+    outage = _outage(moto, capacity, spec)
+
+    def script(event: EventRecord) -> None:
+        outage(event)
+        data = event.data or {}
+        moved = "move" in _kinds(db, spec.job_id)
+        if moved and event.kind == "launch" and data.get("node_rank") == 1:
+            _finish(backends[WEST], moto, spec.job_id, WEST)
+
+    out = _run(spec, backends, db, script)
+    assert out.status == "succeeded", out.reason
+    events = {e.kind: e for e in db.events(spec.job_id)}
+    lost, move = events["preempted"], events["move"]
+    fallback = [i for i in db.instances(spec.job_id) if i.market == "on-demand"]
+    assert [(i.node_rank, i.region) for i in fallback] == [(1, REGION)]
+    # move_at: the stall ends at the loss, then one node pays u a second until M is paid
+    u = (ON_DEMAND - WEST_SPOT) / 3600
+    cost = copy_cost(MoveTerms("aws", CKPT_GB), EGRESS_GB)
+    due = (cost.egress_usd + 2 * u * cost.copy_s) / u
+    assert due - 1e-6 <= move.time - lost.time <= due + TICK + 1e-6
+    job = db.job(spec.job_id)
+    assert job is not None and job.region == WEST
+    assert _alive(moto, spec.job_id, REGION) == _alive(moto, spec.job_id, WEST) == []
