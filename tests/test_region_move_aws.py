@@ -192,7 +192,8 @@ def test_a_dry_home_region_moves_the_job_once_staying_has_paid_the_move(
     t_star = break_even_s(cost, 2, ON_DEMAND, WEST_SPOT)
     assert t_star == pytest.approx(CKPT_GB * 8 + CKPT_GB * EGRESS_GB * 3600 / (2 * 0.61))
     assert t_star - 1e-6 <= move.time - lost.time <= t_star + TICK + 1e-6
-    assert move.message.startswith(f"moving {REGION} -> {WEST}: 10 GB checkpoint, $0.20 egress")
+    assert move.message.startswith(f"moving {REGION} -> {WEST}: 10 GB checkpoint (the job")
+    assert "$0.20 egress, 80 s copy" in move.message
     # the job finished in the destination; its spec and row say so
     job = db.job(spec.job_id)
     assert job is not None and job.region == WEST and job.spec["region"] == WEST
@@ -356,3 +357,38 @@ def test_lost_nodes_on_the_on_demand_fallback_pay_the_rent_until_the_job_moves(
     job = db.job(spec.job_id)
     assert job is not None and job.region == WEST
     assert _alive(moto, spec.job_id, REGION) == _alive(moto, spec.job_id, WEST) == []
+
+
+def test_the_checkpoint_the_metrics_record_is_the_size_a_move_copies(
+    backends: dict[str, Backend], moto: MotoAws, capacity: Capacity, tmp_path: Path
+) -> None:
+    """The workers' newest ``checkpoint`` event in the job's storage says 20 GB (the spec says
+    10): the move is priced, made and recorded at 20 GB, later by the larger egress."""
+    spec = _spec(tmp_path)
+    db = StateDB.open(tmp_path / "kplan.db")
+    outage = _outage(moto, capacity, spec)
+    storage = backends[REGION].storage
+
+    def script(event: EventRecord) -> None:
+        if event.kind == "head":  # the runtime's metrics: two checkpoints, the newest 20 GB
+            lines = [
+                {"event": "checkpoint", "time": event.time - 5, "step": 1, "bytes": 10**9},
+                {"event": "checkpoint", "time": event.time, "step": 2, "bytes": 20 * 10**9},
+            ]
+            text = "".join(json.dumps(x) + "\n" for x in lines)
+            storage.put_bytes(f"{spec.job_id}/metrics/rank-0.jsonl", text.encode())
+        outage(event)
+        data = event.data or {}
+        moved = "move" in _kinds(db, spec.job_id)
+        if moved and event.kind == "launch" and data.get("node_rank") == 1:
+            _finish(backends[WEST], moto, spec.job_id, WEST)
+
+    out = _run(spec, backends, db, script)
+    assert out.status == "succeeded", out.reason
+    events = {e.kind: e for e in db.events(spec.job_id)}
+    move = events["move"]
+    assert "20 GB checkpoint (measured), $0.40 egress, 160 s copy" in move.message
+    t_star = break_even_s(copy_cost(MoveTerms("aws", 20.0), EGRESS_GB), 2, ON_DEMAND, WEST_SPOT)
+    assert t_star <= move.time - events["preempted"].time <= t_star + TICK + 1e-6
+    egress = [r.usd for r in db.ledger(spec.job_id) if r.kind == "egress"]
+    assert egress == [pytest.approx(20 * EGRESS_GB)]

@@ -13,9 +13,10 @@ Monte-Carlo and ``kplan simulate`` run the same function.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
-from kplan.core.records import CheckpointEvent, parse_lenient
+from kplan.core.records import CheckpointEvent, Record, parse_lenient
 from kplan.launcher.storage import Storage
 from kplan.planner import deadline
 
@@ -24,10 +25,8 @@ if TYPE_CHECKING:
     from kplan.launcher.measure import JobView
 
 
-def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float | None:
-    """Time of the newest checkpoint (or, without one, of the first record) before ``before``."""
-    newest: float | None = None
-    first: float | None = None
+def _records(storage: Storage, job_id: str) -> Iterator[Record]:
+    """The job's metrics records, file by file (a torn or unreadable line left out)."""
     for key in storage.list_keys(f"{job_id}/metrics/"):
         if not key.endswith(".jsonl"):
             continue
@@ -40,14 +39,33 @@ def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float 
                 raws.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a line being written
-        for rec in parse_lenient(raws):  # typed: kplan/core/records.py
-            t = rec.time
-            if t is None or t > before:
-                continue
-            first = t if first is None else min(first, t)
-            if isinstance(rec, CheckpointEvent) and (newest is None or t > newest):
-                newest = t
+        yield from parse_lenient(raws)  # typed: kplan/core/records.py
+
+
+def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float | None:
+    """Time of the newest checkpoint (or, without one, of the first record) before ``before``."""
+    newest: float | None = None
+    first: float | None = None
+    for rec in _records(storage, job_id):
+        t = rec.time
+        if t is None or t > before:
+            continue
+        first = t if first is None else min(first, t)
+        if isinstance(rec, CheckpointEvent) and (newest is None or t > newest):
+            newest = t
     return newest if newest is not None else first
+
+
+def last_checkpoint_bytes(storage: Storage, job_id: str) -> int | None:
+    """Bytes of the newest checkpoint the metrics record (rank 0's ``checkpoint`` event: the
+    shared state and rank 0's own part); None before the first one."""
+    newest: tuple[float, int] | None = None
+    for rec in _records(storage, job_id):
+        if not isinstance(rec, CheckpointEvent) or rec.bytes is None or rec.time is None:
+            continue
+        if newest is None or rec.time >= newest[0]:
+            newest = (rec.time, rec.bytes)
+    return None if newest is None else newest[1]
 
 
 def work_lost_s(storage: Storage, job_id: str, lost_at: float) -> float | None:

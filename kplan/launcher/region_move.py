@@ -7,6 +7,9 @@ staying has paid for the dry spell), ``copy_cost`` (the move's egress and copy t
 - **Dry spell**: from a node's loss while a lost node waits for capacity in every zone of the
   region (``_no_capacity``), or while lost nodes run on the on-demand fallback; it ends when
   the cluster is whole on spot again.
+- **The checkpoint** a move copies: the newest ``checkpoint`` event's bytes in the job's
+  metrics (rank 0's), read from its storage when the spell begins; before the workers wrote
+  one, ``JobSpec.moves.checkpoint_gb`` (``--checkpoint-gb`` or the plan's).
 - **The rule**: the job moves to the region (``JobSpec.moves``) whose move staying has paid for
   first, ``now >= move_at(...)``, with ``u = (on demand here - spot there) / 3600`` per node
   (the nodes' mean prices of their types); a region without an offer of every node's type and
@@ -34,14 +37,14 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from kplan.core.errors import CloudError
+from kplan.core.errors import CloudError, KplanError
 from kplan.launcher.bootstrap import cluster_spec
 from kplan.launcher.cluster_changes import ChangingRun
 from kplan.launcher.jobspec import NodeSpec
 from kplan.launcher.move_spec import MoveRegion
 from kplan.launcher.provider import Market
 from kplan.launcher.providers import Backend
-from kplan.launcher.recovery import move_fits_deadline
+from kplan.launcher.recovery import last_checkpoint_bytes, move_fits_deadline
 from kplan.planner.spotmove import MoveCost, MoveTerms, copy_cost, move_at, stay_rent
 
 BackendFor = Callable[[str], Backend]  # a region of the job's cloud -> its backend
@@ -56,6 +59,7 @@ class MovingRun(ChangingRun):
 
     backend_for: BackendFor | None = None  # None: the cloud's factory (providers.get_backend)
     dry_since: float | None = None  # the dry spell's first loss (None: not dry)
+    measured_gb: float | None = None  # the newest checkpoint's size when the spell began
     said: tuple[str, float] | None = None  # (event, dry spell) already said: once per spell
 
     def _provision(self) -> None:
@@ -92,7 +96,24 @@ class MovingRun(ChangingRun):
             self._provision()
 
     def _dry(self, since: float) -> None:
+        if self.dry_since is None:  # a new spell: the checkpoint's size as it is now
+            self.measured_gb = self._measure_checkpoint()
         self.dry_since = since if self.dry_since is None else min(self.dry_since, since)
+
+    def _measure_checkpoint(self) -> float | None:
+        """GB of the newest checkpoint the job's metrics record, read from its storage (None:
+        none yet, or unreadable: the spec's size stands)."""
+        try:
+            size = last_checkpoint_bytes(self.storage, self.spec.job_id)
+        except (KplanError, OSError):
+            return None
+        return None if size is None else size / 1e9
+
+    def _checkpoint_gb(self) -> tuple[float, str]:
+        """The checkpoint a move copies, in GB, and where its size comes from."""
+        if self.measured_gb is not None:
+            return self.measured_gb, "measured"
+        return self.spec.moves.checkpoint_gb, "the job's --checkpoint-gb or plan"
 
     def _consider_move(self, *, waiting: bool) -> bool:
         """Move now if the rule says so and the deadline and the budget allow it."""
@@ -145,9 +166,8 @@ class MovingRun(ChangingRun):
             return None
         on_demand = [self.records[self.current[r]].launched_at for r in self._fallbacks()]
         rent = stay_rent(dry, on_demand, waiting=waiting, allow_on_demand=self.spec.allow_on_demand)
-        cost = copy_cost(
-            MoveTerms(self.spec.cloud, moves.checkpoint_gb, moves.copy_gbps), here.egress_usd_gb
-        )
+        gb, _ = self._checkpoint_gb()
+        cost = copy_cost(MoveTerms(self.spec.cloud, gb, moves.copy_gbps), here.egress_usd_gb)
         best: tuple[float, MoveRegion, tuple[NodeSpec, ...]] | None = None
         for there in moves.others(self.spec.region):
             nodes = _nodes_in(there, self.spec.nodes)
@@ -163,14 +183,16 @@ class MovingRun(ChangingRun):
         """Checkpoint and stop every instance, pay the egress, switch the job's region and
         prepare it; the caller provisions the cluster there."""
         src, dst, job = self.spec.region, there.region, self.spec.job_id
-        gb = self.spec.moves.checkpoint_gb
+        gb, source = self._checkpoint_gb()
         waited = self.clock.now() - (self.dry_since or self.clock.now())
         self._event(
             "move",
-            f"moving {src} -> {dst}: {gb:g} GB checkpoint, ${cost.egress_usd:.2f} egress, "
-            f"{cost.copy_s:.0f} s copy (staying paid the move's price in {waited:.0f} s dry)",
-            {"from": src, "to": dst, "egress_usd": cost.egress_usd, "copy_s": cost.copy_s},
-        )
+            f"moving {src} -> {dst}: {gb:.3g} GB checkpoint ({source}), "
+            f"${cost.egress_usd:.2f} egress, {cost.copy_s:.0f} s copy (staying paid the "
+            f"move's price in {waited:.0f} s dry)",
+            {"from": src, "to": dst, "egress_usd": cost.egress_usd, "copy_s": cost.copy_s,
+             "checkpoint_gb": gb},
+        )  # fmt: skip
         old_provider, old_cluster = self.provider, self.cluster
         self._stop_all(f"moving to {dst}")
         self.ledger.record_move_egress(self.clock.now(), cost.egress_usd, f"{src} -> {dst}")
@@ -185,7 +207,7 @@ class MovingRun(ChangingRun):
         self.finished.clear()
         self.first_done = None
         self.waiting_since = None
-        self.dry_since = None
+        self.dry_since = self.measured_gb = None
         self.generation += 1
         self.provider.prepare(self.cluster)
         self._event("prepare", f"prepared {self.spec.cloud} {dst}")
