@@ -21,6 +21,7 @@ from kplan.app.stopping import DownRequest, take_down
 from kplan.launcher.bootstrap import status_key
 from kplan.launcher.clock import FakeClock
 from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, new_job_id
+from kplan.launcher.journal import Journal
 from kplan.launcher.lifecycle import JobOutcome, run_job
 from kplan.launcher.move_spec import MoveRegion
 from kplan.launcher.providers import Backend
@@ -197,6 +198,8 @@ def test_a_dry_home_region_moves_the_job_once_staying_has_paid_the_move(
     # the job finished in the destination; its spec and row say so
     job = db.job(spec.job_id)
     assert job is not None and job.region == WEST and job.spec["region"] == WEST
+    line = Journal.for_job(tmp_path, spec.job_id).read().job  # kplan down without the database
+    assert line is not None and line.region == WEST
     after = [i for i in db.instances(spec.job_id) if i.launched_at >= move.time]
     assert {(i.region, i.zone, i.price) for i in after} == {(WEST, WEST_A, WEST_SPOT)}
     egress = [r for r in db.ledger(spec.job_id) if r.kind == "egress"]

@@ -202,6 +202,13 @@ class MovingRun(ChangingRun):
         self.spec = replace(self.spec, region=dst, nodes=nodes, offers=there.offers)
         self.cluster = cluster_spec(self.spec, self.storage.uri)
         self.db.update_spec(job, replace(self.spec, storage_uri=self.storage.uri).to_dict())
+        where = {
+            "job": job,
+            "cloud": self.spec.cloud,
+            "region": dst,
+            "storage_uri": self.storage.uri,
+        }
+        self.journal.write("job", self.clock.now(), **where)  # kplan down without the database
         self.lost.clear()
         self.returning.clear()
         self.finished.clear()
