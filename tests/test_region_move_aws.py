@@ -395,3 +395,36 @@ def test_the_checkpoint_the_metrics_record_is_the_size_a_move_copies(
     assert t_star <= move.time - events["preempted"].time <= t_star + TICK + 1e-6
     egress = [r.usd for r in db.ledger(spec.job_id) if r.kind == "egress"]
     assert egress == [pytest.approx(20 * EGRESS_GB)]
+
+
+def test_the_launchers_move_is_the_several_pool_replays_move() -> None:
+    """The same dry spell replayed by ``spotmove.replay_pools`` (kplan simulate --trace
+    POOL=FILE): 2 nodes, the worker lost at 1 h with no spot capacity at home after it and none
+    on demand, the other region holding both nodes. The replay moves ``T*`` after the loss, the
+    break-even the launcher's test above moves at (within a tick)."""
+    import numpy as np
+
+    from kplan.planner.catalog import StoragePrice
+    from kplan.planner.spot import RecoveryPolicy
+    from kplan.planner.spotmove import Pool, replay_pools
+    from kplan.planner.spottrace import ADD, REMOVE, SpotTrace
+
+    def trace(name: str, events: list[tuple[float, int, str]]) -> SpotTrace:
+        ev = sorted(events)
+        return SpotTrace(
+            name, "synthetic", np.array([e[0] for e in ev], dtype=float),
+            np.array([e[1] for e in ev], dtype=np.int8), tuple(e[2] for e in ev), 40 * 3600.0,
+        )  # fmt: skip
+
+    home = trace("home", [(0.0, ADD, "a"), (10.0, ADD, "b"), (3600.0, REMOVE, "b")])
+    west = trace("west", [(0.0, ADD, "c"), (10.0, ADD, "d")])
+    pools = [Pool(REGION, REGION, home, SPOT, ON_DEMAND), Pool(WEST, WEST, west, WEST_SPOT, 2.0)]
+    price = StoragePrice("aws", REGION, 0.023, 0.08, EGRESS_GB, 0.09, 0.09, "test", "2026-11-01")
+    terms = MoveTerms("aws", CKPT_GB, storage={("aws", REGION): price})
+    policy = RecoveryPolicy(allow_on_demand=False, capacity_wait_s=1500.0)
+    (out,) = replay_pools(pools, [20.0], nodes=2, work_s=6 * 3600.0, policy=policy, terms=terms)
+    (mv,) = out.moves
+    t_star = break_even_s(copy_cost(MoveTerms("aws", CKPT_GB), EGRESS_GB), 2, ON_DEMAND, WEST_SPOT)
+    lost = 3600.0 - 20.0  # the replay's clock starts at the job's start
+    assert mv.time_s - lost == pytest.approx(t_star)
+    assert mv.egress_usd == pytest.approx(CKPT_GB * EGRESS_GB)

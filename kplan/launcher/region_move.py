@@ -96,6 +96,8 @@ class MovingRun(ChangingRun):
             self._provision()
 
     def _dry(self, since: float) -> None:
+        if not self.spec.moves.regions:
+            return  # nowhere to move: no spell to price
         if self.dry_since is None:  # a new spell: the checkpoint's size as it is now
             self.measured_gb = self._measure_checkpoint()
         self.dry_since = since if self.dry_since is None else min(self.dry_since, since)
