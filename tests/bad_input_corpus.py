@@ -1074,6 +1074,41 @@ def _issue25_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def _move_cases() -> list[Case]:
+    """Issue 27 item 3: ``kplan launch --move-region`` refuses what cannot move, in one line
+    with a hint: a region the cloud's catalog lacks, the job's own region, a local job, an AWS
+    AMI id (it boots only in its own region), and the move's numbers without a region."""
+    s = {"train.py": SCRIPT}
+    aws = ("launch", "{d}/train.py", "--cloud", "aws", "--region", "us-east-1", "--example",
+           "cifar10-resnet18", "--budget", "5", "--dry-run")  # fmt: skip
+    west = ("--move-region", "us-west-2", "--checkpoint-gb", "10")
+    local = ("launch", "{d}/train.py", "--dry-run", "--move-region", "us-west-2")
+    # fmt: off
+    return [
+        Case("move-region-unknown", (*aws, "--move-region", "mars-1"), 2, "no region 'mars-1'",
+             s),
+        Case("move-region-gcp-name-on-aws", (*aws, "--move-region", "us-central1"), 2,
+             "no region 'us-central1'", s),
+        Case("move-region-home", (*aws, "--move-region", "us-east-1"), 2, "job's own region", s),
+        Case("move-region-local", local, 2, "local job", s),
+        Case("move-region-empty", (*aws, "--move-region", ""), 2, "--move-region", s),
+        Case("move-region-ami-flag", (*aws, *west, "--image", "ami-0123456789"), 2, "AMI id", s),
+        Case("move-region-ami-env", (*aws, *west), 2, "KPLAN_AWS_IMAGE ami-0123456789 is an AMI",
+             s, env={"KPLAN_AWS_IMAGE": "ami-0123456789"}),
+        Case("move-region-ssm-image", (*aws, *west, "--image", "resolve:ssm:/x/y"), 0, "", s),
+        Case("move-region-valid", (*aws, *west), 0, "", s),
+        Case("move-checkpoint-without-region", (*aws, "--checkpoint-gb", "5"), 2,
+             "only with --move-region", s),
+        Case("move-copy-gbps-zero", (*aws, *west, "--copy-gbps", "0"), 2, "--copy-gbps", s),
+        Case("move-copy-gbps-inf", (*aws, *west, "--copy-gbps", "inf"), 2, "--copy-gbps", s),
+        Case("move-checkpoint-nan", (*aws, "--move-region", "us-west-2", "--checkpoint-gb",
+                                     "nan"), 2, "--checkpoint-gb", s),
+        Case("move-checkpoint-negative", (*aws, "--move-region", "us-west-2", "--checkpoint-gb",
+                                          "-1"), 2, "--checkpoint-gb", s),
+    ]
+    # fmt: on
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -1086,4 +1121,5 @@ CASES: list[Case] = [
     *_plan_cases(),
     *_issue24_cases(),
     *_issue25_cases(),
+    *_move_cases(),
 ]

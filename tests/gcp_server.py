@@ -112,6 +112,10 @@ class FakeCompute:
         operation ends DONE with ``error.errors[0].code == code`` (no instance is made)."""
         self._insert_errors.append((re.compile(name), code, message, http_status))
 
+    def clear_insert_failures(self) -> None:
+        """Inserts succeed again (``fail_insert``'s rules are dropped)."""
+        self._insert_errors.clear()
+
     def add_machine_type(
         self, zone: str, name: str, cpus: int, memory_mb: int, gpus: tuple[str, int] | None = None
     ) -> None:

@@ -417,3 +417,18 @@ def test_a_controller_restarted_without_the_database_keeps_every_ledger_kind(
     bare = StateDB.open(tmp_path / "bare" / "kplan.db")  # no snapshot: the document alone
     import_job(bare, doc, Journal.for_job(tmp_path / "bare", JOB), FakeClock(480.0))
     assert {r.kind for r in bare.ledger(JOB)} == {"instance"}
+
+
+def test_a_job_that_moved_region_has_its_new_region_merged(tmp_path: Path) -> None:
+    """A controller moved the job to another region (launcher/region_move.py): the merged row
+    and spec name it (kplan status, kplan down), with this machine's storage kept."""
+    remote = _controller_db(tmp_path / "controller.db")
+    laptop = _laptop_db(tmp_path / "laptop.db")
+    laptop.update_spec(JOB, {"nodes": [{"gpus": 1}], "storage_uri": "file:///here"})
+    moved = {"nodes": [{"gpus": 1}], "region": "us-west-2", "storage_uri": "s3://b/jobs"}
+    remote.update_spec(JOB, moved)
+    remote.set_status(JOB, "running", 600.0)
+    assert merge_snapshot(laptop, build_snapshot(remote, JOB, 1, 610.0))
+    job = laptop.job(JOB)
+    assert job is not None and job.region == "us-west-2" and job.spec["region"] == "us-west-2"
+    assert job.spec["storage_uri"] == "file:///here"

@@ -110,6 +110,46 @@ def check_work(req: LaunchRequest, *, plans_now: object) -> None:
         )
 
 
+def check_moves(req: LaunchRequest, cloud: str) -> None:
+    """``--move-region`` (kplan/launcher/region_move.py): a cloud job's, with its
+    ``--checkpoint-gb`` and ``--copy-gbps`` finite, and an image that boots in every region."""
+    from kplan.core import flags
+
+    m = req.moves
+    flags.texts("--move-region", m.regions, hint="e.g. us-west-2")
+    flags.number("--checkpoint-gb", m.checkpoint_gb, low_open=False, high=flags.MAX_DATA_GB,
+                 hint="GB of one checkpoint, e.g. --checkpoint-gb 10")  # fmt: skip
+    flags.number("--copy-gbps", m.copy_gbps, high=1e4, hint="Gbit/s, e.g. --copy-gbps 1")
+    given = [f for f, v in (("--checkpoint-gb", m.checkpoint_gb), ("--copy-gbps", m.copy_gbps))
+             if v is not None]  # fmt: skip
+    if given and not m.regions:
+        raise InputError(
+            f"{', '.join(given)}: only with --move-region", hint="e.g. --move-region us-west-2"
+        )
+    if not m.regions:
+        return
+    if cloud == "local":
+        raise InputError(
+            "--move-region: a local job runs on this machine, it has no other region",
+            hint="use it with --cloud aws or gcp",
+        )
+    if req.region is not None and req.region in m.regions:
+        raise InputError(
+            f"--move-region {req.region} is the job's own region",
+            hint="give the other regions the job may move to",
+        )
+    import os
+
+    image = req.node_install.image or os.environ.get("KPLAN_AWS_IMAGE", "").strip()
+    source = "--image" if req.node_install.image else "KPLAN_AWS_IMAGE"
+    if cloud == "aws" and image.startswith("ami-"):
+        raise InputError(
+            f"--move-region: {source} {image} is an AMI id, which boots only in its own region",
+            hint=f"drop {source} (kplan's default image is resolved in each region) or give "
+            "resolve:ssm:<parameter>, which EC2 resolves in each region",
+        )
+
+
 def check_gcp_placement(req: LaunchRequest, cloud: str) -> None:
     """--network, --subnet, --service-account and --no-external-ip: GCP only, well formed."""
     given = [

@@ -38,6 +38,16 @@ class NodeInstall:
 
 
 @dataclass(frozen=True)
+class MoveRequest:
+    """Clouds only: other regions the job may move to when its spot pool runs dry, the
+    checkpoint's size (None: the plan's) and the copy's bandwidth (None: the default)."""
+
+    regions: tuple[str, ...] = ()
+    checkpoint_gb: float | None = None
+    copy_gbps: float | None = None
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     script: Path
     budget_usd: float
@@ -70,6 +80,7 @@ class LaunchRequest:
     capacity_wait_s: float | None = None  # None: the plan's, else 900 s
     lease_minutes: float | None = None  # the hard stop's lease (None: JobSpec's, 15 min)
     idle_minutes: float | None = None  # end the cluster when idle this long (None: never)
+    moves: MoveRequest = field(default_factory=MoveRequest)  # --move-region and its inputs
     node_install: NodeInstall = field(default_factory=NodeInstall)
     gcp: GcpPlacement = field(default_factory=GcpPlacement)
     pins: PlanPins = field(default_factory=PlanPins)

@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, TypedDict
 
 from kplan.core.errors import InputError
-from kplan.launcher.jobspec import JobSpec, NodeSpec, ZoneOffer, nodes_from_plan_row
+from kplan.launcher.jobspec import JobSpec, NodeSpec, nodes_from_plan_row
+from kplan.launcher.move_spec import MoveRegion, ZoneOffer
 from kplan.planner.catalog import Catalog
 from kplan.planner.plan import Plan, PlanRow
 
@@ -41,6 +42,9 @@ class SpecOptions(TypedDict, total=False):
     capacity_wait_s: float
     lease_s: float
     idle_s: float
+    move_regions: tuple[MoveRegion, ...]
+    checkpoint_gb: float
+    copy_gbps: float
 
 
 def options(req: LaunchRequest) -> SpecOptions:
@@ -201,6 +205,12 @@ def spec_from_plan(
         opts.setdefault("capacity_wait_s", rec.capacity_wait_s)
     import json
 
+    moves = move_regions(req, catalog, cloud, row.region, {n.instance_type for n in nodes})
+    if moves:
+        opts["move_regions"] = moves
+        opts["checkpoint_gb"] = _checkpoint_gb(req, row)
+        if req.moves.copy_gbps is not None:
+            opts["copy_gbps"] = req.moves.copy_gbps
     disk, storage, egress = job_costs(row)
     return JobSpec.build(
         req.job_id or _new_id(),
@@ -232,6 +242,52 @@ def spec_from_plan(
         egress_usd=egress,
         **opts,
     )
+
+
+def move_regions(
+    req: LaunchRequest, catalog: Catalog, cloud: str, home: str, types: set[str]
+) -> tuple[MoveRegion, ...]:
+    """The regions a job may run in with ``--move-region`` (its own first): each region's
+    zones of the job's types and its egress price, from the catalog; () without the flag."""
+    if not req.moves.regions:
+        return ()
+    known = sorted({o.region for o in catalog.offers if o.cloud == cloud})
+    out = []
+    for region in (home, *dict.fromkeys(req.moves.regions)):
+        if region == home and region in req.moves.regions:
+            raise InputError(
+                f"--move-region {region} is the job's own region",
+                hint="give the other regions the job may move to",
+            )
+        if region not in known:
+            raise InputError(
+                f"--move-region {region}: {cloud} has no region {region!r} in catalog "
+                f"{catalog.version}",
+                hint=f"one of: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''}",
+            )
+        offers = zone_offers(catalog, cloud, region, types)
+        missing = sorted(types - {o.instance_type for o in offers if o.market == "spot"})
+        price = catalog.storage.get((cloud, region))
+        if missing or price is None:
+            what = f"no spot offer of {', '.join(missing)}" if missing else "no egress price"
+            raise InputError(
+                f"--move-region {region}: the catalog has {what} there",
+                hint="kplan catalog list shows each region's offers; pick another region",
+            )
+        out.append(MoveRegion(region, offers, price.egress_region_usd_gb))
+    return tuple(out)
+
+
+def _checkpoint_gb(req: LaunchRequest, row: PlanRow) -> float:
+    """``--checkpoint-gb``, else the plan's checkpoint size; a move needs one."""
+    gb = req.moves.checkpoint_gb
+    gb = row.extras.checkpoint_gb if gb is None else gb
+    if not gb > 0:
+        raise InputError(
+            "--move-region: the size of a checkpoint is unknown (the plan has none)",
+            hint="give --checkpoint-gb GB (what one checkpoint of the job weighs)",
+        )
+    return gb
 
 
 def reprice_from_catalog(

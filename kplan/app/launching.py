@@ -81,6 +81,7 @@ def _build_spec(req: LaunchRequest) -> JobSpec:
     checks.check_node_install(req)
     check_environment(req.clouds or (cloud,))  # KPLAN_AWS_*, KPLAN_GCP_*: before planning
     checks.check_gcp_placement(req, cloud)
+    checks.check_moves(req, cloud)
     if plan is None:
         plan = plan_now(req, cloud)
         cloud = plan.chosen.cloud if req.clouds else cloud
@@ -99,6 +100,7 @@ def _local_spec(req: LaunchRequest, plan: Plan | None) -> JobSpec:
             hint="a local job runs this machine's own Python and kplan",
         )
     checks.check_gcp_placement(req, "local")
+    checks.check_moves(req, "local")
     opts = options(req)
     local = LocalOptions(rdzv_port=free_port())
     if req.precision is not None:

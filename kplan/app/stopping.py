@@ -71,6 +71,7 @@ def _take_down(
     from kplan.launcher.clock import SystemClock
     from kplan.launcher.down import down_job, forget_job, leftover_jobs
     from kplan.launcher.jobspec import check_job_id
+    from kplan.launcher.provider import ClusterSpec as Cluster
 
     if req.job is not None:
         # a prefix or `last` names a job of the database; an id it lacks stays as typed
@@ -90,8 +91,31 @@ def _take_down(
         result = down_job(
             job_id, backend, db, SystemClock(), wait_launcher_s=req.wait_s, cluster=cluster
         )
+        for region in _other_regions(db, job_id, where):  # a job that moved, or may
+            other = down_job(
+                job_id,
+                backend_for(which, region, storage),
+                db,
+                SystemClock(),
+                wait_launcher_s=0.0,
+                cluster=Cluster(job_id=job_id, cloud=which, region=region),
+            )
+            result = replace(result, terminated=result.terminated + other.terminated)
         results.append(replace(result, snapshot=merged))
     return results
+
+
+def _other_regions(db: StateDB, job_id: str, where: str | None) -> list[str]:
+    """The regions besides ``where`` the job may have run in: those it may move to
+    (kplan/launcher/region_move.py) and those its recorded instances ran in."""
+    from kplan.launcher.jobspec import JobSpec
+
+    job = db.job(job_id)
+    if job is None:
+        return []
+    regions = [r.region for r in JobSpec.from_dict(job.spec).moves.regions]
+    regions += [i.region for i in db.instances(job_id)]
+    return [r for r in dict.fromkeys(regions) if r != where]
 
 
 def _merge_latest(db: StateDB, storage: Storage, job_id: str, now: float) -> str | None:

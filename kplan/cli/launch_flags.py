@@ -115,7 +115,13 @@ def budget_or_default(
 
 def launch_request(f: dict[str, Any]) -> LaunchRequest:
     """The ``LaunchRequest`` of ``kplan launch``'s parsed flags (``LAUNCH_FLAGS``' names)."""
-    from kplan.app.launch_request import GcpPlacement, LaunchRequest, NodeInstall, PlanPins
+    from kplan.app.launch_request import (
+        GcpPlacement,
+        LaunchRequest,
+        MoveRequest,
+        NodeInstall,
+        PlanPins,
+    )
 
     args = list(f["argv"] or [])
     if not args:
@@ -152,6 +158,7 @@ def launch_request(f: dict[str, Any]) -> LaunchRequest:
         checkpoint_interval_s=f["checkpoint_interval"],
         max_replacements=f["max_replacements"],
         capacity_wait_s=f["capacity_wait"],
+        moves=MoveRequest(tuple(f["move_region"] or ()), f["checkpoint_gb"], f["copy_gbps"]),
         lease_minutes=f["lease_minutes"],
         idle_minutes=f["idle_minutes"],
         node_install=NodeInstall(f["image"], f["pip_index_url"], f["install_deps"]),

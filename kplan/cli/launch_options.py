@@ -328,6 +328,36 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         ),
     ),
     Flag(
+        "move_region",
+        list[str] | None,
+        None,
+        typer.Option(
+            "--move-region",
+            help="Another region of the job's cloud it may move to when its spot pool runs "
+            "dry (repeatable): the whole cluster checkpoints and restarts there once staying "
+            "has paid the move's egress and copy (kplan simulate's move rule).",
+        ),
+    ),
+    Flag(
+        "checkpoint_gb",
+        float | None,
+        None,
+        typer.Option(
+            "--checkpoint-gb",
+            help="With --move-region: GB of one checkpoint, which a move copies (default: the "
+            "plan's).",
+        ),
+    ),
+    Flag(
+        "copy_gbps",
+        float | None,
+        None,
+        typer.Option(
+            "--copy-gbps",
+            help="With --move-region: the checkpoint copy's Gbit/s between regions (default 1).",
+        ),
+    ),
+    Flag(
         "data_gb",
         float,
         0.0,

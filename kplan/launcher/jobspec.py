@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
 from kplan.launcher.ledger import Costs
+from kplan.launcher.move_spec import MoveRegion, Moves, ZoneOffer
 from kplan.launcher.provider import Market
 from kplan.launcher.wheel import check_index_url, check_node_install
 
@@ -81,16 +82,6 @@ class NodeSpec:
                 f"node {self.node_rank}: price {self.usd_per_hour!r} USD/h is not >= 0",
                 hint="use the catalog price",
             )
-
-
-@dataclass(frozen=True)
-class ZoneOffer:
-    """A price of an instance type in one zone and market of the job's region."""
-
-    instance_type: str
-    zone: str
-    market: Market
-    usd_per_hour: float
 
 
 def _positive(name: str, value: float, hint: str) -> None:
@@ -291,6 +282,7 @@ GROUPS: dict[str, type] = {
     "adaptation": Adaptation,
     "predicted": Prediction,
     "costs": Costs,  # disks, storage and egress (kplan/launcher/ledger.py)
+    "moves": Moves,  # the regions a job may move to (kplan/launcher/move_spec.py)
 }
 # Flat option names whose record field is named otherwise (every other flat name is its field's).
 _RENAMED = {
@@ -302,6 +294,7 @@ _RENAMED = {
     "predicted_hours": "hours",
     "predicted_cost_usd": "cost_usd",
     "predicted_cost_p90_usd": "cost_p90_usd",
+    "move_regions": "regions",
 }
 _TUPLES = {"policies", "requirements", "price_notes"}
 
@@ -375,6 +368,9 @@ class JobOptions(TypedDict, total=False):
     disk_usd_node_h: float
     storage_usd_h: float
     egress_usd: float
+    move_regions: tuple[MoveRegion, ...]
+    checkpoint_gb: float
+    copy_gbps: float
 
 
 def nest(flat: Mapping[str, object], strict: bool = True) -> dict[str, object]:
@@ -419,6 +415,7 @@ class JobSpec:
     adaptation: Adaptation = Adaptation()
     predicted: Prediction = Prediction()
     costs: Costs = field(default_factory=Costs)
+    moves: Moves = field(default_factory=Moves)
     plan: Plan | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

@@ -229,8 +229,9 @@ def _number(value: object) -> float:
 
 
 def _job(lines: list[dict[str, object]]) -> JournalJob | None:
-    """The first ``job`` line (cloud, region, storage), if any and it names a cloud."""
-    line = next((e for e in lines if e.get("kind") == "job"), None)
+    """The last ``job`` line (cloud, region, storage), if any and it names a cloud: where the
+    job runs now (a move to another region writes one: kplan/launcher/region_move.py)."""
+    line = next((e for e in reversed(lines) if e.get("kind") == "job"), None)
     if line is None:
         return None
     cloud, region, storage = line.get("cloud"), line.get("region"), line.get("storage_uri")

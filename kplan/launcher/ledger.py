@@ -10,9 +10,11 @@ Besides the instances (issue 27; the plan's extras, kplan/planner/extra_costs.py
 ``kind``: ``instance``; ``disk``, the instance's boot disk, billed with it (``<id>/disk``, the
 same seconds at ``Costs.disk_usd_node_h``); ``storage``, the job's object storage (checkpoints
 and data) from the job's start to its end; ``egress``, the data copied from its region, recorded
-once, when the first check after the launch finds the budget can pay it. Until then it is
+once, when the first check after the launch finds the budget can pay it (until then it is
 pending: ``closed_spend`` counts it, so the guard stops a job whose egress would cross the
-budget before it is spent.
+budget before it is spent), and the checkpoint each move copies to another region
+(``egress/move-<k>: <from> -> <to>``, recorded when the move is made, which the guard allowed
+first).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Costs:
 
 STORAGE_LINE = "storage"  # the ledger's ``instance`` of the job's storage row
 EGRESS_LINE = "egress"
+MOVE_LINE = "egress/move-"  # a move's checkpoint copy: ``egress/move-<k>: <from> -> <to>``
 
 
 def usd(billing: BillingRule, seconds: float, usd_per_hour: float) -> float:
@@ -166,7 +169,7 @@ class Ledger:
         """The egress the job has yet to record (0 once recorded, or without one)."""
         if self.costs.egress_usd <= 0:
             return 0.0
-        done = any(r.kind == "egress" for r in self.db.ledger(self.job_id))
+        done = any(r.instance == EGRESS_LINE for r in self.db.ledger(self.job_id))
         return 0.0 if done else self.costs.egress_usd
 
     def record_egress(self, now: float) -> None:
@@ -184,6 +187,14 @@ class Ledger:
                     kind="egress",
                 )
             )
+
+    def record_move_egress(self, now: float, usd: float, what: str) -> str:
+        """A move's checkpoint copy to another region (kplan/launcher/region_move.py): an
+        ``egress`` row of its own, ``egress/move-<k>: <what>``; returns its line's name."""
+        k = sum(1 for r in self.db.ledger(self.job_id) if r.instance.startswith(MOVE_LINE))
+        line = f"{MOVE_LINE}{k + 1}: {what}"
+        self.db.put_ledger(LedgerRow(self.job_id, line, now, now, 0.0, usd, True, kind="egress"))
+        return line
 
     def spend(self) -> float:
         return self.db.spend(self.job_id)

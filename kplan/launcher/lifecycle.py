@@ -17,13 +17,13 @@ from functools import partial
 
 from kplan.core.errors import KplanError
 from kplan.launcher.clock import Clock, SystemClock
-from kplan.launcher.cluster_changes import ChangingRun
 from kplan.launcher.controller import ControllerDoc, this_host, write_controller
 from kplan.launcher.jobspec import JobSpec, NodeSpec, place
 from kplan.launcher.journal import Journal
 from kplan.launcher.ledger import BillingRule
 from kplan.launcher.observe import EventSink, Finish
 from kplan.launcher.providers import Backend
+from kplan.launcher.region_move import BackendFor, MovingRun
 from kplan.launcher.snapshot import publish
 from kplan.launcher.state import InstanceRecord, JobRecord, StateDB, StateWriteError
 
@@ -47,15 +47,19 @@ def run_job(
     billing: BillingRule | None = None,
     on_event: EventSink | None = None,
     journal: Journal | None = None,
+    backend_for: BackendFor | None = None,
 ) -> JobOutcome:
     """Run ``spec`` to its end; never returns with an instance it created still alive.
 
     ``journal``: where instance ids are written before the database (default
-    ``<db folder>/journal/<job>.jsonl``). Files the job creates are ``0600`` (umask 077 while
-    it runs)."""
+    ``<db folder>/journal/<job>.jsonl``). ``backend_for``: the backend of another region of the
+    job's cloud, for a move (kplan/launcher/region_move.py; default: the cloud's factory).
+    Files the job creates are ``0600`` (umask 077 while it runs)."""
     journal = journal or Journal.for_job(db.path.parent, spec.job_id)
     with private_umask():
-        return JobRun(spec, backend, db, clock or SystemClock(), billing, on_event, journal).run()
+        run = JobRun(spec, backend, db, clock or SystemClock(), billing, on_event, journal)
+        run.backend_for = backend_for
+        return run.run()
 
 
 def record_job(spec: JobSpec, backend: Backend, db: StateDB, *, clock: Clock | None = None) -> None:
@@ -76,7 +80,7 @@ def private_umask() -> Iterator[None]:
         os.umask(old)
 
 
-class JobRun(ChangingRun):
+class JobRun(MovingRun):
     """The whole lifecycle: create the job's records, run it, and always tear it down."""
 
     mode = "foreground"  # how its controller was started (controller.py: MODES)

@@ -13,9 +13,10 @@ Monte-Carlo and ``kplan simulate`` run the same function.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
-from kplan.core.records import CheckpointEvent, parse_lenient
+from kplan.core.records import CheckpointEvent, Record, parse_lenient
 from kplan.launcher.storage import Storage
 from kplan.planner import deadline
 
@@ -24,10 +25,8 @@ if TYPE_CHECKING:
     from kplan.launcher.measure import JobView
 
 
-def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float | None:
-    """Time of the newest checkpoint (or, without one, of the first record) before ``before``."""
-    newest: float | None = None
-    first: float | None = None
+def _records(storage: Storage, job_id: str) -> Iterator[Record]:
+    """The job's metrics records, file by file (a torn or unreadable line left out)."""
     for key in storage.list_keys(f"{job_id}/metrics/"):
         if not key.endswith(".jsonl"):
             continue
@@ -40,14 +39,33 @@ def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float 
                 raws.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a line being written
-        for rec in parse_lenient(raws):  # typed: kplan/core/records.py
-            t = rec.time
-            if t is None or t > before:
-                continue
-            first = t if first is None else min(first, t)
-            if isinstance(rec, CheckpointEvent) and (newest is None or t > newest):
-                newest = t
+        yield from parse_lenient(raws)  # typed: kplan/core/records.py
+
+
+def last_checkpoint_time(storage: Storage, job_id: str, before: float) -> float | None:
+    """Time of the newest checkpoint (or, without one, of the first record) before ``before``."""
+    newest: float | None = None
+    first: float | None = None
+    for rec in _records(storage, job_id):
+        t = rec.time
+        if t is None or t > before:
+            continue
+        first = t if first is None else min(first, t)
+        if isinstance(rec, CheckpointEvent) and (newest is None or t > newest):
+            newest = t
     return newest if newest is not None else first
+
+
+def last_checkpoint_bytes(storage: Storage, job_id: str) -> int | None:
+    """Bytes of the newest checkpoint the metrics record (rank 0's ``checkpoint`` event: the
+    shared state and rank 0's own part); None before the first one."""
+    newest: tuple[float, int] | None = None
+    for rec in _records(storage, job_id):
+        if not isinstance(rec, CheckpointEvent) or rec.bytes is None or rec.time is None:
+            continue
+        if newest is None or rec.time >= newest[0]:
+            newest = (rec.time, rec.bytes)
+    return None if newest is None else newest[1]
 
 
 def work_lost_s(storage: Storage, job_id: str, lost_at: float) -> float | None:
@@ -111,3 +129,19 @@ def deadline_wait(spec: JobSpec, view: JobView, now: float, deadline_at: float |
         span, work, p.restart_s, p.checkpoint_interval_s, p.checkpoint_s, total_work_s=total
     )
     return float(by) > elapsed
+
+
+def move_fits_deadline(
+    spec: JobSpec, view: JobView, now: float, deadline_at: float | None, copy_s: float
+) -> bool:
+    """The move rule's deadline check (kplan/planner/spotmove.py, as its replayer makes it):
+    with the cluster up in the other region a copy and a restart from now, the slack still
+    covers the reserve. True without a deadline or a plan to pace the job."""
+    work = remaining_work_s(spec, view)
+    if deadline_at is None or work is None:
+        return True
+    p = spec.recovery_policy()
+    up = copy_s + p.restart_s
+    left = deadline_at - now
+    ok = deadline.spot_ok(left, up, work, p.restart_s, p.checkpoint_interval_s, p.checkpoint_s)
+    return bool(ok)

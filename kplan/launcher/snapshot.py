@@ -206,6 +206,9 @@ def merge_snapshot(db: StateDB, snap: Snapshot, storage_uri: str | None = None) 
             db.create_job(_attached(job, storage_uri))
         elif job.updated_at >= local.updated_at:
             db.set_status(job_id, job.status, job.updated_at, job.reason)
+            if job.spec.get("region") == job.region != local.region:  # it moved (region_move)
+                where = local.spec.get("storage_uri", job.spec.get("storage_uri"))
+                db.update_spec(job_id, {**job.spec, "storage_uri": where})
         gone = {i.id for i in db.instances(job_id) if not i.alive}
         for inst in snap.instances:
             if inst.id not in gone:  # an instance seen gone here stays gone

@@ -449,8 +449,12 @@ class StateDB:
         )
 
     def update_spec(self, job_id: str, spec: Mapping[str, object]) -> None:
-        """The job's spec after the launcher changed it (a resize)."""
-        self._write("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(spec), job_id))
+        """The job's spec after the launcher changed it (a resize; a move: its region too)."""
+        region = spec.get("region")
+        self._write(
+            "UPDATE jobs SET spec=?, region=COALESCE(?, region) WHERE id=?",
+            (json.dumps(spec), region if isinstance(region, str) else None, job_id),
+        )
 
     def set_launcher(self, job_id: str, pid: int | None) -> None:
         self._write("UPDATE jobs SET launcher_pid=? WHERE id=?", (pid, job_id))

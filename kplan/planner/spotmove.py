@@ -114,16 +114,27 @@ class MoveTerms:
 def move_cost(terms: MoveTerms, src: Pool, dst: Pool) -> MoveCost:
     """A move's egress and copy time (the module's rule); a region without a price row is a
     ``ValueError`` (the caller checks the pools first)."""
-    if src.region == dst.region:
+    return region_move_cost(terms, src.region, dst.region)
+
+
+def region_move_cost(terms: MoveTerms, src_region: str, dst_region: str) -> MoveCost:
+    """``move_cost`` between two regions of ``terms.cloud`` (the launcher's form: no trace)."""
+    if src_region == dst_region:
         return MoveCost(0.0, 0.0, 0.0, "zone")
-    row = (terms.storage or {}).get((terms.cloud, src.region))
+    row = (terms.storage or {}).get((terms.cloud, src_region))
     if row is None:
-        raise ValueError(f"no egress price for {terms.cloud}:{src.region}")
+        raise ValueError(f"no egress price for {terms.cloud}:{src_region}")
+    return copy_cost(terms, row.egress_region_usd_gb)
+
+
+def copy_cost(terms: MoveTerms, usd_per_gb: float) -> MoveCost:
+    """A move to another region at the source region's egress price ``usd_per_gb``: the
+    checkpoint's egress and its copy time at ``terms.copy_gbps``."""
     gb = terms.checkpoint_gb
     return MoveCost(
-        egress_usd=gb * row.egress_region_usd_gb,
+        egress_usd=gb * usd_per_gb,
         copy_s=gb * 8.0 / terms.copy_gbps,
-        usd_per_gb=row.egress_region_usd_gb,
+        usd_per_gb=usd_per_gb,
         kind="inter-region",
     )
 
@@ -164,6 +175,28 @@ def move_at(
     if paying == 0:
         return INF
     return stall_to + (price - stalled) / (paying * u)
+
+
+def stay_rent(
+    dry_since: float,
+    on_demand_since: Sequence[float],
+    *,
+    waiting: bool,
+    allow_on_demand: bool,
+    count_stall: bool = False,
+) -> tuple[float, float, int]:
+    """How staying pays for a dry spell that began at ``dry_since``: (a stall's start, its
+    end, the nodes on demand after it), ``move_at``'s ``rent``. ``on_demand_since``: when each
+    lost node now on demand launched; ``waiting``: a lost node still waits for capacity. With an
+    on-demand fallback the lost nodes on demand pay from their launch and a wait (the deadline
+    rule's) pays nothing; without one the cluster stalls from the first loss until capacity
+    returns. ``count_stall``: the stall lasts until the last lost node is up on demand, also
+    where the deadline rule waits (the benchmark's other accounting). The replayer and the
+    launcher (kplan/launcher/region_move.py) both call this."""
+    stall_to = dry_since
+    if not allow_on_demand or count_stall:
+        stall_to = INF if waiting or not on_demand_since else max(on_demand_since)
+    return dry_since, stall_to, len(on_demand_since)
 
 
 @dataclass(frozen=True)
@@ -300,10 +333,13 @@ class _MoveReplayer(_Replayer):
         loss until the last lost node is up on demand, also where the deadline rule waits."""
         od = [s.launch for s in self.slots if s.on_demand and s.switch_s < INF]
         waiting = any(not s.on_demand and s.launch > now for s in self.slots)
-        stall_to = self.dry_since
-        if not self.p.allow_on_demand or self.terms.count_stall:
-            stall_to = INF if waiting or not od else max(od)
-        return self.dry_since, stall_to, len(od)
+        return stay_rent(
+            self.dry_since,
+            od,
+            waiting=waiting,
+            allow_on_demand=self.p.allow_on_demand,
+            count_stall=self.terms.count_stall,
+        )
 
     def plan_move(self, now: float, back: float) -> _Pending | None:
         """The move the rule makes in this dry spell (before ``back``, when the cluster would
