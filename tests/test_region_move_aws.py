@@ -428,3 +428,36 @@ def test_the_launchers_move_is_the_several_pool_replays_move() -> None:
     lost = 3600.0 - 20.0  # the replay's clock starts at the job's start
     assert mv.time_s - lost == pytest.approx(t_star)
     assert mv.egress_usd == pytest.approx(CKPT_GB * EGRESS_GB)
+
+
+def test_the_dry_run_prices_each_move_the_job_may_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kplan launch --dry-run --move-region``: each region's move at the rule's price, the
+    checkpoint's egress at the home region's list price and its copy time, and the break-even
+    the launcher moves at (``spotmove.break_even_s`` of the nodes' prices in the spec)."""
+    from typer.testing import CliRunner
+
+    from kplan.cli.main import app
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "home"))
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    args = ["launch", str(script), "--cloud", "aws", "--region", "us-east-1", "--example",
+            "cifar10-resnet18", "--budget", "5", "--move-region", WEST, "--checkpoint-gb",
+            str(CKPT_GB), "--dry-run"]  # fmt: skip
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    (move,) = doc["moves"]
+    assert move["region"] == WEST
+    assert move["egress_usd"] == pytest.approx(CKPT_GB * EGRESS_GB)
+    assert move["copy_s"] == pytest.approx(CKPT_GB * 8.0)  # 1 Gbit/s by default
+    assert 0 < move["break_even_s"] < 3600
+    text = CliRunner().invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert f"move to {WEST}: $0.2000 egress, 80 s copy" in " ".join(text.output.split())
+    # without --move-region: no move lines
+    bare = CliRunner().invoke(app, [*args[:-5], "--dry-run", "--json"])
+    assert bare.exit_code == 0, bare.output
+    assert json.loads(bare.output)["moves"] == []

@@ -124,6 +124,51 @@ def controller_cost(spec: JobSpec, site: ControllerSite) -> ControllerCost:
 
 
 @dataclass(frozen=True)
+class MovePrice:
+    """One region the job may move to (``--move-region``) and what a move there costs: the
+    checkpoint's egress and copy time, and how long every node must have paid on demand (or
+    stalled) in a dry spell before the move pays (``spotmove.break_even_s``; None: never, spot
+    there is no cheaper than on demand here)."""
+
+    region: str
+    egress_usd: float
+    copy_s: float
+    break_even_s: float | None
+
+
+def move_prices(spec: JobSpec) -> tuple[MovePrice, ...]:
+    """The move rule's price of each region the job may move to from where it starts."""
+    from kplan.planner.spotmove import MoveTerms, break_even_s, copy_cost
+
+    moves = spec.moves
+    here = moves.region(spec.region)
+    if here is None:
+        return ()
+    types = [n.instance_type for n in spec.nodes]
+    od_here = here.mean_usd_per_hour(types, "on-demand")
+    cost = copy_cost(
+        MoveTerms(spec.cloud, moves.checkpoint_gb, moves.copy_gbps), here.egress_usd_gb
+    )
+    out = []
+    for there in moves.others(spec.region):
+        spot_there = there.mean_usd_per_hour(types, "spot")
+        t = (
+            None
+            if od_here is None or spot_there is None
+            else break_even_s(cost, len(types), od_here, spot_there)
+        )
+        out.append(
+            MovePrice(
+                there.region,
+                cost.egress_usd,
+                cost.copy_s,
+                None if t is None or t == float("inf") else t,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class DryRun:
     """What ``kplan launch --dry-run`` found: the requests, in order, and the guard's answer."""
 
@@ -146,6 +191,7 @@ class DryRun:
     worst_case_usd: float = 0.0
     outlives_s: float = 0.0  # how long a node runs on after the last renewal it saw, at most
     controller: ControllerCost | None = None  # a detached job's controller (None: foreground)
+    moves: tuple[MovePrice, ...] = ()  # the regions it may move to (--move-region)
 
     def to_dict(self) -> dict[str, object]:
         """The ``--json`` document (the code lists every file, and the secrets left out)."""
@@ -169,6 +215,7 @@ class DryRun:
                 "outlives_s": self.outlives_s,
             },
             "controller": None if self.controller is None else asdict(self.controller),
+            "moves": [asdict(m) for m in self.moves],
         }
 
 
@@ -245,4 +292,5 @@ def dry_run(
         worst_case_usd=worst_case_usd(spec),
         outlives_s=outlives_s(spec),
         controller=None if site is None else controller_cost(spec, site),
+        moves=move_prices(spec),
     )

@@ -11,7 +11,7 @@ launcher prices a move with ``kplan/planner/spotmove.py`` without a catalog. A m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,13 @@ class MoveRegion:
             if o.instance_type == instance_type and o.market == market
         ]
         return min(prices) if prices else None
+
+    def mean_usd_per_hour(self, instance_types: Sequence[str], market: Market) -> float | None:
+        """The nodes' mean price per node-hour of their types on ``market`` here (None: a type
+        has no offer)."""
+        prices = [self.usd_per_hour(t, market) for t in instance_types]
+        known = [p for p in prices if p is not None]
+        return sum(known) / len(known) if known and len(known) == len(prices) else None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,6 @@ from kplan.launcher.bootstrap import cluster_spec
 from kplan.launcher.cluster_changes import ChangingRun
 from kplan.launcher.jobspec import NodeSpec
 from kplan.launcher.move_spec import MoveRegion
-from kplan.launcher.provider import Market
 from kplan.launcher.providers import Backend
 from kplan.launcher.recovery import last_checkpoint_bytes, move_fits_deadline
 from kplan.planner.spotmove import MoveCost, MoveTerms, copy_cost, move_at, stay_rent
@@ -163,7 +162,8 @@ class MovingRun(ChangingRun):
         """The region the rule moves the job to now (the one whose move it reached first)."""
         moves = self.spec.moves
         here = moves.region(self.spec.region)
-        od_here = None if here is None else _mean_price(here, self.spec.nodes, "on-demand")
+        types = [n.instance_type for n in self.spec.nodes]
+        od_here = None if here is None else here.mean_usd_per_hour(types, "on-demand")
         if here is None or od_here is None:
             return None
         on_demand = [self.records[self.current[r]].launched_at for r in self._fallbacks()]
@@ -173,7 +173,7 @@ class MovingRun(ChangingRun):
         best: tuple[float, MoveRegion, tuple[NodeSpec, ...]] | None = None
         for there in moves.others(self.spec.region):
             nodes = _nodes_in(there, self.spec.nodes)
-            spot_there = _mean_price(there, self.spec.nodes, "spot")
+            spot_there = there.mean_usd_per_hour(types, "spot")
             if nodes is None or spot_there is None:
                 continue
             t = move_at(cost, len(nodes), rent, od_here, spot_there)
@@ -229,13 +229,6 @@ class MovingRun(ChangingRun):
 
         settings = ProviderSettings(kplan_home(), region, self.storage.uri)
         return get_backend(self.spec.cloud, settings)
-
-
-def _mean_price(region: MoveRegion, nodes: tuple[NodeSpec, ...], market: Market) -> float | None:
-    """The nodes' mean price per node-hour of their types on ``market`` in ``region``."""
-    prices = [region.usd_per_hour(n.instance_type, market) for n in nodes]
-    known = [p for p in prices if p is not None]
-    return sum(known) / len(known) if known and len(known) == len(prices) else None
 
 
 def _nodes_in(region: MoveRegion, nodes: tuple[NodeSpec, ...]) -> tuple[NodeSpec, ...] | None:

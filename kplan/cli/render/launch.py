@@ -73,6 +73,7 @@ def render_dry_run(run: DryRun) -> None:
     )
     _hard_stop_line(console, run)
     _controller_line(console, run)
+    _move_lines(console, run)
     for note in run.price_notes:
         console.print(f"[yellow]price:[/yellow] {safe(note)}", highlight=False)
 
@@ -93,6 +94,22 @@ def _hard_stop_line(console: Console, run: DryRun) -> None:
         "cluster: the lease and the watchdog's polls)",
         highlight=False,
     )
+
+
+def _move_lines(console: Console, run: DryRun) -> None:
+    """The regions the job may move to when its spot pool runs dry, and each move's price."""
+    for m in run.moves:
+        pays = (
+            "never pays (spot there is no cheaper than on demand here)"
+            if m.break_even_s is None
+            else f"pays after {m.break_even_s / 60:.1f} min of the whole cluster on demand in a "
+            "dry spell"
+        )
+        console.print(
+            f"move to {safe(m.region)}: {_money(m.egress_usd)} egress, {m.copy_s:.0f} s copy; "
+            f"{pays}",
+            highlight=False,
+        )
 
 
 def _controller_line(console: Console, run: DryRun) -> None:
