@@ -5,8 +5,7 @@
 (``--data``: the shared data folder, default $KPLAN_SHARED_DATA or ../shared/data.)
 
 One ``SpotRisk`` per trace (AWS p3 and g4dn from the Bamboo autoscaling-group events, GCP a2
-and n1 from the running-VM counts) and one ``*`` row per cloud, a market of the cloud no trace
-watched: the traced markets pooled as a population (``kplan.planner.spotpool``); writes
+and n1 from the running-VM counts) and one ``*`` row per cloud pooled from its traces; writes
 ``kplan/catalogs/data/spot_model.json`` and prints a table. ``--check`` compares the fit with the
 shipped file instead of writing it. The definitions (lifetime, loss event, wait, outage) are
 those of ``kplan.planner.spottrace``; the estimators are below:
@@ -27,7 +26,7 @@ those of ``kplan.planner.spottrace``; the estimators are below:
 - region_prob: 1.0 (assumed: no shared trace watches several zones at once; see ``REGION``);
 - regimes: ``pooled_regimes`` (the spread between 2-hour blocks beyond chance) and
   ``long_rate_sigma`` (its lasting part); the spread between periods: ``period_sigma`` (the
-  traces' halves), one value for every traced row.
+  traces' halves), one value for every row.
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ from kplan.planner.spot import (
     SpotRisk,
     Weibull,
 )
-from kplan.planner.spotpool import pool_markets
 from kplan.planner.spottrace import (
     LOSS_WINDOW_S,
     SpotTrace,
@@ -626,17 +624,20 @@ def period_sigma(fits: Sequence[tuple[SpotTrace, SpotRisk]]) -> tuple[float, str
 
 
 def fit_all(data: Path) -> SpotModel:
-    """A row per trace, with the spread between periods of every trace, and a ``*`` row per
-    cloud: an unseen market of the cloud, the traced markets pooled (``spotpool``)."""
+    """A row per trace and a ``*`` row per cloud (its traces' lifetimes, loss events and waits
+    together), each with the spread between periods of every trace (``period_sigma``)."""
+    by_cloud: dict[str, list[Sample]] = {}
     groups: dict[str, list[list[Sample]]] = {}
     loaded = load_traces(data)
     for cloud, _family, _region, trace, _note in loaded:
         groups.setdefault(cloud, []).append(blocks(trace))
     fits: list[tuple[SpotTrace, SpotRisk]] = []
     for cloud, family, region, trace, note in loaded:
+        s = sample(trace)
+        by_cloud.setdefault(cloud, []).append(s)
         regimes, basis = row_regimes(blocks(trace), groups[cloud])
         risk = risk_from_sample(
-            sample(trace),
+            s,
             cloud=cloud,
             family=family,
             region=region,
@@ -644,29 +645,26 @@ def fit_all(data: Path) -> SpotModel:
             regimes=regimes,
         )
         fits.append((trace, risk))
+    risks = [r for _, r in fits]
+    for cloud, samples in by_cloud.items():
+        names = " + ".join(s.name for s in samples)
+        risks.append(
+            risk_from_sample(
+                concat_samples(samples, f"pooled {names}"),
+                cloud=cloud,
+                family="*",
+                region="*",
+                note=(
+                    f"Fallback for {cloud} families and regions without a trace: the "
+                    f"{cloud} traces pooled (lifetimes, loss events and waits together)."
+                ),
+                regimes=pooled_regimes(groups[cloud]),
+            )
+        )
     period, why = period_sigma(fits)
-    risks = [replace(r, period_sigma=period, source=f"{r.source} {why}") for _, r in fits]
-    sizes = [len(blocks(t)) for t, _ in fits]
-    pooled = [
-        _rounded(pool_markets(risks, cloud=cloud, family="*", blocks=sizes))
-        for cloud in dict.fromkeys(r.cloud for r in risks)
-    ]
-    return SpotModel(risks=tuple(risks + pooled), fitted="")
-
-
-def _rounded(r: SpotRisk) -> SpotRisk:
-    """A pooled row with its numbers to 4 places (the file's precision)."""
-    life = Weibull(round(r.lifetime.shape, 4), round(r.lifetime.scale_h, 4))
-    out = Outage(round(r.outage.prob, 4), r.outage.durations_h, round(r.outage.region_prob, 4))
-    long = None if r.rate_sigma_long is None else round(r.rate_sigma_long, 4)
-    return replace(
-        r,
-        lifetime=life,
-        co_loss=round(r.co_loss, 4),
-        outage=out,
-        rate_sigma=round(r.rate_sigma, 4),
-        outage_sigma=round(r.outage_sigma, 4),
-        rate_sigma_long=long if long is None else min(long, round(r.rate_sigma, 4)),
+    return SpotModel(
+        risks=tuple(replace(r, period_sigma=period, source=f"{r.source} {why}") for r in risks),
+        fitted="",
     )
 
 

@@ -47,7 +47,7 @@ def _plan(tmp_path: Path, nodes: int, epochs: int = 40) -> Path:
 
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
-    tmp_path: Path, nodes: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nodes: int, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """On a trace generated from the plan's own spot model (a pool of the plan's size),
     `kplan simulate` gives back the model's mean and p90 of time and cost within 3% (issue 11's
@@ -56,18 +56,27 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
     shape 1.09 is close enough to memoryless for that not to matter at 3% over a job of hours
     (over 20 minutes, a node of random age is ~25% likelier to go than a fresh one)."""
     from kplan.app import simulating
-    from kplan.catalogs import spot_model_file
+    from kplan.catalogs import loader, spot_model_file
 
-    # synthetic_trace draws one market in one period: the model it replays against is the
-    # shipped one without its spreads between periods and blocks (tests/test_spotsim.py
-    # checks those against the engine)
+    # synthetic_trace draws one market in one period: the plan and its replays are priced by
+    # the shipped model without its spreads between periods and blocks (tests/test_spotsim.py
+    # checks those against the engine). A home of its own (the catalog cache) and the
+    # process's caches cleared before and after: no other test sees this model.
     shipped = spot_model_file.load_spot_model()
     calm = [
         replace(r, rate_sigma=0.0, outage_sigma=0.0, rate_sigma_long=None, period_sigma=0.0)
         for r in shipped.risks
     ]
     stationary = replace(shipped, risks=tuple(calm))
+
+    def clear() -> None:
+        spot_model_file.shipped_spot_model.cache_clear()
+        loader.shipped_catalog.cache_clear()
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(spot_model_file, "load_spot_model", lambda path=None: stationary)
+    clear()
+    request.addfinalizer(clear)
     plan = _plan(tmp_path, nodes, epochs=800)  # hours: a random start's node age washes out
     doc = Plan.from_dict(json.loads(plan.read_text()))
     risk = simulating.plan_risk(doc, None)
