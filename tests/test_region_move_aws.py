@@ -461,3 +461,40 @@ def test_the_dry_run_prices_each_move_the_job_may_make(
     bare = CliRunner().invoke(app, [*args[:-5], "--dry-run", "--json"])
     assert bare.exit_code == 0, bare.output
     assert json.loads(bare.output)["moves"] == []
+
+
+def test_a_moved_job_is_taken_over_in_its_new_region(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kplan controller JOB --cloud aws --region <where it started> --storage URI`` on a
+    machine without the job's database: the controller document says the job moved, so the
+    controller runs with the provider of the region it is in now."""
+    from typer.testing import CliRunner
+
+    from kplan.app import controlling
+    from kplan.cli.commands import launch as launch_cmd
+    from kplan.cli.main import app
+    from kplan.launcher.controller import ControllerDoc, write_controller
+    from kplan.launcher.storage import LocalStorage
+
+    monkeypatch.setenv("KPLAN_HOME", str(tmp_path / "fresh"))
+    storage = LocalStorage(tmp_path / "bucket")
+    spec = replace(_spec(tmp_path), region=WEST)
+    doc = ControllerDoc(
+        spec.job_id, "gone", 1, "detached", 0.0, 0.0, TICK, 0.0, 0, spec=spec.to_dict()
+    )
+    write_controller(storage, doc)
+    asked: list[str | None] = []
+
+    def backend(cloud: str, region: str | None, uri: str | None) -> Backend:
+        asked.append(region)
+        return Backend(provider=None, storage=storage)  # type: ignore[arg-type]
+
+    ran: list[JobSpec] = []
+    monkeypatch.setattr(launch_cmd, "_backend", backend)
+    monkeypatch.setattr(launch_cmd, "_run", lambda s, *a, **k: ran.append(s))
+    monkeypatch.setattr(controlling, "check_not_running", lambda *a: None)
+    args = ["controller", spec.job_id, "--cloud", "aws", "--region", REGION, "--storage", "x"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert asked == [REGION, WEST] and ran[0].region == WEST

@@ -288,7 +288,12 @@ def controller_command(
         from kplan.app.controller_instance import wait_for_own
 
         wait_for_own(backend.storage, job_id, own)
-    _run(_resumed_spec(job_id, backend), backend, as_json, quiet, resume=mode, own=own)
+    spec = _resumed_spec(job_id, backend)
+    if rec is None and cloud == spec.cloud and spec.region != region:
+        # a job that moved (kplan/launcher/region_move.py) runs where its spec says: the
+        # region given for a job missing from the database may be the one it started in
+        backend = _backend(cloud, spec.region, storage)
+    _run(spec, backend, as_json, quiet, resume=mode, own=own)
 
 
 def _resumed_spec(job_id: str, backend: Backend) -> JobSpec:
