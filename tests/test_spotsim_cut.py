@@ -70,7 +70,7 @@ def test_the_cut_stays_above_every_replacement_limit(monkeypatch: pytest.MonkeyP
         log_sigma=0.1,
         runs=300,
         seed=5,
-        max_events=2 * limit,
+        max_events=limit + 1,
     )
     assert limit >= 20
     assert rows[0].hours == float(fresh.hours_median[0])
