@@ -140,6 +140,19 @@ def _outage(moto: MotoAws, capacity: Capacity, spec: JobSpec) -> Callable[[Event
     return script
 
 
+def _finish_after_move(
+    moto: MotoAws, backends: dict[str, Backend], db: StateDB, spec: JobSpec
+) -> Callable[[EventRecord], None]:
+    """Once the job has moved, its nodes in the other region finish when node 1 launches."""
+
+    def script(event: EventRecord) -> None:
+        moved = "move" in _kinds(db, spec.job_id)
+        if moved and event.kind == "launch" and (event.data or {}).get("node_rank") == 1:
+            _finish(backends[WEST], moto, spec.job_id, WEST)
+
+    return script
+
+
 def _run(spec: JobSpec, backends: dict[str, Backend], db: StateDB, script: Any) -> JobOutcome:
     return run_job(
         spec,
@@ -176,13 +189,11 @@ def test_a_dry_home_region_moves_the_job_once_staying_has_paid_the_move(
     spec = _spec(tmp_path)
     db = StateDB.open(tmp_path / "kplan.db")
     outage = _outage(moto, capacity, spec)
+    finish = _finish_after_move(moto, backends, db, spec)
 
     def script(event: EventRecord) -> None:
         outage(event)
-        data = event.data or {}
-        moved = "move" in _kinds(db, spec.job_id)
-        if moved and event.kind == "launch" and data.get("node_rank") == 1:
-            _finish(backends[WEST], moto, spec.job_id, WEST)
+        finish(event)
 
     out = _run(spec, backends, db, script)
     assert out.status == "succeeded", out.reason
@@ -338,13 +349,11 @@ def test_lost_nodes_on_the_on_demand_fallback_pay_the_rent_until_the_job_moves(
     spec = _spec(tmp_path, allow_on_demand=True)
     db = StateDB.open(tmp_path / "kplan.db")
     outage = _outage(moto, capacity, spec)
+    finish = _finish_after_move(moto, backends, db, spec)
 
     def script(event: EventRecord) -> None:
         outage(event)
-        data = event.data or {}
-        moved = "move" in _kinds(db, spec.job_id)
-        if moved and event.kind == "launch" and data.get("node_rank") == 1:
-            _finish(backends[WEST], moto, spec.job_id, WEST)
+        finish(event)
 
     out = _run(spec, backends, db, script)
     assert out.status == "succeeded", out.reason
@@ -370,6 +379,7 @@ def test_the_checkpoint_the_metrics_record_is_the_size_a_move_copies(
     spec = _spec(tmp_path)
     db = StateDB.open(tmp_path / "kplan.db")
     outage = _outage(moto, capacity, spec)
+    finish = _finish_after_move(moto, backends, db, spec)
     storage = backends[REGION].storage
 
     def script(event: EventRecord) -> None:
@@ -381,10 +391,7 @@ def test_the_checkpoint_the_metrics_record_is_the_size_a_move_copies(
             text = "".join(json.dumps(x) + "\n" for x in lines)
             storage.put_bytes(f"{spec.job_id}/metrics/rank-0.jsonl", text.encode())
         outage(event)
-        data = event.data or {}
-        moved = "move" in _kinds(db, spec.job_id)
-        if moved and event.kind == "launch" and data.get("node_rank") == 1:
-            _finish(backends[WEST], moto, spec.job_id, WEST)
+        finish(event)
 
     out = _run(spec, backends, db, script)
     assert out.status == "succeeded", out.reason
