@@ -29,44 +29,14 @@ from kplan.launcher.state import EventRecord, StateDB
 from kplan.planner.plan import Plan
 from kplan.planner.spotmove import MoveTerms, break_even_s, copy_cost
 from tests.aws_server import BUCKET, REGION, MotoAws, fake_credentials, moto_config
+from tests.test_provider_aws_recovery import Capacity, capacity
 
+__all__ = ["capacity"]  # the fixture: moto refuses the zones and markets that are out
 WEST = "us-west-2"
 HOME_A, HOME_B, WEST_A = "us-east-1a", "us-east-1b", "us-west-2a"
 SPOT, ON_DEMAND, WEST_SPOT = 0.45, 1.01, 0.40
 CKPT_GB, EGRESS_GB = 10.0, 0.02
 TICK = 30.0
-
-
-class Capacity:
-    """Which (zone, market) pairs EC2 (moto) has no capacity for, changed while a job runs."""
-
-    def __init__(self) -> None:
-        self.out: set[tuple[str, str]] = set()
-
-    def set(self, *pairs: tuple[str, str]) -> None:
-        self.out = set(pairs)
-
-
-@pytest.fixture
-def capacity(monkeypatch: pytest.MonkeyPatch) -> Capacity:
-    from moto.ec2.exceptions import EC2ClientError
-    from moto.ec2.models.instances import InstanceBackend
-
-    cap = Capacity()
-    real = InstanceBackend.run_instances
-
-    def run_instances(self: Any, image_id: str, count: int, *args: Any, **kwargs: Any) -> Any:
-        zone = str(kwargs.get("placement") or "")
-        market = "spot" if kwargs.get("instance_market_options") == "spot" else "on-demand"
-        if (zone, market) in cap.out:
-            raise EC2ClientError(
-                "InsufficientInstanceCapacity",
-                f"We currently do not have sufficient g5.xlarge capacity in ({zone}).",
-            )
-        return real(self, image_id, count, *args, **kwargs)
-
-    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
-    return cap
 
 
 @pytest.fixture
