@@ -377,29 +377,27 @@ def test_replay_from_random_starts_of_one_long_trace() -> None:
     )
 
 
+def _regime_sim(x: SpotRisk, hours: float = 20.0) -> spotsim.SimResult:
+    """20,000 runs of a 2-node job of ``hours`` on ``x`` (the regime tests' configuration)."""
+    return spotsim.simulate(
+        work_s=hours * 3600.0,
+        nodes=2,
+        risks=[x],
+        policies=[RecoveryPolicy(checkpoint_s=10.0, max_replacements=10**6)],
+        usd_per_hour=1.0,
+        usd_per_hour_on_demand=3.0,
+        runs=20000,
+        seed=5,
+    )
+
+
 def test_regimes_widen_the_distribution_and_keep_the_mean_rate() -> None:
     """A run's period may be calmer or busier (spot.py, Regimes): with exponential lives the
     expected losses stay (the rate multiplier has mean 1) while the p90 time grows; with no
     spread the runs are the ones without the field."""
-    from dataclasses import replace
-
     r = risk(1.0, 4.0, 0.0, Outage(0.0, (), 1.0))
-    pol = RecoveryPolicy(checkpoint_s=10.0, max_replacements=10**6)
-
-    def sim(x: SpotRisk) -> spotsim.SimResult:
-        return spotsim.simulate(
-            work_s=20 * 3600.0,
-            nodes=2,
-            risks=[x],
-            policies=[pol],
-            usd_per_hour=1.0,
-            usd_per_hour_on_demand=3.0,
-            runs=20000,
-            seed=5,
-        )
-
-    base, wide = sim(r), sim(replace(r, rate_sigma=0.8))
-    same = sim(replace(r, rate_sigma=0.0, outage_sigma=0.0))
+    base, wide = _regime_sim(r), _regime_sim(replace(r, rate_sigma=0.8))
+    same = _regime_sim(replace(r, rate_sigma=0.0, outage_sigma=0.0))
     assert np.array_equal(base.samples.hours, same.samples.hours)
     assert wide.hours_p90[0] > base.hours_p90[0] * 1.03
     # losses per hour of wall time: the same mean rate
@@ -412,28 +410,14 @@ def test_a_long_run_averages_the_passing_part_of_the_regimes() -> None:
     """A run of many blocks sees their mean rate: with a lasting part of 0 a 20-hour run's
     spread of losses is narrower than with all of it lasting (the field left out: an older
     model file), and its mean rate stays; a run of one block keeps its whole spread."""
-    from dataclasses import replace
-
     r = replace(risk(1.0, 4.0, 0.0, Outage(0.0, (), 1.0)), rate_sigma=0.8)
-    pol = RecoveryPolicy(checkpoint_s=10.0, max_replacements=10**6)
     assert r.rate_sigma_long is None
     assert float(replace(r, rate_sigma_long=0.0).rate_sigma_for(20.0)) == pytest.approx(
         0.8 * math.sqrt(2.0 / 20.0)
     )
     assert float(replace(r, rate_sigma_long=0.5).rate_sigma_for(1.0)) == pytest.approx(0.8)
 
-    def sim(x: SpotRisk, hours: float) -> spotsim.SimResult:
-        return spotsim.simulate(
-            work_s=hours * 3600.0,
-            nodes=2,
-            risks=[x],
-            policies=[pol],
-            usd_per_hour=1.0,
-            usd_per_hour_on_demand=3.0,
-            runs=20000,
-            seed=5,
-        )
-
+    sim = _regime_sim
     passing = replace(r, rate_sigma_long=0.0)
     lasting, averaged = sim(r, 20.0), sim(passing, 20.0)
     rate_l = lasting.samples.losses / lasting.samples.hours
