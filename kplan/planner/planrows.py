@@ -15,6 +15,15 @@ from kplan.planner.table import Table
 from kplan.planner.workload import Workload
 
 
+def _region_rates(cands: list[Candidate], cloud: str, region: str) -> extra_costs.ExtraRates:
+    """The extra-cost rates of a (cloud, region): any of its candidates' (they depend on the
+    region alone, ``extra_costs.rates_for``)."""
+    for c in cands:
+        if (c.offer.cloud, c.offer.region) == (cloud, region):
+            return c.extras
+    return extra_costs.ExtraRates()
+
+
 def plan_row(i: int, t: Table, cands: list[Candidate], workload: Workload) -> PlanRow:
     step = float(t.step[i])
     batch = int(t.batch[i])
@@ -45,6 +54,7 @@ def plan_row(i: int, t: Table, cands: list[Candidate], workload: Workload) -> Pl
         itype, gpu = c.offer.instance_type, c.inst.gpu
         price = c.offer.usd_per_hour * nodes
         workers = nodes * c.inst.gpu_count
+        rates = c.extras
     else:
         mix = t.mixes[-1 - int(t.cand[i])]
         groups = mix.groups
@@ -61,7 +71,7 @@ def plan_row(i: int, t: Table, cands: list[Candidate], workload: Workload) -> Pl
         price = sum(g.usd_per_hour * g.nodes for g in groups)
         nodes = sum(g.nodes for g in groups)
         workers = sum(g.nodes * g.gpus_per_node for g in groups)
-    rates = extra_costs.rates_by_region(cands).get((cloud, region), extra_costs.ExtraRates())
+        rates = _region_rates(cands, cloud, region)
     return PlanRow(
         cloud=cloud,
         region=region,
