@@ -61,12 +61,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kplan.core.compression_spec import parse_compression
 from kplan.core.errors import DataFileError, InputError, SchemaVersionError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
-from kplan.planner.opgraph import OpGraph, opgraph_from_dict
+
+if TYPE_CHECKING:  # loaded with a profile that has a graph (``_opgraph``)
+    from kplan.planner.opgraph import OpGraph
 
 # 1.1: optional top-level "precision"; 1.2: optional "model.gradient_shapes", "codec_seconds";
 # 1.3: optional "model.forward_share"; 1.4: optional "opgraph"
@@ -386,8 +388,17 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         startup_s=_opt(device, "startup_s", source, "device", MAX_SECONDS),
         shutdown_s=_opt(device, "shutdown_s", source, "device", MAX_SECONDS),
         cpu_threads=_threads(device.get("cpu_threads"), source),
-        opgraph=None if doc.get("opgraph") is None else opgraph_from_dict(doc["opgraph"], source),
+        opgraph=_opgraph(doc, source),
     )
+
+
+def _opgraph(doc: dict[str, Any], source: str) -> OpGraph | None:
+    """The profile's operator graph (1.4), or None; its reader is loaded only for one."""
+    if doc.get("opgraph") is None:
+        return None
+    from kplan.planner.opgraph import opgraph_from_dict
+
+    return opgraph_from_dict(doc["opgraph"], source)
 
 
 def _gns_trajectory(gns: Any, source: str) -> list[GnsPoint]:

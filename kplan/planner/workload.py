@@ -18,18 +18,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kplan.core.errors import InputError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
 from kplan.planner import fit, perfmodel
 from kplan.planner.catalog import GpuSpec, InstanceType, nic_fabric
 from kplan.planner.devices import DeviceModel, compute_scale, precision_family
-from kplan.planner.opgraph import OpGraph
-from kplan.planner.opmodel import OpModel
-from kplan.planner.opmodel_paths import batch_line
 from kplan.planner.perfmodel import PerfParams
 from kplan.planner.profile import CodecTimes, GnsPoint, Profile
+
+if TYPE_CHECKING:  # the op model is loaded where a CPU profile's graph is timed (``compute_speed``)
+    from kplan.planner.opgraph import OpGraph
+    from kplan.planner.opmodel import OpModel
 
 # Weights, gradients and two Adam moments in FP32: the static memory of data-parallel
 # training when the profile did not measure it (an upper-end assumption for SGD jobs).
@@ -405,6 +406,8 @@ def compute_speed(w: Workload, gpu: GpuSpec, dm: DeviceModel, precision: str) ->
         elif not measured > 0:
             why = "the profile's fitted compute time is not positive"
         else:
+            from kplan.planner.opmodel_paths import batch_line
+
             line = batch_line(w.graph_timing.model, graph, gpu, precision)
             basis = (
                 f"{OP_GRAPH}: the profile's operator graph (local batch {graph.local_batch}) timed "
