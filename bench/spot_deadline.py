@@ -291,6 +291,10 @@ class Result:
     vs_expected: float
     free_above_p90: float  # the plan without a deadline
     free_vs_expected: float
+    free_time_above_p90: float
+    wait_time_above_p90: float  # without a deadline or fallback (the estimate's default)
+    wait_above_p90: float
+    wait_failed: float
     n: int
 
 
@@ -314,8 +318,15 @@ def judge(
         checkpoint_s=CHECKPOINT_S,
         allow_on_demand=True,
     )
+    wait = replace(
+        base, allow_on_demand=False, capacity_wait_s=spotplan.default_capacity_wait_s(risk)
+    )
     priced = {}
-    for name, pol in (("deadline", replace(base, deadline_s=deadline_s)), ("free", base)):
+    for name, pol in (
+        ("deadline", replace(base, deadline_s=deadline_s)),
+        ("free", base),
+        ("wait", wait),
+    ):
         (priced[name],) = spotplan.simulate_rows(
             work_s=np.array([work_s]),
             nodes=np.array([float(nodes)]),
@@ -357,6 +368,23 @@ def judge(
                 usd_per_hour_on_demand=usd[1],
                 seed=seed,
             )
+    # the default plan (no deadline, no on-demand fallback) may wait past its capacity wait and
+    # fail: judged on its own replays, a failed run above every p90 (it never finished)
+    waited = spotsim.replay_many(
+        trace,
+        starts,
+        nodes=nodes,
+        work_s=work_s,
+        policy=priced["wait"].policy,
+        usd_per_hour=usd[0],
+        usd_per_hour_on_demand=usd[1],
+        seed=seed,
+    )
+    done = [o for o in waited if not o.truncated]
+    pw = priced["wait"]
+    w_fail = np.array([o.failed for o in done], dtype=bool)
+    w_hours = np.array([o.hours for o in done])
+    w_cost = np.array([o.cost_usd for o in done])
     keep = [
         i for i in range(runs) if not any(outs[k][i].truncated or outs[k][i].failed for k in outs)
     ]
@@ -385,6 +413,10 @@ def judge(
         vs_expected=float(cost.mean() / (pd.cost_mean_usd or pd.cost_usd)),
         free_above_p90=float(np.mean(free > pf.cost_p90_usd)),
         free_vs_expected=float(free.mean() / (pf.cost_mean_usd or pf.cost_usd)),
+        free_time_above_p90=float(np.mean(arr("free", "hours") > pf.hours_p90)),
+        wait_time_above_p90=float(np.mean(w_fail | (w_hours > pw.hours_p90))) if done else math.nan,
+        wait_above_p90=float(np.mean(w_fail | (w_cost > pw.cost_p90_usd))) if done else math.nan,
+        wait_failed=float(np.mean(w_fail)) if done else math.nan,
         n=len(keep),
     )
 
@@ -404,7 +436,7 @@ def main() -> None:
     print(
         f"{'held out':9} {'job':16} | {'met':>4} {'/hind':>6} {'/bound':>6} {'/greedy':>7} "
         f"{'/floor':>6} {'/od':>5} {'>p90$':>5} {'/exp':>5} | {'free >p90$':>10} {'/exp':>5} "
-        f"{'n':>4}"
+        f"{'>p90h':>5} | {'wait >p90h':>10} {'>p90$':>5} {'fail':>5} {'n':>4}"
     )
     for m in MARKETS:
         held = traces[m.trace]
@@ -444,7 +476,9 @@ def _line(family: str, job: str, r: Result) -> str:
     return (
         f"{family:9} {job:16} | {r.met:4.0%} {r.vs_hindsight:6.2f} {r.vs_pool_bound:6.2f} "
         f"{r.vs_greedy:7.2f} {r.vs_floor:6.2f} {r.vs_on_demand:5.2f} {r.above_p90:5.0%} "
-        f"{r.vs_expected:5.2f} | {r.free_above_p90:10.0%} {r.free_vs_expected:5.2f} {r.n:4d}"
+        f"{r.vs_expected:5.2f} | {r.free_above_p90:10.0%} {r.free_vs_expected:5.2f} "
+        f"{r.free_time_above_p90:5.0%} | {r.wait_time_above_p90:10.0%} {r.wait_above_p90:5.0%} "
+        f"{r.wait_failed:5.1%} {r.n:4d}"
     )
 
 
@@ -467,7 +501,12 @@ def _summary(name: str, rows: list[Result]) -> None:
         f"{col('above_p90').max():.0%}); mean / expected {col('vs_expected').mean():.2f} "
         f"({col('vs_expected').min():.2f}-{col('vs_expected').max():.2f}) | no deadline: "
         f"above cost p90 {col('free_above_p90').mean():.0%}, mean / expected "
-        f"{col('free_vs_expected').mean():.2f}"
+        f"{col('free_vs_expected').mean():.2f}, above time p90 "
+        f"{col('free_time_above_p90').mean():.0%} | no deadline, no fallback (waits): above time "
+        f"p90 {np.nanmean(col('wait_time_above_p90')):.0%} ("
+        f"{np.nanmin(col('wait_time_above_p90')):.0%}-{np.nanmax(col('wait_time_above_p90')):.0%}"
+        f"), above cost p90 {np.nanmean(col('wait_above_p90')):.0%}, failed "
+        f"{np.nanmean(col('wait_failed')):.1%}"
     )
 
 
