@@ -1109,6 +1109,38 @@ def _move_cases() -> list[Case]:
     # fmt: on
 
 
+def _fuzz_cases() -> list[Case]:
+    """Found by trying bad input on the newest surfaces from outside (branch fuzz): each row
+    was mishandled before its fix (a traceback, a hang, or nonsense priced)."""
+    aws = ("launch", "{d}/train.py", "--cloud", "aws", "--region", "us-east-1", "--example",
+           "cifar10-resnet18", "--budget", "5", "--dry-run", "--move-region", "us-west-2",
+           "--checkpoint-gb", "10")  # fmt: skip
+    # the base plan runs in us-east-2 (tests/test_bad_input_corpus.py ``bases``)
+    pools = ("simulate", "--plan", "{d}/p.json", "--trace", "us-east-2={d}/t.csv", "--trace",
+             "us-west-2={d}/t.csv")  # fmt: skip
+    # fmt: off
+    rows: list[Case] = [
+        # KPLAN_HOME of a ~user that does not exist: RuntimeError from expanduser (exit 1)
+        Case("env-home-unknown-user", ("status",), 2, "names no home",
+             env={"KPLAN_HOME": "~kplan-no-such-user/x"}),
+        # a newline or a byte that is not UTF-8: a local launch's progress thread died on it
+        # and the job hung
+        Case("env-home-newline", ("status",), 2, "control character",
+             env={"KPLAN_HOME": "/tmp/kplan\nhome"}),
+        Case("env-home-not-utf8", ("status",), 2, "non-UTF-8",
+             env={"KPLAN_HOME": "/tmp/kplan-\udcff"}),
+        # --copy-gbps 1e-300 priced a 10 GB copy at 8e301 s (a 300-digit line)
+        Case("launch-copy-gbps-tiny", (*aws, "--copy-gbps", "1e-300"), 2, "--copy-gbps",
+             {"train.py": SCRIPT}),
+        Case("simulate-copy-gbps-tiny", (*pools, "--copy-gbps", "1e-300"), 2, "--copy-gbps",
+             {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
+             0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+    ]
+    # fmt: on
+    return [replace(c, id=f"fz-{c.id}") for c in rows]
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -1122,4 +1154,5 @@ CASES: list[Case] = [
     *_issue24_cases(),
     *_issue25_cases(),
     *_move_cases(),
+    *_fuzz_cases(),
 ]

@@ -119,7 +119,8 @@ def check_moves(req: LaunchRequest, cloud: str) -> None:
     flags.texts("--move-region", m.regions, hint="e.g. us-west-2")
     flags.number("--checkpoint-gb", m.checkpoint_gb, low_open=False, high=flags.MAX_DATA_GB,
                  hint="GB of one checkpoint, e.g. --checkpoint-gb 10")  # fmt: skip
-    flags.number("--copy-gbps", m.copy_gbps, high=1e4, hint="Gbit/s, e.g. --copy-gbps 1")
+    flags.number("--copy-gbps", m.copy_gbps, low=flags.MIN_COPY_GBPS, low_open=False,
+                 high=flags.MAX_COPY_GBPS, hint=flags.COPY_HINT)  # fmt: skip
     given = [f for f, v in (("--checkpoint-gb", m.checkpoint_gb), ("--copy-gbps", m.copy_gbps))
              if v is not None]  # fmt: skip
     if given and not m.regions:
