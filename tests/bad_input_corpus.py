@@ -1134,6 +1134,13 @@ def _fuzz_cases() -> list[Case]:
              {"train.py": SCRIPT}),
         Case("simulate-copy-gbps-tiny", (*pools, "--copy-gbps", "1e-300"), 2, "--copy-gbps",
              {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        # --compression-steps SPEC=1e-300 priced a plan "100% less time than dense"
+        Case("compression-steps-mult-tiny", ("estimate", "--example", "cifar10-resnet18",
+                                             "--compression-steps", "topk:0.01=1e-300"), 2,
+             "must be in [0.25, 100]"),
+        Case("compression-steps-mult-huge", ("estimate", "--example", "cifar10-resnet18",
+                                             "--compression-steps", "topk:0.01=1.3e17"), 2,
+             "must be in [0.25, 100]"),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]
