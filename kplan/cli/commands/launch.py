@@ -263,8 +263,9 @@ def controller_command(
                 hint=f"`kplan status {job_id}` shows how it ended",
             )
         if rec is not None:
-            cloud, region = rec.cloud, rec.region
-            storage = JobSpec.from_dict(rec.spec).storage_uri
+            known = (rec.cloud, rec.region, JobSpec.from_dict(rec.spec).storage_uri)
+            _same_as_database(job_id, known, (cloud, region, storage))
+            cloud, region, storage = known
         elif cloud is None:
             raise InputError(
                 f"no job {job_id!r} in {db.path}",
@@ -294,6 +295,21 @@ def controller_command(
         # region given for a job missing from the database may be the one it started in
         backend = _backend(cloud, spec.region, storage)
     _run(spec, backend, as_json, quiet, resume=mode, own=own)
+
+
+def _same_as_database(
+    job_id: str, known: tuple[str, str, str | None], given: tuple[str | None, ...]
+) -> None:
+    """--cloud, --region and --storage name a job missing from the database; for one in it they
+    must agree with it (``--cloud azure`` was ignored without a word)."""
+    for flag, have, want in zip(("--cloud", "--region", "--storage"), known, given, strict=True):
+        if want is not None and want != have:
+            raise InputError(
+                f"{flag} {want[:80]!r}: job {job_id} is in this machine's database with "
+                f"{flag[2:]} {have!r}",
+                hint="drop --cloud, --region and --storage: they are for a job missing from the "
+                "database",
+            )
 
 
 def _resumed_spec(job_id: str, backend: Backend) -> JobSpec:
