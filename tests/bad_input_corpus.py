@@ -1141,6 +1141,10 @@ def _fuzz_cases() -> list[Case]:
         Case("compression-steps-mult-huge", ("estimate", "--example", "cifar10-resnet18",
                                              "--compression-steps", "topk:0.01=1.3e17"), 2,
              "must be in [0.25, 100]"),
+        # --idle-minutes 1e-300 ended every cluster at the first monitor check after a step
+        Case("launch-idle-minutes-tiny", ("launch", "{d}/train.py", "--budget", "1",
+                                          "--idle-minutes", "1e-300", "--dry-run"), 2,
+             "shorter than 1 min", {"train.py": SCRIPT}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]
