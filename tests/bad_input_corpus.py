@@ -1115,6 +1115,8 @@ def _fuzz_cases() -> list[Case]:
     aws = ("launch", "{d}/train.py", "--cloud", "aws", "--region", "us-east-1", "--example",
            "cifar10-resnet18", "--budget", "5", "--dry-run", "--move-region", "us-west-2",
            "--checkpoint-gb", "10")  # fmt: skip
+    gcp = ("launch", "{d}/train.py", "--cloud", "gcp", "--example", "cifar10-resnet18",
+           "--budget", "5", "--dry-run")  # fmt: skip
     # the base plan runs in us-east-2 (tests/test_bad_input_corpus.py ``bases``)
     pools = ("simulate", "--plan", "{d}/p.json", "--trace", "us-east-2={d}/t.csv", "--trace",
              "us-west-2={d}/t.csv")  # fmt: skip
@@ -1145,6 +1147,18 @@ def _fuzz_cases() -> list[Case]:
         Case("launch-idle-minutes-tiny", ("launch", "{d}/train.py", "--budget", "1",
                                           "--idle-minutes", "1e-300", "--dry-run"), 2,
              "shorter than 1 min", {"train.py": SCRIPT}),
+        # an image of the other cloud's kind (or an empty SSM parameter) was sent to the cloud
+        Case("launch-aws-image-gcp-path", (*aws[:11], "--image", "projects/p/global/images/x"),
+             2, "is not an image of aws", {"train.py": SCRIPT}),
+        Case("launch-aws-image-ssm-empty", (*aws[:11], "--image", "resolve:ssm:"), 2,
+             "is not an image of aws", {"train.py": SCRIPT}),
+        Case("launch-gcp-image-ami", (*gcp, "--image", "ami-0123456789"), 2,
+             "is not an image of gcp", {"train.py": SCRIPT}),
+        Case("env-gcp-image-ami", gcp, 2, "KPLAN_GCP_IMAGE 'ami-0123456789' is not an image",
+             {"train.py": SCRIPT}, env={"KPLAN_GCP_IMAGE": "ami-0123456789"}),
+        Case("launch-gcp-image-family-valid", (*gcp, "--image",
+                                               "projects/p/global/images/family/f"), 0, "",
+             {"train.py": SCRIPT}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]

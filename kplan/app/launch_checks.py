@@ -185,6 +185,14 @@ def check_node_install(req: LaunchRequest) -> None:
         check_image(req.node_install.image, "--image")
 
 
+def check_image_cloud(req: LaunchRequest, cloud: str) -> None:
+    """``--image`` is an image of the job's cloud (an AMI on AWS, an image path on GCP)."""
+    from kplan.launcher.providers.envvars import check_cloud_image
+
+    if req.node_install.image is not None:
+        check_cloud_image(cloud, req.node_install.image, "--image")
+
+
 def _check_comm_options(req: LaunchRequest) -> None:
     """``--compression`` and ``--sync-policy`` are parsed as the workers will parse them; a
     saved plan keeps the compression it was priced with."""
