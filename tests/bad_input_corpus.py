@@ -1159,6 +1159,15 @@ def _fuzz_cases() -> list[Case]:
         Case("launch-gcp-image-family-valid", (*gcp, "--image",
                                                "projects/p/global/images/family/f"), 0, "",
              {"train.py": SCRIPT}),
+        # a byte-order mark (a spreadsheet's "CSV UTF-8"): "missing column(s) nodes"
+        Case("csv-configs-bom-valid", ("model", "predict", "--model", "{d}/model.json", "-c",
+                                       "{d}/c.csv"), 0, "",
+             {"model.json": Mut("model"), "c.csv": b"\xef\xbb\xbf" + CONFIGS.encode()}),
+        Case("csv-measurements-bom-valid", ("model", "fit", "-m", "{d}/m.csv", "--out",
+                                            "{d}/o.json"), 0, "",
+             {"m.csv": b"\xef\xbb\xbf" + MEASUREMENTS.encode()}),
+        Case("simulate-trace-bom-valid", (*SIM, "--runs", "20"), 0, "",
+             {"p.json": SPOT_PLAN, "t.csv": b"\xef\xbb\xbf" + TRACE.encode()}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]
