@@ -1168,6 +1168,11 @@ def _fuzz_cases() -> list[Case]:
              {"m.csv": b"\xef\xbb\xbf" + MEASUREMENTS.encode()}),
         Case("simulate-trace-bom-valid", (*SIM, "--runs", "20"), 0, "",
              {"p.json": SPOT_PLAN, "t.csv": b"\xef\xbb\xbf" + TRACE.encode()}),
+        # the --job-id of a job that exists: the dry run took it; the launch refused it after
+        # appending its own job line to that job's journal
+        Case("launch-job-id-exists", ("launch", "{d}/train.py", "--budget", "1", "--job-id",
+                                      JOB, "--dry-run"), 2, "already exists",
+             {"train.py": SCRIPT}, home="job"),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]

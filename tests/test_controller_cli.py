@@ -136,6 +136,23 @@ def test_flags_that_contradict_the_database_are_refused(
     assert f"is in this machine's database with {have}" in res.output and "hint:" in res.output
 
 
+def test_recording_a_job_id_that_exists_leaves_its_journal_as_it_was(
+    home: Path, tmp_path: Path
+) -> None:
+    """A launch with the --job-id of a job that exists was refused by the database only after
+    it had appended its own ``job`` line (cloud, region, storage) to that job's journal: the
+    line `kplan down` reads where the database has no row."""
+    from kplan.core.errors import InputError
+    from kplan.launcher.journal import journal_path
+
+    spec, storage = _record(home, tmp_path)
+    journal = journal_path(home, JOB)
+    before = journal.read_bytes()
+    with StateDB.open(home / "kplan.db") as db, pytest.raises(InputError, match="already exists"):
+        record_job(spec, Backend(SimProvider(None, storage), storage), db)  # type: ignore[arg-type]
+    assert journal.read_bytes() == before
+
+
 def test_controller_of_an_unknown_or_finished_job_is_one_line_and_exit_2(
     home: Path, tmp_path: Path
 ) -> None:

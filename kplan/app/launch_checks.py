@@ -28,6 +28,7 @@ def check_request(req: LaunchRequest) -> None:
         raise InputError(f"unknown cloud {req.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
     if req.job_id is not None:
         check_job_id(req.job_id)
+        _check_new_job_id(req.job_id)
     _check_numbers(req)
     _check_comm_options(req)
     given = [x for x in (req.plan_file, req.profile, req.example_profile) if x is not None]
@@ -36,6 +37,19 @@ def check_request(req: LaunchRequest) -> None:
             "give at most one of --plan, --profile and --example",
             hint="--plan reuses a saved plan; the others plan now",
         )
+
+
+def _check_new_job_id(job_id: str) -> None:
+    """``--job-id`` names no job of this machine's database: the dry run took one that exists,
+    which the launch refuses (kplan/launcher/lifecycle.py ``JobRun._create``)."""
+    from kplan.launcher.state import StateDB
+
+    with StateDB.open(readonly=True) as db:
+        if db.job(job_id) is not None:
+            raise InputError(
+                f"--job-id {job_id}: that job already exists",
+                hint=f"give a new job id (`kplan status {job_id}` shows the job)",
+            )
 
 
 def _check_numbers(req: LaunchRequest) -> None:
