@@ -1173,6 +1173,9 @@ def _fuzz_cases() -> list[Case]:
         Case("launch-job-id-exists", ("launch", "{d}/train.py", "--budget", "1", "--job-id",
                                       JOB, "--dry-run"), 2, "already exists",
              {"train.py": SCRIPT}, home="job"),
+        # an on-demand plan never runs dry: the move was taken, inert, and priced in the dry run
+        Case("launch-move-region-on-demand", (*aws, "--on-demand"), 2, "every node on demand",
+             {"train.py": SCRIPT}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]
