@@ -1176,6 +1176,13 @@ def _fuzz_cases() -> list[Case]:
         # an on-demand plan never runs dry: the move was taken, inert, and priced in the dry run
         Case("launch-move-region-on-demand", (*aws, "--on-demand"), 2, "every node on demand",
              {"train.py": SCRIPT}),
+        # the move's numbers with one trace: taken and ignored (launch refuses them without
+        # --move-region)
+        Case("simulate-checkpoint-gb-one-trace", (*SIM, "--checkpoint-gb", "5"), 2,
+             "only with a trace per pool", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        Case("simulate-copy-gbps-example-trace", ("simulate", "--plan", "{d}/p.json",
+                                                  "--example-trace", "p3", "--copy-gbps", "5"),
+             2, "only with a trace per pool", {"p.json": SPOT_PLAN}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]
