@@ -301,9 +301,11 @@ def _same_as_database(
     job_id: str, known: tuple[str, str, str | None], given: tuple[str | None, ...]
 ) -> None:
     """--cloud, --region and --storage name a job missing from the database; for one in it they
-    must agree with it (``--cloud azure`` was ignored without a word)."""
+    must agree with it (``--cloud azure`` was ignored without a word). An empty one is no value:
+    a local controller instance runs ``--storage ''`` (controller_node.controller_argv) on this
+    machine's database."""
     for flag, have, want in zip(("--cloud", "--region", "--storage"), known, given, strict=True):
-        if want is not None and want != have:
+        if want and want != have:
             raise InputError(
                 f"{flag} {want[:80]!r}: job {job_id} is in this machine's database with "
                 f"{flag[2:]} {have!r}",
