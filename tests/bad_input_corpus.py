@@ -1183,6 +1183,11 @@ def _fuzz_cases() -> list[Case]:
         Case("simulate-copy-gbps-example-trace", ("simulate", "--plan", "{d}/p.json",
                                                   "--example-trace", "p3", "--copy-gbps", "5"),
              2, "only with a trace per pool", {"p.json": SPOT_PLAN}),
+        # a deadline before the guard's first check: a job created and stopped (exit 1), and a
+        # dry run that said it could start
+        Case("launch-deadline-before-first-check", ("launch", "{d}/train.py", "--budget", "1",
+                                                    "--deadline", "1e-300"), 2,
+             "--deadline 1e-300 cannot start this cluster", {"train.py": SCRIPT}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]

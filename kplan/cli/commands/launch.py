@@ -178,6 +178,11 @@ def _start(
     # Only the guard's answer: the code is packed once, by run_job, after the guard agrees.
     extra = [] if site is None or site.usd_per_hour == 0 else [site.usd_per_hour]
     first = first_check(spec, billing_for(spec.cloud), extra)
+    if first.stop and first.reason == "deadline":
+        raise InputError(
+            f"--deadline {spec.deadline_h:g} cannot start this cluster: {first.message}",
+            hint="raise --deadline (hours from now)",
+        )
     if first.stop:
         raise InputError(
             f"--budget {spec.budget_usd:g} cannot start this cluster: {first.message}",
