@@ -1188,6 +1188,9 @@ def _fuzz_cases() -> list[Case]:
         Case("launch-deadline-before-first-check", ("launch", "{d}/train.py", "--budget", "1",
                                                     "--deadline", "1e-300"), 2,
              "--deadline 1e-300 cannot start this cluster", {"train.py": SCRIPT}),
+        # a 100 PB checkpoint: launch took up to 1e8 GB (simulate 1e6) and priced its move
+        Case("launch-checkpoint-gb-100pb", (*aws[:-2], "--checkpoint-gb", "1e8"), 2,
+             "--checkpoint-gb=1e+08 must be <= 1e+06", {"train.py": SCRIPT}),
         Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
              0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]

@@ -131,7 +131,7 @@ def check_moves(req: LaunchRequest, cloud: str) -> None:
 
     m = req.moves
     flags.texts("--move-region", m.regions, hint="e.g. us-west-2")
-    flags.number("--checkpoint-gb", m.checkpoint_gb, low_open=False, high=flags.MAX_DATA_GB,
+    flags.number("--checkpoint-gb", m.checkpoint_gb, low_open=False, high=flags.MAX_CHECKPOINT_GB,
                  hint="GB of one checkpoint, e.g. --checkpoint-gb 10")  # fmt: skip
     flags.number("--copy-gbps", m.copy_gbps, low=flags.MIN_COPY_GBPS, low_open=False,
                  high=flags.MAX_COPY_GBPS, hint=flags.COPY_HINT)  # fmt: skip

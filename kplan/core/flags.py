@@ -23,6 +23,7 @@ MAX_EPOCHS = 1e6
 MAX_DATA_GB = 1e8  # a training data set (100 PB)
 # A move's checkpoint copy between regions (--copy-gbps), Gbit/s: below 1 Mbit/s a checkpoint
 # copy takes years (1e-300 priced a 10 GB copy at 8e301 s), above 10 Tbit/s no link runs
+MAX_CHECKPOINT_GB = 1e6  # one checkpoint (--checkpoint-gb): 1 PB, launch and simulate alike
 MIN_COPY_GBPS = 1e-3
 MAX_COPY_GBPS = 1e4
 COPY_HINT = "Gbit/s between regions, e.g. --copy-gbps 1"

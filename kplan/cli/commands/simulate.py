@@ -72,7 +72,8 @@ def simulate_command(
     flags.integer("--row", row, low=0, high=10_000, hint="0 is the best alternative")
     flags.text("--format", fmt, choices=simulating.FORMATS, hint="kplan, bamboo or gcp-counts")
     flags.text("--example-trace", example_trace, hint="p3 or g4dn")
-    flags.number("--checkpoint-gb", checkpoint_gb, high=1e6, low_open=False, hint="e.g. 10")
+    flags.number("--checkpoint-gb", checkpoint_gb, high=flags.MAX_CHECKPOINT_GB, low_open=False,
+                 hint="e.g. 10")  # fmt: skip
     flags.number("--copy-gbps", copy_gbps, low=flags.MIN_COPY_GBPS, low_open=False,
                  high=flags.MAX_COPY_GBPS, hint=flags.COPY_HINT)  # fmt: skip
     if (not trace) == (example_trace is None):
