@@ -1109,6 +1109,95 @@ def _move_cases() -> list[Case]:
     # fmt: on
 
 
+def _fuzz_cases() -> list[Case]:
+    """Found by trying bad input on the newest surfaces from outside (branch fuzz): each row
+    was mishandled before its fix (a traceback, a hang, or nonsense priced)."""
+    aws = ("launch", "{d}/train.py", "--cloud", "aws", "--region", "us-east-1", "--example",
+           "cifar10-resnet18", "--budget", "5", "--dry-run", "--move-region", "us-west-2",
+           "--checkpoint-gb", "10")  # fmt: skip
+    gcp = ("launch", "{d}/train.py", "--cloud", "gcp", "--example", "cifar10-resnet18",
+           "--budget", "5", "--dry-run")  # fmt: skip
+    # the base plan runs in us-east-2 (tests/test_bad_input_corpus.py ``bases``)
+    pools = ("simulate", "--plan", "{d}/p.json", "--trace", "us-east-2={d}/t.csv", "--trace",
+             "us-west-2={d}/t.csv")  # fmt: skip
+    # fmt: off
+    rows: list[Case] = [
+        # KPLAN_HOME of a ~user that does not exist: RuntimeError from expanduser (exit 1)
+        Case("env-home-unknown-user", ("status",), 2, "names no home",
+             env={"KPLAN_HOME": "~kplan-no-such-user/x"}),
+        # a newline or a byte that is not UTF-8: a local launch's progress thread died on it
+        # and the job hung
+        Case("env-home-newline", ("status",), 2, "control character",
+             env={"KPLAN_HOME": "/tmp/kplan\nhome"}),
+        Case("env-home-not-utf8", ("status",), 2, "non-UTF-8",
+             env={"KPLAN_HOME": "/tmp/kplan-\udcff"}),
+        # --copy-gbps 1e-300 priced a 10 GB copy at 8e301 s (a 300-digit line)
+        Case("launch-copy-gbps-tiny", (*aws, "--copy-gbps", "1e-300"), 2, "--copy-gbps",
+             {"train.py": SCRIPT}),
+        Case("simulate-copy-gbps-tiny", (*pools, "--copy-gbps", "1e-300"), 2, "--copy-gbps",
+             {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        # --compression-steps SPEC=1e-300 priced a plan "100% less time than dense"
+        Case("compression-steps-mult-tiny", ("estimate", "--example", "cifar10-resnet18",
+                                             "--compression-steps", "topk:0.01=1e-300"), 2,
+             "must be in [0.25, 100]"),
+        Case("compression-steps-mult-huge", ("estimate", "--example", "cifar10-resnet18",
+                                             "--compression-steps", "topk:0.01=1.3e17"), 2,
+             "must be in [0.25, 100]"),
+        # --idle-minutes 1e-300 ended every cluster at the first monitor check after a step
+        Case("launch-idle-minutes-tiny", ("launch", "{d}/train.py", "--budget", "1",
+                                          "--idle-minutes", "1e-300", "--dry-run"), 2,
+             "shorter than 1 min", {"train.py": SCRIPT}),
+        # an image of the other cloud's kind (or an empty SSM parameter) was sent to the cloud
+        Case("launch-aws-image-gcp-path", (*aws[:11], "--image", "projects/p/global/images/x"),
+             2, "is not an image of aws", {"train.py": SCRIPT}),
+        Case("launch-aws-image-ssm-empty", (*aws[:11], "--image", "resolve:ssm:"), 2,
+             "is not an image of aws", {"train.py": SCRIPT}),
+        Case("launch-gcp-image-ami", (*gcp, "--image", "ami-0123456789"), 2,
+             "is not an image of gcp", {"train.py": SCRIPT}),
+        Case("env-gcp-image-ami", gcp, 2, "KPLAN_GCP_IMAGE 'ami-0123456789' is not an image",
+             {"train.py": SCRIPT}, env={"KPLAN_GCP_IMAGE": "ami-0123456789"}),
+        Case("launch-gcp-image-family-valid", (*gcp, "--image",
+                                               "projects/p/global/images/family/f"), 0, "",
+             {"train.py": SCRIPT}),
+        # a byte-order mark (a spreadsheet's "CSV UTF-8"): "missing column(s) nodes"
+        Case("csv-configs-bom-valid", ("model", "predict", "--model", "{d}/model.json", "-c",
+                                       "{d}/c.csv"), 0, "",
+             {"model.json": Mut("model"), "c.csv": b"\xef\xbb\xbf" + CONFIGS.encode()}),
+        Case("csv-measurements-bom-valid", ("model", "fit", "-m", "{d}/m.csv", "--out",
+                                            "{d}/o.json"), 0, "",
+             {"m.csv": b"\xef\xbb\xbf" + MEASUREMENTS.encode()}),
+        Case("simulate-trace-bom-valid", (*SIM, "--runs", "20"), 0, "",
+             {"p.json": SPOT_PLAN, "t.csv": b"\xef\xbb\xbf" + TRACE.encode()}),
+        # the --job-id of a job that exists: the dry run took it; the launch refused it after
+        # appending its own job line to that job's journal
+        Case("launch-job-id-exists", ("launch", "{d}/train.py", "--budget", "1", "--job-id",
+                                      JOB, "--dry-run"), 2, "already exists",
+             {"train.py": SCRIPT}, home="job"),
+        # an on-demand plan never runs dry: the move was taken, inert, and priced in the dry run
+        Case("launch-move-region-on-demand", (*aws, "--on-demand"), 2, "every node on demand",
+             {"train.py": SCRIPT}),
+        # the move's numbers with one trace: taken and ignored (launch refuses them without
+        # --move-region)
+        Case("simulate-checkpoint-gb-one-trace", (*SIM, "--checkpoint-gb", "5"), 2,
+             "only with a trace per pool", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+        Case("simulate-copy-gbps-example-trace", ("simulate", "--plan", "{d}/p.json",
+                                                  "--example-trace", "p3", "--copy-gbps", "5"),
+             2, "only with a trace per pool", {"p.json": SPOT_PLAN}),
+        # a deadline before the guard's first check: a job created and stopped (exit 1), and a
+        # dry run that said it could start
+        Case("launch-deadline-before-first-check", ("launch", "{d}/train.py", "--budget", "1",
+                                                    "--deadline", "1e-300"), 2,
+             "--deadline 1e-300 cannot start this cluster", {"train.py": SCRIPT}),
+        # a 100 PB checkpoint: launch took up to 1e8 GB (simulate 1e6) and priced its move
+        Case("launch-checkpoint-gb-100pb", (*aws[:-2], "--checkpoint-gb", "1e8"), 2,
+             "--checkpoint-gb=1e+08 must be <= 1e+06", {"train.py": SCRIPT}),
+        Case("simulate-copy-gbps-floor-valid", (*pools, "--copy-gbps", "0.001", "--runs", "20"),
+             0, "", {"p.json": SPOT_PLAN, "t.csv": TRACE}),
+    ]
+    # fmt: on
+    return [replace(c, id=f"fz-{c.id}") for c in rows]
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -1122,4 +1211,5 @@ CASES: list[Case] = [
     *_issue24_cases(),
     *_issue25_cases(),
     *_move_cases(),
+    *_fuzz_cases(),
 ]

@@ -116,6 +116,43 @@ def test_a_second_controller_is_refused_while_one_is_alive(home: Path, tmp_path:
     assert "has a live controller" in res.output and "hint:" in res.output
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "have"),
+    [("--cloud", "azure", "cloud 'local'"), ("--cloud", "aws", "cloud 'local'"),
+     ("--region", "us-east-1", "region 'local'"), ("--storage", "s3://bucket-ok/x", "storage")],
+)  # fmt: skip
+def test_flags_that_contradict_the_database_are_refused(
+    home: Path, tmp_path: Path, flag: str, value: str, have: str
+) -> None:
+    """--cloud/--region/--storage name a job missing from the database: for one in it they were
+    ignored without a word (``--cloud azure`` included). The controller is alive, so a
+    regression stops at "has a live controller" and runs nothing."""
+    import time
+
+    _, storage = _record(home, tmp_path)
+    write_controller(storage, _doc(os.getpid(), this_host(), time.time()))
+    res = _invoke("controller", JOB, flag, value)
+    assert res.exit_code == 2, res.output
+    assert f"is in this machine's database with {have}" in res.output and "hint:" in res.output
+
+
+def test_recording_a_job_id_that_exists_leaves_its_journal_as_it_was(
+    home: Path, tmp_path: Path
+) -> None:
+    """A launch with the --job-id of a job that exists was refused by the database only after
+    it had appended its own ``job`` line (cloud, region, storage) to that job's journal: the
+    line `kplan down` reads where the database has no row."""
+    from kplan.core.errors import InputError
+    from kplan.launcher.journal import journal_path
+
+    spec, storage = _record(home, tmp_path)
+    journal = journal_path(home, JOB)
+    before = journal.read_bytes()
+    with StateDB.open(home / "kplan.db") as db, pytest.raises(InputError, match="already exists"):
+        record_job(spec, Backend(SimProvider(None, storage), storage), db)  # type: ignore[arg-type]
+    assert journal.read_bytes() == before
+
+
 def test_controller_of_an_unknown_or_finished_job_is_one_line_and_exit_2(
     home: Path, tmp_path: Path
 ) -> None:

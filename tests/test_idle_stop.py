@@ -140,7 +140,7 @@ def test_a_finished_node_ends_the_rest_after_the_idle_minutes(env: dict[str, Any
     assert sim.alive() == []
 
 
-@pytest.mark.parametrize("minutes", [0.0, -1.0, float("nan")])
+@pytest.mark.parametrize("minutes", [0.0, -1.0, float("nan"), 1e-300, 0.5])
 def test_idle_minutes_must_be_positive(env: dict[str, Any], minutes: float) -> None:
     with pytest.raises(InputError, match="--idle-minutes"):
         _spec(env, idle_s=minutes * 60)

@@ -79,6 +79,14 @@ def test_keys_and_uris_are_validated() -> None:
         parse_s3_uri("gs://bucket/x")
     with pytest.raises(InputError, match="no valid bucket"):
         parse_s3_uri("s3://Bad_Bucket/x")
+    # a prefix with a newline, a tab or a space (``kplan controller --storage``): refused, for
+    # S3 and Cloud Storage alike, where it read and wrote keys under ``jobs\n/``
+    from kplan.launcher.providers.gcp_storage import parse_gs_uri
+
+    for parse, scheme in ((parse_s3_uri, "s3"), (parse_gs_uri, "gs")):
+        for prefix in ("jobs\n", "jo bs", "jobs\t/x", "a\x1b[31m"):
+            with pytest.raises(InputError, match="space or a control character in its prefix"):
+                parse(f"{scheme}://bucket-ok/{prefix}")
     storage = S3Storage("s3://bucket/x", AwsConfig(region=REGION))
     for bad in ("../escape", "/abs", "a/../../b"):
         with pytest.raises(InputError, match="not a relative path"):

@@ -6,7 +6,13 @@ import pytest
 
 from kplan.core.errors import InputError
 from kplan.launcher.providers.aws import config_from_env
-from kplan.launcher.providers.envvars import SETTINGS, check_environment, check_image, setting
+from kplan.launcher.providers.envvars import (
+    SETTINGS,
+    check_cloud_image,
+    check_environment,
+    check_image,
+    setting,
+)
 from kplan.launcher.providers.gcp_config import GcpConfig
 
 
@@ -24,6 +30,27 @@ def test_an_image_variable_gets_the_image_flags_own_check(value: str) -> None:
         with pytest.raises(InputError, match=f"{name} .* is not an image name") as env:
             setting(name, {name: value})
         assert env.value.hint.startswith(flag.value.hint)  # the flag's hint, + "or unset"
+
+
+@pytest.mark.parametrize(
+    ("cloud", "value", "ok"),
+    [("aws", "ami-0123456789abcdef0", True), ("aws", "resolve:ssm:/aws/x", True),
+     ("aws", "resolve:ssm:", False), ("aws", "projects/p/global/images/x", False),
+     ("aws", "ami-xyz", False), ("gcp", "projects/p/global/images/family/f", True),
+     ("gcp", "global/images/mine", True), ("gcp", "ami-0123", False),
+     ("gcp", "resolve:ssm:/aws/x/images/y", False), ("gcp", "my-image", False)],
+)  # fmt: skip
+def test_an_image_is_of_the_jobs_cloud(cloud: str, value: str, ok: bool) -> None:
+    """--image (and KPLAN_<CLOUD>_IMAGE) of the other cloud's kind was taken and sent to it."""
+    name = f"KPLAN_{cloud.upper()}_IMAGE"
+    if ok:
+        assert check_cloud_image(cloud, value, "--image") == value
+        assert setting(name, {name: value}) == value
+        return
+    with pytest.raises(InputError, match=f"is not an image of {cloud}"):
+        check_cloud_image(cloud, value, "--image")
+    with pytest.raises(InputError, match=f"{name} .* is not an image of {cloud}"):
+        setting(name, {name: value})
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])

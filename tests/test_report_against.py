@@ -79,6 +79,31 @@ def test_a_job_whose_records_hold_a_batch_of_zero_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
+    ("spec", "match"),
+    [("zip", "'zip' is not a compression"), ("topk:" + "1" * 5000, "5,005 characters")],
+)
+def test_a_compression_the_runtime_would_not_parse_is_refused(spec: str, match: str) -> None:
+    """Edited records: the report printed the spec as found and suggested
+    ``--compression-steps zip=1``, which kplan estimate refuses."""
+    with pytest.raises(InputError, match=match) as e:
+        _curve(_records([3.0, 2.0], spec=spec), "j")
+    assert e.value.hint and len(e.value.message) < 200
+
+
+def test_a_multiplier_no_plan_takes_is_reported_without_a_flag() -> None:
+    """A job that reached the dense loss on a twentieth of its samples (a negative loss, a
+    batch of 2**62): x0.05 was suggested as --compression-steps, and priced a plan 100% faster
+    than dense; now the note says so and no flag is given (compstats.measurable)."""
+    dense = _curve(_records([10.0 - 0.1 * i for i in range(100)]), "d")
+    fast = _curve(_records([10.0 - 2.0 * i for i in range(20)], spec="topk:0.01"), "f")
+    r = statcost.steps_against("f", fast, "d", dense)
+    assert r.multiplier is not None and r.multiplier < 0.25
+    assert r.estimate_flag() is None and "outside the [0.25, 100] a plan takes" in r.note
+    with pytest.raises(InputError, match=r"must be in \[0.25, 100\]"):
+        parse_measured(f"topk:0.01={r.multiplier:.3g}")
+
+
+@pytest.mark.parametrize(
     ("job", "dense", "match"),
     [
         (_records([3.0, 2.0], spec="topk:0.01:ag"), [], "no step records with a loss"),

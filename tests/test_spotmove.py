@@ -170,6 +170,8 @@ def test_without_on_demand_a_move_saves_a_job_that_staying_fails() -> None:
 def test_the_rule_refuses_bad_terms() -> None:
     with pytest.raises(ValueError, match="copy_gbps"):
         MoveTerms("aws", checkpoint_gb=1.0, copy_gbps=0.0)
+    with pytest.raises(ValueError, match="copy_gbps"):  # a 1 GB copy in 8e300 s: no link's rate
+        MoveTerms("aws", checkpoint_gb=1.0, copy_gbps=1e-300)
     with pytest.raises(ValueError, match="checkpoint_gb"):
         MoveTerms("aws", checkpoint_gb=float("nan"))
     pools = _pools(back_after_s=H)

@@ -28,6 +28,7 @@ def check_request(req: LaunchRequest) -> None:
         raise InputError(f"unknown cloud {req.cloud!r}", hint=f"one of: {', '.join(CLOUDS)}")
     if req.job_id is not None:
         check_job_id(req.job_id)
+        _check_new_job_id(req.job_id)
     _check_numbers(req)
     _check_comm_options(req)
     given = [x for x in (req.plan_file, req.profile, req.example_profile) if x is not None]
@@ -36,6 +37,19 @@ def check_request(req: LaunchRequest) -> None:
             "give at most one of --plan, --profile and --example",
             hint="--plan reuses a saved plan; the others plan now",
         )
+
+
+def _check_new_job_id(job_id: str) -> None:
+    """``--job-id`` names no job of this machine's database: the dry run took one that exists,
+    which the launch refuses (kplan/launcher/lifecycle.py ``JobRun._create``)."""
+    from kplan.launcher.state import StateDB
+
+    with StateDB.open(readonly=True) as db:
+        if db.job(job_id) is not None:
+            raise InputError(
+                f"--job-id {job_id}: that job already exists",
+                hint=f"give a new job id (`kplan status {job_id}` shows the job)",
+            )
 
 
 def _check_numbers(req: LaunchRequest) -> None:
@@ -117,9 +131,10 @@ def check_moves(req: LaunchRequest, cloud: str) -> None:
 
     m = req.moves
     flags.texts("--move-region", m.regions, hint="e.g. us-west-2")
-    flags.number("--checkpoint-gb", m.checkpoint_gb, low_open=False, high=flags.MAX_DATA_GB,
+    flags.number("--checkpoint-gb", m.checkpoint_gb, low_open=False, high=flags.MAX_CHECKPOINT_GB,
                  hint="GB of one checkpoint, e.g. --checkpoint-gb 10")  # fmt: skip
-    flags.number("--copy-gbps", m.copy_gbps, high=1e4, hint="Gbit/s, e.g. --copy-gbps 1")
+    flags.number("--copy-gbps", m.copy_gbps, low=flags.MIN_COPY_GBPS, low_open=False,
+                 high=flags.MAX_COPY_GBPS, hint=flags.COPY_HINT)  # fmt: skip
     given = [f for f, v in (("--checkpoint-gb", m.checkpoint_gb), ("--copy-gbps", m.copy_gbps))
              if v is not None]  # fmt: skip
     if given and not m.regions:
@@ -182,6 +197,14 @@ def check_node_install(req: LaunchRequest) -> None:
         check_index_url(req.node_install.pip_index_url)
     if req.node_install.image is not None:  # the check KPLAN_AWS_IMAGE and KPLAN_GCP_IMAGE get
         check_image(req.node_install.image, "--image")
+
+
+def check_image_cloud(req: LaunchRequest, cloud: str) -> None:
+    """``--image`` is an image of the job's cloud (an AMI on AWS, an image path on GCP)."""
+    from kplan.launcher.providers.envvars import check_cloud_image
+
+    if req.node_install.image is not None:
+        check_cloud_image(cloud, req.node_install.image, "--image")
 
 
 def _check_comm_options(req: LaunchRequest) -> None:

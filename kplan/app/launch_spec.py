@@ -205,6 +205,12 @@ def spec_from_plan(
         opts.setdefault("capacity_wait_s", rec.capacity_wait_s)
     import json
 
+    if req.moves.regions and all(n.market != "spot" for n in nodes):  # it was taken, inert
+        raise InputError(
+            "--move-region: the plan runs every node on demand, which never runs dry",
+            hint="plan spot (kplan estimate --spot, or --spot with a plan made now), or drop "
+            "--move-region",
+        )
     moves = move_regions(req, catalog, cloud, row.region, {n.instance_type for n in nodes})
     if moves:
         opts["move_regions"] = moves

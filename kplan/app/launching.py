@@ -79,12 +79,15 @@ def _build_spec(req: LaunchRequest) -> JobSpec:
             hint="drop --price (kplan catalog update refreshes the catalog's prices)",
         )
     checks.check_node_install(req)
+    if not req.clouds:  # several: the cloud the plan made now picks (below)
+        checks.check_image_cloud(req, cloud)
     check_environment(req.clouds or (cloud,))  # KPLAN_AWS_*, KPLAN_GCP_*: before planning
     checks.check_gcp_placement(req, cloud)
     checks.check_moves(req, cloud)
     if plan is None:
         plan = plan_now(req, cloud)
         cloud = plan.chosen.cloud if req.clouds else cloud
+        checks.check_image_cloud(req, cloud)
     return with_node_install(spec_from_plan(req, plan, cloud), req)
 
 

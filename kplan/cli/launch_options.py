@@ -394,7 +394,7 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
         typer.Option(
             "--idle-minutes",
             help="End the cluster when its workers have written no step record for this "
-            "long, or this long after a node finished while the rest run on (default: "
+            "long (at least 1), or this long after a node finished while the rest run on (default: "
             "never). Counted from the first step record: a script without the kplan runtime "
             "is ended only when it finishes.",
         ),

@@ -79,7 +79,9 @@ def check_folder_files(folder: Path | None, what: str) -> None:
 
 
 def read_user_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
-    """The text of a user file: regular, at most ``limit`` bytes, UTF-8."""
+    """The text of a user file: regular, at most ``limit`` bytes, UTF-8; a byte-order mark
+    that opens it (a spreadsheet's "CSV UTF-8") is dropped: it made a CSV's first column
+    ``\ufeffnodes`` ("missing column(s) nodes") and a JSON file "not JSON"."""
     check_regular(path, what, limit)
     try:
         # O_NONBLOCK: should the path turn into a FIFO between the stat and the open, the open
@@ -99,7 +101,7 @@ def read_user_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
             hint=f"is this the right file? a {what} is far smaller",
         )
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         raise DataFileError(
             f"{path}: not UTF-8 text (byte {err.start})", hint=f"the {what} must be a text file"

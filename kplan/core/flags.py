@@ -21,6 +21,12 @@ MAX_SAMPLES = 2**53 - 1
 MAX_BATCH = 2**24
 MAX_EPOCHS = 1e6
 MAX_DATA_GB = 1e8  # a training data set (100 PB)
+# A move's checkpoint copy between regions (--copy-gbps), Gbit/s: below 1 Mbit/s a checkpoint
+# copy takes years (1e-300 priced a 10 GB copy at 8e301 s), above 10 Tbit/s no link runs
+MAX_CHECKPOINT_GB = 1e6  # one checkpoint (--checkpoint-gb): 1 PB, launch and simulate alike
+MIN_COPY_GBPS = 1e-3
+MAX_COPY_GBPS = 1e4
+COPY_HINT = "Gbit/s between regions, e.g. --copy-gbps 1"
 DATA_HINT = "GB of training data, >= 0, e.g. --data-gb 150"
 
 

@@ -3,7 +3,9 @@
 The state database (``kplan.db``), the journal, local jobs, cached node wheels and user
 catalogs (``catalogs/``) all live under it. Every layer that needs the folder asks
 :func:`kplan_home`, which checks it once: a ``KPLAN_HOME`` that names a file (or lies under one)
-is refused with one line and a hint (exit code 2) before anything tries to create folders in it.
+is refused with one line and a hint (exit code 2) before anything tries to create folders in it,
+as is one that holds a control character or a byte that is not UTF-8 (SQLite's file URI, the
+nodes' scripts and the terminal all need it as text) or a ``~user`` of no such user.
 """
 
 from __future__ import annotations
@@ -22,9 +24,22 @@ def kplan_home() -> Path:
     The folder need not exist yet; raises :class:`InputError` when the path, or the nearest of
     its parents that exists, is not a folder."""
     raw = os.environ.get(HOME_ENV, "").strip()
-    home = Path(raw).expanduser() if raw else Path.home() / ".kplan"
+    home = _from_env(raw) if raw else Path.home() / ".kplan"
     _check_home(home, from_env=bool(raw))
     return home
+
+
+def _from_env(raw: str) -> Path:
+    """``$KPLAN_HOME`` as a path: printable UTF-8 text, its ``~`` expanded."""
+    fix = f"point {HOME_ENV} at a folder (or unset it for ~/.kplan)"
+    if not raw.isprintable():  # a control character, or a byte that is not UTF-8 (a surrogate)
+        shown = ascii(raw[:80])
+        raise InputError(f"{HOME_ENV}={shown} holds a control character or non-UTF-8 byte", fix)
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:  # "~nosuchuser/...": no home folder to expand it to
+        user = raw.partition("/")[0]
+        raise InputError(f"{HOME_ENV}={raw[:80]!r}: {user[:40]} names no home", fix) from None
 
 
 def _check_home(home: Path, *, from_env: bool) -> None:

@@ -222,8 +222,11 @@ class DryRun:
 def first_check(spec: JobSpec, billing: BillingRule, extra: Sequence[float] = ()) -> Decision:
     """What the guard says before anything starts: can the budget pay for the whole cluster
     (and ``extra``: a controller instance's price) until the first check plus teardown, its
-    boot disks, and the data's egress (``run_job`` asks the same before it uploads)."""
-    guard = Guard(spec.budget_usd, None, spec.horizon_s, billing, spec.costs.disk_usd_node_h)
+    boot disks, and the data's egress, and does the deadline leave that long (``run_job`` asks
+    the same before it uploads; a --deadline of 1e-300 h was a job created and stopped, exit 1,
+    and a dry run that said it could start)."""
+    deadline = None if spec.deadline_h is None else spec.deadline_h * 3600  # from now = 0
+    guard = Guard(spec.budget_usd, deadline, spec.horizon_s, billing, spec.costs.disk_usd_node_h)
     return guard.check(
         spec.costs.egress_usd, [], 0.0, [*(n.usd_per_hour for n in spec.nodes), *extra]
     )

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 _JOB_ID = re.compile(r"^[a-z][a-z0-9-]{2,40}$")  # a valid AWS tag value and GCP label value
 CLOUDS = ("local", "aws", "gcp")
 MIN_LEASE_S = 120.0  # a lease shorter than two node polls would end healthy nodes
+# --idle-minutes below two monitor checks (30 s each) ends a training cluster between two step
+# records: 1e-300 ended every job at the first check after its first step
+MIN_IDLE_S = 60.0
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -118,6 +121,12 @@ class Timing:
             _at_least(name, getattr(self, name))
         if self.idle_s is not None:
             _positive("--idle-minutes", self.idle_s / 60, "minutes, e.g. 30")
+            if self.idle_s < MIN_IDLE_S:
+                raise InputError(
+                    f"--idle-minutes {self.idle_s / 60:g} is shorter than "
+                    f"{MIN_IDLE_S / 60:g} min: the cluster would end between two step records",
+                    hint="--idle-minutes must be at least 1, e.g. 30",
+                )
         if not (math.isfinite(self.lease_s) and self.lease_s >= MIN_LEASE_S):
             raise InputError(
                 f"lease {self.lease_s:g} s is shorter than {MIN_LEASE_S:g} s",

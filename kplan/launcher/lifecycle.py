@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 
-from kplan.core.errors import KplanError
+from kplan.core.errors import InputError, KplanError
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.controller import ControllerDoc, this_host, write_controller
 from kplan.launcher.jobspec import JobSpec, NodeSpec, place
@@ -144,6 +144,8 @@ class JobRun(MovingRun):
     def _create(self) -> None:
         s = self.spec
         now = self.clock.now()
+        if self.db.job(s.job_id) is not None:  # before its journal gets this launch's job line
+            raise InputError(f"job {s.job_id!r} already exists", hint="use a new job id")
         self.journal.write(
             "job",
             now,

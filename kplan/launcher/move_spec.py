@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kplan.core.errors import InputError
+from kplan.core.flags import COPY_HINT, MAX_COPY_GBPS, MIN_COPY_GBPS
 from kplan.launcher.provider import Market
 
 # spotmove.DEFAULT_COPY_GBPS (kplan/planner/extra_costs.py MOVE_COPY_GBPS): one copy stream,
@@ -85,8 +86,11 @@ class Moves:
             raise InputError(
                 f"--checkpoint-gb {self.checkpoint_gb!r} must be >= 0", hint="GB, e.g. 10"
             )
-        if not (math.isfinite(self.copy_gbps) and self.copy_gbps > 0):
-            raise InputError(f"--copy-gbps {self.copy_gbps!r} must be > 0", hint="Gbit/s, e.g. 1")
+        if not MIN_COPY_GBPS <= self.copy_gbps <= MAX_COPY_GBPS:  # NaN fails it too
+            raise InputError(
+                f"--copy-gbps {self.copy_gbps!r} must be in [{MIN_COPY_GBPS:g}, {MAX_COPY_GBPS:g}]",
+                hint=COPY_HINT,
+            )
         for r in regions:
             if not (math.isfinite(r.egress_usd_gb) and r.egress_usd_gb >= 0):
                 raise InputError(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kplan.core.errors import InputError
 from kplan.launcher.metrics_read import MetricsLog, latest_per_step, rank0_steps, with_numbers
+from kplan.planner.compstats import MAX_MEASURED, MIN_MEASURED, measurable
 
 MIN_SPAN = 5
 SPAN_FRACTION = 0.05
@@ -56,8 +57,9 @@ class StepsAgainst:
     note: str
 
     def estimate_flag(self) -> str | None:
-        """The ``kplan estimate`` flag that carries the measurement into a plan."""
-        if self.multiplier is None:
+        """The ``kplan estimate`` flag that carries the measurement into a plan (None where
+        there is none, or it is outside what a plan takes: ``compstats.measurable``)."""
+        if self.multiplier is None or not measurable(float(f"{self.multiplier:.3g}")):
             return None
         return f"--compression-steps {self.compression}={self.multiplier:.3g}"
 
@@ -77,7 +79,7 @@ def curve(log: MetricsLog, job: str) -> Curve:
     rank0 = rank0_steps(log.records)
     kept = with_numbers(rank0, ("loss", "global_batch"))
     recs = latest_per_step(kept)
-    specs = {s for r in kept if (s := r.compression) is not None and s != "none"}
+    specs = {_spec(s, job) for r in kept if (s := r.compression) is not None} - {"none"}
     if not recs:
         raise InputError(
             f"job {job} has no step records with a loss",
@@ -99,6 +101,23 @@ def curve(log: MetricsLog, job: str) -> Curve:
         specs.pop() if specs else "none",
         any(r.synced is not None for r in kept),
     )
+
+
+def _spec(text: str, job: str) -> str:
+    """A step record's ``compression``, checked as the runtime parses it: the report prints it
+    and suggests it to ``--compression-steps`` (``zip``, a newline or 5,000 digits were printed
+    as found)."""
+    from kplan.core.compression_spec import parse_compression
+
+    hint = "compare jobs whose metrics the kplan runtime wrote, unedited"
+    where = f"job {job}'s step records: compression"
+    if len(text) > 80:
+        raise InputError(f"{where} {text[:40]!r}... ({len(text):,} characters) is no spec", hint)
+    try:
+        parse_compression(text, where)
+    except InputError as err:
+        raise InputError(err.message, hint=hint) from None
+    return text.strip()
 
 
 def smoothed(c: Curve, tau: float) -> list[float]:
@@ -168,6 +187,11 @@ def steps_against(job: str, job_c: Curve, dense: str, dense_c: Curve) -> StepsAg
             f"steps) after {got:.4g} samples, {dense} after {dense_samples:.4g}: x{mult:.3g}; "
             f"one pair of runs; {same}"
         )
+        if not measurable(float(f"{mult:.3g}")):
+            note += (
+                f"; x{mult:.3g} is outside the [{MIN_MEASURED:g}, {MAX_MEASURED:g}] a plan "
+                "takes: are the two jobs the same training?"
+            )
     return StepsAgainst(
         job,
         dense,

@@ -30,10 +30,11 @@ class StatCost:
 
     def updated(self, measured: float, log_sigma: float, what: str = "measured") -> StatCost:
         """Combine with a measured multiplier (inverse-variance weights in log space)."""
-        if not (math.isfinite(measured) and measured > 0 and log_sigma > 0):
+        if not (measurable(measured) and log_sigma > 0):
             raise InputError(
                 f"measured multiplier {measured!r} (sigma {log_sigma!r}) is not usable",
-                hint="a ratio of steps to the same loss > 0, with a log-space sigma > 0",
+                hint=f"a ratio of steps to the same loss in [{MIN_MEASURED:g}, "
+                f"{MAX_MEASURED:g}], with a log-space sigma > 0",
             )
         wp, wm = 1 / self.log_sigma**2, 1 / log_sigma**2
         mean = (wp * math.log(self.multiplier) + wm * math.log(measured)) / (wp + wm)
@@ -88,6 +89,19 @@ MEASURED_SIGMA = 0.2
 seeds 0-7; bench/statcost_pairs.py) spread by a log sd of 0.18 for topk:0.05:ag under Adam
 (x1.32-2.10) and 0.05 for powersgd:4 (x1.07-1.23); this is the larger, rounded up. Several
 pairs: give their geometric mean with sd / sqrt(pairs). docs/benchmarks.md."""
+MIN_MEASURED = 0.25
+MAX_MEASURED = 100.0
+"""The measured multipliers a plan takes. Compression does not reach dense's loss on a quarter of
+dense's samples (one pair of runs spreads by a log sd of 0.18: 0.25 is 7 sd below 1): a smaller
+figure says the two jobs were not the same training (1e-300 priced a plan 100% faster than
+dense). One of over 100 is an option no plan would pick, or a job that did not train."""
+
+
+def measurable(multiplier: float) -> bool:
+    """Whether ``multiplier`` is a measured statistical cost a plan takes (NaN is not)."""
+    return MIN_MEASURED <= multiplier <= MAX_MEASURED
+
+
 # A smaller measured log-space sigma claims a precision no run of seeds gives, and squared
 # below ~1e-154 it is 0 (a division by zero in the cost's spread).
 MIN_MEASURED_SIGMA = 0.01
@@ -107,8 +121,12 @@ def parse_measured(text: str, where: str = "--compression-steps") -> tuple[str, 
         sigma = float(sig) if slash else MEASURED_SIGMA
     except ValueError:
         raise malformed from None
-    if not (math.isfinite(multiplier) and multiplier > 0):
-        raise InputError(f"{where} {text[:60]!r}: the multiplier must be a number > 0", hint=hint)
+    if not measurable(multiplier):
+        raise InputError(
+            f"{where} {text[:60]!r}: the multiplier must be in [{MIN_MEASURED:g}, "
+            f"{MAX_MEASURED:g}]",
+            hint=hint,
+        )
     if not (math.isfinite(sigma) and MIN_MEASURED_SIGMA <= sigma <= 5):
         raise InputError(
             f"{where} {text[:60]!r}: SIGMA must be in [{MIN_MEASURED_SIGMA:g}, 5]", hint=hint

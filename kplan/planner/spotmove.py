@@ -51,6 +51,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from kplan.core.flags import MAX_COPY_GBPS, MIN_COPY_GBPS
 from kplan.planner.catalog import StoragePrice
 from kplan.planner.extra_costs import MOVE_COPY_GBPS
 from kplan.planner.spot import RecoveryPolicy
@@ -107,8 +108,10 @@ class MoveTerms:
     def __post_init__(self) -> None:
         if not (self.checkpoint_gb >= 0 and math.isfinite(self.checkpoint_gb)):
             raise ValueError(f"checkpoint_gb {self.checkpoint_gb} must be finite and >= 0")
-        if not (self.copy_gbps > 0 and math.isfinite(self.copy_gbps)):
-            raise ValueError(f"copy_gbps {self.copy_gbps} must be finite and > 0")
+        if not MIN_COPY_GBPS <= self.copy_gbps <= MAX_COPY_GBPS:
+            raise ValueError(
+                f"copy_gbps {self.copy_gbps} must be in [{MIN_COPY_GBPS:g}, {MAX_COPY_GBPS:g}]"
+            )
 
 
 def move_cost(terms: MoveTerms, src: Pool, dst: Pool) -> MoveCost:

@@ -176,9 +176,9 @@ _COMPRESSION_STEPS = typer.Option(
     "--compression-steps",
     metavar="SPEC=MULT[/SIGMA]",
     help="A measured statistical cost: the steps an option took to dense's loss, as a "
-    "multiple of dense's (e.g. topk:0.01=1.3, from a run of each); it updates the option's "
-    "prior by inverse variance (SIGMA: its log-space uncertainty, default 0.2, the spread of "
-    "one pair of runs measured on the example MLP). Repeatable.",
+    "multiple of dense's, 0.25-100 (e.g. topk:0.01=1.3, from a run of each); it updates the "
+    "option's prior by inverse variance (SIGMA: its log-space uncertainty, default 0.2, the "
+    "spread of one pair of runs measured on the example MLP). Repeatable.",
 )
 
 _AS_JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")

@@ -178,6 +178,11 @@ def _start(
     # Only the guard's answer: the code is packed once, by run_job, after the guard agrees.
     extra = [] if site is None or site.usd_per_hour == 0 else [site.usd_per_hour]
     first = first_check(spec, billing_for(spec.cloud), extra)
+    if first.stop and first.reason == "deadline":
+        raise InputError(
+            f"--deadline {spec.deadline_h:g} cannot start this cluster: {first.message}",
+            hint="raise --deadline (hours from now)",
+        )
     if first.stop:
         raise InputError(
             f"--budget {spec.budget_usd:g} cannot start this cluster: {first.message}",
@@ -263,8 +268,9 @@ def controller_command(
                 hint=f"`kplan status {job_id}` shows how it ended",
             )
         if rec is not None:
-            cloud, region = rec.cloud, rec.region
-            storage = JobSpec.from_dict(rec.spec).storage_uri
+            known = (rec.cloud, rec.region, JobSpec.from_dict(rec.spec).storage_uri)
+            _same_as_database(job_id, known, (cloud, region, storage))
+            cloud, region, storage = known
         elif cloud is None:
             raise InputError(
                 f"no job {job_id!r} in {db.path}",
@@ -294,6 +300,23 @@ def controller_command(
         # region given for a job missing from the database may be the one it started in
         backend = _backend(cloud, spec.region, storage)
     _run(spec, backend, as_json, quiet, resume=mode, own=own)
+
+
+def _same_as_database(
+    job_id: str, known: tuple[str, str, str | None], given: tuple[str | None, ...]
+) -> None:
+    """--cloud, --region and --storage name a job missing from the database; for one in it they
+    must agree with it (``--cloud azure`` was ignored without a word). An empty one is no value:
+    a local controller instance runs ``--storage ''`` (controller_node.controller_argv) on this
+    machine's database."""
+    for flag, have, want in zip(("--cloud", "--region", "--storage"), known, given, strict=True):
+        if want and want != have:
+            raise InputError(
+                f"{flag} {want[:80]!r}: job {job_id} is in this machine's database with "
+                f"{flag[2:]} {have!r}",
+                hint="drop --cloud, --region and --storage: they are for a job missing from the "
+                "database",
+            )
 
 
 def _resumed_spec(job_id: str, backend: Backend) -> JobSpec:

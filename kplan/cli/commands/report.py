@@ -123,11 +123,12 @@ def report_command(
         if measured is not None:
             typer.echo(f"statistical cost ({measured.compression}): {measured.note}")
             flag = measured.estimate_flag()
-            typer.echo(
-                f"plan with it: kplan estimate ... {flag}"
-                if flag
-                else "nothing to plan with: the job stopped before the dense job's loss"
-            )
+            if flag:
+                typer.echo(f"plan with it: kplan estimate ... {flag}")
+            elif measured.multiplier is None:
+                typer.echo("nothing to plan with: the job stopped before the dense job's loss")
+            else:
+                typer.echo("nothing to plan with: a plan does not take that multiplier")
         if html is not None:
             typer.echo(f"wrote {html}")
 

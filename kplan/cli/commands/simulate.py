@@ -55,10 +55,11 @@ def simulate_command(
         "--checkpoint-gb",
         help="GB a move copies between regions (default: the plan's checkpoint size).",
     ),
-    copy_gbps: float = typer.Option(
-        DEFAULT_COPY_GBPS,
+    copy_gbps: float | None = typer.Option(
+        None,
         "--copy-gbps",
-        help="Bandwidth of a move's checkpoint copy between regions, Gbit/s.",
+        help=f"Bandwidth of a move's checkpoint copy between regions, Gbit/s (default "
+        f"{DEFAULT_COPY_GBPS:g}).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
@@ -71,8 +72,10 @@ def simulate_command(
     flags.integer("--row", row, low=0, high=10_000, hint="0 is the best alternative")
     flags.text("--format", fmt, choices=simulating.FORMATS, hint="kplan, bamboo or gcp-counts")
     flags.text("--example-trace", example_trace, hint="p3 or g4dn")
-    flags.number("--checkpoint-gb", checkpoint_gb, high=1e6, low_open=False, hint="e.g. 10")
-    flags.number("--copy-gbps", copy_gbps, high=1e4, hint="Gbit/s, e.g. --copy-gbps 1")
+    flags.number("--checkpoint-gb", checkpoint_gb, high=flags.MAX_CHECKPOINT_GB, low_open=False,
+                 hint="e.g. 10")  # fmt: skip
+    flags.number("--copy-gbps", copy_gbps, low=flags.MIN_COPY_GBPS, low_open=False,
+                 high=flags.MAX_COPY_GBPS, hint=flags.COPY_HINT)  # fmt: skip
     if (not trace) == (example_trace is None):
         raise InputError(
             "give exactly one of --trace or --example-trace",
@@ -84,9 +87,11 @@ def simulate_command(
     if len(specs) > 1 or any(name for name, _ in specs):  # several pools: moves
         result = simulating_pools.simulate_pools(
             typed, row, catalog, specs, fmt=fmt, runs=runs, seed=seed,
-            checkpoint_gb=checkpoint_gb, copy_gbps=copy_gbps,
+            checkpoint_gb=checkpoint_gb,
+            copy_gbps=DEFAULT_COPY_GBPS if copy_gbps is None else copy_gbps,
         )  # fmt: skip
     else:
+        _no_move_flags(checkpoint_gb, copy_gbps)
         job = simulating.job_from_plan(typed, row, catalog)
         tr = (
             simulating.load_trace(specs[0][1], fmt)
@@ -99,6 +104,17 @@ def simulate_command(
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
     _render(result)
+
+
+def _no_move_flags(checkpoint_gb: float | None, copy_gbps: float | None) -> None:
+    """The move's numbers with one trace (no pool to move to) were taken and ignored."""
+    given = [f for f, v in (("--checkpoint-gb", checkpoint_gb), ("--copy-gbps", copy_gbps))
+             if v is not None]  # fmt: skip
+    if given:
+        raise InputError(
+            f"{', '.join(given)}: only with a trace per pool, which a move goes between",
+            hint="e.g. --trace us-east-1=a.csv --trace us-west-2=b.csv (docs/spot_traces.md)",
+        )
 
 
 def _render(r: Replay) -> None:

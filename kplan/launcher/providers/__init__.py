@@ -46,6 +46,17 @@ def storage_cloud(uri: str) -> tuple[str, str]:
     return STORAGE_CLOUDS[scheme], text
 
 
+def check_prefix(uri: str, prefix: str) -> None:
+    """A storage URI's prefix is one line of printable text without spaces (``--storage
+    s3://b/jobs`` with a newline or a tab at its end read and wrote keys under ``jobs\\n/``);
+    ``parse_s3_uri`` and ``parse_gs_uri`` check it."""
+    if not all(c.isprintable() and not c.isspace() for c in prefix):
+        raise InputError(
+            f"storage URI {uri[:80]!r} holds a space or a control character in its prefix",
+            hint="give the storage as s3://BUCKET/PREFIX or gs://BUCKET/PREFIX on one line",
+        )
+
+
 @dataclass(frozen=True)
 class ProviderSettings:
     """What a factory gets: kplan's home folder and the user's choices for this job."""

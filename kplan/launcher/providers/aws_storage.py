@@ -13,6 +13,7 @@ from typing import NotRequired, TypedDict
 
 from kplan.core.errors import CloudError, InputError
 from kplan.launcher.provider import TAG_MANAGED
+from kplan.launcher.providers import check_prefix
 from kplan.launcher.providers.aws_common import (
     AwsConfig,
     Client,
@@ -37,6 +38,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
             f"storage URI {uri!r} names no valid bucket ({bucket!r})",
             hint="S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens",
         )
+    check_prefix(uri, prefix)
     return bucket, prefix.strip("/")
 
 

@@ -46,6 +46,42 @@ def check_image(value: str, source: str) -> str:
     return value
 
 
+# An AWS image: an AMI id, or an SSM parameter EC2 resolves at launch. A GCP image: a path
+# with ``images/`` in it (projects/P/global/images/NAME, .../images/family/F, global/images/...,
+# or the full URL), as Compute Engine's sourceImage takes it.
+_AWS_IMAGE = re.compile(r"ami-[0-9a-fA-F]+|resolve:ssm:\S+")
+_IMAGE_KIND = {
+    "aws": "an AMI id (ami-...) or resolve:ssm:<parameter>",
+    "gcp": "a GCP image or family path (projects/PROJECT/global/images/[family/]NAME)",
+}
+
+
+def check_cloud_image(cloud: str, value: str, source: str) -> str:
+    """``check_image``, and an image of ``cloud``'s kind: ``--image projects/x/global/images/y``
+    on AWS, ``ami-...`` or an empty ``resolve:ssm:`` were taken and sent to the cloud."""
+    check_image(value, source)
+    if cloud == "aws":
+        ok = _AWS_IMAGE.fullmatch(value) is not None
+    elif cloud == "gcp":
+        ok = "images/" in value and not value.startswith(("ami-", "resolve:ssm:"))
+    else:
+        return value
+    if not ok:
+        raise InputError(
+            f"{source} {value[:80]!r} is not an image of {cloud}",
+            hint=f"{cloud}: {_IMAGE_KIND[cloud]}{_unset(source)}",
+        )
+    return value
+
+
+def _aws_image(value: str, source: str) -> str:
+    return check_cloud_image("aws", value, source)
+
+
+def _gcp_image(value: str, source: str) -> str:
+    return check_cloud_image("gcp", value, source)
+
+
 def check_token(value: str, source: str) -> str:
     """``value`` unless it is empty, holds a space or a control character, or is over 1 KiB
     (an instance profile, a VPC, subnet or key name, an endpoint or storage URL, a project)."""
@@ -111,8 +147,8 @@ Check = Callable[[str, str], str]
 
 # The variables that mirror a flag, with the flag's own check; any other is a token.
 MIRRORS: dict[str, Check] = {
-    "KPLAN_AWS_IMAGE": check_image,
-    "KPLAN_GCP_IMAGE": check_image,
+    "KPLAN_AWS_IMAGE": _aws_image,
+    "KPLAN_GCP_IMAGE": _gcp_image,
     "KPLAN_GCP_NETWORK": _network,
     "KPLAN_GCP_SUBNETWORK": _subnetwork,
     "KPLAN_GCP_SERVICE_ACCOUNT": _service_account,

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kplan.core.errors import InputError
-from kplan.launcher.providers import gcp_errors
+from kplan.launcher.providers import check_prefix, gcp_errors
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 READ_WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
@@ -32,6 +32,7 @@ def parse_gs_uri(uri: str) -> tuple[str, str]:
             f"storage URI {uri!r} names no valid bucket ({bucket!r})",
             "Cloud Storage bucket names are 3-222 lowercase letters, digits, '-', '_' and '.'",
         )
+    check_prefix(uri, prefix)
     return bucket, prefix.strip("/")
 
 
