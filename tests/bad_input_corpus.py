@@ -1109,6 +1109,31 @@ def _move_cases() -> list[Case]:
     # fmt: on
 
 
+def _fuzz2_cases() -> list[Case]:
+    """Well-formed input that contradicts itself or the other inputs (fuzz2): an output path
+    that is one of the command's inputs (the file would be lost)."""
+    s = {"train.py": SCRIPT}
+    predict = ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv", "-o")
+    sizes = ("--base-batch", "8", "--dataset-size", "100")
+    # fmt: off
+    return [
+        Case("out-is-input-estimate-profile", ("estimate", "-p", "{d}/p.json", "-o",
+             "{d}/./p.json"), 2, "is also the --profile",
+             files={"p.json": Mut("profile")}),
+        Case("out-is-input-model-fit", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/m.csv"), 2,
+             "is also the --measurements", files={"m.csv": MEASUREMENTS}),
+        Case("out-is-input-model-predict-configs", (*predict, "{d}/c.csv"), 2,
+             "is also the --configs", files={"model.json": Mut("model"), "c.csv": CONFIGS}),
+        Case("out-is-input-model-predict-model", (*predict, "{d}/model.json"), 2,
+             "is also the --model", files={"model.json": Mut("model"), "c.csv": CONFIGS}),
+        Case("out-is-input-profile-script", ("profile", "{d}/train.py", *sizes, "-o",
+             "{d}/train.py"), 2, "is also the SCRIPT", files=s),
+        Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
+             "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
+    ]
+    # fmt: on
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -1122,4 +1147,5 @@ CASES: list[Case] = [
     *_issue24_cases(),
     *_issue25_cases(),
     *_move_cases(),
+    *_fuzz2_cases(),
 ]

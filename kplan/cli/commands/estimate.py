@@ -358,7 +358,7 @@ def _check_flags(a: _Args) -> _Checked:
     if a.out is not None:
         from kplan.core.files import check_writable
 
-        check_writable(a.out, "--out")
+        check_writable(a.out, "--out", [("the --profile", p) for p in a.profile])
     return _Checked(node_pin, prec, measured)
 
 
