@@ -634,9 +634,9 @@ def _enum_cases() -> list[Case]:
         ("estimate-compression-steps-word", (*est, "--compression-steps", "topk:0.01=lots"), 2,
          "SPEC=MULT", {}),
         ("estimate-compression-steps-zero", (*est, "--compression-steps", "fp16=0"), 2,
-         "multiplier must be", {}),
+         "MULT must be", {}),
         ("estimate-compression-steps-nan", (*est, "--compression-steps", "fp16=nan"), 2,
-         "multiplier must be", {}),
+         "MULT must be", {}),
         ("estimate-compression-steps-sigma-0", (*est, "--compression-steps", "fp16=1.1/0"), 2,
          "SIGMA", {}),
         ("estimate-compression-steps-no-spec", (*est, "--compression-steps", "=1.2"), 2,
@@ -1110,10 +1110,12 @@ def _move_cases() -> list[Case]:
 
 
 def _fuzz2_cases() -> list[Case]:
-    """Well-formed input that contradicts itself or the other inputs (fuzz2): an output path
-    that is one of the command's inputs (the file would be lost)."""
+    """Well-formed input that contradicts itself or the other inputs, or sits at a limit
+    (fuzz2): an output path that is one of the command's inputs (the file would be lost), a
+    measured compression cost outside what a measurement can be, the largest work."""
     s = {"train.py": SCRIPT}
     predict = ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv", "-o")
+    est = ("estimate", "--example", "cifar10-resnet18", "--top", "2")
     sizes = ("--base-batch", "8", "--dataset-size", "100")
     # fmt: off
     return [
@@ -1128,6 +1130,17 @@ def _fuzz2_cases() -> list[Case]:
              "is also the --model", files={"model.json": Mut("model"), "c.csv": CONFIGS}),
         Case("out-is-input-profile-script", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/train.py"), 2, "is also the SCRIPT", files=s),
+        # a measured compression cost of 1e300 ran the Monte-Carlo for minutes, 1e-300 priced
+        # the job at its start-up
+        Case("compression-steps-mult-tiny", (*est, "--compression-steps", "topk:0.01=1e-300"),
+             2, "MULT must be in [0.1, 100]"),
+        Case("compression-steps-mult-huge", (*est, "--compression", "topk:0.01",
+             "--compression-steps", "topk:0.01=1e300/0.01"), 2, "MULT must be in [0.1, 100]"),
+        Case("compression-steps-mult-low-edge", (*est, "--compression-steps", "topk:0.01=0.1"),
+             0),
+        # the largest --dataset-size (2**53 - 1): 250,000 years, priced on demand, a hang on spot
+        Case("dataset-size-max-work", (*est, "--dataset-size", str(2**53 - 1)), 2,
+             "more than the 1,000,000 h kplan plans"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]

@@ -56,8 +56,13 @@ class StepsAgainst:
     note: str
 
     def estimate_flag(self) -> str | None:
-        """The ``kplan estimate`` flag that carries the measurement into a plan."""
+        """The ``kplan estimate`` flag that carries the measurement into a plan (none for a
+        multiplier that flag refuses: the two jobs trained different things)."""
+        from kplan.planner.compstats import MAX_MEASURED_MULT, MIN_MEASURED_MULT
+
         if self.multiplier is None:
+            return None
+        if not MIN_MEASURED_MULT <= self.multiplier <= MAX_MEASURED_MULT:
             return None
         return f"--compression-steps {self.compression}={self.multiplier:.3g}"
 

@@ -88,6 +88,11 @@ MEASURED_SIGMA = 0.2
 seeds 0-7; bench/statcost_pairs.py) spread by a log sd of 0.18 for topk:0.05:ag under Adam
 (x1.32-2.10) and 0.05 for powersgd:4 (x1.07-1.23); this is the larger, rounded up. Several
 pairs: give their geometric mean with sd / sqrt(pairs). docs/benchmarks.md."""
+# A measured multiplier outside these measured something else than the compression (another
+# model, data or learning rate): the eight pairs above read x1.07-2.10, and a run that needs a
+# tenth of dense's samples or 100 x them would price the job at a tenth or 100 x.
+MIN_MEASURED_MULT = 0.1
+MAX_MEASURED_MULT = 100.0
 # A smaller measured log-space sigma claims a precision no run of seeds gives, and squared
 # below ~1e-154 it is 0 (a division by zero in the cost's spread).
 MIN_MEASURED_SIGMA = 0.01
@@ -107,8 +112,12 @@ def parse_measured(text: str, where: str = "--compression-steps") -> tuple[str, 
         sigma = float(sig) if slash else MEASURED_SIGMA
     except ValueError:
         raise malformed from None
-    if not (math.isfinite(multiplier) and multiplier > 0):
-        raise InputError(f"{where} {text[:60]!r}: the multiplier must be a number > 0", hint=hint)
+    if not (math.isfinite(multiplier) and MIN_MEASURED_MULT <= multiplier <= MAX_MEASURED_MULT):
+        raise InputError(
+            f"{where} {text[:60]!r}: MULT must be in [{MIN_MEASURED_MULT:g}, "
+            f"{MAX_MEASURED_MULT:g}] (the option's steps to dense's loss over dense's)",
+            hint=hint,
+        )
     if not (math.isfinite(sigma) and MIN_MEASURED_SIGMA <= sigma <= 5):
         raise InputError(
             f"{where} {text[:60]!r}: SIGMA must be in [{MIN_MEASURED_SIGMA:g}, 5]", hint=hint
