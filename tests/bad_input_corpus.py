@@ -1112,7 +1112,8 @@ def _move_cases() -> list[Case]:
 def _fuzz2_cases() -> list[Case]:
     """Well-formed input that contradicts itself or the other inputs, or sits at a limit
     (fuzz2): an output path that is one of the command's inputs (the file would be lost), a
-    measured compression cost outside what a measurement can be, the largest work."""
+    measured compression cost outside what a measurement can be, the largest work, an epoch
+    smaller than a step, a profile whose fields contradict each other or the catalog."""
     s = {"train.py": SCRIPT}
     predict = ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv", "-o")
     est = ("estimate", "--example", "cifar10-resnet18", "--top", "2")
@@ -1141,6 +1142,28 @@ def _fuzz2_cases() -> list[Case]:
         # the largest --dataset-size (2**53 - 1): 250,000 years, priced on demand, a hang on spot
         Case("dataset-size-max-work", (*est, "--dataset-size", str(2**53 - 1)), 2,
              "more than the 1,000,000 h kplan plans"),
+        # an epoch smaller than a step: priced at its start-up (4 min, $0.010)
+        Case("dataset-size-below-batch", (*est, "--dataset-size", "1", "--global-batch",
+             "1024"), 2, "--dataset-size 1 is less than the profile's global batch 128"),
+        Case("global-batch-above-epoch", (*est, "--global-batch", "50049"), 2,
+             "is more than the 50,048 samples of an epoch"),
+        Case("global-batch-epoch-edge", (*est, "--global-batch", "50048", "--on-demand"), 0),
+        Case("profile-flags-epoch-below-batch", ("profile", "{d}/train.py", "--base-batch",
+             "256", "--dataset-size", "100"), 2, "--dataset-size 100 is less than --base-batch",
+             files=s),
+        Case("profile-example-epoch-below-batch", ("profile", "--example", "mlp-regression",
+             "--base-batch", "9999999"), 2, "is less than --base-batch 9,999,999"),
+        Case("profile-epoch-below-batch", ("estimate", "-p", "{d}/p.json"), 2,
+             "work.dataset_size 10 is less than batch.base_global_batch",
+             files={"p.json": Mut("profile", ("work", "dataset_size"), 10)}),
+        Case("profile-workers-above-gpus-per-node", ("estimate", "-p", "{d}/p.json"), 2,
+             "more than device.gpus_per_node 2",
+             files={"p.json": Mut("profile", ("device", "gpus_per_node"), 2)}),
+        Case("profile-gpu-not-instance-gpu", ("estimate", "-p", "{d}/p.json"), 2,
+             "names GPU 'A100' but its instance type g4dn.12xlarge has T4",
+             files={"p.json": Mut("profile", ("device", "gpu"), "A100")}),
+        Case("profile-gpu-case-folded", ("estimate", "-p", "{d}/p.json", "--top", "1"), 0,
+             files={"p.json": Mut("profile", ("device", "gpu"), "t4")}),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]
