@@ -1164,6 +1164,13 @@ def _fuzz2_cases() -> list[Case]:
              files={"p.json": Mut("profile", ("device", "gpu"), "A100")}),
         Case("profile-gpu-case-folded", ("estimate", "-p", "{d}/p.json", "--top", "1"), 0,
              files={"p.json": Mut("profile", ("device", "gpu"), "t4")}),
+        # spot-only flags with --on-demand were silently unused
+        Case("on-demand-allow-on-demand", (*est, "--on-demand", "--allow-on-demand"), 2,
+             "--allow-on-demand prices spot plans, and --on-demand plans none"),
+        Case("on-demand-capacity-wait", (*est, "--on-demand", "--capacity-wait", "60"), 2,
+             "--capacity-wait prices spot plans"),
+        Case("spot-allow-on-demand-capacity-wait", (*est, "--spot", "--allow-on-demand",
+             "--capacity-wait", "60"), 0),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]

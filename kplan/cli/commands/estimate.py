@@ -119,7 +119,8 @@ _ALLOW_ON_DEMAND = typer.Option(
     False,
     "--allow-on-demand",
     help="Price spot plans with the launcher's on-demand fallback (a lost node goes on "
-    "demand when the region has no spot capacity, and back to spot when it returns).",
+    "demand when the region has no spot capacity, and back to spot when it returns); refused "
+    "with --on-demand, as --capacity-wait is.",
 )
 
 _CAPACITY_WAIT = typer.Option(
