@@ -440,7 +440,8 @@ def _enum_cases() -> list[Case]:
         ("cloud-bad", (*est, "--cloud", "azure"), 2, "azure", {}),
         ("gpu-empty", (*est, "--gpu", ""), 2, "--gpu", {}),
         ("region-ctrl", (*est, "--region", "us\x1b[31m"), 2, "--region", {}),
-        ("data-region-bad", (*est, "--data-region", "mars-1"), 2, "unknown data region", {}),
+        ("data-region-bad", (*est, "--data-gb", "5", "--data-region", "mars-1"), 2,
+         "unknown data region", {}),
         ("data-region-empty", (*est, "--data-region", ""), 2, "--data-region", {}),
         ("launch-data-no-plan-now", ("launch", "{d}/train.py", "--budget", "1", "--data-gb",
                                      "5", "--dry-run"), 2, "--data-gb", s),
@@ -1171,6 +1172,8 @@ def _fuzz2_cases() -> list[Case]:
              "--capacity-wait prices spot plans"),
         Case("spot-allow-on-demand-capacity-wait", (*est, "--spot", "--allow-on-demand",
              "--capacity-wait", "60"), 0),
+        Case("data-region-without-data", (*est, "--data-region", "us-central1"), 2,
+             "there is none: --data-gb is 0"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]

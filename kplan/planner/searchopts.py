@@ -75,6 +75,12 @@ class SearchOptions:
                 f"data size {self.data.gb} GB must be a finite number >= 0",
                 hint="e.g. --data-gb 50",
             )
+        if self.data.region is not None and self.data.gb == 0:  # else silently unused
+            raise InputError(
+                f"--data-region {self.data.region} prices the data's storage and egress, and "
+                "there is none: --data-gb is 0",
+                hint="give the data's size, e.g. --data-gb 150",
+            )
         if not 1 <= self.max_nodes <= 1024:
             raise InputError(f"max nodes {self.max_nodes} must be in 1..1024", hint="e.g. 64")
         if not 1 <= self.min_nodes <= self.max_nodes:
