@@ -1174,6 +1174,8 @@ def _fuzz2_cases() -> list[Case]:
              "--capacity-wait", "60"), 0),
         Case("data-region-without-data", (*est, "--data-region", "us-central1"), 2,
              "there is none: --data-gb is 0"),
+        # a 5,000-character job id was echoed whole
+        Case("job-id-5000-chars", ("logs", "x" * 5000), 2, "'... is not valid"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]
