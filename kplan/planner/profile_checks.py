@@ -15,6 +15,8 @@ class _Row(Protocol):
     def nodes(self) -> int: ...
     @property
     def workers(self) -> int: ...
+    @property
+    def gpu(self) -> str | None: ...
 
 
 class _Fields(Protocol):
@@ -27,12 +29,15 @@ class _Fields(Protocol):
     @property
     def gpus_per_node(self) -> int: ...
     @property
+    def gpu(self) -> str: ...
+    @property
     def measurements(self) -> Sequence[_Row]: ...
 
 
 def check_consistent(p: _Fields, source: str) -> None:
     """One line and a hint for an epoch smaller than one step's batch, or a measured row that
-    puts more workers on a node than the node has GPUs (``device.gpus_per_node``)."""
+    puts more workers on a node than the node has GPUs (``device.gpus_per_node``) or names
+    another GPU than ``device.gpu`` (it would be fitted as that GPU's)."""
     if p.dataset_size < p.base_global_batch:
         raise DataFileError(
             f"{source}: work.dataset_size {p.dataset_size:,} is less than "
@@ -48,3 +53,14 @@ def check_consistent(p: _Fields, source: str) -> None:
                 f"{per_node} on a node, more than device.gpus_per_node {p.gpus_per_node}",
                 hint="fix the measurement or device.gpus_per_node (one worker per GPU)",
             )
+        if m.gpu and _folded(m.gpu) != _folded(p.gpu):
+            raise DataFileError(
+                f"{source}: measurements[{i}] was measured on {m.gpu[:40]!r}, and the profile "
+                f"on device.gpu {p.gpu[:40]!r}",
+                hint="one profile per GPU: keep the rows of device.gpu (`kplan estimate` "
+                "predicts the other GPUs from them)",
+            )
+
+
+def _folded(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
