@@ -1179,6 +1179,9 @@ def _fuzz2_cases() -> list[Case]:
              "there is none: --data-gb is 0"),
         # a 5,000-character job id was echoed whole
         Case("job-id-5000-chars", ("logs", "x" * 5000), 2, "'... is not valid"),
+        Case("out-is-input-report-html-profile", ("report", "last", "--profile", "{d}/p.json",
+             "--html", "{d}/p.json"), 2, "is also the --profile", files={"p.json": Mut("profile")},
+             home="job"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]
