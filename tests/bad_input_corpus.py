@@ -68,6 +68,12 @@ MEASUREMENTS = (
     "1,1,8,0.010\n1,1,16,0.018\n1,1,32,0.034\n1,2,16,0.021\n1,4,16,0.024\n2,8,16,0.040\n"
 )
 CONFIGS = "nodes,workers,local_batch\n1,1,16\n2,8,32\n"
+FIT_OVER_TYPE = "nodes,workers,local_batch,step_time,instance_type\n" + "".join(
+    f"1,8,{b},{b / 1000},g4dn.12xlarge\n" for b in (8, 16)
+)
+FIT_GPU_NOT_TYPE = "nodes,workers,local_batch,step_time,gpu,instance_type\n" + "".join(
+    f"1,1,{b},{b / 1000},T4,p3.2xlarge\n" for b in (8, 16)
+)
 SCRIPT = "print('hello')\n"
 SPOT_PLAN = Mut("plan", ("chosen", "market"), "spot")
 SIM = ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv")
@@ -1182,6 +1188,23 @@ def _fuzz2_cases() -> list[Case]:
         Case("out-is-input-report-html-profile", ("report", "last", "--profile", "{d}/p.json",
              "--html", "{d}/p.json"), 2, "is also the --profile", files={"p.json": Mut("profile")},
              home="job"),
+        # a row of more workers per node than its instance type has GPUs was answered
+        Case("predict-workers-over-type", ("model", "predict", "--model", "{d}/model.json",
+             "-c", "{d}/c.csv"), 2, "64 workers on 1 node(s) is 64 on a node, and "
+             "g4dn.12xlarge has 4 GPUs", files={"model.json": Mut("model"),
+             "c.csv": "nodes,workers,local_batch,instance_type\n1,64,32,g4dn.12xlarge\n"}),
+        Case("fit-workers-over-type", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"),
+             2, "8 workers on 1 node(s) is 8 on a node", files={"m.csv": FIT_OVER_TYPE}),
+        Case("fit-gpu-not-type-gpu", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"), 2,
+             "p3.2xlarge has V100 GPUs, not T4", files={"m.csv": FIT_GPU_NOT_TYPE}),
+        Case("fit-own-machine-type", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"), 0,
+             files={"m.csv": FIT_OVER_TYPE.replace("g4dn.12xlarge", "mybox")}),
+        Case("fit-type-catalog-fifo", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"),
+             2, "FIFO", files={"m.csv": FIT_GPU_NOT_TYPE}, home="catalog-fifo"),
+        Case("predict-type-catalog-fifo", ("model", "predict", "--model", "{d}/model.json",
+             "-c", "{d}/c.csv"), 2, "FIFO", files={"model.json": Mut("model"),
+             "c.csv": "nodes,workers,local_batch,instance_type\n1,4,32,g4dn.12xlarge\n"},
+             home="catalog-fifo"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]
