@@ -1205,6 +1205,11 @@ def _fuzz2_cases() -> list[Case]:
              "-c", "{d}/c.csv"), 2, "FIFO", files={"model.json": Mut("model"),
              "c.csv": "nodes,workers,local_batch,instance_type\n1,4,32,g4dn.12xlarge\n"},
              home="catalog-fifo"),
+        # --out with --list-examples wrote nothing, silently
+        Case("list-examples-out", ("estimate", "--list-examples", "--out", "{d}/l.json"), 2,
+             "--out would be unused"),
+        Case("list-examples-example", ("estimate", "--list-examples", "-e", "nope"), 2,
+             "--example would be unused"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
     ]

@@ -264,6 +264,15 @@ def _run(a: _Args) -> None:
 
     checked = _check_flags(a)
     if a.list_examples:
+        planned = [f for f, on in (("--example", a.example is not None),
+                                   ("--profile", bool(a.profile)), ("--out", a.out is not None))
+                   if on]  # fmt: skip
+        if planned:
+            raise InputError(
+                f"--list-examples lists the examples and plans nothing: {', '.join(planned)} "
+                "would be unused",
+                hint="run `kplan estimate --list-examples` alone, then plan one with --example",
+            )
         rows = planning.example_rows()
         if a.as_json:
             typer.echo(json.dumps([asdict(r) for r in rows], indent=1))
