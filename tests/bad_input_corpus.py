@@ -68,6 +68,12 @@ MEASUREMENTS = (
     "1,1,8,0.010\n1,1,16,0.018\n1,1,32,0.034\n1,2,16,0.021\n1,4,16,0.024\n2,8,16,0.040\n"
 )
 CONFIGS = "nodes,workers,local_batch\n1,1,16\n2,8,32\n"
+FIT_OVER_TYPE = "nodes,workers,local_batch,step_time,instance_type\n" + "".join(
+    f"1,8,{b},{b / 1000},g4dn.12xlarge\n" for b in (8, 16)
+)
+FIT_GPU_NOT_TYPE = "nodes,workers,local_batch,step_time,gpu,instance_type\n" + "".join(
+    f"1,1,{b},{b / 1000},T4,p3.2xlarge\n" for b in (8, 16)
+)
 SCRIPT = "print('hello')\n"
 SPOT_PLAN = Mut("plan", ("chosen", "market"), "spot")
 SIM = ("simulate", "--plan", "{d}/p.json", "--trace", "{d}/t.csv")
@@ -440,7 +446,8 @@ def _enum_cases() -> list[Case]:
         ("cloud-bad", (*est, "--cloud", "azure"), 2, "azure", {}),
         ("gpu-empty", (*est, "--gpu", ""), 2, "--gpu", {}),
         ("region-ctrl", (*est, "--region", "us\x1b[31m"), 2, "--region", {}),
-        ("data-region-bad", (*est, "--data-region", "mars-1"), 2, "unknown data region", {}),
+        ("data-region-bad", (*est, "--data-gb", "5", "--data-region", "mars-1"), 2,
+         "unknown data region", {}),
         ("data-region-empty", (*est, "--data-region", ""), 2, "--data-region", {}),
         ("launch-data-no-plan-now", ("launch", "{d}/train.py", "--budget", "1", "--data-gb",
                                      "5", "--dry-run"), 2, "--data-gb", s),
@@ -1198,6 +1205,104 @@ def _fuzz_cases() -> list[Case]:
     return [replace(c, id=f"fz-{c.id}") for c in rows]
 
 
+def _fuzz2_cases() -> list[Case]:
+    """Well-formed input that contradicts itself or the other inputs, or sits at a limit
+    (fuzz2): an output path that is one of the command's inputs (the file would be lost), a
+    measured compression cost outside what a measurement can be, the largest work, an epoch
+    smaller than a step, a profile whose fields contradict each other or the catalog."""
+    s = {"train.py": SCRIPT}
+    predict = ("model", "predict", "--model", "{d}/model.json", "-c", "{d}/c.csv", "-o")
+    est = ("estimate", "--example", "cifar10-resnet18", "--top", "2")
+    sizes = ("--base-batch", "8", "--dataset-size", "100")
+    # fmt: off
+    return [
+        Case("out-is-input-estimate-profile", ("estimate", "-p", "{d}/p.json", "-o",
+             "{d}/./p.json"), 2, "is also the --profile",
+             files={"p.json": Mut("profile")}),
+        Case("out-is-input-model-fit", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/m.csv"), 2,
+             "is also the --measurements", files={"m.csv": MEASUREMENTS}),
+        Case("out-is-input-model-predict-configs", (*predict, "{d}/c.csv"), 2,
+             "is also the --configs", files={"model.json": Mut("model"), "c.csv": CONFIGS}),
+        Case("out-is-input-model-predict-model", (*predict, "{d}/model.json"), 2,
+             "is also the --model", files={"model.json": Mut("model"), "c.csv": CONFIGS}),
+        Case("out-is-input-profile-script", ("profile", "{d}/train.py", *sizes, "-o",
+             "{d}/train.py"), 2, "is also the SCRIPT", files=s),
+        # a measured compression cost of 1e300 ran the Monte-Carlo for minutes, 1e-300 priced
+        # the job at its start-up
+        Case("compression-steps-mult-huge", (*est, "--compression", "topk:0.01",
+             "--compression-steps", "topk:0.01=1e300/0.01"), 2, "must be in [0.25, 100]"),
+        Case("compression-steps-mult-low-edge", (*est, "--compression-steps", "topk:0.01=0.25"),
+             0),
+        # the largest --dataset-size (2**53 - 1): 250,000 years, priced on demand, a hang on spot
+        Case("dataset-size-max-work", (*est, "--dataset-size", str(2**53 - 1)), 2,
+             "more than the 1,000,000 h kplan plans"),
+        # an epoch smaller than a step: priced at its start-up (4 min, $0.010)
+        Case("dataset-size-below-batch", (*est, "--dataset-size", "1", "--global-batch",
+             "1024"), 2, "--dataset-size 1 is less than the profile's global batch 128"),
+        Case("global-batch-above-epoch", (*est, "--global-batch", "50049"), 2,
+             "is more than the 50,048 samples of an epoch"),
+        Case("global-batch-epoch-edge", (*est, "--global-batch", "50048", "--on-demand"), 0),
+        Case("profile-flags-epoch-below-batch", ("profile", "{d}/train.py", "--base-batch",
+             "256", "--dataset-size", "100"), 2, "--dataset-size 100 is less than --base-batch",
+             files=s),
+        Case("profile-example-epoch-below-batch", ("profile", "--example", "mlp-regression",
+             "--base-batch", "9999999"), 2, "is less than --base-batch 9,999,999"),
+        Case("profile-epoch-below-batch", ("estimate", "-p", "{d}/p.json"), 2,
+             "work.dataset_size 10 is less than batch.base_global_batch",
+             files={"p.json": Mut("profile", ("work", "dataset_size"), 10)}),
+        Case("profile-workers-above-gpus-per-node", ("estimate", "-p", "{d}/p.json"), 2,
+             "more than device.gpus_per_node 2",
+             files={"p.json": Mut("profile", ("device", "gpus_per_node"), 2)}),
+        Case("profile-row-gpu-not-device-gpu", ("estimate", "-p", "{d}/p.json"), 2,
+             "measurements[3] was measured on 'A100'",
+             files={"p.json": Mut("profile", ("measurements", 3, "gpu"), "A100")}),
+        Case("profile-gpu-not-instance-gpu", ("estimate", "-p", "{d}/p.json"), 2,
+             "names GPU 'T4' but its instance type p3.2xlarge has V100",
+             files={"p.json": Mut("profile", ("device", "instance_type"), "p3.2xlarge")}),
+        Case("profile-gpu-case-folded", ("estimate", "-p", "{d}/p.json", "--top", "1"), 0,
+             files={"p.json": Mut("profile", ("device", "gpu"), "t4")}),
+        # spot-only flags with --on-demand were silently unused
+        Case("on-demand-allow-on-demand", (*est, "--on-demand", "--allow-on-demand"), 2,
+             "--allow-on-demand prices spot plans, and --on-demand plans none"),
+        Case("on-demand-capacity-wait", (*est, "--on-demand", "--capacity-wait", "60"), 2,
+             "--capacity-wait prices spot plans"),
+        Case("spot-allow-on-demand-capacity-wait", (*est, "--spot", "--allow-on-demand",
+             "--capacity-wait", "60"), 0),
+        Case("data-region-without-data", (*est, "--data-region", "us-central1"), 2,
+             "there is none: --data-gb is 0"),
+        # a 5,000-character job id was echoed whole
+        Case("job-id-5000-chars", ("logs", "x" * 5000), 2, "'... is not valid"),
+        Case("out-is-input-report-html-profile", ("report", "last", "--profile", "{d}/p.json",
+             "--html", "{d}/p.json"), 2, "is also the --profile", files={"p.json": Mut("profile")},
+             home="job"),
+        # a row of more workers per node than its instance type has GPUs was answered
+        Case("predict-workers-over-type", ("model", "predict", "--model", "{d}/model.json",
+             "-c", "{d}/c.csv"), 2, "64 workers on 1 node(s) is 64 on a node, and "
+             "g4dn.12xlarge has 4 GPUs", files={"model.json": Mut("model"),
+             "c.csv": "nodes,workers,local_batch,instance_type\n1,64,32,g4dn.12xlarge\n"}),
+        Case("fit-workers-over-type", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"),
+             2, "8 workers on 1 node(s) is 8 on a node", files={"m.csv": FIT_OVER_TYPE}),
+        Case("fit-gpu-not-type-gpu", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"), 2,
+             "p3.2xlarge has V100 GPUs, not T4", files={"m.csv": FIT_GPU_NOT_TYPE}),
+        Case("fit-own-machine-type", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"), 0,
+             files={"m.csv": FIT_OVER_TYPE.replace("g4dn.12xlarge", "mybox")}),
+        Case("fit-type-catalog-fifo", ("model", "fit", "-m", "{d}/m.csv", "-o", "{d}/o.json"),
+             2, "FIFO", files={"m.csv": FIT_GPU_NOT_TYPE}, home="catalog-fifo"),
+        Case("predict-type-catalog-fifo", ("model", "predict", "--model", "{d}/model.json",
+             "-c", "{d}/c.csv"), 2, "FIFO", files={"model.json": Mut("model"),
+             "c.csv": "nodes,workers,local_batch,instance_type\n1,4,32,g4dn.12xlarge\n"},
+             home="catalog-fifo"),
+        # --out with --list-examples wrote nothing, silently
+        Case("list-examples-out", ("estimate", "--list-examples", "--out", "{d}/l.json"), 2,
+             "--out would be unused"),
+        Case("list-examples-example", ("estimate", "--list-examples", "-e", "nope"), 2,
+             "--example would be unused"),
+        Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
+             "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
+    ]
+    # fmt: on
+
+
 CASES: list[Case] = [
     *_job_id_cases(),
     *_flag_cases(),
@@ -1212,4 +1317,5 @@ CASES: list[Case] = [
     *_issue25_cases(),
     *_move_cases(),
     *_fuzz_cases(),
+    *_fuzz2_cases(),
 ]

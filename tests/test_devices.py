@@ -662,7 +662,9 @@ def test_kplan_estimate_takes_two_profiles_of_one_job(tmp_path: Path) -> None:
 
     fp32, fp16 = _profiles()
     paths = []
-    for prof in (fp32, fp16, dataclasses.replace(fp16, gpu="V100")):
+    v100_rows = tuple(dataclasses.replace(m, gpu="V100") for m in fp16.measurements)
+    v100 = dataclasses.replace(fp16, gpu="V100", measurements=v100_rows, instance_type=None)
+    for prof in (fp32, fp16, v100):
         path = tmp_path / f"{prof.precision}-{prof.gpu}.json"
         path.write_text(json.dumps(profile_to_dict(prof)))
         paths.append(str(path))

@@ -99,6 +99,7 @@ def fit_file(
                 hint="or leave it out",
             )
     rows = read_measurements(measurements)
+    _check_types(rows, measurements)
     gpus = {m.gpu for m in rows if m.gpu}
     if len(gpus) > 1:
         raise DataFileError(
@@ -124,6 +125,33 @@ def fit_file(
     true = np.array([m.step_time for m in rows])
     mape = float(np.mean(np.abs(pred - true) / true) * 100)
     return FitReport(params, len(rows), mape)
+
+
+def _check_types(rows: list[Measurement], path: Path) -> None:
+    """Rows naming an instance type of the catalog: their workers fit on its GPUs, and their
+    gpu is its GPU (a type the catalog lacks, a machine of one's own, is taken as given)."""
+    if not any(m.instance_type for m in rows):
+        return
+    by_name = {t: i for (_c, t), i in sorted(_catalog().instances.items(), reverse=True)}
+    for line, m in enumerate(rows, start=2):
+        inst = by_name.get(m.instance_type or "")
+        if inst is None:
+            continue
+        check_fits_type(path, line, m.nodes, m.workers, inst)
+        if m.gpu and m.gpu.lower() != inst.gpu.lower():
+            raise DataFileError(
+                f"{path}, line {line}: {inst.name} has {inst.gpu} GPUs, not {m.gpu}",
+                hint="leave one of the gpu and instance_type cells empty, or make them agree",
+            )
+
+
+def _catalog() -> Any:
+    """The current catalog (its folder's files checked first: a FIFO there would hang)."""
+    from kplan.catalogs.current import current_catalog_dir, load_current
+    from kplan.core.files import check_folder_files
+
+    check_folder_files(current_catalog_dir(), "catalog")
+    return load_current()
 
 
 def load_model(path: Path) -> PerfParams:
@@ -184,6 +212,8 @@ def predict_file(model: PerfParams, configs: Path) -> list[Prediction]:
     out = []
     for i, r in enumerate(rows):
         p, source = per_row[i]
+        if (itype := targets[i][1]) is not None:
+            check_fits_type(configs, i + 2, nodes[i], workers[i], resolver.instance(itype))
         refused = fit.unknown_link(p, nodes[i], workers[i])
         if refused is not None:
             raise DataFileError(
@@ -210,6 +240,17 @@ def predict_file(model: PerfParams, configs: Path) -> list[Prediction]:
 
 
 _Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+
+
+def check_fits_type(source: Path, line: int, nodes: int, workers: int, inst: Any) -> None:
+    """A row's workers fit on its nodes of instance type ``inst`` (one worker per GPU)."""
+    per_node = -(-workers // nodes)  # the fullest node
+    if inst is not None and per_node > inst.gpu_count:
+        raise DataFileError(
+            f"{source}, line {line}: {workers} workers on {nodes} node(s) is {per_node} on a "
+            f"node, and {inst.name} has {inst.gpu_count} GPUs",
+            hint="workers counts every GPU of every node: at most nodes x the type's GPUs",
+        )
 
 
 class _Transfer:
@@ -273,11 +314,14 @@ class _Transfer:
             self._cache[key] = self._transfer(cat, cat.gpus[known[own]], dst, inst)
         return self._cache[key], cat.gpus[known[own]].name
 
+    def instance(self, itype: str) -> Any:
+        """The catalog's instance type of that name (None: not in the catalog)."""
+        found = [i for (_c, t), i in sorted(self._load().instances.items()) if t == itype]
+        return found[0] if found else None
+
     def _load(self) -> Any:
         if self._catalog is None:
-            from kplan.catalogs.current import load_current
-
-            self._catalog = load_current()
+            self._catalog = _catalog()
         return self._catalog
 
     def _transfer(self, cat: Any, ref: Any, dst: Any, inst: Any) -> PerfParams:

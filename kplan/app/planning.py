@@ -157,6 +157,7 @@ def estimate(
         params = params_from_dict(profile.fit, f"profile {profile.name} (fit)")
     ref_links: tuple[float | None, float | None] = (None, None)
     ref_fabric = None
+    options = check_question(profile, catalog, options, dataset_size)
     if profile.cloud and profile.instance_type:
         inst = catalog.instances.get((profile.cloud, profile.instance_type))
         if inst is not None:
@@ -191,6 +192,45 @@ def estimate(
         plan = replace(plan, notes=(*plan.notes, *notes))
     compute = chosen_compute_basis(plan, workload, catalog, dm)
     return Estimate(plan, workload, catalog, profile, n_epochs, n_samples, basis, compute)
+
+
+def check_question(
+    profile: Profile, catalog: Catalog, options: SearchOptions, dataset_size: int | None
+) -> SearchOptions:
+    """The question against the profile: one line and a hint for an epoch (``--dataset-size``)
+    smaller than the profile's batch or a pinned ``--global-batch``, and for a profile whose
+    instance type has another GPU than it names; the searched batches capped at an epoch."""
+    n = dataset_size if dataset_size is not None else profile.dataset_size
+    where = "--dataset-size" if dataset_size is not None else "the profile's work.dataset_size"
+    if dataset_size is not None and n < profile.base_global_batch:
+        raise InputError(
+            f"--dataset-size {n:,} is less than the profile's global batch "
+            f"{profile.base_global_batch:,}: one step would take more samples than an epoch has",
+            hint="give the samples per epoch of the training data",
+        )
+    if options.global_batch is not None and options.global_batch > n:
+        raise InputError(
+            f"--global-batch {options.global_batch:,} is more than the {n:,} samples of an "
+            f"epoch ({where})",
+            hint=f"pin a batch of at most {n:,} samples",
+        )
+    inst = catalog.instances.get((profile.cloud or "", profile.instance_type or ""))
+    if inst is not None and profile.gpu.lower() != "cpu" and inst.gpu != _gpu_key(profile, catalog):
+        raise InputError(
+            f"profile {profile.name!r} names GPU {profile.gpu!r} but its instance type "
+            f"{inst.name} has {inst.gpu}",
+            hint="fix the profile's device.gpu or device.instance_type",
+        )
+    top = options.max_global_batch or options.max_batch_multiple * profile.base_global_batch
+    if options.global_batch is None and top > n:
+        options = replace(options, max_global_batch=n)  # no step larger than an epoch
+    return options
+
+
+def _gpu_key(profile: Profile, catalog: Catalog) -> str:
+    """The catalog's name of the profile's GPU (case and ``_``/``-`` folded)."""
+    folded = {k.lower().replace("_", "-"): k for k in catalog.gpus}
+    return folded.get(profile.gpu.lower().replace("_", "-"), profile.gpu)
 
 
 def chosen_compute_basis(plan: Plan, workload: Workload, catalog: Catalog, dm: DeviceModel) -> str:

@@ -68,9 +68,10 @@ def profile_jobs(
         if several:
             out_path = per_precision(out_path, req.precision)
             csv_path = None if csv_path is None else per_precision(csv_path, req.precision)
-        check_writable(out_path, "--out")
+        reads = [] if script is None else [("the SCRIPT", Path(script))]
+        check_writable(out_path, "--out", reads)
         if csv_path is not None:
-            check_writable(csv_path, "--measurements")
+            check_writable(csv_path, "--measurements", [*reads, ("the --out", out_path)])
         jobs.append(ProfileJob(req, out_path, csv_path))
     return jobs
 

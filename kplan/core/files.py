@@ -200,9 +200,29 @@ def _stat_or_none(path: Path, flag: str) -> os.stat_result | None:
         ) from None
 
 
-def check_writable(path: Path, flag: str) -> None:
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode where both exist (a link, a symlink),
+    else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        try:
+            return os.path.realpath(a) == os.path.realpath(b)
+        except (OSError, ValueError):
+            return False
+
+
+def check_writable(path: Path, flag: str, inputs: Sequence[tuple[str, Path]] = ()) -> None:
     """Refuse an output path that is a folder, whose name is too long (over ``NAME_MAX`` bytes
-    a component, 255 on Linux), or whose folder cannot take a new file."""
+    a component, 255 on Linux), or whose folder cannot take a new file; and one that names a
+    file of ``inputs`` (``(flag, path)`` each: what the command reads, or another of its
+    outputs), which writing would overwrite."""
+    for what, other in inputs:
+        if _same_path(path, other):
+            raise InputError(
+                f"{flag} {str(path)[:200]} is also {what}: writing it would overwrite that file",
+                hint=f"give {flag} another file name",
+            )
     try:
         limit = os.pathconf(path.parent, "PC_NAME_MAX")
     except (OSError, ValueError):  # no such folder (yet), or no limit to ask for

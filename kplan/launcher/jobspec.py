@@ -56,7 +56,7 @@ def place(cloud: str, region: str) -> str:
 def check_job_id(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
         raise InputError(
-            f"job id {job_id!r} is not valid",
+            f"job id {job_id[:60]!r}{'...' if len(job_id) > 60 else ''} is not valid",
             hint="3-41 characters: lowercase letters, digits and '-', starting with a letter",
         )
     return job_id

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from kplan.core.flags import MAX_HOURS
 from kplan.planner import fmt
 from kplan.planner.candidates import Candidate
 from kplan.planner.searchopts import SearchOptions
@@ -79,7 +80,17 @@ def floor(
 
 def refusal(f: Floor, opts: SearchOptions) -> tuple[str, str] | None:
     """(message, hint) when the deadline or the budget is below what any configuration can reach
-    (worded as ``choose.infeasible_message``'s, with "at least"); None when they may be met."""
+    (worded as ``choose.infeasible_message``'s, with "at least"), or when no configuration ends
+    within ``MAX_HOURS`` (the longest --deadline: work of a million hours is a typo in the
+    epochs or the samples, and its spot Monte-Carlo would run for minutes); None when they may
+    be met."""
+    if f.hours_p90 > MAX_HOURS:
+        return (
+            f"the job takes at least {fmt.duration(f.hours_p90)} on the fastest cluster, more "
+            f"than the {MAX_HOURS:,.0f} h kplan plans",
+            "check the epochs and the samples per epoch (--epochs, --dataset-size, or the "
+            "profile's work)",
+        )
     late = opts.deadline_hours is not None and f.hours_p90 > opts.deadline_hours
     dear = opts.budget_usd is not None and f.cost_p90_usd > opts.budget_usd
     if not (late or dear):

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 from kplan.core.compression_spec import parse_compression
 from kplan.core.errors import DataFileError, InputError, SchemaVersionError
 from kplan.core.precision import DEFAULT_PRECISION, Precision, check_precision
+from kplan.planner.profile_checks import check_consistent
 
 if TYPE_CHECKING:  # loaded with a profile that has a graph (``_opgraph``)
     from kplan.planner.opgraph import OpGraph
@@ -355,7 +356,7 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
     gpu = _get(device, "gpu", source, "device.")
     if not isinstance(gpu, str) or not gpu or len(gpu) > 64:
         raise DataFileError(f"{source}: 'device.gpu' must be a GPU name", hint='e.g. "T4"')
-    return Profile(
+    prof = Profile(
         name=_str(doc.get("name", "profile"), source, "name") or "profile",
         provenance=str(doc.get("provenance", ""))[:4096],
         gpu=gpu,
@@ -390,6 +391,8 @@ def profile_from_dict(doc: Any, source: str = "profile") -> Profile:
         cpu_threads=_threads(device.get("cpu_threads"), source),
         opgraph=_opgraph(doc, source),
     )
+    check_consistent(prof, source)
+    return prof
 
 
 def _opgraph(doc: dict[str, Any], source: str) -> OpGraph | None:

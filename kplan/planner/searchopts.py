@@ -75,6 +75,12 @@ class SearchOptions:
                 f"data size {self.data.gb} GB must be a finite number >= 0",
                 hint="e.g. --data-gb 50",
             )
+        if self.data.region is not None and self.data.gb == 0:  # else silently unused
+            raise InputError(
+                f"--data-region {self.data.region} prices the data's storage and egress, and "
+                "there is none: --data-gb is 0",
+                hint="give the data's size, e.g. --data-gb 150",
+            )
         if not 1 <= self.max_nodes <= 1024:
             raise InputError(f"max nodes {self.max_nodes} must be in 1..1024", hint="e.g. 64")
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -112,6 +118,20 @@ class SearchOptions:
         bad = [m for m in self.markets if m not in ("on-demand", "spot")]
         if bad or not self.markets:
             raise InputError(f"unknown market {bad}", hint="use spot or on-demand")
+        spot_only = [
+            f
+            for f, on in (
+                ("--allow-on-demand", self.allow_on_demand),
+                ("--capacity-wait", self.capacity_wait_s is not None),
+            )
+            if on
+        ]
+        if spot_only and "spot" not in self.markets:  # else silently unused
+            raise InputError(
+                f"{' and '.join(spot_only)} {'price' if len(spot_only) > 1 else 'prices'} spot "
+                "plans, and --on-demand plans none",
+                hint=f"drop --on-demand, or {' and '.join(spot_only)}",
+            )
         if not self.accum_steps or min(self.accum_steps) < 1:
             raise InputError(f"accumulation steps {self.accum_steps} must be >= 1", hint="1")
         if self.max_batch_multiple < 1:

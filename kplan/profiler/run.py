@@ -165,6 +165,13 @@ def resolve(
     )
     sweep_sizes(min_local_batch, max_b)  # validates the range
     base = base_batch if base_batch is not None else (ex.base_batch if ex else 0)
+    n = dataset_size if dataset_size is not None else (ex.dataset_size if ex else 0)
+    if n < base:
+        raise InputError(
+            f"--dataset-size {n:,} is less than --base-batch {base:,}: one step would take "
+            "more samples than an epoch has",
+            hint="--dataset-size: samples per epoch; --base-batch: your global batch size",
+        )
     return ProfileRequest(
         script=path,
         args=tuple(args),
@@ -179,7 +186,7 @@ def resolve(
         gns_steps=gns_steps,
         gns_batch=gns_batch,
         base_batch=base,
-        dataset_size=dataset_size if dataset_size is not None else (ex.dataset_size if ex else 0),
+        dataset_size=n,
         epochs=epochs if epochs is not None else (ex.epochs if ex else 1.0),
         startup_timeout_s=startup_timeout_s,
         step_timeout_s=step_timeout_s,

@@ -119,7 +119,8 @@ _ALLOW_ON_DEMAND = typer.Option(
     False,
     "--allow-on-demand",
     help="Price spot plans with the launcher's on-demand fallback (a lost node goes on "
-    "demand when the region has no spot capacity, and back to spot when it returns).",
+    "demand when the region has no spot capacity, and back to spot when it returns); refused "
+    "with --on-demand, as --capacity-wait is.",
 )
 
 _CAPACITY_WAIT = typer.Option(
@@ -263,6 +264,15 @@ def _run(a: _Args) -> None:
 
     checked = _check_flags(a)
     if a.list_examples:
+        planned = [f for f, on in (("--example", a.example is not None),
+                                   ("--profile", bool(a.profile)), ("--out", a.out is not None))
+                   if on]  # fmt: skip
+        if planned:
+            raise InputError(
+                f"--list-examples lists the examples and plans nothing: {', '.join(planned)} "
+                "would be unused",
+                hint="run `kplan estimate --list-examples` alone, then plan one with --example",
+            )
         rows = planning.example_rows()
         if a.as_json:
             typer.echo(json.dumps([asdict(r) for r in rows], indent=1))
@@ -358,7 +368,7 @@ def _check_flags(a: _Args) -> _Checked:
     if a.out is not None:
         from kplan.core.files import check_writable
 
-        check_writable(a.out, "--out")
+        check_writable(a.out, "--out", [("the --profile", p) for p in a.profile])
     return _Checked(node_pin, prec, measured)
 
 

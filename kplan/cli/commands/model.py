@@ -40,7 +40,7 @@ def fit_command(
     from kplan.planner.fit import two_node_factor
     from kplan.planner.perfmodel import params_to_dict
 
-    check_writable(out, "--out")
+    check_writable(out, "--out", [("the --measurements", measurements)])
     report = fit_file(
         measurements, gradient_bytes=gradient_bytes, intra_gbps=intra_gbps, inter_gbps=inter_gbps
     )
@@ -99,7 +99,7 @@ def predict_command(
     from kplan.core.files import check_writable, write_atomic
 
     if out is not None:
-        check_writable(out, "--out")
+        check_writable(out, "--out", [("the --model", model), ("the --configs", configs)])
     rows = predict_file(load_model(model), configs)
     if out is not None:
         write_atomic(out, to_csv(rows))

@@ -89,7 +89,7 @@ def report_command(
         from kplan.core.files import check_writable
 
         require_extra("report --html", "report")  # matplotlib draws the plots
-        check_writable(html, "--html")
+        check_writable(html, "--html", [] if profile is None else [("the --profile", profile)])
     if job is not None:  # the detached controller's rows first (kplan/launcher/snapshot.py)
         import time
 
@@ -117,6 +117,7 @@ def report_command(
         typer.echo(json.dumps(docs[0] if job is not None else docs, indent=1))
     else:
         from kplan.cli.render.report import render_report
+        from kplan.planner.compstats import MAX_MEASURED, MIN_MEASURED
 
         for r in reports:
             render_report(r)
@@ -128,7 +129,11 @@ def report_command(
             elif measured.multiplier is None:
                 typer.echo("nothing to plan with: the job stopped before the dense job's loss")
             else:
-                typer.echo("nothing to plan with: a plan does not take that multiplier")
+                typer.echo(
+                    f"nothing to plan with: x{measured.multiplier:.3g} is outside the "
+                    f"{MIN_MEASURED:g}-{MAX_MEASURED:g} that --compression-steps takes "
+                    "(did the two jobs train the same thing?)"
+                )
         if html is not None:
             typer.echo(f"wrote {html}")
 
