@@ -143,7 +143,7 @@ def _spot_terms(s: spotplan.SpotPricing | None, market: str) -> SpotTerms:
     if s is None:
         return SpotTerms("closed form" if market != "on-demand" else "on demand: no preemptions")
     return SpotTerms(
-        basis=f"Monte-Carlo, {s.runs} runs of the spot model (median and p90)"
+        basis=(s.basis or f"Monte-Carlo, {s.runs} runs of the spot model (median and p90)")
         + (
             f"; a heavy tail puts the mean ({s.hours_mean:.3g} h, ${s.cost_mean_usd:.3g}) "
             "above the p90"

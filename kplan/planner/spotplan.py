@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
+from kplan.planner import costs
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, Weibull
 
 Array = NDArray[np.float64]
@@ -27,6 +28,14 @@ REPLACEMENT_MARGIN = 1.5  # over the simulated p99 of lost nodes
 # plans (at most 112); a row whose limit is not below it has its runs go on past it.
 MAX_EVENTS = 128
 MIN_CAPACITY_WAIT_S = 3600.0
+# A row expecting more loss events per run than this is priced in closed form
+# (``closed_form_rows``): the Monte-Carlo steps through every event of every run, so its work
+# grows with a run's losses (a 250-hour job took 18 s, ten times longer ran past 200 s); past it
+# a run averages so many events that the renewal rate of the closed form holds, and the rate's
+# spread between runs (the regimes and the period) is what the p90 must carry. The README's
+# plans expect at most 5.
+MC_MAX_LOSSES = 50.0
+Z99 = 2.3263478740408408  # standard normal 99th percentile
 CAPACITY_WAIT_MARGIN = 2.0  # over the longest outage the model draws
 
 
@@ -90,6 +99,7 @@ class SpotPricing:
     policy: RecoveryPolicy
     source: str  # the spot model row used
     runs: int
+    basis: str = ""  # how it was priced, where not by the Monte-Carlo (``closed_form_rows``)
     on_demand_hours: float | None = None  # the same configuration on demand (closed form)
     on_demand_cost_usd: float | None = None
     hours_mean: float | None = None
@@ -182,4 +192,106 @@ def simulate_rows(
                 runs=runs,
             )
         )
+    return out
+
+
+def closed_form_rows(
+    *,
+    work_s: Array,
+    nodes: Array,
+    risks: list[SpotRisk],
+    policies: list[RecoveryPolicy],
+    usd_per_hour: Array,
+    usd_per_hour_on_demand: Array,
+    log_sigma: Array,
+    billing_min_s: Array,
+    billing_increment_s: Array,
+    checkpoint_s: float,
+    overheads: costs.Overheads,
+) -> list[SpotPricing]:
+    """Rows past ``MC_MAX_LOSSES`` priced without the Monte-Carlo: ``costs.time_and_cost`` with
+    the model's rate, co-loss and expected capacity wait, its p90 widened (in quadrature, in
+    log) by the rate at its p90 over the run (``SpotRisk.rate_sigma_for``: a run draws one
+    multiplier of the rate for its length). With the on-demand fallback a loss in an outage
+    runs its lost nodes on demand until capacity returns: each loss event adds that expected
+    time (``expected_wait_s`` without the fallback) at the on-demand premium per lost node.
+    The replacement limit comes from the p99 rate's
+    loss events, each losing ``1 + co_loss (nodes - 1)`` nodes on average; no run fails (with
+    the default capacity wait, twice the longest outage drawn, none does in the model)."""
+    rate = np.array([r.rate_per_hour for r in risks])
+    co = np.array([r.co_loss for r in risks])
+    wait = np.array(
+        [
+            expected_wait_s(r, p.allow_on_demand, p.capacity_wait_s)
+            for r, p in zip(risks, policies, strict=True)
+        ]
+    )
+    spread = np.array(
+        [float(r.rate_sigma_for(w / 3600.0)) for r, w in zip(risks, work_s, strict=True)]
+    )
+
+    def at(mult: Array, sigma: Array) -> costs.TimeCost:
+        return costs.time_and_cost(
+            train_seconds=work_s,
+            instances=nodes,
+            usd_per_hour=usd_per_hour,
+            preempt_per_hour=rate * mult,
+            log_sigma=sigma,
+            checkpoint_s=checkpoint_s,
+            billing_min_s=billing_min_s,
+            billing_increment_s=billing_increment_s,
+            overheads=overheads,
+            co_loss=co,
+            outage_wait_s=wait,
+        )
+
+    tc, busy = at(np.ones_like(rate), log_sigma), at(np.exp(costs.Z90 * spread), 0.0 * rate)
+    # the fallback's on-demand spells: per loss event, the nodes it loses on demand for the
+    # outage's expected length, at the premium over spot
+    per_event = 1.0 + co * np.maximum(nodes - 1.0, 0.0)
+    od_s = np.array(
+        [
+            expected_wait_s(r, False, p.capacity_wait_s) if p.allow_on_demand else 0.0
+            for r, p in zip(risks, policies, strict=True)
+        ]
+    )
+    premium = od_s * per_event * np.maximum(usd_per_hour_on_demand - usd_per_hour, 0.0) / 3600.0
+    with np.errstate(invalid="ignore"):
+        tc = replace(
+            tc,
+            cost_usd=tc.cost_usd + premium * tc.preemptions,
+            cost_p90_usd=tc.cost_p90_usd + premium * tc.preemptions * tc.hours_p90 / tc.hours,
+        )
+        busy = replace(busy, cost_usd=busy.cost_usd + premium * busy.preemptions)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hours_p90 = tc.hours * np.exp(
+            np.hypot(_log(tc.hours_p90, tc.hours), _log(busy.hours, tc.hours))
+        )
+        cost_p90 = tc.cost_usd * np.exp(
+            np.hypot(_log(tc.cost_p90_usd, tc.cost_usd), _log(busy.cost_usd, tc.cost_usd))
+        )
+    lost_p99 = tc.preemptions * np.exp(Z99 * spread) * per_event
+    return [
+        SpotPricing(
+            hours=float(tc.hours[j]),
+            hours_p90=float(hours_p90[j]),
+            cost_usd=float(tc.cost_usd[j]),
+            cost_p90_usd=float(cost_p90[j]),
+            losses=float(tc.preemptions[j]),
+            lost_nodes_p99=float(lost_p99[j]),
+            fail_prob=0.0,
+            policy=replace(pol, max_replacements=replacement_limit(float(lost_p99[j]))),
+            source=risk.source,
+            runs=0,
+            basis=f"closed form: {tc.preemptions[j]:.0f} expected loss events per run, past the "
+            f"Monte-Carlo's bound of {MC_MAX_LOSSES:g} (its p90 carries the rate's spread "
+            f"between runs, log-sd {spread[j]:.2f})",
+        )
+        for j, (risk, pol) in enumerate(zip(risks, policies, strict=True))
+    ]
+
+
+def _log(x: Array, ref: Array) -> Array:
+    """log(x / ref), inf where x is not finite (a p90 that is infeasible stays infeasible)."""
+    out: Array = np.where(np.isfinite(x) & (x > 0), np.log(x / ref), np.inf)
     return out

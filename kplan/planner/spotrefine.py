@@ -102,24 +102,11 @@ def refine_spot_rows(
     ]
     ix = np.array(todo, dtype=np.int64)
     vs = [views[i] for i in todo]
-    price = np.array([v.usd_per_hour for v in vs])
     od = np.array([v.on_demand_usd_per_hour or v.usd_per_hour for v in vs])
     bill_min = np.array([v.billing_min_s for v in vs])
     bill_inc = np.array([v.billing_increment_s for v in vs])
     work = np.ceil(t.samples[ix] / t.batch[ix]) * t.step[ix]
-    priced = spotplan.simulate_rows(
-        work_s=work,
-        nodes=t.nodes[ix],
-        risks=[v.risk for v in vs],
-        policies=policies,
-        usd_per_hour=price,
-        usd_per_hour_on_demand=od,
-        log_sigma=t.sigma[ix],
-        billing_min_s=bill_min,
-        billing_increment_s=bill_inc,
-        runs=opts.spot_runs,
-        seed=opts.seed,
-    )
+    priced = _priced(t, ix, vs, policies, od, bill_min, bill_inc, opts, checkpoint_s)
     od_tc = costs.time_and_cost(
         train_seconds=work,
         instances=t.nodes[ix],
@@ -154,6 +141,60 @@ def refine_spot_rows(
         t.spot[i] = r
     carry_ratios(t, ix, closed, _spot_rows(t, cands))
     return True
+
+
+def _priced(
+    t: Table,
+    ix: NDArray[np.int64],
+    vs: list[SpotView],
+    policies: list[RecoveryPolicy],
+    od: Array,
+    bill_min: Array,
+    bill_inc: Array,
+    opts: SearchOptions,
+    checkpoint_s: float,
+) -> list[spotplan.SpotPricing]:
+    """The rows ``ix`` priced by the Monte-Carlo, except a run of many loss events without a
+    deadline (whose rule only the Monte-Carlo follows): in closed form, since the
+    Monte-Carlo's work grows with them (``spotplan.MC_MAX_LOSSES``)."""
+    many = (t.preempt[ix] > spotplan.MC_MAX_LOSSES) & np.array(
+        [p.deadline_s is None for p in policies], dtype=bool
+    )
+    args = {
+        "work_s": np.ceil(t.samples[ix] / t.batch[ix]) * t.step[ix],
+        "nodes": t.nodes[ix],
+        "usd_per_hour": np.array([v.usd_per_hour for v in vs]),
+        "usd_per_hour_on_demand": od,
+        "log_sigma": t.sigma[ix],
+        "billing_min_s": bill_min,
+        "billing_increment_s": bill_inc,
+    }
+    out: dict[int, spotplan.SpotPricing] = {}
+    for in_closed_form in (False, True):
+        sel = np.flatnonzero(many == in_closed_form)
+        if sel.size == 0:
+            continue
+        part = {k: a[sel] for k, a in args.items()}
+        risks, pols = [vs[k].risk for k in sel], [policies[k] for k in sel]
+        rows = (
+            spotplan.closed_form_rows(
+                **part,
+                risks=risks,
+                policies=pols,
+                checkpoint_s=checkpoint_s,
+                overheads=opts.overheads,
+            )
+            if in_closed_form
+            else spotplan.simulate_rows(
+                **part,
+                risks=risks,
+                policies=pols,
+                runs=opts.spot_runs,
+                seed=opts.seed,
+            )
+        )
+        out.update(zip(sel.tolist(), rows, strict=True))
+    return [out[k] for k in range(len(vs))]
 
 
 def region_of(t: Table, i: int, cands: list[Candidate]) -> tuple[str, str]:

@@ -1,0 +1,90 @@
+"""A spot row of many loss events per run is priced in closed form (spotplan.MC_MAX_LOSSES): the
+Monte-Carlo's work grows with a run's events, the closed form's does not, and over that many
+events the two agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kplan.app import planning
+from kplan.planner import spotplan
+from kplan.planner.costs import Overheads
+from kplan.planner.search import SearchOptions
+from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
+
+
+def _risk() -> SpotRisk:
+    return SpotRisk(
+        "aws", "*", "*", Weibull(1.0, 1.7), 0.2, Outage(0.3, (0.1, 0.3, 0.6), 0.5), "test row",
+        rate_sigma=0.5, period_sigma=0.3,
+    )  # fmt: skip
+
+
+def _rows(work_h: float, nodes: int) -> dict[str, Any]:
+    pol = RecoveryPolicy(
+        restart_s=300.0,
+        provisioning_s=240.0,
+        checkpoint_interval_s=600.0,
+        checkpoint_s=10.0,
+        capacity_wait_s=3600.0,
+        allow_on_demand=True,
+    )
+    return {
+        "work_s": np.array([work_h * 3600.0]),
+        "nodes": np.array([float(nodes)]),
+        "risks": [_risk()],
+        "policies": [pol],
+        "usd_per_hour": np.array([1.0]),
+        "usd_per_hour_on_demand": np.array([3.0]),
+        "log_sigma": np.array([0.05]),
+        "billing_min_s": np.array([60.0]),
+        "billing_increment_s": np.array([1.0]),
+    }
+
+
+def test_the_closed_form_agrees_with_the_monte_carlo_over_many_events() -> None:
+    args = _rows(work_h=60.0, nodes=2)  # about 80 loss events a run: past the bound
+    (closed,) = spotplan.closed_form_rows(**args, checkpoint_s=10.0, overheads=Overheads())
+    (sim,) = spotplan.simulate_rows(**args, runs=400, seed=1)
+    assert closed.losses > spotplan.MC_MAX_LOSSES
+    assert closed.losses == pytest.approx(sim.losses, rel=0.15)
+    for a, b in [
+        (closed.hours, sim.hours),
+        (closed.cost_usd, sim.cost_usd),
+        (closed.hours_p90, sim.hours_p90),
+        (closed.cost_p90_usd, sim.cost_p90_usd),
+    ]:
+        assert a == pytest.approx(b, rel=0.12)
+    assert closed.hours_p90 > closed.hours and closed.cost_p90_usd > closed.cost_usd
+    assert closed.runs == 0 and closed.basis.startswith("closed form: ")
+    # the replacement limit still sits above the runs' losses (the launcher's crash-loop stop)
+    assert closed.policy.max_replacements > sim.lost_nodes_p99
+
+
+def test_the_p90_carries_the_rate_spread_between_runs() -> None:
+    args = _rows(work_h=60.0, nodes=2)
+    wide = spotplan.closed_form_rows(**args, checkpoint_s=10.0, overheads=Overheads())
+    flat_risk = [
+        SpotRisk("aws", "*", "*", Weibull(1.0, 1.7), 0.2, Outage(0.3, (0.1, 0.3, 0.6), 0.5), "flat")
+    ]
+    flat = spotplan.closed_form_rows(
+        **{**args, "risks": flat_risk},
+        checkpoint_s=10.0,
+        overheads=Overheads(),
+    )
+    assert wide[0].hours == pytest.approx(flat[0].hours)
+    assert wide[0].hours_p90 > flat[0].hours_p90 * 1.05
+
+
+def test_a_long_job_is_priced_in_closed_form_and_a_short_one_by_monte_carlo() -> None:
+    profile = planning.load_example("cifar10-resnet18")
+    long = planning.estimate(profile, SearchOptions(), dataset_size=1_000_000_000).plan
+    spot = [r for r in long.plans if r.market == "spot"]
+    assert spot and all(r.spot.basis.startswith("closed form: ") for r in spot)
+    assert all(r.hours_p90 >= r.hours and r.cost_p90_usd >= r.cost_usd for r in spot)
+    short = planning.estimate(profile, SearchOptions()).plan
+    shown = [r for r in short.plans if r.market == "spot"]
+    assert shown and all(r.spot.basis.startswith("Monte-Carlo, ") for r in shown)
