@@ -246,16 +246,8 @@ def closed_form_rows(
         )
 
     tc, busy = at(np.ones_like(rate), log_sigma), at(np.exp(costs.Z90 * spread), 0.0 * rate)
-    # the fallback's on-demand spells: per loss event, the nodes it loses on demand for the
-    # outage's expected length, at the premium over spot
     per_event = 1.0 + co * np.maximum(nodes - 1.0, 0.0)
-    od_s = np.array(
-        [
-            expected_wait_s(r, False, p.capacity_wait_s) if p.allow_on_demand else 0.0
-            for r, p in zip(risks, policies, strict=True)
-        ]
-    )
-    premium = od_s * per_event * np.maximum(usd_per_hour_on_demand - usd_per_hour, 0.0) / 3600.0
+    premium = _fallback_premium(risks, policies, per_event, usd_per_hour, usd_per_hour_on_demand)
     with np.errstate(invalid="ignore"):
         tc = replace(
             tc,
@@ -289,6 +281,25 @@ def closed_form_rows(
         )
         for j, (risk, pol) in enumerate(zip(risks, policies, strict=True))
     ]
+
+
+def _fallback_premium(
+    risks: list[SpotRisk],
+    policies: list[RecoveryPolicy],
+    per_event: Array,
+    usd_per_hour: Array,
+    usd_per_hour_on_demand: Array,
+) -> Array:
+    """USD per loss event of the fallback's on-demand spells: the nodes an event loses, on
+    demand for the outage's expected length, at the premium over spot (0 without a fallback)."""
+    od_s = np.array(
+        [
+            expected_wait_s(r, False, p.capacity_wait_s) if p.allow_on_demand else 0.0
+            for r, p in zip(risks, policies, strict=True)
+        ]
+    )
+    out: Array = od_s * per_event * np.maximum(usd_per_hour_on_demand - usd_per_hour, 0.0) / 3600.0
+    return out
 
 
 def _log(x: Array, ref: Array) -> Array:
