@@ -9,10 +9,12 @@ browser-driver package; the browser gets no network (``--proxy-server`` to a clo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,7 +120,8 @@ def check_page(
         os.dup2(to_r, 3)
         os.dup2(from_w, 4)
 
-    with tempfile.TemporaryDirectory(prefix="kplan-chromium-") as profile:
+    profile = tempfile.mkdtemp(prefix="kplan-chromium-")
+    try:
         argv = [
             binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -147,6 +150,31 @@ def check_page(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=15)
+            _kill_session(proc.pid)
+    finally:
+        _remove(Path(profile))
+
+
+def _kill_session(sid: int) -> None:
+    """Chromium's helpers (renderer, crash handler) share its session (``start_new_session``)
+    and may outlive it: kill them, so that nothing writes into the profile folder as it goes
+    (under load, one did while the folder was being removed: "Directory not empty")."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, signal.SIGKILL)
+
+
+def _remove(folder: Path) -> None:
+    """Remove the profile folder, again for a few seconds while a killed helper's last write
+    lands; then whatever is left goes without a word (a test must not fail on /tmp's upkeep)."""
+    for _ in range(40):
+        try:
+            shutil.rmtree(folder)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _drive(cdp: _Pipe, page: Path, screenshot: Path, width: int, timeout: float) -> PageCheck:

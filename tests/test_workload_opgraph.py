@@ -38,9 +38,11 @@ def _cpu_profile(with_graph: bool = True) -> Profile:
     """The cifar10 example (its fit and traced graph) as if profiled on a CPU."""
     p = load_example("cifar10-resnet18")
     assert p.opgraph is not None
+    rows = tuple(dataclasses.replace(m, gpu="cpu") for m in p.measurements)  # one device's rows
     return dataclasses.replace(
         p,
         gpu="cpu",
+        measurements=rows,
         measured_fp32_tflops=1.0,
         measured_mem_bw_gbs=50.0,
         cloud="",
