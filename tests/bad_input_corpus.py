@@ -1270,6 +1270,11 @@ def _fuzz2_cases() -> list[Case]:
              "--capacity-wait", "60"), 0),
         Case("data-region-without-data", (*est, "--data-region", "us-central1"), 2,
              "there is none: --data-gb is 0"),
+        # a region of the other cloud said "no instance type matches the filters"
+        Case("region-not-of-cloud", (*est, "--cloud", "aws", "--region", "us-central1"), 2,
+             "is not a region of --cloud aws"),
+        Case("region-one-of-cloud-valid", (*est, "--cloud", "aws", "--region", "us-central1",
+             "--region", "us-east-1"), 0),
         # a 5,000-character job id was echoed whole
         Case("job-id-5000-chars", ("logs", "x" * 5000), 2, "'... is not valid"),
         Case("out-is-input-report-html-profile", ("report", "last", "--profile", "{d}/p.json",

@@ -141,6 +141,23 @@ def with_compression(cands: list[Candidate], opts: SearchOptions) -> list[Candid
     return variants if pinned else [*cands, *variants]
 
 
+def _check_cloud_regions(catalog: Catalog, opts: SearchOptions) -> None:
+    """Pinned clouds and regions of which none go together (``--cloud aws --region
+    us-central1``): one line naming whose regions they are, not "no instance type matches"."""
+    if not (opts.clouds and opts.regions):
+        return
+    theirs = {o.region for o in catalog.offers if o.cloud in opts.clouds}
+    if any(r in theirs for r in opts.regions):
+        return
+    owners = sorted({o.cloud for o in catalog.offers if o.region in opts.regions})
+    clouds = ", ".join(opts.clouds)
+    raise InputError(
+        f"--region {', '.join(opts.regions)} is not a region of --cloud {clouds} (the "
+        f"catalog has it on {', '.join(owners)})",
+        hint=f"{clouds} regions in the catalog: {', '.join(sorted(theirs))}",
+    )
+
+
 def _check_filters(catalog: Catalog, opts: SearchOptions) -> None:
     clouds = {o.cloud for o in catalog.offers}
     for c in opts.clouds:
@@ -153,6 +170,7 @@ def _check_filters(catalog: Catalog, opts: SearchOptions) -> None:
                 f"unknown region {r!r}",
                 hint=f"regions in the catalog: {', '.join(sorted(regions))}",
             )
+    _check_cloud_regions(catalog, opts)
     if opts.data.region is not None and opts.data.region not in {r for _, r in catalog.storage}:
         raise InputError(
             f"unknown data region {opts.data.region!r} (not in the catalog's storage prices)",
