@@ -245,7 +245,10 @@ def closed_form_rows(
             outage_wait_s=wait,
         )
 
-    tc, busy = at(np.ones_like(rate), log_sigma), at(np.exp(costs.Z90 * spread), 0.0 * rate)
+    tc, busy = (
+        at(np.ones_like(rate), log_sigma),
+        at(np.exp(costs.Z90 * spread), np.zeros_like(rate)),
+    )
     per_event = 1.0 + co * np.maximum(nodes - 1.0, 0.0)
     premium = _fallback_premium(risks, policies, per_event, usd_per_hour, usd_per_hour_on_demand)
     with np.errstate(invalid="ignore"):

@@ -106,7 +106,7 @@ def refine_spot_rows(
     bill_min = np.array([v.billing_min_s for v in vs])
     bill_inc = np.array([v.billing_increment_s for v in vs])
     work = np.ceil(t.samples[ix] / t.batch[ix]) * t.step[ix]
-    priced = _priced(t, ix, vs, policies, od, bill_min, bill_inc, opts, checkpoint_s)
+    priced = _priced(t, ix, vs, policies, work, od, bill_min, bill_inc, opts, checkpoint_s)
     od_tc = costs.time_and_cost(
         train_seconds=work,
         instances=t.nodes[ix],
@@ -148,20 +148,21 @@ def _priced(
     ix: NDArray[np.int64],
     vs: list[SpotView],
     policies: list[RecoveryPolicy],
+    work: Array,
     od: Array,
     bill_min: Array,
     bill_inc: Array,
     opts: SearchOptions,
     checkpoint_s: float,
 ) -> list[spotplan.SpotPricing]:
-    """The rows ``ix`` priced by the Monte-Carlo, except a run of many loss events without a
-    deadline (whose rule only the Monte-Carlo follows): in closed form, since the
-    Monte-Carlo's work grows with them (``spotplan.MC_MAX_LOSSES``)."""
+    """The rows ``ix`` (``work``: their training seconds) priced by the Monte-Carlo, except a
+    run of many loss events without a deadline (whose rule only the Monte-Carlo follows): in
+    closed form, since the Monte-Carlo's work grows with them (``spotplan.MC_MAX_LOSSES``)."""
     many = (t.preempt[ix] > spotplan.MC_MAX_LOSSES) & np.array(
         [p.deadline_s is None for p in policies], dtype=bool
     )
     args = {
-        "work_s": np.ceil(t.samples[ix] / t.batch[ix]) * t.step[ix],
+        "work_s": work,
         "nodes": t.nodes[ix],
         "usd_per_hour": np.array([v.usd_per_hour for v in vs]),
         "usd_per_hour_on_demand": od,
