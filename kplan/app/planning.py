@@ -21,6 +21,7 @@ from kplan.planner.workload import (
     Workload,
     compute_speed,
     epochs_at_batch,
+    gpu_key,
     workload_from_profile,
 )
 
@@ -215,7 +216,8 @@ def check_question(
             hint=f"pin a batch of at most {n:,} samples",
         )
     inst = catalog.instances.get((profile.cloud or "", profile.instance_type or ""))
-    if inst is not None and profile.gpu.lower() != "cpu" and inst.gpu != _gpu_key(profile, catalog):
+    named = gpu_key(profile.gpu, catalog.gpus) or profile.gpu
+    if inst is not None and profile.gpu.lower() != "cpu" and inst.gpu != named:
         raise InputError(
             f"profile {profile.name!r} names GPU {profile.gpu!r} but its instance type "
             f"{inst.name} has {inst.gpu}",
@@ -225,12 +227,6 @@ def check_question(
     if options.global_batch is None and top > n:
         options = replace(options, max_global_batch=n)  # no step larger than an epoch
     return options
-
-
-def _gpu_key(profile: Profile, catalog: Catalog) -> str:
-    """The catalog's name of the profile's GPU (case and ``_``/``-`` folded)."""
-    folded = {k.lower().replace("_", "-"): k for k in catalog.gpus}
-    return folded.get(profile.gpu.lower().replace("_", "-"), profile.gpu)
 
 
 def chosen_compute_basis(plan: Plan, workload: Workload, catalog: Catalog, dm: DeviceModel) -> str:

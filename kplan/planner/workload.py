@@ -279,9 +279,13 @@ def _fold(name: str) -> str:
     return name.lower().replace("_", "-")
 
 
+def gpu_key(name: str, gpus: dict[str, GpuSpec]) -> str | None:
+    """The catalog's name of GPU ``name`` (case and ``_``/``-`` folded), or None."""
+    return {_fold(k): k for k in gpus}.get(_fold(name))
+
+
 def _lookup(name: str, gpus: dict[str, GpuSpec]) -> str:
-    folded = {k.lower().replace("_", "-"): k for k in gpus}
-    key = folded.get(name.lower().replace("_", "-"))
+    key = gpu_key(name, gpus)
     if key is None:
         raise InputError(
             f"unknown GPU {name!r} in the profile",
