@@ -132,17 +132,27 @@ def _check_types(rows: list[Measurement], path: Path) -> None:
     gpu is its GPU (a type the catalog lacks, a machine of one's own, is taken as given)."""
     if not any(m.instance_type for m in rows):
         return
-    by_name = {t: i for (_c, t), i in sorted(_catalog().instances.items(), reverse=True)}
+    by_name = _types_by_name(_catalog())
     for line, m in enumerate(rows, start=2):
         inst = by_name.get(m.instance_type or "")
         if inst is None:
             continue
         check_fits_type(path, line, m.nodes, m.workers, inst)
-        if m.gpu and m.gpu.lower() != inst.gpu.lower():
-            raise DataFileError(
-                f"{path}, line {line}: {inst.name} has {inst.gpu} GPUs, not {m.gpu}",
-                hint="leave one of the gpu and instance_type cells empty, or make them agree",
-            )
+        _check_gpu_of(path, line, inst, m.gpu)
+
+
+def _types_by_name(catalog: Any) -> dict[str, Any]:
+    """The catalog's instance types by name (a name on both clouds: the first by cloud)."""
+    return {t: i for (_c, t), i in sorted(catalog.instances.items(), reverse=True)}
+
+
+def _check_gpu_of(source: Path, line: int, inst: Any, gpu: str | None) -> None:
+    """A row's gpu cell, where given, is its instance type's GPU."""
+    if gpu and gpu.lower() != inst.gpu.lower():
+        raise DataFileError(
+            f"{source}, line {line}: {inst.name} has {inst.gpu} GPUs, not {gpu}",
+            hint="leave one of the gpu and instance_type cells empty, or make them agree",
+        )
 
 
 def _catalog() -> Any:
@@ -262,6 +272,7 @@ class _Transfer:
         self.source = source
         self._cache: dict[tuple[str, str | None], PerfParams] = {}
         self._catalog: Any = None
+        self._types: dict[str, Any] | None = None
 
     def params(self, line: int, gpu: str | None, itype: str | None) -> tuple[PerfParams, str]:
         if gpu is None and itype is None:
@@ -272,8 +283,8 @@ class _Transfer:
         cat = self._load()
         inst = None
         if itype is not None:
-            found = [i for (_c, t), i in sorted(cat.instances.items()) if t == itype]
-            if not found:
+            inst = self.instance(itype)
+            if inst is None:
                 import difflib
 
                 names = sorted({t for (_c, t) in cat.instances})
@@ -284,12 +295,7 @@ class _Transfer:
                     if close
                     else "see `kplan catalog list`",
                 )
-            inst = found[0]
-            if gpu is not None and gpu.lower() != inst.gpu.lower():
-                raise DataFileError(
-                    f"{self.source}, line {line}: {itype} has {inst.gpu} GPUs, not {gpu}",
-                    hint="leave one of the gpu and instance_type cells empty, or make them agree",
-                )
+            _check_gpu_of(self.source, line, inst, gpu)
             gpu = inst.gpu
         known = {g.lower(): g for g in cat.gpus}
         assert gpu is not None
@@ -316,8 +322,9 @@ class _Transfer:
 
     def instance(self, itype: str) -> Any:
         """The catalog's instance type of that name (None: not in the catalog)."""
-        found = [i for (_c, t), i in sorted(self._load().instances.items()) if t == itype]
-        return found[0] if found else None
+        if self._types is None:
+            self._types = _types_by_name(self._load())
+        return self._types.get(itype)
 
     def _load(self) -> Any:
         if self._catalog is None:
