@@ -25,3 +25,9 @@ _CONTROL = re.compile(
 def clean(value: object) -> str:
     """``str(value)`` without control characters (tab and newline stay) or ESC sequences."""
     return _CONTROL.sub("", str(value))
+
+
+def clipped(text: str, limit: int) -> str:
+    """``repr`` of at most ``limit`` characters of ``text``, with ``...`` where it was cut (a
+    5,000-character value echoed whole in an error line)."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")

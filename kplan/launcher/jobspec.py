@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 from kplan.core.errors import InputError
 from kplan.core.precision import check_precision
+from kplan.core.text import clipped
 from kplan.launcher.ledger import Costs
 from kplan.launcher.move_spec import MoveRegion, Moves, ZoneOffer
 from kplan.launcher.provider import Market
@@ -56,7 +57,7 @@ def place(cloud: str, region: str) -> str:
 def check_job_id(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
         raise InputError(
-            f"job id {job_id[:60]!r}{'...' if len(job_id) > 60 else ''} is not valid",
+            f"job id {clipped(job_id, 60)} is not valid",
             hint="3-41 characters: lowercase letters, digits and '-', starting with a letter",
         )
     return job_id

@@ -59,7 +59,7 @@ class StepsAgainst:
     def estimate_flag(self) -> str | None:
         """The ``kplan estimate`` flag that carries the measurement into a plan (None where
         there is none, or it is outside what a plan takes: ``compstats.measurable``)."""
-        if self.multiplier is None or not measurable(float(f"{self.multiplier:.3g}")):
+        if self.multiplier is None or not _plannable(self.multiplier):
             return None
         return f"--compression-steps {self.compression}={self.multiplier:.3g}"
 
@@ -101,6 +101,11 @@ def curve(log: MetricsLog, job: str) -> Curve:
         specs.pop() if specs else "none",
         any(r.synced is not None for r in kept),
     )
+
+
+def _plannable(multiplier: float) -> bool:
+    """The multiplier as the report prints it (3 significant digits) is one a plan takes."""
+    return measurable(float(f"{multiplier:.3g}"))
 
 
 def _spec(text: str, job: str) -> str:
@@ -187,7 +192,7 @@ def steps_against(job: str, job_c: Curve, dense: str, dense_c: Curve) -> StepsAg
             f"steps) after {got:.4g} samples, {dense} after {dense_samples:.4g}: x{mult:.3g}; "
             f"one pair of runs; {same}"
         )
-        if not measurable(float(f"{mult:.3g}")):
+        if not _plannable(got / dense_samples):  # mult, which is not None here
             note += (
                 f"; x{mult:.3g} is outside the [{MIN_MEASURED:g}, {MAX_MEASURED:g}] a plan "
                 "takes: are the two jobs the same training?"

@@ -22,14 +22,13 @@ from typing import Any
 
 from kplan.core.errors import InputError
 from kplan.core.paths import kplan_home
+from kplan.core.text import clipped
 from kplan.launcher.clock import Clock, SystemClock
 from kplan.launcher.statecheck import StateError, check_state_file, connected, open_readonly
 
 SCHEMA_VERSION = 2  # 2: ledger rows have a kind (issue 27)
 LAST_JOB = "last"  # names the most recently created job wherever a job id is taken
 _JOB_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # an id or a prefix of one
-
-
 GONE_STATES = ("terminated", "preempted")  # instance states that bill nothing more
 TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "cancelled", "error")
 JOB_STATUSES = (
@@ -405,7 +404,7 @@ class StateDB:
         no job comes back as is (``kplan down`` then looks in the journals and by tag)."""
         if not isinstance(text, str) or not _JOB_TEXT.fullmatch(text):
             raise InputError(
-                f"job id {str(text)[:80]!r}{'...' if len(str(text)) > 80 else ''} is not valid",
+                f"job id {clipped(str(text), 80)} is not valid",
                 hint="a job id (kp-...), a unique prefix of one, or `last`",
             )
         if text == LAST_JOB:
