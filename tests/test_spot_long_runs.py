@@ -4,6 +4,7 @@ events the two agree."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -67,9 +68,7 @@ def test_the_closed_form_agrees_with_the_monte_carlo_over_many_events() -> None:
 def test_the_p90_carries_the_rate_spread_between_runs() -> None:
     args = _rows(work_h=60.0, nodes=2)
     wide = spotplan.closed_form_rows(**args, checkpoint_s=10.0, overheads=Overheads())
-    flat_risk = [
-        SpotRisk("aws", "*", "*", Weibull(1.0, 1.7), 0.2, Outage(0.3, (0.1, 0.3, 0.6), 0.5), "flat")
-    ]
+    flat_risk = [replace(_risk(), rate_sigma=0.0, period_sigma=0.0, source="flat")]
     flat = spotplan.closed_form_rows(
         **{**args, "risks": flat_risk},
         checkpoint_s=10.0,
