@@ -37,6 +37,8 @@ from kplan.launcher.hardstop import LEASE_KEY, timer_sh, watchdog_sh
 from kplan.launcher.jobspec import JobSpec, NodeSpec
 from kplan.launcher.provider import TAG_JOB, TAG_MANAGED, TAG_NODE, ClusterSpec, InstanceSpec
 from kplan.launcher.storage import Storage
+from kplan.planner.spot import RecoveryPolicy
+from kplan.planner.spotnotice import NOTICE_S, POLL_S, stop_before_s
 from kplan.runtime.batch_schedule import parse as parse_schedule
 from kplan.runtime.env import kplan_environ
 
@@ -272,11 +274,35 @@ syncer=$!
 cd "$W/code"
 "$PY" {run} --local-addr="$MY_ADDR" {q(script_rel)} {user_args} < /dev/null &
 child=$!
-{_FORWARD_AND_WAIT}touch "$W/.stop-sync"; wait "$syncer"
+{notice_watch(spec, node)}{_FORWARD_AND_WAIT}touch "$W/.stop-sync"; wait "$syncer"
 push
 status "$code"
 poweroff
 """
+
+
+def notice_stop_s(spec: JobSpec) -> float:
+    """How long before a spot preemption this job's workers stop with a checkpoint
+    (kplan/planner/spotnotice.py): from the plan's step and checkpoint times where the lead
+    fits in the cloud's notice; otherwise at once, which gives the checkpoint all there is."""
+    chosen = spec.plan.chosen if spec.plan is not None else None
+    rec = chosen.spot.recovery if chosen is not None else None
+    stop = None
+    if chosen is not None:
+        ck = rec.checkpoint_s if rec is not None else RecoveryPolicy().checkpoint_s
+        stop = stop_before_s(spec.cloud, chosen.step_time_s, ck)
+    return stop if stop is not None else NOTICE_S[spec.cloud] - POLL_S
+
+
+def notice_watch(spec: JobSpec, node: NodeSpec) -> str:
+    """Bash starting a spot node's notice watch (kplan/launcher/spot_notice.py) on this
+    script (``$$``, whose SIGTERM trap stops torchrun); nothing for an on-demand node."""
+    if node.market != "spot" or spec.cloud not in NOTICE_S:
+        return ""
+    return (
+        f'"$PY" -m kplan.launcher.spot_notice --cloud {spec.cloud} --pid $$ '
+        f"--stop-before {notice_stop_s(spec):g} &\n"
+    )
 
 
 def wheel_key(spec: JobSpec) -> str | None:

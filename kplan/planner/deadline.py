@@ -107,6 +107,15 @@ def remaining_wall_s(
     return out
 
 
+def progress_in(e: Array, cycle: Array, interval: Array) -> Array:
+    """Progress in ``e`` seconds of training from a checkpoint, counting every write (a
+    checkpoint of ``cycle - interval`` seconds after each ``interval`` of progress), up to a
+    checkpoint taken at ``e`` (no lost work)."""
+    k = np.floor(e / cycle + EPS)
+    out: Array = k * interval + np.minimum(e - k * cycle, interval)
+    return out
+
+
 def slack_s(
     deadline_s: ArrayLike,
     up_s: ArrayLike,

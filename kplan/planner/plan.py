@@ -168,8 +168,10 @@ class PlanRow:
         doc = asdict(self)  # nested records become objects, tuples lists
         doc["groups"] = [asdict(g) for g in self.groups]
         doc["spot"]["recovery"] = None if self.spot.recovery is None else asdict(self.spot.recovery)
-        if doc["spot"]["recovery"] is not None and doc["spot"]["recovery"]["deadline_s"] is None:
-            del doc["spot"]["recovery"]["deadline_s"]  # no deadline: as before issue 27
+        rec = doc["spot"]["recovery"]
+        for key in ("deadline_s", "notice_stop_s"):  # unset: the plan reads as it did before
+            if rec is not None and rec[key] is None:
+                del rec[key]
         doc.pop("schedule")
         doc["batch_schedule"] = None
         if self.schedule is not None:
@@ -469,6 +471,7 @@ def _recovery(d: JsonObject) -> RecoveryPolicy:
         allow_on_demand=d.boolean("allow_on_demand", base.allow_on_demand),
         zone_failover=d.boolean("zone_failover", base.zone_failover),
         deadline_s=d.optional_number("deadline_s", 0.0, flags.MAX_SECONDS),
+        notice_stop_s=d.optional_number("notice_stop_s", 0.0, flags.MAX_SECONDS),
     )
 
 

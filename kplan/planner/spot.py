@@ -47,7 +47,7 @@ one it used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -279,11 +279,19 @@ class RecoveryPolicy:
     # Deadline-safe spot (kplan/planner/deadline.py), seconds from the job's start; None: no
     # deadline. Needs ``allow_on_demand``: the rule falls back to on demand.
     deadline_s: float | None = None
+    # The spot notice (kplan/planner/spotnotice.py): the workers stop with a checkpoint this
+    # long before a preemption, so a loss keeps the progress made until then. None: no notice
+    # is counted on (a loss falls back to the last periodic checkpoint). Not in the repr, which
+    # keys a Monte-Carlo row's random stream (spotdraws.row_keys): a row draws the same
+    # numbers with the notice and without it, so the two compare run by run.
+    notice_stop_s: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("restart_s", "provisioning_s", "checkpoint_s", "capacity_wait_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.notice_stop_s is not None and not self.notice_stop_s >= 0:
+            raise ValueError("notice_stop_s must be >= 0")
         if not self.checkpoint_interval_s > 0 or self.max_replacements < 0:
             raise ValueError("checkpoint_interval_s must be > 0 and max_replacements >= 0")
         if self.deadline_s is not None and not (self.deadline_s > 0 and self.allow_on_demand):

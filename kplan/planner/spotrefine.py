@@ -15,6 +15,7 @@ from kplan.planner.candidates import Candidate, capacity_wait
 from kplan.planner.nanstat import nan_median
 from kplan.planner.searchopts import SearchOptions
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
+from kplan.planner.spotnotice import stop_before_s
 from kplan.planner.table import Table
 
 Array = NDArray[np.float64]
@@ -29,6 +30,7 @@ class SpotView:
     on_demand_usd_per_hour: float | None
     billing_min_s: float
     billing_increment_s: float
+    cloud: str = ""  # whose spot notice the nodes get (spotnotice.py)
 
 
 def spot_view(
@@ -49,6 +51,7 @@ def spot_view(
             c.on_demand_usd_per_hour,
             c.billing_min_s,
             c.billing_increment_s,
+            c.offer.cloud,
         )
     mix = t.mixes[-1 - int(t.cand[i])]
     members = [by_key.get((g.instance_type, g.market, g.zone)) for g in mix.groups]
@@ -67,6 +70,7 @@ def spot_view(
         else sum((x or 0.0) * g.nodes for x, g in zip(od, mix.groups, strict=True)) / nodes,
         worst.billing_min_s,
         worst.billing_increment_s,
+        worst.offer.cloud,
     )
 
 
@@ -97,6 +101,7 @@ def refine_spot_rows(
             allow_on_demand=(opts.allow_on_demand or deadline_s is not None)
             and views[i].on_demand_usd_per_hour is not None,
             deadline_s=deadline_s if views[i].on_demand_usd_per_hour is not None else None,
+            notice_stop_s=stop_before_s(views[i].cloud, float(t.step[i]), checkpoint_s),
         )
         for i in todo
     ]

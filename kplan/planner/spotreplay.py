@@ -432,7 +432,10 @@ class _Replayer:
         p, slots = self.p, self.slots
         if d >= t_res:
             k = math.floor((d - t_res) / (p.checkpoint_interval_s + p.checkpoint_s) + EPS)
-            self.committed = min(self.committed + k * p.checkpoint_interval_s, self.work_s)
+            ahead = min(self.committed + k * p.checkpoint_interval_s, self.work_s)
+            if p.notice_stop_s is not None:  # the notice's checkpoint (spotnotice.py)
+                ahead = max(ahead, self.progress_at(d - p.notice_stop_s, t_res))
+            self.committed = ahead
         window = d + self.loss_window_s
         gone = [r for r in spot if slots[r].launch <= d and slots[r].death <= window]
         self.losses += 1

@@ -20,7 +20,9 @@ from it), made exact here:
   of intervals: undisturbed, ``W + checkpoint_s * floor(W / interval)``, the closed form of
   ``costs.py``. A checkpoint counts once written.
 - **Loss event**: a clock fires on a slot holding a spot node; each other spot node launched
-  goes too with probability ``co_loss``. Progress falls back to the last checkpoint. A loss
+  goes too with probability ``co_loss``. Progress falls back to the last checkpoint: the last
+  periodic one, or with ``notice_stop_s`` the notice's, taken that long before the loss
+  (``kplan/planner/spotnotice.py``), whichever holds more. A loss
   during a restart or a wait is an event too (no progress to lose). More than
   ``max_replacements`` lost nodes in all: the run fails at that loss.
 - **Capacity**: after a loss event, with probability ``outage.prob`` the zone has none; with
@@ -209,6 +211,7 @@ class _Lanes:
         self.any_co = bool(np.any(by_cfg["co"] > 0))
         # without a deadline the rule always allows spot (deadline.spot_ok): not evaluated
         self.any_dl = bool(np.isfinite(by_cfg["deadline"]).any())
+        self.any_notice = bool(np.isfinite(by_cfg["notice"]).any())
         self.cf = np.repeat(np.arange(c_n), runs)  # configuration of each lane
         # per-lane copies of the parameters, compacted with the state (no gather per event)
         self.P = {key: x[self.cf] for key, x in by_cfg.items()}
@@ -305,9 +308,7 @@ class _Lanes:
         """Capacity returns: checkpoint, relaunch the on-demand slots on spot."""
         P, n_l = self.P, self.orig.size
         e = np.maximum(t_sw[sr] - self.t_res[sr], 0.0)
-        cyc, ivl = P["cycle"][sr], P["interval"][sr]
-        k = np.floor(e / cyc + EPS)
-        prog = k * ivl + np.minimum(e - k * cyc, ivl)
+        prog = deadline.progress_in(e, P["cycle"][sr], P["interval"][sr])
         done = np.minimum(self.committed[sr] + prog, self.work[sr])
         up = np.maximum(self.t_res[sr], t_sw[sr] + P["restart"][sr])
         ok = self.spot_ok(sr, up, self.work[sr] - done)
@@ -337,6 +338,11 @@ class _Lanes:
         k = np.floor(e / P["cycle"] + EPS)
         train = ls & (d >= self.t_res)
         ahead = np.minimum(self.committed + k * P["interval"], self.work)
+        if self.any_notice:  # the notice's checkpoint: the progress made until the stop
+            with np.errstate(invalid="ignore"):  # lanes with no loss now: d is INF
+                stop = np.maximum(d - P["notice"] - self.t_res, 0.0)
+                at_stop = self.committed + deadline.progress_in(stop, P["cycle"], P["interval"])
+            ahead = np.fmax(ahead, np.minimum(at_stop, self.work))
         self.committed = np.where(train, ahead, self.committed)
         spot_up = (self.launch_spot <= d[:, None]) & ls[:, None]  # launched spot slots
         gone = spot_up & (self.death <= d[:, None])

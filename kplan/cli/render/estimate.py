@@ -339,8 +339,13 @@ def _spot_line(r: PlanRow) -> str:
             f"waits while the slack allows, else on demand; deadline-safe: on demand once the "
             f"slack no longer covers a preemption, so it ends by {rec.deadline_s / 3600:g} h"
         )
+    notice = (
+        f" and {rec.notice_stop_s:.0f} s before a preemption on the cloud's notice"
+        if rec.notice_stop_s is not None
+        else ""
+    )
     return (
-        f"spot: {s.basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min, "
+        f"spot: {s.basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min{notice}, "
         f"up to {rec.max_replacements} lost nodes replaced, with no capacity it {fallback}; "
         f"{s.fail_prob:.1%} of simulated runs fail; same cluster on demand: "
         + (
