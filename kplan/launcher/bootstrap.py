@@ -284,7 +284,8 @@ poweroff
 def notice_stop_s(spec: JobSpec) -> float:
     """How long before a spot preemption this job's workers stop with a checkpoint
     (kplan/planner/spotnotice.py): from the plan's step and checkpoint times where the lead
-    fits in the cloud's notice; otherwise at once, which gives the checkpoint all there is."""
+    fits in the cloud's notice; otherwise at once (the whole notice less the watch's poll),
+    which gives the checkpoint all there is."""
     chosen = spec.plan.chosen if spec.plan is not None else None
     rec = chosen.spot.recovery if chosen is not None else None
     stop = None

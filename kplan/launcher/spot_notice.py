@@ -71,14 +71,15 @@ def aws_notice(base: str, now: float) -> float | None:
 
 
 def gcp_notice(base: str, now: float) -> float | None:
-    """When GCP will take the instance (the flag's 30 s from now), or None before it."""
+    """When GCP will take the instance at the earliest (30 s after the flag, which this read
+    may see a poll late), or None before it."""
     req = urllib.request.Request(
         f"{base}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
     )
     code, body = _read(req)
     if code != 200:
         raise OSError(f"preempted: HTTP {code}")
-    return now + NOTICE_S["gcp"] if body.strip().upper() == "TRUE" else None
+    return now + NOTICE_S["gcp"] - POLL_S if body.strip().upper() == "TRUE" else None
 
 
 NOTICES: dict[str, Callable[[str, float], float | None]] = {"aws": aws_notice, "gcp": gcp_notice}

@@ -11,9 +11,10 @@ uploads it (``kplan/launcher/bootstrap.py``). A preemption then loses the progre
 The **lead** a node needs: one poll of the metadata, two steps (the one in flight, and one for
 a slow straggler), two checkpoint times (the write, and the upload to the bucket, priced at
 the planner's checkpoint bandwidth, ``costs.checkpoint_seconds``) and a margin. Where the lead
-does not fit in the notice (a long step, a large checkpoint, GCP's 30 s) the notice is not
-counted on: the models keep the periodic checkpoints' loss. On AWS the stop is as late as the
-lead allows (the notice names the time); on GCP it is at once.
+does not fit in the notice less a poll (a long step, a large checkpoint, GCP's 30 s) the notice
+is not counted on: the models keep the periodic checkpoints' loss. On AWS the stop is as late as
+the lead allows (the notice names the time); on GCP it is at once (the models count the
+progress to the notice itself, the earliest the watch can see it).
 
 The notice is the clouds' best effort (AWS: "in rare cases" a notice may not come), so the
 deadline rule's reserve keeps its whole checkpoint interval of lost work
@@ -39,6 +40,8 @@ def stop_before_s(cloud: str, step_s: float, checkpoint_s: float) -> float | Non
     if notice is None or not (step_s >= 0 and checkpoint_s >= 0):
         return None
     lead = lead_s(step_s, checkpoint_s)
-    if lead > notice - POLL_S:
+    if lead > notice - POLL_S:  # the watch may see the notice a poll late
         return None
-    return lead if cloud == "aws" else notice - POLL_S
+    # AWS names the time: stop as late as the lead allows. GCP names none: the watch stops at
+    # once, at most a poll after the notice, so the progress is counted to the notice itself.
+    return lead if cloud == "aws" else notice
