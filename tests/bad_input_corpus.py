@@ -1304,6 +1304,17 @@ def _fuzz2_cases() -> list[Case]:
              "--example would be unused"),
         Case("out-is-input-profile-measurements", ("profile", "{d}/train.py", *sizes, "-o",
              "{d}/x.json", "--measurements", "{d}/x.json"), 2, "is also the --out", files=s),
+        # a step of 1e-12 s (a unit slip) fitted a model and printed a 700% error
+        Case("model-fit-step-below-kernel", ("model", "fit", "-m", "{d}/m.csv", "-o",
+             "{d}/o.json"), 2, "is less than 1e-06",
+             files={"m.csv": "nodes,workers,local_batch,step_time\n1,1,8,1e-12\n1,1,16,2e-12\n"}),
+        Case("profile-step-below-kernel", ("estimate", "-p", "{d}/p.json"), 2,
+             "shorter than a kernel",
+             files={"p.json": Mut("profile", ("measurements", 0, "step_time"), 1e-9)}),
+        # a region and one of its own zones were replayed as two pools (the same nodes twice)
+        Case("simulate-pool-zone-of-region", ("simulate", "--plan", "{d}/p.json", "--trace",
+             "us-east-2={d}/t.csv", "--trace", "use2-az1={d}/t.csv"), 2,
+             "is a zone of pool 'us-east-2'", files={"p.json": SPOT_PLAN, "t.csv": TRACE}),
     ]
     # fmt: on
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from kplan.app.simulating_pools import split_spec
 from kplan.cli.main import app
+from kplan.core.errors import InputError
 
 runner = CliRunner()
 EGRESS_US_EAST_1 = 0.02  # $/GB to another AWS region (storage_prices.csv)
@@ -111,6 +113,9 @@ def test_the_table_shows_the_moves_the_egress_and_staying(tmp_path: Path) -> Non
         (("us-east-1={z}", "us-east-2={b}"), "is of zone us-west-2a"),
         (("us-east-1={a}", "{b}"), "has no pool name"),
         (("us-east-1={a}", "us-east-1={b}"), "named twice"),
+        # a region and one of its own zones: the region's trace holds the zone's nodes
+        (("us-east-1={a}", "use1-az2={b}"), "is a zone of pool 'us-east-1'"),
+        (("use1-az2={a}", "us-east-1={b}"), "is a zone of pool 'us-east-1'"),
     ],
 )
 def test_bad_pools_are_one_line_with_a_hint_and_exit_2(
@@ -170,3 +175,20 @@ def test_the_plan_states_a_moves_price_and_simulate_copies_the_plans_checkpoint(
     assert m["prices"][0]["egress_usd"] == pytest.approx(x["move_usd"])
     assert m["prices"][0]["copy_s"] == pytest.approx(x["move_copy_s"])
     assert m["egress_usd_mean"] == pytest.approx(m["moves_mean"] * x["move_usd"])
+
+
+def test_a_trace_file_with_an_equals_sign_in_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--trace a=b.csv``: the file of that name when only it exists, pool ``a`` of ``b.csv``
+    when only that exists, and a one-line refusal when both do (it read as the pool)."""
+    monkeypatch.chdir(tmp_path)
+    assert split_spec("us-east-1=b.csv") == ("us-east-1", Path("b.csv"))
+    _always(tmp_path / "us-east-1=b.csv")
+    assert split_spec("us-east-1=b.csv") == (None, Path("us-east-1=b.csv"))
+    _always(tmp_path / "b.csv")
+    with pytest.raises(InputError, match="is both the file") as err:
+        split_spec("us-east-1=b.csv")
+    assert "./us-east-1=b.csv" in err.value.hint
+    assert split_spec("./us-east-1=b.csv") == (None, Path("./us-east-1=b.csv"))
+    assert split_spec("us-east-1=./b.csv") == ("us-east-1", Path("./b.csv"))

@@ -22,6 +22,7 @@ from kplan.planner.profile import (
     MAX_NODES,
     MAX_SECONDS,
     MAX_WORKERS,
+    MIN_STEP_S,
     Measurement,
 )
 
@@ -42,7 +43,15 @@ def read_measurements(path: Path) -> list[Measurement]:
                     nodes=_count(r, "nodes", path, line, MAX_NODES),
                     workers=_count(r, "workers", path, line, MAX_WORKERS),
                     local_batch=_count(r, "local_batch", path, line, MAX_BATCH),
-                    step_time=cell_number(r, "step_time", path, line, upper=MAX_SECONDS),
+                    step_time=cell_number(
+                        r,
+                        "step_time",
+                        path,
+                        line,
+                        upper=MAX_SECONDS,
+                        lower=MIN_STEP_S,
+                        lower_hint="step times are in seconds, e.g. 0.25",
+                    ),
                     sync_time=cell_number(
                         r, "sync_time", path, line, positive=False, upper=MAX_SECONDS
                     )

@@ -39,11 +39,19 @@ POOL_HINT = "name each pool by a region or zone of the plan's cloud, e.g. --trac
 
 
 def split_spec(spec: str) -> tuple[str | None, Path]:
-    """``NAME=FILE`` -> (NAME, FILE); a plain path -> (None, path)."""
+    """``NAME=FILE`` -> (NAME, FILE); a plain path -> (None, path). A file whose own name has
+    an ``=`` is that file unless ``FILE`` exists too: then the spec means two things."""
     name, sep, rest = spec.partition("=")
-    if sep and name and "/" not in name and rest:
-        return name, Path(rest)
-    return None, Path(spec)
+    if not (sep and name and "/" not in name and rest):
+        return None, Path(spec)
+    if Path(spec).is_file():
+        if Path(rest).exists():
+            raise InputError(
+                f"--trace {spec!r} is both the file {spec!r} and pool {name!r} of file {rest!r}",
+                hint=f"write ./{spec} for the file, or {name}=./{rest} for the pool",
+            )
+        return None, Path(spec)
+    return name, Path(rest)
 
 
 def _offers(catalog: Catalog, r: PlanRow, name: str) -> list[Any]:
@@ -110,7 +118,21 @@ def build_pools(
             spot = _pool_usd(offers, r, "spot", name)
             od = _pool_usd(offers, r, "on-demand", name)
         pools.append(Pool(name, region, trace, spot, od))
+    _check_nested(pools)
     return pools
+
+
+def _check_nested(pools: list[Pool]) -> None:
+    """A region's pool holds its zones' capacity: a zone of it as another pool would count the
+    same nodes twice (and moving between them would be no move)."""
+    regions = {p.name for p in pools if p.name == p.region}
+    for p in pools:
+        if p.name != p.region and p.region in regions:
+            raise InputError(
+                f"pool {p.name!r} is a zone of pool {p.region!r}: the region's trace already "
+                "holds its zones",
+                hint="replay either the region or its zones, each zone as its own pool",
+            )
 
 
 def _check_zones(name: str, trace: SpotTrace, zones_of_name: set[str]) -> None:

@@ -333,8 +333,10 @@ def cell_number(
     integer: bool = False,
     positive: bool = True,
     upper: float = MAX_JSON_NUMBER,
+    lower: float = 0.0,
+    lower_hint: str = "fix the row",
 ) -> float:
-    """A numeric cell: finite, > 0 (or >= 0), at most ``upper``, an integer if asked."""
+    """A numeric cell: finite, > 0 (or >= 0), in [``lower``, ``upper``], an integer if asked."""
     text = row.get(col, "")
     try:
         value = float(text) if len(text) <= 64 else math.nan
@@ -351,6 +353,10 @@ def cell_number(
     if value > upper:
         raise DataFileError(
             f"{path}, line {line}: {col}={text[:40]!r} is more than {upper:g}", hint="fix the row"
+        )
+    if value < lower:
+        raise DataFileError(
+            f"{path}, line {line}: {col}={text[:40]!r} is less than {lower:g}", hint=lower_hint
         )
     if integer and value != int(value):
         raise DataFileError(
