@@ -21,6 +21,7 @@ from kplan.planner.choose import choose
 from kplan.planner.frontier import front_mask, pareto_front
 from kplan.planner.pricing import price_candidates, type_grid
 from kplan.planner.searchopts import SearchOptions
+from kplan.planner.spotnotice import notice_stops
 from kplan.planner.table import Table, within
 from kplan.planner.workload import Workload
 from tests.planner_fixtures import catalog, device_model, workload
@@ -52,6 +53,7 @@ def _unpruned(cands: list[Candidate], wl: Workload, opts: SearchOptions, ck: flo
             overheads=opts.overheads,
             co_loss=c.risk.co_loss if c.risk is not None else 0.0,
             outage_wait_s=wait,
+            notice_stop_s=notice_stops(c.offer.cloud, tg.step, ck),  # the spot notice's stop
         )
         parts = {
             "cand": np.full(tg.nodes.size, i, dtype=np.int64),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kplan.app import planning
-from kplan.planner import spotplan
+from kplan.planner import costs, spotplan
 from kplan.planner.costs import Overheads
 from kplan.planner.search import SearchOptions
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
@@ -87,3 +87,47 @@ def test_a_long_job_is_priced_in_closed_form_and_a_short_one_by_monte_carlo() ->
     short = planning.estimate(profile, SearchOptions()).plan
     shown = [r for r in short.plans if r.market == "spot"]
     assert shown and all(r.spot.basis.startswith("Monte-Carlo, ") for r in shown)
+
+
+def test_the_closed_form_counts_the_notices_checkpoint_as_the_monte_carlo_does() -> None:
+    """A row across MC_MAX_LOSSES keeps its price: with the spot notice's checkpoint 60 s
+    before each loss both engines save the same share of the time and cost."""
+    args = _rows(work_h=60.0, nodes=2)
+    # the planner's rows checkpoint at the closed form's own (Young's) interval
+    tau = costs.time_and_cost(
+        train_seconds=60 * 3600.0,
+        instances=2,
+        usd_per_hour=1.0,
+        preempt_per_hour=_risk().rate_per_hour,
+        log_sigma=0.0,
+        checkpoint_s=10.0,
+        co_loss=_risk().co_loss,
+    ).checkpoint_interval_s
+    pol = replace(args["policies"][0], checkpoint_interval_s=float(tau))
+    args = {**args, "policies": [pol]}
+    notice = {**args, "policies": [replace(pol, notice_stop_s=60.0)]}
+    kw: dict[str, Any] = {"checkpoint_s": 10.0, "overheads": Overheads()}
+    (closed,), (closed_n,) = (spotplan.closed_form_rows(**a, **kw) for a in (args, notice))
+    (sim,), (sim_n,) = (spotplan.simulate_rows(**a, runs=400, seed=1) for a in (args, notice))
+    assert closed_n.hours < closed.hours and sim_n.hours < sim.hours
+    for a, b in [(closed_n.hours, sim_n.hours), (closed_n.cost_usd, sim_n.cost_usd)]:
+        assert a == pytest.approx(b, rel=0.12)
+    # the same run-by-run streams: the Monte-Carlo's saving is exact to its own noise
+    assert closed_n.hours / closed.hours == pytest.approx(sim_n.hours / sim.hours, abs=0.02)
+    assert closed_n.cost_usd / closed.cost_usd == pytest.approx(
+        sim_n.cost_usd / sim.cost_usd, abs=0.02
+    )
+
+
+def test_the_expected_loss_of_progress_with_and_without_the_notice() -> None:
+    from kplan.planner.costs import expected_lost_s
+
+    assert expected_lost_s(600.0) == pytest.approx(300.0)
+    assert expected_lost_s(600.0, np.inf) == pytest.approx(300.0)
+    # min(u, 60) for u uniform on [0, 600]: 60 - 3600 / 1200
+    assert expected_lost_s(600.0, 60.0) == pytest.approx(57.0)
+    assert expected_lost_s(600.0, 900.0) == pytest.approx(300.0)  # a stop before the checkpoint
+    u = np.random.default_rng(0).uniform(0.0, 600.0, 200_000)
+    assert float(expected_lost_s(600.0, 150.0)) == pytest.approx(
+        np.minimum(u, 150.0).mean(), rel=0.01
+    )

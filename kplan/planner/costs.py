@@ -4,19 +4,22 @@ For a job of ``W0 = steps * T_step`` seconds of training on ``n`` instances:
 
     tau       checkpoint interval: 30 min on demand; on spot Young's optimum
               sqrt(2 C / L) with L = sum of the instances' preemption rates, in [1 min, 1 h]
-    W         = W0 (1 + C / tau) / (1 - L (R + tau / 2))
-              each preemption costs the restart R plus, on average, half an interval of work
+    W         = W0 (1 + C / tau) / (1 - L (R + lost))
+              each preemption costs the restart R plus, on average, ``lost`` of progress:
+              half an interval, or with the notice's checkpoint ``s`` before the loss
+              ``s - s^2 / (2 tau)`` where ``s < tau`` (``expected_lost_s``)
     N         = L W expected preemptions (Poisson)
     hours     = (W + provisioning) / 3600
     cost      = sum over instances of price * billed(W + provisioning) + N * price * boot
 
 The p90 combines the step-time model's log-normal error (``log_sigma``) with the Poisson p90 of
 the preemption count. A configuration whose expected loss rate leaves less than 20% useful
-progress (``1 - L (R + tau/2) < 0.2``) is infeasible: it would mostly restart.
+progress (``1 - L (R + lost) < 0.2``) is infeasible: it would mostly restart.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,8 +76,13 @@ def time_and_cost(
     overheads: Overheads | None = None,
     co_loss: ArrayLike = 0.0,
     outage_wait_s: ArrayLike = 0.0,
+    notice_stop_s: ArrayLike | None = None,
 ) -> TimeCost:
     """Expected and p90 time and cost for each configuration (all inputs broadcast).
+
+    ``notice_stop_s``: where finite, a loss keeps the progress made until that long before it
+    (the checkpoint a node takes on the cloud's notice, kplan/planner/spotnotice.py), so it
+    loses ``expected_lost_s`` instead of half an interval; None or inf: no notice counted on.
 
     ``usd_per_hour`` and ``preempt_per_hour`` are per instance; ``instances`` is the count.
     ``co_loss`` and ``outage_wait_s`` (expected capacity wait per loss event) come from the
@@ -98,6 +106,7 @@ def time_and_cost(
         o,
         wait_s=np.asarray(outage_wait_s, dtype=float),
         idle_price=price * per_event,
+        notice_stop_s=math.inf if notice_stop_s is None else notice_stop_s,
     )
 
 
@@ -112,6 +121,7 @@ def _time_and_cost(
     o: Overheads,
     wait_s: ArrayLike = 0.0,
     idle_price: ArrayLike = 0.0,
+    notice_stop_s: ArrayLike = math.inf,
 ) -> TimeCost:
     # loss events per second, whole cluster (rates below 1e-9/h are no risk at all)
     lam = np.where(rate_total < 1e-9, 0.0, rate_total) / 3600.0
@@ -120,7 +130,7 @@ def _time_and_cost(
         tau_spot = np.clip(np.sqrt(2.0 * c / np.where(lam > 0, lam, np.nan)), 60.0, 3600.0)
     tau = np.where(lam > 0, tau_spot, o.on_demand_interval_s)
     wait = np.asarray(wait_s, dtype=float)
-    loss = o.restart_s + tau / 2.0 + wait
+    loss = o.restart_s + expected_lost_s(tau, notice_stop_s) + wait
     useful = 1.0 - lam * loss
     feasible = useful >= o.min_useful_fraction
     useful = np.where(feasible, useful, np.nan)
@@ -147,6 +157,17 @@ def _time_and_cost(
         preemptions=preemptions,
         checkpoint_interval_s=tau,
     )
+
+
+def expected_lost_s(interval_s: ArrayLike, notice_stop_s: ArrayLike = math.inf) -> Array:
+    """Progress a loss costs on average, the loss uniform over a checkpoint interval ``tau``:
+    ``tau / 2``; with the notice's checkpoint ``s`` before the loss, ``min(u, s)`` for ``u``
+    uniform on ``[0, tau]``: ``s - s^2 / (2 tau)`` where ``s < tau``."""
+    tau = np.asarray(interval_s, dtype=float)
+    stop = np.asarray(notice_stop_s, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: Array = np.where(stop < tau, stop - stop * stop / (2.0 * tau), tau / 2.0)
+    return out
 
 
 def billed_seconds(seconds: Array, minimum: ArrayLike, increment: ArrayLike) -> Array:

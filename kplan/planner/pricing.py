@@ -16,6 +16,7 @@ from kplan.planner import compression, costs, efficiency, extra_costs, fit, perf
 from kplan.planner.candidates import Candidate, capacity_wait
 from kplan.planner.frontier import front_mask
 from kplan.planner.searchopts import SearchOptions
+from kplan.planner.spotnotice import notice_stops
 from kplan.planner.table import Table
 from kplan.planner.workload import Workload
 
@@ -372,6 +373,8 @@ def _closed_form(
         overheads=opts.overheads,
         co_loss=column(list(co)),
         outage_wait_s=column(list(waits)),
+        # the notice's checkpoint (spotnotice.py): the members share the type grid's cloud
+        notice_stop_s=notice_stops(first.offer.cloud, tg.step, checkpoint_s)[None, :],
     )
     # the region's disks, storage and egress (extra_costs.py): in the budget and the frontier
     per_hour = np.stack([c.extras.per_hour(tg.nodes) for c in members])

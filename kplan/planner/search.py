@@ -145,6 +145,8 @@ def _with_schedule(
         co_loss = c.risk.co_loss
         wait = spotplan.expected_wait_s(c.risk, opts.allow_on_demand, capacity_wait(c.risk, opts))
 
+    notice = r.spot.recovery.notice_stop_s if r.spot.recovery is not None else None
+
     def price(train_s: float, log_sigma: float) -> batchsched.Priced:
         tc = costs.time_and_cost(
             train_seconds=train_s,
@@ -158,6 +160,7 @@ def _with_schedule(
             overheads=opts.overheads,
             co_loss=co_loss,
             outage_wait_s=wait,
+            notice_stop_s=notice,
         )
         tc = extra_costs.add_to(tc, c.extras.per_hour(r.nodes), c.extras.egress_usd)
         return float(tc.hours), float(tc.cost_usd), float(tc.hours_p90), float(tc.cost_p90_usd)

@@ -23,6 +23,11 @@ deadline rule's reserve keeps its whole checkpoint interval of lost work
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
 NOTICE_S = {"aws": 120.0, "gcp": 30.0}  # the clouds' documented warnings
 POLL_S = 5.0  # the node's watcher reads the metadata this often
 MARGIN_S = 10.0  # the signal, torchrun's forwarding, a slow write
@@ -30,18 +35,34 @@ MARGIN_S = 10.0  # the signal, torchrun's forwarding, a slow write
 
 def lead_s(step_s: float, checkpoint_s: float) -> float:
     """Seconds a node needs from the notice's stop to a checkpoint in the bucket."""
-    return POLL_S + 2.0 * step_s + 2.0 * checkpoint_s + MARGIN_S
+    return float(_lead(np.asarray(step_s, dtype=float), checkpoint_s))
+
+
+def _lead(step_s: NDArray[np.float64], checkpoint_s: float) -> NDArray[np.float64]:
+    out: NDArray[np.float64] = POLL_S + 2.0 * step_s + 2.0 * checkpoint_s + MARGIN_S
+    return out
 
 
 def stop_before_s(cloud: str, step_s: float, checkpoint_s: float) -> float | None:
     """How long before a preemption the workers stop with a checkpoint, or None where the
     notice is too short for the lead (or the cloud gives none: the local provider)."""
+    if not (step_s >= 0 and checkpoint_s >= 0):
+        return None
+    stop = float(notice_stops(cloud, np.array([step_s], dtype=float), checkpoint_s)[0])
+    return stop if math.isfinite(stop) else None
+
+
+def notice_stops(
+    cloud: str, step_s: NDArray[np.float64], checkpoint_s: float
+) -> NDArray[np.float64]:
+    """``stop_before_s`` for every step time of ``step_s``, inf where it is None (the closed
+    form's input, ``costs.time_and_cost``)."""
     notice = NOTICE_S.get(cloud)
-    if notice is None or not (step_s >= 0 and checkpoint_s >= 0):
-        return None
-    lead = lead_s(step_s, checkpoint_s)
-    if lead > notice - POLL_S:  # the watch may see the notice a poll late
-        return None
+    if notice is None:
+        return np.full(np.shape(step_s), np.inf)
+    lead = _lead(np.asarray(step_s, dtype=float), checkpoint_s)
     # AWS names the time: stop as late as the lead allows. GCP names none: the watch stops at
     # once, at most a poll after the notice, so the progress is counted to the notice itself.
-    return lead if cloud == "aws" else notice
+    stop = lead if cloud == "aws" else np.full(np.shape(lead), notice)
+    out: NDArray[np.float64] = np.where(lead <= notice - POLL_S, stop, np.inf)  # a poll late
+    return out

@@ -243,8 +243,10 @@ def closed_form_rows(
             overheads=overheads,
             co_loss=co,
             outage_wait_s=wait,
+            notice_stop_s=notice,
         )
 
+    notice = np.array([math.inf if p.notice_stop_s is None else p.notice_stop_s for p in policies])
     tc, busy = (
         at(np.ones_like(rate), log_sigma),
         at(np.exp(costs.Z90 * spread), np.zeros_like(rate)),
