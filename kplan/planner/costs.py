@@ -186,6 +186,7 @@ def mixed_time_and_cost(
     log_sigma: ArrayLike,
     checkpoint_s: float,
     overheads: Overheads | None = None,
+    notice_stop_s: ArrayLike = math.inf,
 ) -> TimeCost:
     """Like ``time_and_cost`` for a cluster given by its summed price and preemption rate."""
     o = overheads or Overheads()
@@ -198,4 +199,5 @@ def mixed_time_and_cost(
         60.0,
         1.0,
         o,
+        notice_stop_s=notice_stop_s,
     )

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from kplan.planner import costs, efficiency, extra_costs, perfmodel
 from kplan.planner.plan import Group
+from kplan.planner.spotnotice import notice_stops
 
 if TYPE_CHECKING:
     from kplan.planner.candidates import Candidate
@@ -235,6 +236,7 @@ def _price_pair(
         log_sigma=sigma,
         checkpoint_s=checkpoint_s,
         overheads=opts.overheads,
+        notice_stop_s=notice_stops(c1.offer.cloud, step, checkpoint_s),  # one cloud
     )
     # both types are in one region: the same disk, storage and egress prices
     tc = extra_costs.add_to(tc, c1.extras.per_hour(nodes), c1.extras.egress_usd)
