@@ -25,7 +25,9 @@ from kplan.launcher.bootstrap import (
     rendezvous,
     ship_wheel,
 )
+from kplan.launcher.dryrun import dry_run
 from kplan.launcher.jobspec import JobSpec, NodeSpec
+from kplan.launcher.ledger import LocalBilling
 from kplan.launcher.packing import pack_code
 from kplan.launcher.spot_notice import watch
 from kplan.launcher.storage import LocalStorage
@@ -269,3 +271,11 @@ def test_a_spot_plan_carries_its_stop_and_an_older_plan_reads_none() -> None:
     del doc["chosen"]["spot"]["recovery"]["notice_stop_s"]  # a plan of the previous release
     old = Plan.from_dict(doc, "old")
     assert old.chosen.spot.recovery is not None and old.chosen.spot.recovery.notice_stop_s is None
+
+
+def test_the_dry_run_says_when_the_spot_workers_stop(tmp_path: Path) -> None:
+    spot = dry_run(_spec(tmp_path, "aws"), "s3://b/p", LocalBilling())
+    assert spot.notice_stop_s == NOTICE_S["aws"] - POLL_S  # no plan: at once
+    assert spot.to_dict()["notice_stop_s"] == spot.notice_stop_s
+    on_demand = dry_run(_spec(tmp_path, "gcp", ("on-demand",)), "gs://b/p", LocalBilling())
+    assert on_demand.notice_stop_s is None and on_demand.to_dict()["notice_stop_s"] is None

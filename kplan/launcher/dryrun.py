@@ -27,6 +27,8 @@ from kplan.launcher.bootstrap import (
     instance_name,
     instance_spec,
     job_key,
+    notice_stop_s,
+    notice_watch,
     rendezvous,
     wheel_upload,
 )
@@ -192,6 +194,9 @@ class DryRun:
     outlives_s: float = 0.0  # how long a node runs on after the last renewal it saw, at most
     controller: ControllerCost | None = None  # a detached job's controller (None: foreground)
     moves: tuple[MovePrice, ...] = ()  # the regions it may move to (--move-region)
+    # the spot nodes' notice watch (kplan/launcher/spot_notice.py): the workers stop with a
+    # checkpoint this long before a preemption; None: no spot node on a cloud
+    notice_stop_s: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The ``--json`` document (the code lists every file, and the secrets left out)."""
@@ -216,6 +221,7 @@ class DryRun:
             },
             "controller": None if self.controller is None else asdict(self.controller),
             "moves": [asdict(m) for m in self.moves],
+            "notice_stop_s": self.notice_stop_s,
         }
 
 
@@ -296,4 +302,7 @@ def dry_run(
         outlives_s=outlives_s(spec),
         controller=None if site is None else controller_cost(spec, site),
         moves=move_prices(spec),
+        notice_stop_s=notice_stop_s(spec)
+        if any(notice_watch(spec, n) for n in spec.nodes)
+        else None,
     )

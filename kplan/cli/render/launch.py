@@ -72,6 +72,12 @@ def render_dry_run(run: DryRun) -> None:
         + f"; guard: {safe(run.guard)}"
     )
     _hard_stop_line(console, run)
+    if run.notice_stop_s is not None:
+        console.print(
+            f"spot notice: each spot node watches for the cloud's interruption notice; its "
+            f"workers stop with a checkpoint {run.notice_stop_s:.0f} s before the preemption",
+            highlight=False,
+        )
     _controller_line(console, run)
     _move_lines(console, run)
     for note in run.price_notes:
