@@ -31,7 +31,7 @@ def _plan_rows(out: str) -> list[list[str]]:
     for ln in lines[start:]:
         if ln.startswith("order:"):
             break
-        if re.match(r"^\s*\d+\s{2}", ln):
+        if re.match(r"^\s{0,2}\d+\s+\S", ln):  # the row number, right-aligned in its column
             rows.append([ln])
         elif rows:
             rows[-1].append(ln)
@@ -60,6 +60,20 @@ def test_fits_80_columns_and_no_row_wraps(args: list[str]) -> None:
         assert f"{plan['cloud']} {plan['region']}" in "\n".join(row)
     order = [ln for ln in out.splitlines() if ln.startswith("order: ")]
     assert len(order) == 1 and order[0].rstrip() == f"order: {doc['order']}"  # one line
+
+
+def test_wide_into_a_pipe_prints_every_cell_whole() -> None:
+    """--wide has 15 columns: into a pipe (no terminal) each table is printed at its own
+    width, where rich cut every cell to 80 columns ("$1…")."""
+    out = _run(["estimate", "--example", "yolov3", "--wide"])
+    doc = json.loads(_run(["estimate", "--example", "yolov3", "--wide", "--json"]))
+    rows = _plan_rows(out)
+    assert len(rows) == len(doc["plans"]) and "…" not in "\n".join(ln for row in rows for ln in row)
+    for row, plan in zip(rows, doc["plans"], strict=True):
+        assert fmt.money(plan["usd_per_hour"]) in row[0]
+    # without --wide the table still fits 80 columns, whole (the one-space gap)
+    plain = _run(["estimate", "--example", "imagenet-resnet50"])
+    assert "…" not in "\n".join(ln for row in _plan_rows(plain) for ln in row)
 
 
 def test_assumptions_and_next_command_without_out() -> None:

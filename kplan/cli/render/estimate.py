@@ -97,11 +97,11 @@ def render_plan(
     console = console or Console()
     console.print(_assumptions(assumed))
     console.print()
-    console.print(_plans(plan, assumed.profile, wide))
+    _print_table(console, _plans(plan, assumed.profile, wide), wide)
     if plan.order:
         console.print(f"order: {safe(plan.order)}", style="dim", highlight=False)
     console.print()
-    console.print(_frontier(plan, wide))
+    _print_table(console, _frontier(plan, wide), wide)
     console.print(f"[bold]chosen:[/bold] {safe(plan.reason)}")
     sched = schedule_line(plan.chosen)
     if sched:
@@ -204,8 +204,23 @@ def _assumptions(a: Assumptions) -> Table:
     return grid
 
 
+def _print_table(console: Console, table: Table, wide: bool) -> None:
+    """``--wide`` into a pipe or a file prints each table whole, however wide (rich would cut
+    every cell to 80 columns); on a terminal, and without ``--wide``, the console's width."""
+    if not (wide and not console.is_terminal):
+        console.print(table)
+        return
+    width = console.width
+    roomy = console.options.update(max_width=1000)
+    console.width = max(width, console.measure(table, options=roomy).maximum)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def _plans(plan: Plan, name: str, wide: bool) -> Table:
-    table = _table(f"{safe(name)}: the best plan of each instance type")
+    table = _table(f"{safe(name)}: the best plan of each instance type", gap=1)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("cluster", no_wrap=True)
     table.add_column("GPUs", justify="right", no_wrap=True)
