@@ -1310,7 +1310,8 @@ def _fuzz2_cases() -> list[Case]:
              files={"m.csv": "nodes,workers,local_batch,step_time\n1,1,8,1e-12\n1,1,16,2e-12\n"}),
         Case("profile-step-below-kernel", ("estimate", "-p", "{d}/p.json"), 2,
              "shorter than a kernel",
-             files={"p.json": Mut("profile", ("measurements", 0, "step_time"), 1e-9)}),
+             files={"p.json": Mut("profile", ("measurements", 0, "step_time"), 1e-9,
+                                  more=((("measurements", 0, "sync_time"), 0.0),))}),
         # a region and one of its own zones were replayed as two pools (the same nodes twice)
         Case("simulate-pool-zone-of-region", ("simulate", "--plan", "{d}/p.json", "--trace",
              "us-east-2={d}/t.csv", "--trace", "use2-az1={d}/t.csv"), 2,

@@ -22,9 +22,9 @@ from kplan.planner.profile import (
     MAX_NODES,
     MAX_SECONDS,
     MAX_WORKERS,
-    MIN_STEP_S,
     Measurement,
 )
+from kplan.planner.profile_checks import MIN_STEP_S
 
 MEASUREMENT_REQUIRED = ("nodes", "workers", "local_batch", "step_time")
 MEASUREMENT_OPTIONAL = ("sync_time", "accum_steps", "instance_type", "gpu")

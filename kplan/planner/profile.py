@@ -231,9 +231,6 @@ MAX_BATCH = 2**24  # samples in one (local or global) batch
 MAX_SAMPLES = 2**53 - 1  # dataset size
 MAX_EPOCHS = 1e6
 MAX_SECONDS = 1e7  # one step
-# the shortest step a measurement may claim: one kernel launch takes a few microseconds, so a
-# faster "step" is a unit slip (ms or us written as seconds), which fitted a model to noise
-MIN_STEP_S = 1e-6
 MAX_BYTES = 1e14  # gradient bytes
 MAX_GB = 1e6  # memory figures
 MAX_TFLOPS = 1e6  # measured device throughput (also GB/s of bandwidth)
@@ -245,13 +242,7 @@ MAX_CODEC_OPTIONS = 32
 
 
 def _num(
-    value: Any,
-    source: str,
-    name: str,
-    *,
-    positive: bool = True,
-    upper: float = 1e15,
-    lower: float = 0.0,
+    value: Any, source: str, name: str, *, positive: bool = True, upper: float = 1e15
 ) -> float:
     if (
         isinstance(value, bool)
@@ -271,11 +262,6 @@ def _num(
     if value > upper:
         raise DataFileError(
             f"{source}: '{name}' = {value!r} is more than {upper:g}", hint="fix the file"
-        )
-    if value < lower:
-        raise DataFileError(
-            f"{source}: '{name}' = {value!r} is less than {lower:g} s, shorter than a kernel",
-            hint="step times are in seconds, e.g. 0.25",
         )
     return float(value)
 
@@ -315,7 +301,6 @@ def measurement_from_dict(row: Any, source: str, index: int) -> Measurement:
                 source,
                 where + "step_time",
                 upper=MAX_SECONDS,
-                lower=MIN_STEP_S,
             ),
             sync_time=None
             if sync is None

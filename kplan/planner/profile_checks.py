@@ -9,8 +9,14 @@ from typing import Protocol
 
 from kplan.core.errors import DataFileError
 
+# the shortest step a measurement may claim: one kernel launch takes a few microseconds, so a
+# faster "step" is a unit slip (ms or us written as seconds), which fitted a model to noise
+MIN_STEP_S = 1e-6
+
 
 class _Row(Protocol):
+    @property
+    def step_time(self) -> float: ...
     @property
     def nodes(self) -> int: ...
     @property
@@ -36,8 +42,9 @@ class _Fields(Protocol):
 
 def check_consistent(p: _Fields, source: str) -> None:
     """One line and a hint for an epoch smaller than one step's batch, or a measured row that
-    puts more workers on a node than the node has GPUs (``device.gpus_per_node``) or names
-    another GPU than ``device.gpu`` (it would be fitted as that GPU's)."""
+    claims a step faster than a kernel, puts more workers on a node than the node has GPUs
+    (``device.gpus_per_node``) or names another GPU than ``device.gpu`` (it would be fitted as
+    that GPU's)."""
     if p.dataset_size < p.base_global_batch:
         raise DataFileError(
             f"{source}: work.dataset_size {p.dataset_size:,} is less than "
@@ -46,6 +53,12 @@ def check_consistent(p: _Fields, source: str) -> None:
             hint="fix the profile (the samples per epoch and the global batch it was measured at)",
         )
     for i, m in enumerate(p.measurements):
+        if m.step_time < MIN_STEP_S:
+            raise DataFileError(
+                f"{source}: measurements[{i}]: step_time {m.step_time:g} s is less than "
+                f"{MIN_STEP_S:g} s, shorter than a kernel",
+                hint="step times are in seconds, e.g. 0.25",
+            )
         per_node = -(-m.workers // m.nodes)  # ceil: the fullest node
         if per_node > p.gpus_per_node:
             raise DataFileError(

@@ -297,6 +297,11 @@ class RecoveryPolicy:
         if self.deadline_s is not None and not (self.deadline_s > 0 and self.allow_on_demand):
             raise ValueError("a deadline must be > 0 and needs allow_on_demand")
 
+    @property
+    def notice_stop_or_inf(self) -> float:
+        """``notice_stop_s``, inf where no notice is counted on (the models' arrays)."""
+        return math.inf if self.notice_stop_s is None else self.notice_stop_s
+
     def deadline_rule(self) -> DeadlineRule | None:
         """The deadline rule these recovery rules run (None: no deadline)."""
         if self.deadline_s is None:

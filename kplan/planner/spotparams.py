@@ -62,7 +62,7 @@ def config_params(
         ),
         "no_failover": np.array([not p.zone_failover for p in pol]),
         "deadline": per_cfg([INF if p.deadline_s is None else p.deadline_s for p in pol]),
-        "notice": per_cfg([INF if p.notice_stop_s is None else p.notice_stop_s for p in pol]),
+        "notice": per_cfg([p.notice_stop_or_inf for p in pol]),
         "bmin": bmin,
         "binc": binc,
         "p_spot": p_spot,

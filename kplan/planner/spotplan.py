@@ -215,9 +215,8 @@ def closed_form_rows(
     multiplier of the rate for its length). With the on-demand fallback a loss in an outage
     runs its lost nodes on demand until capacity returns: each loss event adds that expected
     time (``expected_wait_s`` without the fallback) at the on-demand premium per lost node.
-    The replacement limit comes from the p99 rate's
-    loss events, each losing ``1 + co_loss (nodes - 1)`` nodes on average; no run fails (with
-    the default capacity wait, twice the longest outage drawn, none does in the model)."""
+    The replacement limit comes from the p99 rate's loss events, each losing ``1 + co_loss
+    (nodes - 1)`` nodes on average; no run fails (none does with the default capacity wait)."""
     rate = np.array([r.rate_per_hour for r in risks])
     co = np.array([r.co_loss for r in risks])
     wait = np.array(
@@ -243,10 +242,9 @@ def closed_form_rows(
             overheads=overheads,
             co_loss=co,
             outage_wait_s=wait,
-            notice_stop_s=notice,
+            notice_stop_s=[p.notice_stop_or_inf for p in policies],
         )
 
-    notice = np.array([math.inf if p.notice_stop_s is None else p.notice_stop_s for p in policies])
     tc, busy = (
         at(np.ones_like(rate), log_sigma),
         at(np.exp(costs.Z90 * spread), np.zeros_like(rate)),
