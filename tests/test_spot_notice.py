@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from kplan.launcher.bootstrap import (
     ship_wheel,
 )
 from kplan.launcher.dryrun import dry_run
-from kplan.launcher.jobspec import JobSpec, NodeSpec
+from kplan.launcher.jobspec import JobSpec
 from kplan.launcher.ledger import LocalBilling
 from kplan.launcher.packing import pack_code
 from kplan.launcher.spot_notice import watch
@@ -40,15 +39,13 @@ from kplan.planner.spottrace import synthetic_trace
 from tests.bootstrap_shims import node_tools, write_tool
 from tests.metadata_server import metadata_server
 from tests.spot_fixtures import BOTH, POL, play, replays
+from tests.test_launcher_bootstrap import _cloud_spec
 from tests.test_spotsim import _compare, model, risk
 
 
 def _sleeper(seconds: float = 60.0) -> subprocess.Popen[bytes]:
-    """A process to watch, reaped when it ends (a zombie would look alive to the watch; on a
-    node the watched process is the bootstrap script, not the watch's child)."""
-    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
-    threading.Thread(target=proc.wait, daemon=True).start()
-    return proc
+    """A process to watch (once it ends, unreaped, the watch sees a zombie: gone)."""
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
 # --- when the workers stop ------------------------------------------------------------------
@@ -145,11 +142,13 @@ def test_without_a_notice_the_watch_ends_with_its_process_and_survives_no_server
     with metadata_server() as (url, md):
         proc = _sleeper(1.0)
         assert watch("aws", proc.pid, 10.0, url, poll_s=0.2, out=io.StringIO()) == "gone"
+        assert proc.wait(10) == 0
         assert md.reads.count("PUT /latest/api/token") >= 2
     # nothing listens there any more: one line says so, the watch goes on until its process ends
     proc = _sleeper(1.0)
     out = io.StringIO()
     assert watch("gcp", proc.pid, 10.0, url, poll_s=0.2, out=out) == "gone"
+    assert proc.wait(10) == 0
     assert out.getvalue().count("polling on") == 1
 
 
@@ -157,16 +156,10 @@ def test_without_a_notice_the_watch_ends_with_its_process_and_survives_no_server
 
 
 def _spec(tmp_path: Path, cloud: str, markets: tuple[str, ...] = ("spot", "on-demand")) -> JobSpec:
-    script = tmp_path / "train.py"
-    script.write_text("print('hi')\n")
-    return JobSpec.build(
-        job_id="kp-notice-1",
-        cloud=cloud,
-        region="r1",
-        script=str(script),
-        nodes=tuple(NodeSpec(r, "t", m, "z1", 1, 1.0) for r, m in enumerate(markets)),  # type: ignore[arg-type]
-        budget_usd=10.0,
-    )
+    """tests/test_launcher_bootstrap.py's job, one node of each of ``markets``."""
+    spec = _cloud_spec(tmp_path, cloud, nodes=len(markets))
+    nodes = tuple(replace(n, market=m) for n, m in zip(spec.nodes, markets, strict=True))
+    return replace(spec, nodes=nodes)
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])

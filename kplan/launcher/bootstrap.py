@@ -295,10 +295,15 @@ def notice_stop_s(spec: JobSpec) -> float:
     return stop if stop is not None else NOTICE_S[spec.cloud] - POLL_S
 
 
+def watches_notice(spec: JobSpec, node: NodeSpec) -> bool:
+    """Whether ``node`` runs the notice watch: a spot node of a cloud that gives notice."""
+    return node.market == "spot" and spec.cloud in NOTICE_S
+
+
 def notice_watch(spec: JobSpec, node: NodeSpec) -> str:
     """Bash starting a spot node's notice watch (kplan/launcher/spot_notice.py) on this
     script (``$$``, whose SIGTERM trap stops torchrun); nothing for an on-demand node."""
-    if node.market != "spot" or spec.cloud not in NOTICE_S:
+    if not watches_notice(spec, node):
         return ""
     return (
         f'"$PY" -m kplan.launcher.spot_notice --cloud {spec.cloud} --pid $$ '

@@ -28,8 +28,8 @@ from kplan.launcher.bootstrap import (
     instance_spec,
     job_key,
     notice_stop_s,
-    notice_watch,
     rendezvous,
+    watches_notice,
     wheel_upload,
 )
 from kplan.launcher.controller_node import ControllerSite, controller_spec
@@ -303,6 +303,6 @@ def dry_run(
         controller=None if site is None else controller_cost(spec, site),
         moves=move_prices(spec),
         notice_stop_s=notice_stop_s(spec)
-        if any(notice_watch(spec, n) for n in spec.nodes)
+        if any(watches_notice(spec, n) for n in spec.nodes)
         else None,
     )

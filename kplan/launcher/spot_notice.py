@@ -30,6 +30,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TextIO
 
+from kplan.core.procs import alive
 from kplan.planner.spotnotice import NOTICE_S, POLL_S
 
 METADATA = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
@@ -85,16 +86,6 @@ def gcp_notice(base: str, now: float) -> float | None:
 NOTICES: dict[str, Callable[[str, float], float | None]] = {"aws": aws_notice, "gcp": gcp_notice}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def watch(
     cloud: str,
     pid: int,
@@ -107,7 +98,7 @@ def watch(
     notice = NOTICES[cloud]
     url = (base or METADATA[cloud]).rstrip("/")
     said = False  # the first failed read is logged, not every one
-    while _alive(pid):
+    while alive(pid):
         err: Exception | None = None
         try:
             at = notice(url, time.time())
@@ -122,9 +113,9 @@ def watch(
                 file=out,
                 flush=True,
             )
-            while time.time() < stop_at and _alive(pid):
+            while time.time() < stop_at and alive(pid):
                 time.sleep(min(1.0, max(stop_at - time.time(), 0.0)))
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGTERM)
                 return "stopped"
             return "gone"
