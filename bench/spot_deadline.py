@@ -29,13 +29,19 @@ fallback, as today).
 ``--own`` prices each trace with its own fit instead (in-sample: the market's own band, the
 floor for a model that never saw it); ``--flat`` drops the regimes of the model priced.
 
+``--sibling`` prices each trace as a shipped row of a traced family prices a zone no trace
+watched: the other trace of its cloud, its own fit (region ``*``), with the spread between
+markets (``SpotRisk.market_sigma``, ``spotpool.market_spread``) and the period spread
+(``period_sigma``), both from the three other traces only; ``--sibling --no-market`` the same
+row without the market spread (each row as shipped before it had one).
+
 ``--no-notice`` replays and prices the jobs without the spot notice's checkpoint (a loss loses
 the work since the last periodic one); by default the workers stop with a checkpoint
 ``spotnotice.stop_before_s`` before each loss where the lead fits in the cloud's notice (the
 AWS traces, with a 1 s step and the 10 s checkpoint; GCP's 30 s is too short for it).
 
-Run: .venv/bin/python -m bench.spot_deadline [--runs 200] [--seed 0] [--naive | --own] [--flat]
-[--no-notice]
+Run: .venv/bin/python -m bench.spot_deadline [--runs 200] [--seed 0] [--naive | --own | --sibling]
+[--flat] [--no-notice] [--no-market]
 """
 
 from __future__ import annotations
@@ -56,16 +62,18 @@ from kplan.planner.costs import billed_seconds
 from kplan.planner.deadline import MARGIN_S, on_demand_by_s, remaining_wall_s, reserve_s
 from kplan.planner.spot import RecoveryPolicy, SpotRisk
 from kplan.planner.spotnotice import stop_before_s
-from kplan.planner.spotpool import pool_markets
+from kplan.planner.spotpool import market_spread, pool_markets
 from kplan.planner.spotreplay import ReplayOutcome
 from kplan.planner.spottrace import ADD, SpotTrace
 from scripts.fit_spot_model import (
     blocks,
     concat_samples,
     fit_risk,
+    period_sigma,
     pooled_regimes,
     risk_from_sample,
     sample,
+    with_markets,
 )
 from scripts.traces import data_root
 
@@ -119,6 +127,25 @@ def own_risk(held: SpotTrace, m: Market, others: list[SpotTrace]) -> SpotRisk:
     return fit_risk(
         held, cloud=m.cloud, family=m.family, region="*", cloud_blocks=[blocks(u) for u in others]
     )
+
+
+def sibling_risk(
+    others: list[SpotTrace], m: Market, markets: list[Market], market: bool
+) -> SpotRisk:
+    """The other trace of ``m``'s cloud fitted alone, applied to the held-out market as a
+    shipped row is applied to a zone its trace did not watch (``with_markets``), its market and
+    period spreads measured on the three other traces (never the held-out one)."""
+    fitted = [
+        fit_risk(t, cloud=o.cloud, family=o.family, region="*", cloud_blocks=[blocks(t)])
+        for t, o in zip(others, markets, strict=True)
+    ]
+    period, _ = period_sigma(list(zip(others, fitted, strict=True)))
+    k = next(i for i, o in enumerate(markets) if o.cloud == m.cloud)
+    row = replace(fitted[k], period_sigma=period)
+    if not market:
+        return row
+    spread = market_spread(fitted, m.cloud, [len(blocks(t)) for t in others])
+    return with_markets(row, {m.cloud: spread})
 
 
 def naive_pooled_risk(others: list[SpotTrace], m: Market) -> SpotRisk:
@@ -441,6 +468,12 @@ def main() -> None:
     ap.add_argument(
         "--own", action="store_true", help="price each trace with its own fit (in-sample)"
     )
+    ap.add_argument(
+        "--sibling", action="store_true", help="price each trace with its cloud's other trace"
+    )
+    ap.add_argument(
+        "--no-market", action="store_true", help="--sibling without the spread between markets"
+    )
     ap.add_argument("--flat", action="store_true", help="the model without its regimes")
     ap.add_argument(
         "--no-notice", action="store_true", help="lose the work since the last periodic checkpoint"
@@ -458,6 +491,10 @@ def main() -> None:
         others = [o for o in MARKETS if o is not m]
         if args.own:
             risk = own_risk(held, m, [traces[o.trace] for o in others])
+        elif args.sibling:
+            risk = sibling_risk(
+                [traces[o.trace] for o in others], m, others, market=not args.no_market
+            )
         elif args.naive:
             risk = naive_pooled_risk([traces[o.trace] for o in others], m)
         else:
@@ -465,10 +502,11 @@ def main() -> None:
         if args.flat:
             risk = replace(risk, rate_sigma=0.0, outage_sigma=0.0)
         print(
-            f"{m.family} model ({'its own fit' if args.own else 'pooled from the others'}"
-            f"{', no regimes' if args.flat else ''}): {risk.rate_per_hour:.3f}/node-h, rate "
-            f"sigma {risk.rate_sigma:.2f}, outage {risk.outage.prob:.2f} sigma "
-            f"{risk.outage_sigma:.2f}"
+            f"{m.family} model ({_basis(args)}{', no regimes' if args.flat else ''}): "
+            f"{risk.rate_per_hour:.3f}/node-h, rate sigma {risk.rate_sigma:.2f} (market "
+            f"{risk.market_sigma:.2f}, period {risk.period_sigma:.2f}), outage "
+            f"{risk.outage.prob:.2f} sigma {risk.outage_sigma:.2f} (market "
+            f"{risk.market_outage_sigma:.2f})"
         )
         rows = []
         for nodes in NODES:
@@ -495,6 +533,14 @@ def main() -> None:
                     print(_line(m.family, job, r), flush=True)
         _summary(m.family, rows)
     print(f"{time.time() - t0:.0f} s")
+
+
+def _basis(args: argparse.Namespace) -> str:
+    if args.own:
+        return "its own fit"
+    if args.sibling:
+        return f"its cloud's other trace{', no market spread' if args.no_market else ''}"
+    return "pooled from the others"
 
 
 def _line(family: str, job: str, r: Result) -> str:

@@ -26,7 +26,10 @@ those of ``kplan.planner.spottrace``; the estimators are below:
 - region_prob: 1.0 (assumed: no shared trace watches several zones at once; see ``REGION``);
 - regimes: ``pooled_regimes`` (the spread between 2-hour blocks beyond chance) and
   ``long_rate_sigma`` (its lasting part); the spread between periods: ``period_sigma`` (the
-  traces' halves), one value for every row.
+  traces' halves), one value for every row;
+- markets (``with_markets``): the rows applied to zones, regions or families no trace watched
+  (region ``*``) carry the spread between the traced markets of their cloud
+  (``spotpool.market_spread``); the cloud's ``*`` row is centred on the predictive's median.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from kplan.planner.spot import (
     SpotRisk,
     Weibull,
 )
+from kplan.planner.spotpool import MarketSpread, market_spread
 from kplan.planner.spottrace import (
     LOSS_WINDOW_S,
     SpotTrace,
@@ -662,9 +666,44 @@ def fit_all(data: Path) -> SpotModel:
             )
         )
     period, why = period_sigma(fits)
+    n_blocks = [len(blocks(t)) for t, _ in fits]
+    traced = [r for _, r in fits]
+    spreads = {c: market_spread(traced, c, n_blocks) for c in by_cloud}
     return SpotModel(
-        risks=tuple(replace(r, period_sigma=period, source=f"{r.source} {why}") for r in risks),
+        risks=tuple(
+            with_markets(replace(r, period_sigma=period, source=f"{r.source} {why}"), spreads)
+            for r in risks
+        ),
         fitted="",
+    )
+
+
+def with_markets(risk: SpotRisk, spreads: dict[str, MarketSpread]) -> SpotRisk:
+    """The row as applied to the markets it stands for (``SpotRisk.market_sigma``): a row of
+    one zone or region is its market's; a traced family's ``*`` row (the trace's region not
+    known) draws the spread between markets of its cloud around its own; the cloud's ``*``
+    row (an untraced family) is centred on the predictive's median market, with its spread
+    (shape, co-loss and outages stay those of the cloud's traces together)."""
+    if risk.region != "*":
+        return risk
+    sp = spreads[risk.cloud]
+    if risk.family != "*":
+        return replace(
+            risk,
+            market_sigma=round(sp.sibling, 4),
+            market_outage_sigma=round(sp.sibling_outage, 4),
+            source=f"{risk.source} {sp.note()} Applied around this market: the sibling sd.",
+        )
+    k = risk.lifetime.shape
+    return replace(
+        risk,
+        lifetime=Weibull(k, 1.0 / sp.median_rate / math.gamma(1.0 + 1.0 / k)),
+        market_sigma=round(sp.unseen, 4),
+        market_outage_sigma=round(sp.unseen_outage, 4),
+        source=(
+            f"{risk.source} {sp.note()} The lifetime's rate is the predictive's median market "
+            f"(the traces together: {risk.rate_per_hour:.3f}/node-h), with the unseen sd."
+        ),
     )
 
 
@@ -672,6 +711,7 @@ def table(model: SpotModel, samples: dict[str, float]) -> str:
     head = (
         f"{'cloud':5} {'family':6} {'region':9} {'shape':>6} {'scale_h':>8} {'mean_h':>7} "
         f"{'rate/h':>7} {'naive/h':>8} {'co_loss':>7} {'out_p':>6} {'med_min':>8} {'p90_min':>8}"
+        f" {'mkt_sd':>6} {'mkt_o':>5} {'mean/h':>6}"
     )
     lines = [head]
     for r in model.risks:
@@ -681,6 +721,7 @@ def table(model: SpotModel, samples: dict[str, float]) -> str:
             f"{r.cloud:5} {r.family:6} {r.region:9} {lt.shape:6.3f} {lt.scale_h:8.3f} "
             f"{lt.mean_h:7.3f} {lt.rate_per_hour:7.3f} {naive:8.3f} {r.co_loss:7.3f} "
             f"{o.prob:6.3f} {o.quantile_h(0.5) * 60:8.1f} {o.quantile_h(0.9) * 60:8.1f}"
+            f" {r.market_sigma:6.2f} {r.market_outage_sigma:5.2f} {r.rate_per_hour:6.3f}"
         )
     return "\n".join(lines)
 
@@ -703,7 +744,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(model, _naive_rates(ROOT)))
     print(
         "(mean_h, rate/h: of the fitted Weibull; naive/h: kplan/catalogs/data/spot_rates.csv; "
-        "med/p90_min: outage waits, minutes)"
+        "med/p90_min: outage waits, minutes; mkt_sd, mkt_o: the markets' spread of the log "
+        "rate and the outage logit; mean/h: the markets' mean rate)"
     )
     if args.check:
         shipped = json.loads(args.out.read_text(encoding="utf-8"))

@@ -64,7 +64,15 @@ def test_a_trace_drawn_from_the_model_replays_to_the_models_own_prediction(
     # process's caches cleared before and after: no other test sees this model.
     shipped = spot_model_file.load_spot_model()
     calm = [
-        replace(r, rate_sigma=0.0, outage_sigma=0.0, rate_sigma_long=None, period_sigma=0.0)
+        replace(
+            r,
+            rate_sigma=0.0,
+            outage_sigma=0.0,
+            rate_sigma_long=None,
+            period_sigma=0.0,
+            market_sigma=0.0,
+            market_outage_sigma=0.0,
+        )
         for r in shipped.risks
     ]
     stationary = replace(shipped, risks=tuple(calm))

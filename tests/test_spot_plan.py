@@ -163,6 +163,7 @@ def test_the_launch_spec_carries_the_plans_recovery_rules(tmp_path: Path) -> Non
         cloud="aws",
         spot=True,
         example_profile="imagenet-resnet50",
+        epochs=10,  # hours, not days: a run that ends in the busier markets (p90 bounded)
         pins=PlanPins(instance_types=("p3.2xlarge",), plan_nodes="2"),
         storage_uri="s3://bucket/kplan",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -392,8 +393,6 @@ def script_for(p: Profile) -> str | None:
 
 def launch_budget(cost_p90_usd: float) -> float:
     """A --budget for the plan: its p90 cost rounded up to two significant digits, >= $0.01."""
-    import math
-
     if not cost_p90_usd > 0.01:
         return 0.01
     unit = 10.0 ** (math.floor(math.log10(cost_p90_usd)) - 1)
@@ -406,8 +405,10 @@ def launch_command(
     """The `kplan launch` line that runs ``plan`` once it is saved in ``plan_file``."""
     import shlex
 
-    b = budget if budget is not None else launch_budget(plan.chosen.cost_p90_usd)
-    parts = ["kplan", "launch", script or "train.py", "--plan", str(plan_file), f"--budget {b:g}"]
+    p90 = plan.chosen.cost_p90_usd
+    b = budget if budget is not None or not math.isfinite(p90) else launch_budget(p90)
+    cap = "--budget BUDGET" if b is None else f"--budget {b:g}"  # BUDGET: the p90 has no bound
+    parts = ["kplan", "launch", script or "train.py", "--plan", str(plan_file), cap]
     if deadline is not None:
         parts.append(f"--deadline {deadline:g}")
     return " ".join(shlex.quote(x) if i < 5 else x for i, x in enumerate(parts))

@@ -196,7 +196,13 @@ def spot_notes(r: PlanRow) -> list[str]:
             f"{fmt.duration(od_hours)} on demand (use --on-demand)"
         )
     wait_s = r.spot.recovery.capacity_wait_s if r.spot.recovery else 900.0
-    if r.spot.fail_prob >= 0.01:
+    if r.spot.fail_prob >= 0.01 and not r.spot.simulated:
+        out.append(
+            f"{r.spot.fail_prob:.0%} of runs would not end (in a market that much busier than "
+            "the median, losses come faster than the job recovers); fewer nodes, on demand, or "
+            "a shorter job"
+        )
+    elif r.spot.fail_prob >= 0.01:
         out.append(
             f"{r.spot.fail_prob:.0%} of simulated runs fail (no spot capacity in the region for "
             f"longer than {wait_s / 3600:.1f} h); allow on-demand fallback or a "

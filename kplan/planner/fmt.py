@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+UNBOUNDED = "no bound"  # a p90 past which runs never end (a market busier than the job recovers)
+
 
 def money(usd: float, extra: int = 0) -> str:
     """``$1,234`` from $100, ``$12.34`` from 10 cents, two significant digits below (``$0.045``,
     ``$0.0045``); ``extra`` more decimals."""
     if not math.isfinite(usd):
-        return f"${usd}"
+        return UNBOUNDED if usd > 0 else f"${usd}"
     sign, x = ("-", -usd) if usd < 0 else ("", usd)
     if x >= 100 and not extra:
         text = f"{x:,.0f}"
@@ -39,7 +41,7 @@ def moneys(usd: Sequence[float], most_extra: int = 3) -> list[str]:
 def duration(hours: float, extra: int = 0) -> str:
     """Seconds below a minute, minutes below an hour, else hours; ``extra`` more decimals."""
     if not math.isfinite(hours):
-        return f"{hours} h"
+        return UNBOUNDED if hours > 0 else f"{hours} h"
     s = hours * 3600.0
     if s < 60:
         return f"{s:.{extra}f} s"

@@ -102,6 +102,12 @@ class SpotTerms:
     def allow_on_demand(self) -> bool:
         return self.recovery is not None and self.recovery.allow_on_demand
 
+    @property
+    def simulated(self) -> bool:
+        """Priced by the Monte-Carlo (else a closed form: its ``fail_prob`` is the share of runs
+        in markets so busy that they never end)."""
+        return self.basis.startswith("Monte-Carlo")
+
 
 @dataclass(frozen=True)
 class PlanRow:

@@ -30,6 +30,13 @@ launcher's recovery rules (``kplan/launcher/lifecycle.py``), so that all three f
   on, and markets move between periods beyond their regimes (the halves of the shared traces
   differ up to 5x): ``period_sigma``, the spread of a market's rate from one half of its trace
   to the other beyond what the regimes draw, lasts a whole run.
+- **Markets**: a row fitted on one market (a pool of one type in one zone) and applied to markets
+  no trace watched (region ``*``: every zone and region; family ``*``: every family of the
+  cloud) draws, for each run, its market around the fitted one: the log rate with
+  ``market_sigma``, the outage logit with ``market_outage_sigma`` (the spread between the
+  traced markets of a cloud, ``kplan/planner/spotpool.py``). The fitted market is the
+  predictive's median, so the mean rate of a market drawn so is ``exp(market_sigma^2 / 2)``
+  times the fitted one (``market_lifetime``); the spread lasts a whole run.
 - **Recovery** (``RecoveryPolicy``): training stops on any loss and resumes from the last
   checkpoint once every node is back; a replacement goes to the same zone, else another zone of
   the region, else (``allow_on_demand``) on demand, which goes back to spot when capacity returns
@@ -146,11 +153,21 @@ class SpotRisk:
     # plan runs in a later one), beyond what the regimes draw: lasts a whole run. 0 for a row
     # pooled over markets, whose spread between markets holds it.
     period_sigma: float = 0.0
+    # The spread between the market the row was fitted on and one it is applied to (module
+    # docstring, Markets): of the log rate and of the outage logit; 0: the row's own market.
+    market_sigma: float = 0.0
+    market_outage_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.co_loss <= 1.0:
             raise ValueError(f"co_loss {self.co_loss} must be in [0, 1]")
-        for name in ("rate_sigma", "outage_sigma", "period_sigma"):
+        for name in (
+            "rate_sigma",
+            "outage_sigma",
+            "period_sigma",
+            "market_sigma",
+            "market_outage_sigma",
+        ):
             v = getattr(self, name)
             if not (0.0 <= v <= 5.0):
                 raise ValueError(f"{name} {v} must be in [0, 5]")
@@ -167,12 +184,29 @@ class SpotRisk:
         h = np.asarray(run_h, dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(h > REGIME_BLOCK_H, REGIME_BLOCK_H / h, 1.0)
-        out: Array = np.sqrt(self.period_sigma**2 + long + (total - long) * share)
+        lasting = self.period_sigma**2 + self.market_sigma**2 + long
+        out: Array = np.sqrt(lasting + (total - long) * share)
         return out
 
     @property
+    def market_lifetime(self) -> Weibull:
+        """The lifetime whose rate is the mean over the markets the row is applied to: the
+        fitted one's with the scale shortened by ``exp(market_sigma^2 / 2)`` (the fitted market
+        is the median market). Each run then draws its market with a mean-1 multiplier."""
+        if not self.market_sigma:
+            return self.lifetime
+        shrink = math.exp(-(self.market_sigma**2) / 2.0)
+        return Weibull(self.lifetime.shape, self.lifetime.scale_h * shrink)
+
+    @property
+    def outage_sigma_total(self) -> float:
+        """The spread of a run's outage logit: the regimes' and the market's."""
+        return math.hypot(self.outage_sigma, self.market_outage_sigma)
+
+    @property
     def rate_per_hour(self) -> float:
-        return self.lifetime.rate_per_hour
+        """The mean loss rate of a run's market (``market_lifetime``)."""
+        return self.market_lifetime.rate_per_hour
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +224,12 @@ class SpotRisk:
             "outage_sigma": self.outage_sigma,
             **({} if self.rate_sigma_long is None else {"rate_sigma_long": self.rate_sigma_long}),
             **({"period_sigma": self.period_sigma} if self.period_sigma else {}),
+            **({"market_sigma": self.market_sigma} if self.market_sigma else {}),
+            **(
+                {"market_outage_sigma": self.market_outage_sigma}
+                if self.market_outage_sigma
+                else {}
+            ),
             "source": self.source,
         }
 
@@ -214,6 +254,8 @@ class SpotRisk:
             if d.get("rate_sigma_long") is None
             else float(d["rate_sigma_long"]),
             period_sigma=float(d.get("period_sigma", 0.0)),
+            market_sigma=float(d.get("market_sigma", 0.0)),
+            market_outage_sigma=float(d.get("market_outage_sigma", 0.0)),
         )
 
 

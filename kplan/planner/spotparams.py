@@ -37,8 +37,9 @@ def config_params(
     bmin, binc, p_spot, p_od = prices
     return {
         "k_inv": per_cfg([1.0 / r.lifetime.shape if r else 1.0 for r in risk_list]),
-        # each slot's loss clock: the life's scale stretched by 1 + co_loss (n - 1) (spot.py)
-        "scale": per_cfg([r.lifetime.scale_h * 3600.0 if r else INF for r in risk_list])
+        # each slot's loss clock: the life's scale stretched by 1 + co_loss (n - 1) (spot.py);
+        # the markets' mean life where the row is applied to markets it never saw
+        "scale": per_cfg([r.market_lifetime.scale_h * 3600.0 if r else INF for r in risk_list])
         * (1.0 + co_loss * (n_f - 1.0)),
         "co": co_loss.astype(np.float32),
         "out_p": per_cfg([r.outage.prob if r else 0.0 for r in risk_list]),
@@ -79,7 +80,7 @@ def draw_regimes(
     ``s' z'``, with ``s`` the configuration's spread over its run (``rate_sd``). Drawn from
     their own slots: with no spread the runs are unchanged."""
     rate_sd = P.pop("rate_sd")
-    out_sd = np.array([r.outage_sigma if r else 0.0 for r in risks])[cf]
+    out_sd = np.array([r.outage_sigma_total if r else 0.0 for r in risks])[cf]
     if not (np.any(rate_sd > 0) or np.any(out_sd > 0)):
         return
     d = spotdraws

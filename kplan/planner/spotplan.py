@@ -11,6 +11,7 @@ carry the plan out.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -266,6 +267,7 @@ def closed_form_rows(
             np.hypot(_log(tc.cost_p90_usd, tc.cost_usd), _log(busy.cost_usd, tc.cost_usd))
         )
     lost_p99 = tc.preemptions * np.exp(Z99 * spread) * per_event
+    stuck = _stuck_share(lambda m: at(m, np.zeros_like(rate)).hours, spread, busy.hours)
     return [
         SpotPricing(
             hours=float(tc.hours[j]),
@@ -274,7 +276,7 @@ def closed_form_rows(
             cost_p90_usd=float(cost_p90[j]),
             losses=float(tc.preemptions[j]),
             lost_nodes_p99=float(lost_p99[j]),
-            fail_prob=0.0,
+            fail_prob=float(stuck[j]),
             policy=replace(pol, max_replacements=replacement_limit(float(lost_p99[j]))),
             source=risk.source,
             runs=0,
@@ -284,6 +286,24 @@ def closed_form_rows(
         )
         for j, (risk, pol) in enumerate(zip(risks, policies, strict=True))
     ]
+
+
+def _stuck_share(hours_at: Callable[[Array], Array], spread: Array, busy_hours: Array) -> Array:
+    """The share of runs whose market is busy enough that the job never ends (its losses
+    come faster than it recovers: the closed form's time is infinite): ``P(Z > z*)`` with
+    ``z*`` the least multiplier ``exp(z spread)`` on a grid of ``z`` (0 to 4 by 0.1) where
+    the time is infinite. 0 for rows that end at their p90's rate (the launcher's
+    replacement limit stops such runs; the Monte-Carlo counts them failed)."""
+    out = np.zeros_like(spread)
+    rows = np.flatnonzero(~np.isfinite(busy_hours))
+    if rows.size == 0:
+        return out
+    z_stuck = np.full(spread.shape, costs.Z90)
+    for z in np.arange(costs.Z90 - 0.1, -1e-9, -0.1):  # down from the p90, where it is stuck
+        stuck = ~np.isfinite(hours_at(np.exp(z * spread)))
+        z_stuck = np.where(stuck & (z_stuck <= z + 0.1 + 1e-9), z, z_stuck)
+    out[rows] = [0.5 * math.erfc(float(z_stuck[j]) / math.sqrt(2.0)) for j in rows]
+    return out
 
 
 def _fallback_premium(

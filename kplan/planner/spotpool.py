@@ -35,12 +35,14 @@ variances fitted by the method of moments, each market one vote:
   the markets' means.
 
 With one market the pooled row is that market's; ``between`` says how wide the population is.
+``market_spread`` gives the spreads the shipped rows carry for markets no trace watched.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -168,4 +170,57 @@ def pool_markets(
         rate_sigma=min(rate_sigma, MAX_SIGMA),
         outage_sigma=min(outage_sigma, MAX_SIGMA),
         rate_sigma_long=min(rate_sigma_long, rate_sigma, MAX_SIGMA),
+    )
+
+
+@dataclass(frozen=True)
+class MarketSpread:
+    """How far a market of ``cloud`` that no trace watched may lie from the traced ones (the
+    predictive above), for the rows applied to such markets (``SpotRisk.market_sigma``):
+
+    - ``sibling``, ``sibling_outage``: a traced family in a zone or region its trace did not
+      watch, around its own market: the spread between the markets of a cloud (``tau_m``) of
+      the log rate and of the outage logit. The traced markets of a cloud are different
+      families watched in one region at the same time, the only pairs the data has: a
+      family's zones are taken to differ as much;
+    - ``unseen``, ``unseen_outage``, ``median_rate``: a family no trace watched, around the
+      predictive's median market (``exp(m)`` per node-hour): ``tau_m`` and the uncertainty of
+      the cloud's mean, as ``predict`` gives them."""
+
+    cloud: str
+    sibling: float
+    sibling_outage: float
+    unseen: float
+    unseen_outage: float
+    median_rate: float
+
+    def note(self) -> str:
+        return (
+            f"Markets ({self.cloud}): between traced markets of the cloud a log-rate sd of "
+            f"{self.sibling:.2f} and an outage-logit sd of {self.sibling_outage:.2f}; an "
+            f"untraced family's predictive median {self.median_rate:.3f}/node-h, sd "
+            f"{self.unseen:.2f} and {self.unseen_outage:.2f} (spotpool.market_spread)."
+        )
+
+
+def market_spread(risks: Sequence[SpotRisk], cloud: str, blocks: Sequence[int]) -> MarketSpread:
+    """``MarketSpread`` of ``cloud`` from the traced markets ``risks`` (one row per trace, its
+    regimes measured on ``blocks`` 2-hour blocks: the noise of its mean)."""
+    if len(blocks) != len(risks):
+        raise ValueError(f"{len(blocks)} block counts for {len(risks)} markets")
+    clouds = [r.cloud for r in risks]
+    n = [max(1, b) for b in blocks]
+    y = [math.log(r.rate_per_hour) for r in risks]
+    v = [r.rate_sigma**2 / b for r, b in zip(risks, n, strict=True)]
+    lo = [_logit(r.outage.prob) for r in risks]
+    vo = [r.outage_sigma**2 / b for r, b in zip(risks, n, strict=True)]
+    m, s2 = predict(y, v, clouds, cloud)
+    _, so2 = predict(lo, vo, clouds, cloud)
+    return MarketSpread(
+        cloud=cloud,
+        sibling=min(math.sqrt(components(y, v, clouds)[1]), MAX_SIGMA),
+        sibling_outage=min(math.sqrt(components(lo, vo, clouds)[1]), MAX_SIGMA),
+        unseen=min(math.sqrt(s2), MAX_SIGMA),
+        unseen_outage=min(math.sqrt(so2), MAX_SIGMA),
+        median_rate=math.exp(m),
     )

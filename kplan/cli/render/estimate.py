@@ -295,6 +295,11 @@ def _next(console: Console, step: NextStep) -> None:
             "[dim](train.py: your training script, written with kplan.runtime; "
             "see docs/launch.md)[/dim]"
         )
+    if "--budget BUDGET" in step.command:
+        console.print(
+            "[dim](BUDGET: what you will spend at most; this plan's p90 cost has no bound: "
+            "at a busier market than the median its runs would not end)[/dim]"
+        )
 
 
 def extras_line(r: PlanRow) -> str | None:
@@ -362,7 +367,8 @@ def _spot_line(r: PlanRow) -> str:
     return (
         f"spot: {s.basis}; checkpoint every {r.checkpoint_interval_s / 60:.0f} min{notice}, "
         f"up to {rec.max_replacements} lost nodes replaced, with no capacity it {fallback}; "
-        f"{s.fail_prob:.1%} of simulated runs fail; same cluster on demand: "
+        f"{s.fail_prob:.1%} of {'simulated ' if s.simulated else ''}runs fail; "
+        "same cluster on demand: "
         + (
             f"{fmt.duration(s.on_demand_hours)}, {fmt.money(s.on_demand_cost_usd)}"
             if s.on_demand_hours is not None and s.on_demand_cost_usd is not None
