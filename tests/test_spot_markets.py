@@ -126,3 +126,26 @@ def test_a_plan_whose_busier_markets_never_end_says_so_and_asks_for_a_budget() -
     assert f"({fmt.UNBOUNDED})" in flat and "runs would not end" in flat
     assert "BUDGET: what you will spend at most" in flat
     assert fmt.duration(math.inf) == fmt.money(math.inf) == fmt.UNBOUNDED
+
+
+def test_the_replacement_limit_is_set_from_the_runs_that_ended() -> None:
+    """Runs cut while still going (a busy market: they would never end) are left out of the p99
+    of lost nodes the replacement limit is set from: their count grows with the cut itself."""
+    from kplan.planner.spotplan import ended_lost_p99
+
+    busy = _risk(market_sigma=1.5)
+    res = spotsim.simulate(
+        work_s=[20 * 3600.0, 5 * 3600.0],
+        nodes=[8, 1],
+        risks=[busy],
+        policies=[RecoveryPolicy(max_replacements=10**9, capacity_wait_s=10**7)],
+        usd_per_hour=1.0,
+        usd_per_hour_on_demand=3.0,
+        runs=2000,
+        max_events=60,
+    )
+    failed = res.samples.failed
+    assert failed[0].mean() > 0.02  # the cut stops some runs of the 8-node row
+    want = [np.quantile(x[~f], 0.99) for x, f in zip(res.samples.lost_nodes, failed, strict=True)]
+    np.testing.assert_allclose(ended_lost_p99(res), want)
+    assert ended_lost_p99(res)[0] < res.lost_nodes_p99[0]

@@ -13,12 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kplan.planner import costs
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, Weibull
+
+if TYPE_CHECKING:
+    from kplan.planner import spotsim
 
 Array = NDArray[np.float64]
 MIN_REPLACEMENTS = 20  # the launcher's floor: a crash loop still stops
@@ -146,7 +150,7 @@ def simulate_rows(
         nodes than it (every event loses one at least): the launcher fails it there, and the
         Monte-Carlo counts it failed at the cut (it went on to twice the limit before: the same
         median and p90, about 10% more time in the estimate for runs that fail either way)."""
-        limit = max(replacement_limit(float(p)) for p in res.lost_nodes_p99)
+        limit = max(replacement_limit(float(p)) for p in ended_lost_p99(res))
         if limit < cut[0]:
             return None
         cut[0] = limit + 1
@@ -169,8 +173,9 @@ def simulate_rows(
         more_events=more_events,
     )
     out = []
+    p99s = ended_lost_p99(res)
     for j, (risk, pol) in enumerate(zip(risks, policies, strict=True)):
-        p99 = float(res.lost_nodes_p99[j])
+        p99 = float(p99s[j])
         out.append(
             SpotPricing(
                 hours=float(res.hours_median[j]),
@@ -193,6 +198,26 @@ def simulate_rows(
                 runs=runs,
             )
         )
+    return out
+
+
+def ended_lost_p99(res: spotsim.SimResult) -> Array:
+    """Each row's p99 of lost nodes over the runs that ended (a row none of whose runs ended:
+    over all). A run still going at the cut is not counted: in a market busy enough that it
+    never ends its lost nodes grow with the cut, and a limit set from them chased the cut up
+    (128, 386, 1,067 events on the default estimate) while the launcher stops such a run at
+    its row's limit whatever it is."""
+    failed = res.samples.failed
+    ended = np.sort(np.where(failed, np.inf, res.samples.lost_nodes), axis=1)  # failed last
+    k = (~failed).sum(axis=1)
+    at = np.maximum(k - 1, 0) * 0.99  # np.quantile's linear method over the k that ended
+    lo = np.floor(at).astype(np.intp)
+    hi = np.minimum(lo + 1, np.maximum(k - 1, 0))
+    rows = np.arange(ended.shape[0])
+    a, b = ended[rows, lo], ended[rows, hi]
+    with np.errstate(invalid="ignore"):
+        p99 = a + (b - a) * (at - lo)
+    out: Array = np.where(k > 0, p99, res.lost_nodes_p99)
     return out
 
 
