@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 from kplan.catalogs.spot_model_file import load_spot_model
 from kplan.cli.main import app
 from kplan.planner import fmt, spotsim
+from kplan.planner.plan import Plan
 from kplan.planner.spot import Outage, RecoveryPolicy, SpotRisk, Weibull
 from kplan.planner.spotpool import market_spread
 
@@ -107,17 +109,28 @@ def test_the_shipped_rows_carry_the_markets_they_stand_for() -> None:
 runner = CliRunner()
 
 
-def test_a_plan_whose_busier_markets_never_end_says_so_and_asks_for_a_budget() -> None:
-    """Two p3 spot nodes for days: at the markets' p90 rate losses come faster than the job
+def test_a_plan_whose_busier_markets_never_end_says_so_and_asks_for_a_budget(
+    tmp_path: Path,
+) -> None:
+    """Sixteen p3 spot nodes for days: at the markets' p90 rate losses come faster than the job
     recovers, so its p90 has no bound, the share of runs that would not end is stated, and the
-    launch line leaves the budget to the user (it used to crash on the infinite p90)."""
+    launch line leaves the budget to the user (it used to crash on the infinite p90); the plan
+    file writes the p90 as null and reads it back (it wrote Infinity, which it then refused)."""
     args = ["estimate", "-e", "imagenet-resnet50", "--cloud", "aws", "--spot"]
-    args += ["--instance-type", "p3.2xlarge", "--nodes", "2"]
-    res = runner.invoke(app, [*args, "--json"])
+    args += ["--instance-type", "p3.2xlarge", "--nodes", "16"]
+    out = tmp_path / "plan.json"
+    res = runner.invoke(app, [*args, "--json", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+
+    def strict(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    doc = json.loads(res.output, parse_constant=strict)
     row = doc["chosen"]
-    assert row["hours_p90"] is None or not math.isfinite(float(row["hours_p90"]))
+    assert row["hours_p90"] is None and row["cost_p90_usd"] is None  # JSON has no infinity
+    plan = Plan.from_dict(json.loads(out.read_text(), parse_constant=strict))
+    assert plan.chosen.hours_p90 == plan.chosen.cost_p90_usd == math.inf
+    assert Plan.from_dict(plan.to_dict()) == plan
     assert 0.1 <= row["spot"]["fail_prob"] < 0.5
     assert doc["next_command"].endswith("--budget BUDGET")
     text = runner.invoke(app, args)

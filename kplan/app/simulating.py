@@ -134,7 +134,8 @@ class Replay:
     def to_dict(self) -> dict[str, Any]:
         doc = {f: getattr(self, f) for f in _REPLAY_KEYS}
         doc["notes"] = list(self.notes)
-        doc["plan"] = asdict(self.plan)
+        # a plan's p90 with no bound (spotplan's closed form) is JSON's null: JSON has no infinity
+        doc["plan"] = {k: None if v == math.inf else v for k, v in asdict(self.plan).items()}
         if self.replayed is not None:
             doc["replayed"] = {k: v for k, v in asdict(self.replayed).items() if v is not None}
         if self.samples_hours is not None and self.samples_cost_usd is not None:
@@ -226,6 +227,14 @@ class Job:
     billing_min_s: float
     billing_increment_s: float
     notes: tuple[str, ...]
+
+    @property
+    def horizon_s(self) -> float:
+        """How much of a trace a replay may need after its start: 1.5 x the p90 time; where the
+        p90 has no bound (runs in busy enough markets never end), 3 x the median: the replays
+        that reach the trace's end are counted as truncated."""
+        span = self.hours_p90 if math.isfinite(self.hours_p90) else 2.0 * self.hours
+        return span * 3600.0 * 1.5
 
     def replay_on(self, trace: SpotTrace, starts: list[float], seed: int) -> list[ReplayOutcome]:
         """This job replayed with the launcher's rules from each of ``starts`` on ``trace``."""
@@ -362,11 +371,12 @@ def replay_plan(
             f"at once is more replay work than the bound ({MAX_REPLAY_WORK:,})",
             hint=f"use --runs {max(MAX_REPLAY_WORK // per_run, 1)} or fewer, or a shorter trace",
         )
-    horizon = job.hours_p90 * 3600.0 * 1.5
+    horizon = job.horizon_s
     if trace.end_s <= 0 or horizon >= trace.end_s:
         raise InputError(
-            f"the trace spans {trace.end_s / 3600:.1f} h; the plan takes up to "
-            f"{job.hours_p90:.1f} h (p90)",
+            f"the trace spans {trace.end_s / 3600:.1f} h; a replay of the plan needs "
+            f"{horizon / 3600:.1f} h of it (1.5 x its p90 time, or 3 x its median where the p90 "
+            "has no bound)",
             hint="replay a longer trace, or a shorter job (kplan estimate --epochs)",
         )
     rng = np.random.default_rng(seed)

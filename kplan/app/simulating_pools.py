@@ -195,11 +195,12 @@ def replay_pools_plan(
             hint=f"use --runs {max(MAX_REPLAY_WORK // (2 * per_run), 1)} or fewer",
         )
     end = min(p.trace.end_s for p in pools)
-    horizon = job.hours_p90 * 3600.0 * 1.5
+    horizon = job.horizon_s
     if end <= 0 or horizon >= end:
         raise InputError(
-            f"the traces share {end / 3600:.1f} h; the plan takes up to "
-            f"{job.hours_p90:.1f} h (p90)",
+            f"the traces share {end / 3600:.1f} h; a replay of the plan needs "
+            f"{horizon / 3600:.1f} h of them (1.5 x its p90 time, or 3 x its median where the "
+            "p90 has no bound)",
             hint="replay longer traces, or a shorter job (kplan estimate --epochs)",
         )
     home = pools[0].trace

@@ -199,8 +199,8 @@ def spot_notes(r: PlanRow) -> list[str]:
     if r.spot.fail_prob >= 0.01 and not r.spot.simulated:
         out.append(
             f"{r.spot.fail_prob:.0%} of runs would not end (in a market that much busier than "
-            "the median, losses come faster than the job recovers); fewer nodes, on demand, or "
-            "a shorter job"
+            "the median, losses come so fast that under a fifth of the time trains: the "
+            "launcher's replacement limit stops them); fewer nodes, on demand, or a shorter job"
         )
     elif r.spot.fail_prob >= 0.01:
         out.append(

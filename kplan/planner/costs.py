@@ -130,16 +130,22 @@ def _time_and_cost(
         tau_spot = np.clip(np.sqrt(2.0 * c / np.where(lam > 0, lam, np.nan)), 60.0, 3600.0)
     tau = np.where(lam > 0, tau_spot, o.on_demand_interval_s)
     wait = np.asarray(wait_s, dtype=float)
-    loss = o.restart_s + expected_lost_s(tau, notice_stop_s) + wait
-    useful = 1.0 - lam * loss
+    # A loss costs the restart, the progress since the last checkpoint and the capacity wait;
+    # the cluster is exposed to the losses that cost time while it trains or restarts, not
+    # while it waits for capacity (a survivor lost then finds the zone out until the same time)
+    exposed_loss = o.restart_s + expected_lost_s(tau, notice_stop_s)
+    loss = exposed_loss + wait
+    useful = 1.0 - lam * exposed_loss
     feasible = useful >= o.min_useful_fraction
     useful = np.where(feasible, useful, np.nan)
     work = w0 * (1.0 + c / tau)
-    wall = work / useful
-    preemptions = lam * wall
+    exposed = work / useful
+    timed = lam * exposed  # the loss events that cost time (each waits, unbilled, if it must)
+    wall = exposed + timed * wait
+    preemptions = lam * wall  # those during the waits too: they lose nodes, not time
     m90 = np.exp(Z90 * log_sigma)
-    wall_m90 = work * m90 / useful
-    n90 = lam * wall_m90 + Z90 * np.sqrt(lam * wall_m90)
+    exposed_m90 = work * m90 / useful
+    n90 = lam * exposed_m90 + Z90 * np.sqrt(lam * exposed_m90)
     wall_p90 = work * m90 + n90 * loss
     run = wall + o.provisioning_s
     run_p90 = wall_p90 + o.provisioning_s
@@ -147,7 +153,7 @@ def _time_and_cost(
     billed_p90 = billed_seconds(run_p90, billing_min_s, billing_increment_s)
     # nodes lost in an event are not billed while they wait for capacity
     unbilled = np.asarray(idle_price, dtype=float) / 3600.0 * wait
-    cost = price_total / 3600.0 * billed - preemptions * unbilled
+    cost = price_total / 3600.0 * billed - timed * unbilled
     cost_p90 = price_total / 3600.0 * billed_p90 - n90 * unbilled
     return TimeCost(
         hours=run / 3600.0,

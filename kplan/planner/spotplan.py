@@ -273,7 +273,7 @@ def closed_form_rows(
 
     tc, busy = (
         at(np.ones_like(rate), log_sigma),
-        at(np.exp(costs.Z90 * spread), np.zeros_like(rate)),
+        at(np.exp(costs.Z90 * spread - spread**2 / 2.0), np.zeros_like(rate)),
     )
     per_event = 1.0 + co * np.maximum(nodes - 1.0, 0.0)
     premium = _fallback_premium(risks, policies, per_event, usd_per_hour, usd_per_hour_on_demand)
@@ -291,7 +291,7 @@ def closed_form_rows(
         cost_p90 = tc.cost_usd * np.exp(
             np.hypot(_log(tc.cost_p90_usd, tc.cost_usd), _log(busy.cost_usd, tc.cost_usd))
         )
-    lost_p99 = tc.preemptions * np.exp(Z99 * spread) * per_event
+    lost_p99 = tc.preemptions * np.exp(Z99 * spread - spread**2 / 2.0) * per_event
     stuck = _stuck_share(lambda m: at(m, np.zeros_like(rate)).hours, spread, busy.hours)
     return [
         SpotPricing(
@@ -315,7 +315,8 @@ def closed_form_rows(
 
 def _stuck_share(hours_at: Callable[[Array], Array], spread: Array, busy_hours: Array) -> Array:
     """The share of runs whose market is busy enough that the job never ends (its losses
-    come faster than it recovers: the closed form's time is infinite): ``P(Z > z*)`` with
+    come so fast that under ``Overheads.min_useful_fraction`` of its time trains: the closed
+    form's time is infinite): ``P(Z > z*)`` with
     ``z*`` the least multiplier ``exp(z spread)`` on a grid of ``z`` (0 to 4 by 0.1) where
     the time is infinite. 0 for rows that end at their p90's rate (the launcher's
     replacement limit stops such runs; the Monte-Carlo counts them failed)."""
@@ -325,7 +326,7 @@ def _stuck_share(hours_at: Callable[[Array], Array], spread: Array, busy_hours: 
         return out
     z_stuck = np.full(spread.shape, costs.Z90)
     for z in np.arange(costs.Z90 - 0.1, -1e-9, -0.1):  # down from the p90, where it is stuck
-        stuck = ~np.isfinite(hours_at(np.exp(z * spread)))
+        stuck = ~np.isfinite(hours_at(np.exp(z * spread - spread**2 / 2.0)))
         z_stuck = np.where(stuck & (z_stuck <= z + 0.1 + 1e-9), z, z_stuck)
     out[rows] = [0.5 * math.erfc(float(z_stuck[j]) / math.sqrt(2.0)) for j in rows]
     return out

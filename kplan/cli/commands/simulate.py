@@ -140,12 +140,12 @@ def _render(r: Replay) -> None:
     )
     typer.echo(
         f"{'hours':16}{rep.hours:>14.2f}{rep.hours_p90:>14.2f}{p.hours:>11.2f}"
-        f"{p.hours_p90:>10.2f}{_num(None if so is None else so.hours_p90, 15)}"
+        f"{_num(p.hours_p90, 10)}{_num(None if so is None else so.hours_p90, 15)}"
         f"{rep.above_plan_hours_p90:>12.0%}{_pct(rep.above_spot_only_hours_p90, 13)}"
     )
     typer.echo(
         f"{'cost USD':16}{rep.cost_usd:>14.2f}{rep.cost_p90_usd:>14.2f}"
-        f"{p.cost_usd:>11.2f}{p.cost_p90_usd:>10.2f}"
+        f"{p.cost_usd:>11.2f}{_num(p.cost_p90_usd, 10)}"
         f"{_num(None if so is None else so.cost_p90_usd, 15)}{rep.above_plan_cost_p90:>12.0%}"
         f"{_pct(rep.above_spot_only_cost_p90, 13)}"
     )
@@ -171,7 +171,9 @@ def _render(r: Replay) -> None:
 
 
 def _num(x: float | None, width: int) -> str:
-    return f"{'-' if x is None else f'{x:.2f}':>{width}}"
+    """``x`` to two decimals; ``-`` for none, ``no bound`` for a p90 without one."""
+    text = "-" if x is None else "no bound" if x == float("inf") else f"{x:.2f}"
+    return f"{text:>{width}}"
 
 
 def _pct(x: float | None, width: int) -> str:
