@@ -316,10 +316,10 @@ def closed_form_rows(
 def _stuck_share(hours_at: Callable[[Array], Array], spread: Array, busy_hours: Array) -> Array:
     """The share of runs whose market is busy enough that the job never ends (its losses
     come so fast that under ``Overheads.min_useful_fraction`` of its time trains: the closed
-    form's time is infinite): ``P(Z > z*)`` with
-    ``z*`` the least multiplier ``exp(z spread)`` on a grid of ``z`` (0 to 4 by 0.1) where
-    the time is infinite. 0 for rows that end at their p90's rate (the launcher's
-    replacement limit stops such runs; the Monte-Carlo counts them failed)."""
+    form's time is infinite): ``P(Z > z*)``, ``z*`` the least ``z`` of the mean-1 multiplier
+    ``exp(z spread - spread^2 / 2)`` at which the time is infinite, on a grid from the p90's
+    ``z`` down to 0 by 0.1 (cautious by less than 0.1 sd). 0 for rows that end at their
+    p90's rate."""
     out = np.zeros_like(spread)
     rows = np.flatnonzero(~np.isfinite(busy_hours))
     if rows.size == 0:
