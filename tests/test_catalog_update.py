@@ -25,7 +25,12 @@ from kplan.core.errors import CatalogError, InputError
 
 runner = CliRunner()
 SHIPPED = Path(str(resources.files("kplan.catalogs").joinpath("data")))
-TODAY = dt.datetime.now(dt.UTC).date()
+
+
+def today() -> dt.date:
+    """Read when a test runs, not when the module is collected: a suite that crosses midnight
+    (UTC) between the two saw a 45-day-old catalog as 46 days old."""
+    return dt.datetime.now(dt.UTC).date()
 
 
 def user_copy(root: Path, name: str, version: str) -> Path:
@@ -75,7 +80,8 @@ def test_estimate_prefers_newest_user_catalog_and_warns_when_old(
 ) -> None:
     monkeypatch.setenv("KPLAN_HOME", str(tmp_path))
     root = tmp_path / "catalogs"
-    old_day = TODAY - dt.timedelta(days=45)
+    now = today()
+    old_day = now - dt.timedelta(days=45)
     user_copy(root, old_day.isoformat(), f"user-{old_day}")
     doc = estimate_doc()
     assert doc["catalog"] == f"user-{old_day}"
@@ -86,15 +92,15 @@ def test_estimate_prefers_newest_user_catalog_and_warns_when_old(
     ]
     table = runner.invoke(app, ["estimate", "--example", "cifar10-resnet18", "--top", "2"])
     assert "45 days old" in " ".join(table.output.split())
-    user_copy(root, TODAY.isoformat(), f"user-{TODAY}")  # a newer one wins, and is fresh
+    user_copy(root, now.isoformat(), f"user-{now}")  # a newer one wins, and is fresh
     doc = estimate_doc()
-    assert doc["catalog"] == f"user-{TODAY}"
+    assert doc["catalog"] == f"user-{now}"
     assert not [n for n in doc["notes"] if "days old" in n]  # type: ignore[attr-defined]
 
 
 def test_catalog_list_uses_current_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KPLAN_HOME", str(tmp_path))
-    user_copy(tmp_path / "catalogs", TODAY.isoformat(), "user-mine")
+    user_copy(tmp_path / "catalogs", today().isoformat(), "user-mine")
     assert load_current().version == "user-mine"
     result = runner.invoke(app, ["catalog", "list", "--gpu", "T4", "--max-price", "1"])
     assert result.exit_code == 0, result.output
@@ -153,7 +159,7 @@ def test_failed_validation_leaves_previous_catalog_current(tmp_path: Path) -> No
     tables = read_tables(first.directory)
     tables["billing.csv"] = [r for r in tables["billing.csv"] if r["cloud"] != "aws"]
     with pytest.raises(CatalogError, match="no billing rule for aws"):
-        publish(tables, tmp_path, TODAY)
+        publish(tables, tmp_path, today())
     with pytest.raises(CatalogError, match="returned no offers"):
         update_catalog("aws", ("us-east-1",), fake_fetch("1.5", offers=False), root=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.directory.name]

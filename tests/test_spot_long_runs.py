@@ -151,3 +151,21 @@ def test_the_closed_form_waits_for_capacity_as_the_monte_carlo_does() -> None:
     # many, so the replacement limit errs above the runs' lost nodes
     assert sim.losses <= closed.losses <= 1.3 * sim.losses
     assert closed.policy.max_replacements > sim.lost_nodes_p99
+
+
+def test_feasible_says_where_the_closed_form_is_finite() -> None:
+    """``costs.feasible`` (the count of configurations the search drops unpriced) agrees with
+    ``costs.time_and_cost`` on a grid of node counts, rates, co-losses and notice stops."""
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 65, 4000).astype(float)
+    rate = rng.uniform(0.0, 6.0, 4000)
+    co = rng.uniform(0.0, 1.0, 4000)
+    stop = np.where(rng.random(4000) < 0.5, np.inf, rng.uniform(10.0, 120.0, 4000))
+    kw: dict[str, Any] = dict(instances=n, preempt_per_hour=rate, co_loss=co, checkpoint_s=20.0)
+    tc = costs.time_and_cost(
+        **kw, train_seconds=3600.0, usd_per_hour=2.0, log_sigma=0.1, notice_stop_s=stop,
+        outage_wait_s=600.0,
+    )  # fmt: skip
+    ok = costs.feasible(**kw, notice_stop_s=stop)
+    assert 0.2 < ok.mean() < 0.9  # both sides of the line
+    np.testing.assert_array_equal(ok, np.isfinite(tc.hours) & np.isfinite(tc.cost_usd))

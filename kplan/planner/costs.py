@@ -123,21 +123,11 @@ def _time_and_cost(
     idle_price: ArrayLike = 0.0,
     notice_stop_s: ArrayLike = math.inf,
 ) -> TimeCost:
-    # loss events per second, whole cluster (rates below 1e-9/h are no risk at all)
-    lam = np.where(rate_total < 1e-9, 0.0, rate_total) / 3600.0
+    lam, tau, exposed_loss, useful = _exposure(rate_total, checkpoint_s, o, notice_stop_s)
     c = max(checkpoint_s, 1e-3)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tau_spot = np.clip(np.sqrt(2.0 * c / np.where(lam > 0, lam, np.nan)), 60.0, 3600.0)
-    tau = np.where(lam > 0, tau_spot, o.on_demand_interval_s)
     wait = np.asarray(wait_s, dtype=float)
-    # A loss costs the restart, the progress since the last checkpoint and the capacity wait;
-    # the cluster is exposed to the losses that cost time while it trains or restarts, not
-    # while it waits for capacity (a survivor lost then finds the zone out until the same time)
-    exposed_loss = o.restart_s + expected_lost_s(tau, notice_stop_s)
     loss = exposed_loss + wait
-    useful = 1.0 - lam * exposed_loss
-    feasible = useful >= o.min_useful_fraction
-    useful = np.where(feasible, useful, np.nan)
+    useful = np.where(useful >= o.min_useful_fraction, useful, np.nan)
     work = w0 * (1.0 + c / tau)
     exposed = work / useful
     timed = lam * exposed  # the loss events that cost time (each waits, unbilled, if it must)
@@ -163,6 +153,46 @@ def _time_and_cost(
         preemptions=preemptions,
         checkpoint_interval_s=tau,
     )
+
+
+def _exposure(
+    rate_total: Array, checkpoint_s: float, o: Overheads, notice_stop_s: ArrayLike
+) -> tuple[Array, Array, Array, Array]:
+    """(loss events per second of the whole cluster, the checkpoint interval, what a loss
+    costs while the cluster is exposed, the useful fraction of that time). A loss costs the
+    restart, the progress since the last checkpoint and the capacity wait; the cluster is
+    exposed to the losses that cost time while it trains or restarts, not while it waits for
+    capacity (a survivor lost then finds the zone out until the same time)."""
+    # rates below 1e-9/h are no risk at all
+    lam = np.where(rate_total < 1e-9, 0.0, rate_total) / 3600.0
+    c = max(checkpoint_s, 1e-3)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau_spot = np.clip(np.sqrt(2.0 * c / np.where(lam > 0, lam, np.nan)), 60.0, 3600.0)
+    tau = np.where(lam > 0, tau_spot, o.on_demand_interval_s)
+    exposed_loss = o.restart_s + expected_lost_s(tau, notice_stop_s)
+    return lam, tau, exposed_loss, 1.0 - lam * exposed_loss
+
+
+def feasible(
+    *,
+    instances: ArrayLike,
+    preempt_per_hour: ArrayLike,
+    co_loss: ArrayLike,
+    checkpoint_s: float,
+    overheads: Overheads | None = None,
+    notice_stop_s: ArrayLike = math.inf,
+) -> NDArray[np.bool_]:
+    """Where ``time_and_cost`` (same inputs) gives a finite time and cost: the useful fraction
+    of the exposed time at least ``min_useful_fraction``. Without pricing the configurations
+    (``pricing._undominated`` counts those it drops)."""
+    o = overheads or Overheads()
+    n = np.asarray(instances, dtype=float)
+    per_event = 1.0 + np.asarray(co_loss, dtype=float) * np.maximum(n - 1.0, 0.0)
+    rate = n * np.asarray(preempt_per_hour, dtype=float) / per_event
+    out: NDArray[np.bool_] = _exposure(rate, checkpoint_s, o, notice_stop_s)[3] >= (
+        o.min_useful_fraction
+    )
+    return out
 
 
 def expected_lost_s(interval_s: ArrayLike, notice_stop_s: ArrayLike = math.inf) -> Array:
