@@ -58,6 +58,17 @@ def test_nan_median_is_numpys(seed: int) -> None:
             assert np.array_equal(np.nanmedian(a[-1]), nanstat.nan_median(a[-1]), equal_nan=True)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_nan_quantile_is_numpys(seed: int) -> None:
+    with warnings.catch_warnings(), np.errstate(invalid="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN slice, inf - inf
+        for a in _arrays(seed):
+            a[0, : a.shape[1] // 2] = np.nan
+            for q in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0, 0.37):
+                want, got = np.nanquantile(a, q, axis=1), nanstat.nan_quantile(a, q, axis=1)
+                assert np.array_equal(want, got, equal_nan=True), (q, a)
+
+
 def test_the_estimate_path_imports_no_numpy_ma() -> None:
     code = (
         "import sys\n"

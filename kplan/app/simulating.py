@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from kplan.core.errors import DataFileError, InputError
 from kplan.planner.catalog import Catalog
-from kplan.planner.plan import Plan
+from kplan.planner.plan import Plan, unbounded_as_null
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk
 from kplan.planner.spottrace import SpotTrace
 
@@ -134,8 +134,7 @@ class Replay:
     def to_dict(self) -> dict[str, Any]:
         doc = {f: getattr(self, f) for f in _REPLAY_KEYS}
         doc["notes"] = list(self.notes)
-        # a plan's p90 with no bound (spotplan's closed form) is JSON's null: JSON has no infinity
-        doc["plan"] = {k: None if v == math.inf else v for k, v in asdict(self.plan).items()}
+        doc["plan"] = unbounded_as_null(asdict(self.plan))
         if self.replayed is not None:
             doc["replayed"] = {k: v for k, v in asdict(self.replayed).items() if v is not None}
         if self.samples_hours is not None and self.samples_cost_usd is not None:

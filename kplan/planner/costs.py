@@ -93,12 +93,11 @@ def time_and_cost(
     w0 = np.asarray(train_seconds, dtype=float)
     n = np.asarray(instances, dtype=float)
     price = np.asarray(usd_per_hour, dtype=float)
-    rate = np.asarray(preempt_per_hour, dtype=float)
-    per_event = 1.0 + np.asarray(co_loss, dtype=float) * np.maximum(n - 1.0, 0.0)
+    per_event, rate_total = _loss_events(n, preempt_per_hour, co_loss)
     return _time_and_cost(
         w0,
         n * price,
-        n * rate / per_event,
+        rate_total,
         np.asarray(log_sigma, dtype=float),
         checkpoint_s,
         billing_min_s,
@@ -186,13 +185,18 @@ def feasible(
     of the exposed time at least ``min_useful_fraction``. Without pricing the configurations
     (``pricing._undominated`` counts those it drops)."""
     o = overheads or Overheads()
-    n = np.asarray(instances, dtype=float)
-    per_event = 1.0 + np.asarray(co_loss, dtype=float) * np.maximum(n - 1.0, 0.0)
-    rate = n * np.asarray(preempt_per_hour, dtype=float) / per_event
-    out: NDArray[np.bool_] = _exposure(rate, checkpoint_s, o, notice_stop_s)[3] >= (
+    _, rate_total = _loss_events(np.asarray(instances, dtype=float), preempt_per_hour, co_loss)
+    out: NDArray[np.bool_] = _exposure(rate_total, checkpoint_s, o, notice_stop_s)[3] >= (
         o.min_useful_fraction
     )
     return out
+
+
+def _loss_events(n: Array, preempt_per_hour: ArrayLike, co_loss: ArrayLike) -> tuple[Array, Array]:
+    """(nodes lost per loss event, loss events per hour of the cluster) of ``n`` nodes each
+    preempted at ``preempt_per_hour``, each other node going with a loss at ``co_loss``."""
+    per_event = 1.0 + np.asarray(co_loss, dtype=float) * np.maximum(n - 1.0, 0.0)
+    return per_event, n * np.asarray(preempt_per_hour, dtype=float) / per_event
 
 
 def expected_lost_s(interval_s: ArrayLike, notice_stop_s: ArrayLike = math.inf) -> Array:

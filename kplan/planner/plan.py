@@ -184,14 +184,14 @@ class PlanRow:
         if self.schedule is not None:
             sched = asdict(self.schedule)
             sched["phases"] = self.schedule.entries()
-            doc["batch_schedule"] = _unbounded_as_null(sched)
-        return _unbounded_as_null(doc)
+            doc["batch_schedule"] = unbounded_as_null(sched)
+        return unbounded_as_null(doc)
 
 
 P90_KEYS = ("hours_p90", "cost_p90_usd")
 
 
-def _unbounded_as_null(doc: dict[str, Any]) -> dict[str, Any]:
+def unbounded_as_null(doc: dict[str, Any]) -> dict[str, Any]:
     """A p90 with no bound (runs in busy enough markets never end: ``spotplan``'s closed form)
     written as JSON's null; JSON has no infinity. ``_p90`` reads it back."""
     for key in P90_KEYS:
@@ -426,7 +426,7 @@ def _extras(d: JsonObject) -> ExtraCosts:
 def _p90(d: JsonObject, key: str, value: float, high: float, ordered: bool = True) -> float:
     """A p90 in (0, high]; ``ordered``: at least its expected value (a closed form's p90; a
     Monte-Carlo's mean may lie above its p90 when a few runs wait very long). null: no bound
-    (``_unbounded_as_null``)."""
+    (``unbounded_as_null``)."""
     if key in d.doc and d.doc[key] is None:
         return math.inf
     p90 = d.number(key, 0.0, high, open_low=value > 0)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from kplan.planner import costs
+from kplan.planner import costs, nanstat
 from kplan.planner.spot import RecoveryPolicy, SpotModel, SpotRisk, Weibull
 
 if TYPE_CHECKING:
@@ -207,17 +207,9 @@ def ended_lost_p99(res: spotsim.SimResult) -> Array:
     never ends its lost nodes grow with the cut, and a limit set from them chased the cut up
     (128, 386, 1,067 events on the default estimate) while the launcher stops such a run at
     its row's limit whatever it is."""
-    failed = res.samples.failed
-    ended = np.sort(np.where(failed, np.inf, res.samples.lost_nodes), axis=1)  # failed last
-    k = (~failed).sum(axis=1)
-    at = np.maximum(k - 1, 0) * 0.99  # np.quantile's linear method over the k that ended
-    lo = np.floor(at).astype(np.intp)
-    hi = np.minimum(lo + 1, np.maximum(k - 1, 0))
-    rows = np.arange(ended.shape[0])
-    a, b = ended[rows, lo], ended[rows, hi]
-    with np.errstate(invalid="ignore"):
-        p99 = a + (b - a) * (at - lo)
-    out: Array = np.where(k > 0, p99, res.lost_nodes_p99)
+    ended = np.where(res.samples.failed, np.nan, res.samples.lost_nodes)
+    p99 = nanstat.nan_quantile(ended, 0.99, axis=1)
+    out: Array = np.where(np.isnan(p99), res.lost_nodes_p99, p99)
     return out
 
 

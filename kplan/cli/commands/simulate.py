@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from kplan.core.errors import InputError
+from kplan.planner import fmt
 from kplan.planner.spotmove import DEFAULT_COPY_GBPS
 
 if TYPE_CHECKING:
@@ -172,7 +174,7 @@ def _render(r: Replay) -> None:
 
 def _num(x: float | None, width: int) -> str:
     """``x`` to two decimals; ``-`` for none, ``no bound`` for a p90 without one."""
-    text = "-" if x is None else "no bound" if x == float("inf") else f"{x:.2f}"
+    text = "-" if x is None else fmt.UNBOUNDED if x == math.inf else f"{x:.2f}"
     return f"{text:>{width}}"
 
 
