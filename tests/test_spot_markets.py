@@ -139,6 +139,12 @@ def test_a_plan_whose_busier_markets_never_end_says_so_and_asks_for_a_budget(
     assert f"({fmt.UNBOUNDED})" in flat and "runs would not end" in flat
     assert "BUDGET: what you will spend at most" in flat
     assert fmt.duration(math.inf) == fmt.money(math.inf) == fmt.UNBOUNDED
+    # kplan simulate sizes its replays by 3x the median where the p90 has no bound (it said
+    # the plan "takes up to inf h" and refused every trace)
+    from kplan.app.simulating import job_from_plan
+
+    job = job_from_plan(plan)
+    assert job.horizon_s == pytest.approx(3.0 * job.hours * 3600.0)
 
 
 def test_the_replacement_limit_is_set_from_the_runs_that_ended() -> None:
